@@ -1,0 +1,30 @@
+//! `stockade doctor`: can `stockade run` work on this host?
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::doctor;
+use crate::paths::Dirs;
+
+/// Check this host: KVM, the guest kernel, the jail's kernel features and
+/// free space. Exits 0 only when `stockade run` can work here.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Check this guest kernel (a PVH vmlinux) instead of the installed one.
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+}
+
+pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let dirs = Dirs::resolve()?;
+    let facts = doctor::gather(&dirs, args.kernel.as_deref());
+    let checks = doctor::judge(&facts);
+    print!("{}", doctor::render(&checks));
+    Ok(if doctor::can_run(&checks) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,73 @@
+//! Command-line definitions (clap) and dispatch. One file per subcommand; the
+//! doc comments on the fields are the help text.
+#![forbid(unsafe_code)]
+
+mod doctor;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit status when stockade itself fails, as `docker run` and `env` do.
+pub const EXIT_STOCKADE_FAILED: u8 = 125;
+
+/// Run a command inside a local KVM microVM that sees the current workspace,
+/// reaches the network only through a policy proxy, and hands its file changes
+/// back for review.
+#[derive(Debug, Parser)]
+#[command(name = "stockade", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// More log output on stderr (repeat for more); RUST_LOG overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Doctor(doctor::DoctorArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // clap prints help/version to stdout with success, usage errors to stderr.
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_STOCKADE_FAILED)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Doctor(args) => doctor::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("stockade: error: {err:#}");
+            ExitCode::from(EXIT_STOCKADE_FAILED)
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "stockade=info",
+        2 => "stockade=debug",
+        _ => "stockade=trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,292 @@
+//! `stockade doctor`: what this host offers and whether `stockade run` can work
+//! here. Each check yields a status, a finding and, when something is wrong, the
+//! fix. Gathering facts and judging them are kept apart so the judgement is
+//! testable without the host it describes.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::host::kernel::{self, GuestKernel, KernelError};
+use crate::host::kvm::{self, DeviceAccess, KvmKind};
+use crate::host::space;
+use crate::jail;
+use crate::paths::Dirs;
+use crate::vmm::probe;
+
+/// Below this much free space, sessions (scratch disks, change sets) cannot be trusted to fit.
+const MIN_FREE_BYTES: u64 = 1 << 30;
+/// The probe guest runs four instructions; seconds mean KVM is not executing guest code.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub finding: String,
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: &'static str, finding: impl Into<String>) -> Check {
+        Check { name, status: Status::Ok, finding: finding.into(), fix: None }
+    }
+    fn fail(name: &'static str, finding: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name, status: Status::Fail, finding: finding.into(), fix: Some(fix.into()) }
+    }
+    fn warn(name: &'static str, finding: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name, status: Status::Warn, finding: finding.into(), fix: Some(fix.into()) }
+    }
+}
+
+/// Everything doctor looked at, gathered from the host.
+pub struct Facts {
+    pub device: DeviceAccess,
+    pub kind: KvmKind,
+    pub kernel: Result<GuestKernel, KernelError>,
+    pub probe: Option<Result<probe::ProbeOutcome, probe::ProbeError>>,
+    pub landlock: std::io::Result<u32>,
+    pub seccomp: Option<Vec<String>>,
+    pub space: std::io::Result<(std::path::PathBuf, u64)>,
+}
+
+/// Looks at the host. The probe guest runs only when /dev/kvm is usable.
+pub fn gather(dirs: &Dirs, kernel_path: Option<&Path>) -> Facts {
+    let device = kvm::check_device();
+    let probe = matches!(device, DeviceAccess::Usable).then(|| probe::run_with_timeout(PROBE_TIMEOUT));
+    Facts {
+        device,
+        kind: kvm::detect_kind(),
+        kernel: kernel::locate(dirs, kernel_path),
+        probe,
+        landlock: jail::landlock::abi_version(),
+        seccomp: jail::seccomp::available_actions(),
+        space: space::available_bytes(&dirs.data),
+    }
+}
+
+/// Judges the facts.
+pub fn judge(facts: &Facts) -> Vec<Check> {
+    let mut checks = Vec::new();
+
+    checks.push(match &facts.device {
+        DeviceAccess::Usable => Check::ok("/dev/kvm", "present and usable by this user"),
+        DeviceAccess::Missing => Check::fail(
+            "/dev/kvm",
+            "missing",
+            "enable virtualization (VT-x/AMD-V) in the firmware and load kvm_intel or kvm_amd; \
+             in a cloud VM, choose an instance type with nested virtualization",
+        ),
+        DeviceAccess::PermissionDenied => {
+            Check::fail("/dev/kvm", "present, but this user cannot open it", kvm::permission_fix())
+        }
+        DeviceAccess::Failed(e) => Check::fail("/dev/kvm", format!("cannot open it: {e}"), "check dmesg for KVM errors"),
+    });
+
+    let pvm_kernel = facts.kernel.as_ref().ok().and_then(|k| k.pvm_guest) == Some(true);
+    checks.push(match facts.kind {
+        KvmKind::Hardware(_) => Check::ok("KVM", format!("{}; standard guest kernels boot", facts.kind)),
+        KvmKind::Pvm if pvm_kernel => Check::ok("KVM", format!("{}; the guest kernel is a PVM guest", facts.kind)),
+        KvmKind::Pvm => Check::fail(
+            "KVM",
+            format!("{}: a standard guest kernel cannot boot here", facts.kind),
+            "run stockade on a host with hardware virtualization (VT-x/AMD-V, or nested virtualization \
+             in a cloud VM), or build a guest kernel with PVM guest support (CONFIG_PVM_GUEST=y)",
+        ),
+        KvmKind::Unknown => Check::warn(
+            "KVM",
+            format!("{}", facts.kind),
+            "load kvm_intel or kvm_amd if this host has VT-x/AMD-V",
+        ),
+    });
+
+    if let Some(probe) = &facts.probe {
+        checks.push(match probe {
+            Ok(outcome) => Check::ok(
+                "KVM guest code",
+                format!("a test guest ran and halted in {:.1} ms", outcome.elapsed.as_secs_f64() * 1000.0),
+            ),
+            Err(e) => Check::fail(
+                "KVM guest code",
+                format!("a four-instruction test guest failed: {}", error_chain(e)),
+                if facts.kind == KvmKind::Pvm {
+                    "PVM cannot run real-mode guest code; see the KVM line above"
+                } else {
+                    "check dmesg for KVM errors"
+                },
+            ),
+        });
+    }
+
+    checks.push(match &facts.kernel {
+        Ok(k) => Check::ok(
+            "guest kernel",
+            format!(
+                "{} (Linux {}, sha256 {})",
+                k.path.display(),
+                k.version.as_deref().unwrap_or("version unknown"),
+                k.short_hash()
+            ),
+        ),
+        Err(e) => Check::fail("guest kernel", error_chain(e), "run ./install.sh, or guest-kernel/build.sh and pass --kernel PATH"),
+    });
+
+    checks.push(match &facts.landlock {
+        Ok(abi) => Check::ok("landlock", format!("ABI {abi}")),
+        Err(e) => Check::fail("landlock", format!("unavailable ({e})"), jail::landlock::unavailable_fix(e)),
+    });
+
+    checks.push(match &facts.seccomp {
+        Some(actions) if jail::seccomp::filters_usable(actions) => {
+            Check::ok("seccomp", format!("filters available ({})", actions.join(" ")))
+        }
+        Some(actions) => Check::fail(
+            "seccomp",
+            format!("filters lack needed actions (have: {})", actions.join(" ")),
+            "use a kernel with CONFIG_SECCOMP_FILTER=y",
+        ),
+        None => Check::fail("seccomp", "no seccomp filter support", "use a kernel with CONFIG_SECCOMP_FILTER=y"),
+    });
+
+    checks.push(match &facts.space {
+        Ok((dir, bytes)) if *bytes >= MIN_FREE_BYTES => {
+            Check::ok("disk space", format!("{} free in {}", space::human_bytes(*bytes), dir.display()))
+        }
+        Ok((dir, bytes)) => Check::fail(
+            "disk space",
+            format!("only {} free in {}", space::human_bytes(*bytes), dir.display()),
+            format!("free at least {} there", space::human_bytes(MIN_FREE_BYTES)),
+        ),
+        Err(e) => Check::warn("disk space", format!("cannot measure: {e}"), "check that the data directory is readable"),
+    });
+
+    checks
+}
+
+/// Whether `stockade run` can work, given the checks.
+pub fn can_run(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.status != Status::Fail)
+}
+
+/// The report as the user sees it.
+pub fn render(checks: &[Check]) -> String {
+    let mut out = String::new();
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for check in checks {
+        let tag = match check.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        };
+        let _ = writeln!(out, "{tag}  {:width$}  {}", check.name, check.finding);
+        if let Some(fix) = &check.fix {
+            let _ = writeln!(out, "      {:width$}  fix: {fix}", "");
+        }
+    }
+    let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
+    if failed == 0 {
+        out.push_str("\nstockade run can work on this host.\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "\nstockade run cannot work on this host yet: {failed} problem{} above.",
+            if failed == 1 { "" } else { "s" }
+        );
+    }
+    out
+}
+
+/// An error and its causes on one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let _ = write!(text, ": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good_facts() -> Facts {
+        Facts {
+            device: DeviceAccess::Usable,
+            kind: KvmKind::Hardware(kvm::Vendor::Amd),
+            kernel: Ok(GuestKernel {
+                path: "/k/vmlinux".into(),
+                version: Some("6.12.117".into()),
+                sha256: "0123456789abcdef0123".into(),
+                pvm_guest: Some(false),
+            }),
+            probe: Some(Ok(probe::ProbeOutcome { elapsed: Duration::from_millis(2), exits: 2 })),
+            landlock: Ok(7),
+            seccomp: Some(vec!["kill_process".into(), "errno".into(), "allow".into()]),
+            space: Ok(("/data".into(), 10 << 30)),
+        }
+    }
+
+    #[test]
+    fn healthy_hardware_host_can_run() {
+        let checks = judge(&good_facts());
+        assert!(can_run(&checks), "{}", render(&checks));
+        assert!(render(&checks).contains("can work"));
+    }
+
+    #[test]
+    fn pvm_without_pvm_kernel_cannot_run_and_says_why() {
+        let mut facts = good_facts();
+        facts.kind = KvmKind::Pvm;
+        let checks = judge(&facts);
+        assert!(!can_run(&checks));
+        let text = render(&checks);
+        assert!(text.contains("PVM"), "{text}");
+        assert!(text.contains("standard guest kernel cannot boot"), "{text}");
+        assert!(text.contains("CONFIG_PVM_GUEST"), "{text}");
+    }
+
+    #[test]
+    fn pvm_with_pvm_kernel_is_fine() {
+        let mut facts = good_facts();
+        facts.kind = KvmKind::Pvm;
+        if let Ok(k) = facts.kernel.as_mut() {
+            k.pvm_guest = Some(true);
+        }
+        assert!(can_run(&judge(&facts)));
+    }
+
+    #[test]
+    fn permission_problem_names_the_group_fix() {
+        let mut facts = good_facts();
+        facts.device = DeviceAccess::PermissionDenied;
+        facts.probe = None;
+        let checks = judge(&facts);
+        assert!(!can_run(&checks));
+        assert!(render(&checks).contains("usermod -aG kvm"));
+    }
+
+    #[test]
+    fn low_disk_space_fails() {
+        let mut facts = good_facts();
+        facts.space = Ok(("/data".into(), 10 << 20));
+        assert!(!can_run(&judge(&facts)));
+    }
+
+    #[test]
+    fn missing_kernel_points_at_install() {
+        let mut facts = good_facts();
+        facts.kernel = Err(KernelError::NotFound { searched: "/x".into() });
+        let text = render(&judge(&facts));
+        assert!(text.contains("install.sh"), "{text}");
+    }
+}

@@ -1,0 +1,248 @@
+//! Finding and describing the guest kernel: a PVH-bootable vmlinux built by
+//! guest-kernel/build.sh and installed by install.sh.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use crate::paths::Dirs;
+
+/// Environment variable naming a guest kernel explicitly.
+pub const KERNEL_ENV: &str = "STOCKADE_KERNEL";
+
+/// ELF note type of the 32-bit PVH entry point (Xen's XEN_ELFNOTE_PHYS32_ENTRY).
+const PVH_NOTE_TYPE: u32 = 18;
+
+#[derive(Debug, Error)]
+pub enum KernelError {
+    #[error(
+        "no guest kernel found (looked in {searched}). Build and install one with ./install.sh, \
+         or build it with guest-kernel/build.sh and pass its path with --kernel or {KERNEL_ENV}"
+    )]
+    NotFound { searched: String },
+    #[error("cannot read guest kernel {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not an ELF vmlinux; pass the vmlinux from guest-kernel/build.sh, not a bzImage")]
+    NotElf { path: PathBuf },
+    #[error("{path} has no PVH entry point; rebuild it with CONFIG_PVH=y (guest-kernel/build.sh does)")]
+    NotPvh { path: PathBuf },
+}
+
+/// A guest kernel on disk and what we know about it.
+#[derive(Debug, Clone)]
+pub struct GuestKernel {
+    pub path: PathBuf,
+    /// The release from the kernel's banner ("6.12.117"), if found.
+    pub version: Option<String>,
+    /// SHA-256 of the vmlinux, hex.
+    pub sha256: String,
+    /// Whether it was built as a PVM guest, when its build config is known.
+    pub pvm_guest: Option<bool>,
+}
+
+impl GuestKernel {
+    pub fn short_hash(&self) -> &str {
+        &self.sha256[..16]
+    }
+}
+
+/// Where stockade looks for the kernel, in order, when none is named.
+pub fn search_path(dirs: &Dirs) -> Vec<PathBuf> {
+    let mut paths = vec![dirs.data.join("kernel").join("vmlinux")];
+    // Builds from guest-kernel/build.sh, newest first, so a developer's fresh
+    // build is found without installing it.
+    let mut built: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(dirs.cache.join("kernel"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("vmlinux"))
+        .filter_map(|p| Some((fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    built.sort_by(|a, b| b.0.cmp(&a.0));
+    paths.extend(built.into_iter().map(|(_, p)| p));
+    paths
+}
+
+/// Finds the guest kernel: the explicit path if given, then $STOCKADE_KERNEL,
+/// then the search path.
+pub fn locate(dirs: &Dirs, explicit: Option<&Path>) -> Result<GuestKernel, KernelError> {
+    let named = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(KERNEL_ENV).map(PathBuf::from));
+    if let Some(path) = named {
+        return inspect(&path);
+    }
+    let candidates = search_path(dirs);
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(path) => inspect(path),
+        None => Err(KernelError::NotFound {
+            searched: format!(
+                "{} and {}",
+                dirs.data.join("kernel").display(),
+                dirs.cache.join("kernel").display()
+            ),
+        }),
+    }
+}
+
+/// Reads a vmlinux and checks that our VMM can boot it.
+pub fn inspect(path: &Path) -> Result<GuestKernel, KernelError> {
+    let bytes = fs::read(path).map_err(|source| KernelError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return Err(KernelError::NotElf {
+            path: path.to_path_buf(),
+        });
+    }
+    if !has_pvh_note(&bytes) {
+        return Err(KernelError::NotPvh {
+            path: path.to_path_buf(),
+        });
+    }
+    let config = path.parent().map(|dir| dir.join("config"));
+    let pvm_guest = config
+        .and_then(|c| fs::read_to_string(c).ok())
+        .map(|text| text.lines().any(|l| l == "CONFIG_PVM_GUEST=y"));
+    Ok(GuestKernel {
+        path: path.to_path_buf(),
+        version: banner_version(&bytes),
+        sha256: hex(&Sha256::digest(&bytes)),
+        pvm_guest,
+    })
+}
+
+/// The release string from "Linux version <release> (...". The banner is a
+/// plain string in .rodata of every vmlinux.
+fn banner_version(bytes: &[u8]) -> Option<String> {
+    let needle = b"Linux version ";
+    let start = bytes.windows(needle.len()).position(|w| w == needle)? + needle.len();
+    let rest = &bytes[start..bytes.len().min(start + 64)];
+    let end = rest.iter().position(|&b| b == b' ' || b == 0)?;
+    std::str::from_utf8(&rest[..end]).ok().map(str::to_owned)
+}
+
+/// Whether a 64-bit little-endian ELF has the PVH entry note in a PT_NOTE segment.
+fn has_pvh_note(elf: &[u8]) -> bool {
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| {
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
+    if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    const PT_NOTE: u32 = 4;
+    for i in 0..usize::from(phnum) {
+        let Some(ph) = usize::try_from(phoff)
+            .ok()
+            .and_then(|off| off.checked_add(i * usize::from(phentsize)))
+        else {
+            return false;
+        };
+        if u32_at(ph) != Some(PT_NOTE) {
+            continue;
+        }
+        let (Some(offset), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
+            return false;
+        };
+        let (Ok(mut at), Ok(size)) = (usize::try_from(offset), usize::try_from(size)) else {
+            return false;
+        };
+        let end = at.saturating_add(size).min(elf.len());
+        while at + 12 <= end {
+            let (Some(namesz), Some(descsz), Some(kind)) = (u32_at(at), u32_at(at + 4), u32_at(at + 8))
+            else {
+                break;
+            };
+            let name_at = at + 12;
+            let name = elf.get(name_at..name_at + namesz as usize).unwrap_or(&[]);
+            if kind == PVH_NOTE_TYPE && name.starts_with(b"Xen") {
+                return true;
+            }
+            let align4 = |n: u32| (n as usize).div_ceil(4) * 4;
+            at = name_at + align4(namesz) + align4(descsz);
+        }
+    }
+    false
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 image with one PT_NOTE segment holding `note`.
+    fn elf_with_note(name: &[u8], kind: u32) -> Vec<u8> {
+        let mut elf = vec![0u8; 0x40 + 56];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2;
+        elf[5] = 1;
+        elf[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        let note_off = elf.len() as u64;
+        let mut note = Vec::new();
+        note.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        note.extend_from_slice(&4u32.to_le_bytes());
+        note.extend_from_slice(&kind.to_le_bytes());
+        note.extend_from_slice(name);
+        while note.len() % 4 != 0 {
+            note.push(0);
+        }
+        note.extend_from_slice(&0x0100_0000u32.to_le_bytes());
+        let ph = 0x40;
+        elf[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
+        elf[ph + 8..ph + 16].copy_from_slice(&note_off.to_le_bytes());
+        elf[ph + 32..ph + 40].copy_from_slice(&(note.len() as u64).to_le_bytes());
+        elf.extend_from_slice(&note);
+        elf.extend_from_slice(b"Linux version 6.12.117 (builder) #1\0");
+        elf
+    }
+
+    #[test]
+    fn finds_pvh_note() {
+        assert!(has_pvh_note(&elf_with_note(b"Xen\0", PVH_NOTE_TYPE)));
+    }
+
+    #[test]
+    fn rejects_elf_without_pvh_note() {
+        assert!(!has_pvh_note(&elf_with_note(b"GNU\0", 3)));
+        assert!(!has_pvh_note(b"\x7fELF"));
+    }
+
+    #[test]
+    fn reads_banner_version() {
+        let elf = elf_with_note(b"Xen\0", PVH_NOTE_TYPE);
+        assert_eq!(banner_version(&elf).as_deref(), Some("6.12.117"));
+    }
+
+    #[test]
+    fn inspect_rejects_bzimage_like_files() {
+        let path = std::env::temp_dir().join(format!("stockade-notelf-{}", std::process::id()));
+        std::fs::write(&path, b"MZ not an elf").unwrap();
+        let err = inspect(&path).unwrap_err();
+        assert!(matches!(err, KernelError::NotElf { .. }), "{err}");
+        std::fs::remove_file(&path).unwrap();
+    }
+}

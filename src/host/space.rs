@@ -1,0 +1,52 @@
+//! Free space where sessions live: scratch disks and change sets grow there.
+
+use std::path::{Path, PathBuf};
+
+/// Free bytes available to this user on the filesystem holding `path`, found
+/// through the nearest existing ancestor (the data dir may not exist yet).
+pub fn available_bytes(path: &Path) -> std::io::Result<(PathBuf, u64)> {
+    let mut probe = path.to_path_buf();
+    while !probe.exists() {
+        if !probe.pop() {
+            probe = PathBuf::from("/");
+            break;
+        }
+    }
+    let stat = nix::sys::statvfs::statvfs(&probe).map_err(std::io::Error::from)?;
+    let bytes = u64::from(stat.blocks_available()).saturating_mul(stat.fragment_size());
+    Ok((probe, bytes))
+}
+
+/// Formats a byte count the way people read disk sizes.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_sizes() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024 * 1024), "3.0 GiB");
+    }
+
+    #[test]
+    fn walks_up_to_an_existing_directory() {
+        let (found, bytes) = available_bytes(Path::new("/nonexistent/a/b")).unwrap();
+        assert_eq!(found, PathBuf::from("/"));
+        assert!(bytes > 0);
+    }
+}

@@ -1,0 +1,3 @@
+//! The virtual machine monitor: KVM, guest memory, vCPUs and devices.
+
+pub mod probe;
