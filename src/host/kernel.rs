@@ -55,6 +55,16 @@ impl GuestKernel {
 /// Where stockade looks for the kernel, in order, when none is named.
 pub fn search_path(dirs: &Dirs) -> Vec<PathBuf> {
     let mut paths = vec![dirs.data.join("kernel").join("vmlinux")];
+    // install.sh with PREFIX=... puts the kernel beside the binary's prefix.
+    if let Some(prefix) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf))
+    {
+        let beside = prefix.join("share/stockade/kernel/vmlinux");
+        if !paths.contains(&beside) {
+            paths.push(beside);
+        }
+    }
     // Builds from guest-kernel/build.sh, newest first, so a developer's fresh
     // build is found without installing it.
     let mut built: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(dirs.cache.join("kernel"))
