@@ -13,7 +13,7 @@ PREFIX=${PREFIX:-$HOME/.local}
 bindir="$PREFIX/bin"
 kerneldir="$PREFIX/share/stockade/kernel"
 
-say() { printf '\033[1minstall:\033[0m %s\n' "$*" >&2; }
+say() { printf 'install: %s\n' "$*" >&2; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
 
 [[ "$(uname -m)" == x86_64 ]] || die "stockade supports x86_64 Linux hosts only (this is $(uname -m))"

@@ -93,7 +93,9 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
 
     let pvm_kernel = facts.kernel.as_ref().ok().and_then(|k| k.pvm_guest) == Some(true);
     checks.push(match facts.kind {
-        KvmKind::Hardware(_) => Check::ok("KVM", format!("{}; standard guest kernels boot", facts.kind)),
+        kind if kind.boots_standard_guest() => {
+            Check::ok("KVM", format!("{kind}; standard guest kernels boot"))
+        }
         KvmKind::Pvm if pvm_kernel => Check::ok("KVM", format!("{}; the guest kernel is a PVM guest", facts.kind)),
         KvmKind::Pvm => Check::fail(
             "KVM",
@@ -101,7 +103,7 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
             "run stockade on a host with hardware virtualization (VT-x/AMD-V, or nested virtualization \
              in a cloud VM), or build a guest kernel with PVM guest support (CONFIG_PVM_GUEST=y)",
         ),
-        KvmKind::Unknown => Check::warn(
+        KvmKind::Hardware(_) | KvmKind::Unknown => Check::warn(
             "KVM",
             format!("{}", facts.kind),
             "load kvm_intel or kvm_amd if this host has VT-x/AMD-V",
@@ -112,7 +114,11 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
         checks.push(match probe {
             Ok(outcome) => Check::ok(
                 "KVM guest code",
-                format!("a test guest ran and halted in {:.1} ms", outcome.elapsed.as_secs_f64() * 1000.0),
+                format!(
+                    "a test guest ran and halted in {:.1} ms ({} exits)",
+                    outcome.elapsed.as_secs_f64() * 1000.0,
+                    outcome.exits
+                ),
             ),
             Err(e) => Check::fail(
                 "KVM guest code",

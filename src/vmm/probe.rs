@@ -49,6 +49,7 @@ pub enum ProbeError {
 #[derive(Debug)]
 pub struct ProbeOutcome {
     pub elapsed: Duration,
+    /// VM exits the guest took (two when KVM works: the port write and the halt).
     pub exits: usize,
 }
 
