@@ -1,0 +1,387 @@
+//! The virtio-mmio transport (virtio spec 4.2, version 2): the register
+//! layout the driver programs, and nothing device-specific. It negotiates
+//! features, collects queue addresses, and activates the device when the
+//! driver sets DRIVER_OK.
+
+use std::io;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use super::bus::BusDevice;
+use super::virtio::{Activation, DeviceQueue, Interrupt, VirtioDevice};
+
+/// Size of one device's MMIO window; the kernel command line declares it.
+pub const MMIO_LEN: u64 = 0x1000;
+/// Offset of QueueNotify, where the VMM registers the queues' ioeventfds.
+pub const NOTIFY_OFFSET: u64 = 0x50;
+
+const MAGIC: u32 = 0x7472_6976; // "virt"
+const VERSION: u32 = 2;
+const VENDOR: u32 = 0x4b43_5453; // "STCK"
+const CONFIG_OFFSET: u64 = 0x100;
+
+// Device status bits.
+const STATUS_ACKNOWLEDGE: u32 = 1;
+const STATUS_DRIVER: u32 = 2;
+const STATUS_DRIVER_OK: u32 = 4;
+const STATUS_FEATURES_OK: u32 = 8;
+const STATUS_NEEDS_RESET: u32 = 64;
+const STATUS_FAILED: u32 = 128;
+
+pub struct MmioTransport {
+    device: Box<dyn VirtioDevice>,
+    mem: GuestMemoryMmap,
+    interrupt: Interrupt,
+    queues: Vec<Queue>,
+    kicks: Vec<EventFd>,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    status: u32,
+    activated: bool,
+    config_generation: u32,
+}
+
+impl MmioTransport {
+    /// Wraps `device`; `irqfd` raises its interrupt line.
+    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, irqfd: EventFd) -> io::Result<Self> {
+        let mut queues = Vec::new();
+        let mut kicks = Vec::new();
+        for &max in device.queue_max_sizes() {
+            queues.push(Queue::new(max).map_err(|e| io::Error::other(format!("queue size {max}: {e:?}")))?);
+            kicks.push(EventFd::new(EFD_NONBLOCK)?);
+        }
+        Ok(MmioTransport {
+            device,
+            mem,
+            interrupt: Interrupt::new(irqfd),
+            queues,
+            kicks,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            queue_sel: 0,
+            status: 0,
+            activated: false,
+            config_generation: 0,
+        })
+    }
+
+    /// The eventfd each queue's notification signals, in queue order; the VMM
+    /// registers them as KVM ioeventfds on QueueNotify.
+    pub fn kick_fds(&self) -> &[EventFd] {
+        &self.kicks
+    }
+
+    /// The eventfd KVM uses to raise this device's interrupt.
+    pub fn irqfd(&self) -> &EventFd {
+        self.interrupt.irqfd()
+    }
+
+    pub fn device_type(&self) -> u32 {
+        self.device.device_type()
+    }
+
+    fn selected_queue(&mut self) -> Option<&mut Queue> {
+        if self.activated {
+            return None;
+        }
+        self.queues.get_mut(self.queue_sel as usize)
+    }
+
+    fn read_u32(&self, offset: u64) -> u32 {
+        match offset {
+            0x000 => MAGIC,
+            0x004 => VERSION,
+            0x008 => self.device.device_type(),
+            0x00c => VENDOR,
+            0x010 => {
+                let features = self.device.features();
+                match self.device_features_sel {
+                    0 => features as u32,
+                    1 => (features >> 32) as u32,
+                    _ => 0,
+                }
+            }
+            0x034 => self
+                .queues
+                .get(self.queue_sel as usize)
+                .map_or(0, |q| u32::from(q.max_size())),
+            0x044 => self
+                .queues
+                .get(self.queue_sel as usize)
+                .map_or(0, |q| u32::from(q.ready())),
+            0x060 => self.interrupt.status(),
+            0x070 => self.status,
+            // No shared memory regions: length reads as "none" (all ones).
+            0x0b0 | 0x0b4 => u32::MAX,
+            0x0fc => self.config_generation,
+            _ => {
+                tracing::debug!("virtio-mmio: read of unknown register {offset:#x}");
+                0
+            }
+        }
+    }
+
+    fn write_u32(&mut self, offset: u64, value: u32) {
+        match offset {
+            0x014 => self.device_features_sel = value,
+            0x020 => {
+                if self.status & STATUS_FEATURES_OK == 0 {
+                    match self.driver_features_sel {
+                        0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(value),
+                        1 => {
+                            self.driver_features =
+                                (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            0x024 => self.driver_features_sel = value,
+            0x030 => self.queue_sel = value,
+            0x038 => {
+                if let Some(q) = self.selected_queue() {
+                    q.set_size(value as u16);
+                }
+            }
+            0x044 => {
+                if let Some(q) = self.selected_queue() {
+                    q.set_ready(value == 1);
+                }
+            }
+            NOTIFY_OFFSET => {
+                // Normally KVM's ioeventfd catches this write; this path
+                // serves VMMs without ioeventfd support.
+                if let Some(kick) = self.kicks.get(value as usize) {
+                    let _ = kick.write(1);
+                }
+            }
+            0x064 => self.interrupt.ack(value),
+            0x070 => self.set_status(value),
+            0x080 => self.with_queue(|q| q.set_desc_table_address(Some(value), None)),
+            0x084 => self.with_queue(|q| q.set_desc_table_address(None, Some(value))),
+            0x090 => self.with_queue(|q| q.set_avail_ring_address(Some(value), None)),
+            0x094 => self.with_queue(|q| q.set_avail_ring_address(None, Some(value))),
+            0x0a0 => self.with_queue(|q| q.set_used_ring_address(Some(value), None)),
+            0x0a4 => self.with_queue(|q| q.set_used_ring_address(None, Some(value))),
+            _ => tracing::debug!("virtio-mmio: write of unknown register {offset:#x}"),
+        }
+    }
+
+    fn with_queue(&mut self, f: impl FnOnce(&mut Queue)) {
+        if let Some(q) = self.selected_queue() {
+            f(q);
+        }
+    }
+
+    fn set_status(&mut self, value: u32) {
+        if value == 0 {
+            if self.activated {
+                // A running device cannot be torn down and restarted here;
+                // the guest only does this on its way to a reboot.
+                tracing::warn!("virtio-mmio: driver reset an active {} device", self.device.device_type());
+                self.status |= STATUS_NEEDS_RESET;
+            } else {
+                self.status = 0;
+                self.driver_features = 0;
+                for q in &mut self.queues {
+                    q.reset();
+                }
+            }
+            return;
+        }
+        let newly = value & !self.status;
+        if newly & STATUS_FEATURES_OK != 0 && self.driver_features & !self.device.features() != 0 {
+            // The driver accepted a feature we never offered: refuse FEATURES_OK.
+            self.status = value & !STATUS_FEATURES_OK;
+            return;
+        }
+        self.status = value;
+        if newly & STATUS_DRIVER_OK != 0 && !self.activated {
+            self.activate();
+        }
+    }
+
+    fn activate(&mut self) {
+        let ready = self.queues.iter().all(|q| q.ready() && q.is_valid(&self.mem));
+        if !ready {
+            tracing::warn!("virtio-mmio: DRIVER_OK with queues not ready or invalid");
+            self.status |= STATUS_FAILED;
+            return;
+        }
+        let mut queues = Vec::new();
+        for (q, kick) in self.queues.iter_mut().zip(&self.kicks) {
+            let kick = match kick.try_clone() {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::error!("virtio-mmio: cannot clone a queue eventfd: {e}");
+                    self.status |= STATUS_NEEDS_RESET;
+                    return;
+                }
+            };
+            // The device owns the queue from now on; the transport keeps a
+            // stand-in that reports the same size and readiness.
+            let mut stand_in = match Queue::new(q.max_size()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("virtio-mmio: {e:?}");
+                    self.status |= STATUS_NEEDS_RESET;
+                    return;
+                }
+            };
+            stand_in.set_ready(true);
+            queues.push(DeviceQueue { queue: std::mem::replace(q, stand_in), kick });
+        }
+        let activation = Activation {
+            mem: self.mem.clone(),
+            queues,
+            interrupt: self.interrupt.clone(),
+            acked_features: self.driver_features,
+        };
+        match self.device.activate(activation) {
+            Ok(()) => self.activated = true,
+            Err(e) => {
+                tracing::error!("virtio-mmio: device {} failed to activate: {e}", self.device.device_type());
+                self.status |= STATUS_NEEDS_RESET;
+            }
+        }
+    }
+}
+
+impl BusDevice for MmioTransport {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset >= CONFIG_OFFSET {
+            self.device.read_config(offset - CONFIG_OFFSET, data);
+            return;
+        }
+        if data.len() != 4 {
+            data.fill(0);
+            return;
+        }
+        data.copy_from_slice(&self.read_u32(offset).to_le_bytes());
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= CONFIG_OFFSET {
+            self.device.write_config(offset - CONFIG_OFFSET, data);
+            self.config_generation = self.config_generation.wrapping_add(1);
+            return;
+        }
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            tracing::debug!("virtio-mmio: {}-byte register write ignored", data.len());
+            return;
+        };
+        self.write_u32(offset, u32::from_le_bytes(bytes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::devices::virtio::{ActivateError, VIRTIO_F_VERSION_1};
+    use std::sync::{Arc, Mutex};
+    use vm_memory::GuestAddress;
+
+    struct Fake {
+        activated: Arc<Mutex<Option<u64>>>,
+    }
+
+    impl VirtioDevice for Fake {
+        fn device_type(&self) -> u32 {
+            4
+        }
+        fn queue_max_sizes(&self) -> &[u16] {
+            &[16]
+        }
+        fn features(&self) -> u64 {
+            VIRTIO_F_VERSION_1
+        }
+        fn read_config(&self, offset: u64, data: &mut [u8]) {
+            super::super::virtio::read_config_bytes(&[1, 2, 3, 4], offset, data);
+        }
+        fn activate(&mut self, a: Activation) -> Result<(), ActivateError> {
+            *self.activated.lock().unwrap() = Some(a.acked_features);
+            Ok(())
+        }
+    }
+
+    fn transport() -> (MmioTransport, Arc<Mutex<Option<u64>>>) {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let activated = Arc::new(Mutex::new(None));
+        let dev = Fake { activated: activated.clone() };
+        (MmioTransport::new(Box::new(dev), mem, EventFd::new(EFD_NONBLOCK).unwrap()).unwrap(), activated)
+    }
+
+    fn rd(t: &mut MmioTransport, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        t.read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn wr(t: &mut MmioTransport, off: u64, v: u32) {
+        t.write(off, &v.to_le_bytes());
+    }
+
+    #[test]
+    fn identifies_as_virtio_mmio_v2() {
+        let (mut t, _) = transport();
+        assert_eq!(rd(&mut t, 0), MAGIC);
+        assert_eq!(rd(&mut t, 4), 2);
+        assert_eq!(rd(&mut t, 8), 4);
+        assert_eq!(rd(&mut t, 0x34), 16);
+        let mut cfg = [0u8; 2];
+        t.read(0x102, &mut cfg);
+        assert_eq!(cfg, [3, 4]);
+    }
+
+    #[test]
+    fn activates_after_a_full_handshake() {
+        let (mut t, activated) = transport();
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        wr(&mut t, 0x14, 1);
+        assert_eq!(rd(&mut t, 0x10), 1, "VERSION_1 is bit 32");
+        wr(&mut t, 0x24, 1);
+        wr(&mut t, 0x20, 1);
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+        assert_ne!(rd(&mut t, 0x70) & STATUS_FEATURES_OK, 0);
+        wr(&mut t, 0x30, 0);
+        wr(&mut t, 0x38, 16);
+        wr(&mut t, 0x80, 0x1000);
+        wr(&mut t, 0x90, 0x2000);
+        wr(&mut t, 0xa0, 0x3000);
+        wr(&mut t, 0x44, 1);
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+        assert_eq!(*activated.lock().unwrap(), Some(VIRTIO_F_VERSION_1));
+    }
+
+    #[test]
+    fn refuses_features_it_never_offered() {
+        let (mut t, _) = transport();
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        wr(&mut t, 0x24, 0);
+        wr(&mut t, 0x20, 1 << 5);
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+        assert_eq!(rd(&mut t, 0x70) & STATUS_FEATURES_OK, 0);
+    }
+
+    #[test]
+    fn does_not_activate_with_unready_queues() {
+        let (mut t, activated) = transport();
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+        assert!(activated.lock().unwrap().is_none());
+        assert_ne!(rd(&mut t, 0x70) & STATUS_FAILED, 0);
+    }
+
+    #[test]
+    fn interrupt_ack_clears_status_bits() {
+        let (mut t, _) = transport();
+        t.interrupt.signal_used_queue();
+        assert_eq!(rd(&mut t, 0x60), 1);
+        wr(&mut t, 0x64, 1);
+        assert_eq!(rd(&mut t, 0x60), 0);
+    }
+}

@@ -1,0 +1,1 @@
+//! virtio-fs: host directories shared read-only (in progress).

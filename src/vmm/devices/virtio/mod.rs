@@ -1,0 +1,137 @@
+//! The contract between the virtio-mmio transport and a virtio device, and
+//! the pieces every device shares: its queues with their kick eventfds and
+//! its interrupt line.
+//!
+//! A device is configured by the transport until the driver sets DRIVER_OK;
+//! then `activate` hands it guest memory, its queues and its interrupt, and
+//! the device processes queues on its own worker thread from then on.
+
+pub mod fs;
+pub mod rng;
+pub mod vsock;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use thiserror::Error;
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+/// VIRTIO_F_VERSION_1: we only speak modern virtio.
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+/// Device type ids (virtio spec 5).
+pub const TYPE_NET: u32 = 1;
+pub const TYPE_BLOCK: u32 = 2;
+pub const TYPE_RNG: u32 = 4;
+pub const TYPE_VSOCK: u32 = 19;
+pub const TYPE_FS: u32 = 26;
+
+/// Interrupt status bits (virtio-mmio InterruptStatus).
+pub const INT_USED_RING: u32 = 0x1;
+pub const INT_CONFIG_CHANGE: u32 = 0x2;
+
+/// The interrupt line of one device: the status bits the driver reads and
+/// acknowledges through the transport, and the irqfd that raises its GSI.
+#[derive(Clone)]
+pub struct Interrupt {
+    status: Arc<AtomicU32>,
+    irqfd: Arc<EventFd>,
+}
+
+impl Interrupt {
+    pub fn new(irqfd: EventFd) -> Interrupt {
+        Interrupt {
+            status: Arc::new(AtomicU32::new(0)),
+            irqfd: Arc::new(irqfd),
+        }
+    }
+
+    /// Tells the driver that a used ring has new entries.
+    pub fn signal_used_queue(&self) {
+        self.raise(INT_USED_RING);
+    }
+
+    /// Tells the driver that the configuration space changed.
+    pub fn signal_config_change(&self) {
+        self.raise(INT_CONFIG_CHANGE);
+    }
+
+    fn raise(&self, bit: u32) {
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        if let Err(e) = self.irqfd.write(1) {
+            tracing::warn!("cannot raise virtio interrupt: {e}");
+        }
+    }
+
+    /// InterruptStatus as the driver reads it.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    /// InterruptACK: the driver clears the bits it handled.
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    /// The eventfd KVM listens on (for registering the irqfd).
+    pub fn irqfd(&self) -> &EventFd {
+        &self.irqfd
+    }
+}
+
+/// One virtqueue as handed to an activated device: the queue state and the
+/// eventfd the guest's QueueNotify writes signal (through a KVM ioeventfd).
+pub struct DeviceQueue {
+    pub queue: Queue,
+    pub kick: EventFd,
+}
+
+/// What a device gets when the driver has finished setting it up.
+pub struct Activation {
+    pub mem: GuestMemoryMmap,
+    pub queues: Vec<DeviceQueue>,
+    pub interrupt: Interrupt,
+    /// Features the driver accepted (a subset of what the device offered).
+    pub acked_features: u64,
+}
+
+#[derive(Debug, Error)]
+pub enum ActivateError {
+    #[error("the driver set up {got} queues, the device needs {want}")]
+    QueueCount { got: usize, want: usize },
+    #[error("cannot start the device worker thread")]
+    Thread(#[source] std::io::Error),
+    #[error("device backend failed to start: {0}")]
+    Backend(String),
+}
+
+/// A virtio device behind the MMIO transport.
+pub trait VirtioDevice: Send {
+    /// The virtio device type id.
+    fn device_type(&self) -> u32;
+    /// The maximum size of each queue; its length is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Feature bits offered to the driver, including VIRTIO_F_VERSION_1.
+    fn features(&self) -> u64;
+    /// Reads the device-specific configuration space at `offset`. Bytes past
+    /// its end read as zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes the configuration space. Most devices have nothing writable.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    /// Starts the device: from here on it owns its queues.
+    fn activate(&mut self, activation: Activation) -> Result<(), ActivateError>;
+}
+
+/// Copies `config[offset..]` into `data`, zero-filling what lies past the end.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if let Some(src) = config.get(start..) {
+        let n = src.len().min(data.len());
+        data[..n].copy_from_slice(&src[..n]);
+    }
+}

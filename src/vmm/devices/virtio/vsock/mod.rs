@@ -1,0 +1,1 @@
+//! virtio-vsock: the guest's stream sockets to the host (in progress).
