@@ -5,13 +5,20 @@
 
 mod cli;
 mod doctor;
+mod guest;
 mod host;
 mod jail;
 mod paths;
+mod protocol;
+mod supervisor;
 mod vmm;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // The same binary is the guest's init: as PID 1 it never parses a command line.
+    if std::process::id() == 1 {
+        guest::main();
+    }
     cli::main()
 }

@@ -6,3 +6,5 @@ mod util;
 mod cli;
 mod doctor;
 mod rig_selftest;
+mod run_e2e;
+mod run_input;

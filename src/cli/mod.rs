@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod run;
+mod vmm;
 
 use std::process::ExitCode;
 
@@ -27,7 +29,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    // Hidden until the VMM's vsock and virtio-fs devices land.
+    #[command(hide = true)]
+    Run(run::RunArgs),
     Doctor(doctor::DoctorArgs),
+    /// Internal: the VMM process of one session, started by `stockade run`.
+    #[command(hide = true)]
+    Vmm(vmm::VmmArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -45,7 +53,9 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.verbose);
     let result = match cli.command {
+        Command::Run(args) => run::run(args, cli.verbose),
         Command::Doctor(args) => doctor::run(args),
+        Command::Vmm(args) => vmm::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,4 +1,177 @@
 //! The virtual machine monitor: KVM, guest memory, vCPUs and devices.
+//!
+//! `run` is the boot sequence: create the VM and its memory, the interrupt
+//! controllers, the legacy devices and the virtio devices on MMIO; load the
+//! kernel and the initramfs (our own binary as /init) for PVH boot; write the
+//! MP table; start the vCPUs; wait for the guest to reset. The process exits
+//! right after, which ends every vCPU and device thread with it.
 
+pub mod boot;
+pub mod config;
+pub mod cpuid;
 pub mod devices;
+pub mod initramfs;
+pub mod layout;
+pub mod memory;
+pub mod mptable;
 pub mod probe;
+pub mod vcpu;
+
+use std::fs::File;
+use std::io::LineWriter;
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
+use kvm_ioctls::{IoEventAddress, Kvm};
+use thiserror::Error;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use config::VmConfig;
+use devices::bus::Bus;
+use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
+use devices::mmio::{MMIO_LEN, MmioTransport, NOTIFY_OFFSET};
+use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort};
+use devices::virtio::VirtioDevice;
+use vcpu::{Vcpu, VcpuStop};
+
+#[derive(Debug, Error)]
+pub enum VmmError {
+    #[error("cannot open /dev/kvm")]
+    Kvm(#[source] kvm_ioctls::Error),
+    #[error("KVM setup failed: {step}")]
+    Setup {
+        step: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error(transparent)]
+    Memory(#[from] memory::MemoryError),
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    #[error(transparent)]
+    Mptable(#[from] mptable::MptableError),
+    #[error(transparent)]
+    Vcpu(#[from] vcpu::VcpuError),
+    #[error("cannot create the kernel log {path}")]
+    KernelLog {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the init binary {path}")]
+    Init {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the {device} device")]
+    Device {
+        device: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("too many devices for the interrupt lines")]
+    TooManyDevices,
+    #[error("the VM stopped: {0}")]
+    Stopped(String),
+}
+
+fn setup(step: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Setup { step, source }
+}
+
+/// Boots the VM described by `config` and returns when the guest resets.
+pub fn run(config: &VmConfig) -> Result<(), VmmError> {
+    // The VM must not outlive the supervisor that owns its session.
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    let kvm = Kvm::new().map_err(VmmError::Kvm)?;
+    let vm = kvm.create_vm().map_err(setup("create VM"))?;
+    let ram = layout::ram_ranges(config.memory_bytes);
+    let mem = memory::create(&ram)?;
+    memory::register(&vm, &mem)?;
+    vm.set_tss_address(layout::KVM_TSS_ADDR).map_err(setup("set TSS address"))?;
+    vm.create_irq_chip().map_err(setup("create interrupt controllers"))?;
+    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+    vm.create_pit2(pit).map_err(setup("create PIT"))?;
+
+    let exit = Arc::new(EventFd::new(0).map_err(|source| VmmError::Device { device: "exit", source })?);
+    let mut pio = Bus::default();
+    let mut mmio = Bus::default();
+
+    let log = File::create(&config.kernel_log).map_err(|source| VmmError::KernelLog {
+        path: config.kernel_log.display().to_string(),
+        source,
+    })?;
+    let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmmError::Device { device: "serial", source })?;
+    vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(setup("register serial irqfd"))?;
+    let serial = Arc::new(Mutex::new(SerialPort::new(serial_irq, LineWriter::new(log))));
+    pio.insert(COM1_BASE, COM1_LEN, serial.clone());
+    let reset = exit.try_clone().map_err(|source| VmmError::Device { device: "i8042", source })?;
+    pio.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(reset))));
+
+    let mut cmdline = vec![
+        "console=ttyS0".to_string(),
+        "reboot=k".into(),
+        "panic=-1".into(),
+        "8250.nr_uarts=1".into(),
+        "random.trust_cpu=on".into(),
+    ];
+    if !config.verbose_kernel {
+        cmdline.push("quiet".into());
+    }
+    cmdline.extend(config.kernel_args.iter().cloned());
+
+    let devices: Vec<(&'static str, Box<dyn VirtioDevice>)> = virtio_devices(config)?;
+    for (slot, (name, device)) in devices.into_iter().enumerate() {
+        let slot = u32::try_from(slot).map_err(|_| VmmError::TooManyDevices)?;
+        let irq = layout::VIRTIO_IRQ_BASE + slot;
+        if irq >= layout::IOAPIC_PINS {
+            return Err(VmmError::TooManyDevices);
+        }
+        let base = layout::VIRTIO_MMIO_BASE + u64::from(slot) * MMIO_LEN;
+        let irqfd = EventFd::new(EFD_NONBLOCK).map_err(|source| VmmError::Device { device: name, source })?;
+        vm.register_irqfd(&irqfd, irq).map_err(setup("register virtio irqfd"))?;
+        let transport = MmioTransport::new(device, mem.clone(), irqfd)
+            .map_err(|source| VmmError::Device { device: name, source })?;
+        for (index, kick) in transport.kick_fds().iter().enumerate() {
+            vm.register_ioevent(kick, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), index as u32)
+                .map_err(setup("register virtio ioeventfd"))?;
+        }
+        mmio.insert(base, MMIO_LEN, Arc::new(Mutex::new(transport)));
+        cmdline.push(format!("virtio_mmio.device=4K@{base:#x}:{irq}"));
+    }
+
+    let init = std::fs::read(&config.init).map_err(|source| VmmError::Init {
+        path: config.init.display().to_string(),
+        source,
+    })?;
+    let initrd = initramfs::build(&init);
+    drop(init);
+    let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &initrd, &ram)?;
+    drop(initrd);
+    mptable::write(&mem, config.vcpus)?;
+
+    let pio = Arc::new(pio);
+    let mmio = Arc::new(mmio);
+    let stop = Arc::new(Mutex::new(None));
+    for id in 0..config.vcpus {
+        let vcpu = Vcpu::new(&kvm, &vm, id, config.vcpus, (id == 0).then_some(&entry))?;
+        vcpu.spawn(pio.clone(), mmio.clone(), exit.clone(), stop.clone())
+            .map_err(|source| VmmError::Device { device: "vcpu thread", source })?;
+    }
+
+    let _ = exit.read();
+    if let Ok(mut serial) = serial.lock() {
+        serial.flush();
+    }
+    let why = stop.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match why {
+        None | Some(VcpuStop::GuestReset) => Ok(()),
+        Some(VcpuStop::Failed(reason)) => Err(VmmError::Stopped(reason)),
+    }
+}
+
+fn virtio_devices(_config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
+    let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
+    Ok(vec![("virtio-rng", Box::new(rng))])
+}

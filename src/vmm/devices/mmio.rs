@@ -183,7 +183,7 @@ impl MmioTransport {
             if self.activated {
                 // A running device cannot be torn down and restarted here;
                 // the guest only does this on its way to a reboot.
-                tracing::warn!("virtio-mmio: driver reset an active {} device", self.device.device_type());
+                tracing::debug!("virtio-mmio: driver reset an active {} device", self.device.device_type());
                 self.status |= STATUS_NEEDS_RESET;
             } else {
                 self.status = 0;

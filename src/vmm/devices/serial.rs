@@ -36,6 +36,13 @@ impl<W: Write + Send> SerialPort<W> {
     }
 }
 
+impl<W: Write + Send> SerialPort<W> {
+    /// Pushes buffered log output to the file (before the VMM exits).
+    pub fn flush(&mut self) {
+        let _ = self.uart.writer_mut().flush();
+    }
+}
+
 impl<W: Write + Send> BusDevice for SerialPort<W> {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         let value = u8::try_from(offset).map(|o| self.uart.read(o)).unwrap_or(0xff);

@@ -1,0 +1,231 @@
+//! `stockade run`: run a command in a microVM.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::supervisor::{self, RunConfig};
+use crate::vmm::layout::MAX_VCPUS;
+
+/// Smallest guest memory that boots our kernel and a shell with room to work.
+const MIN_MEMORY: u64 = 128 << 20;
+
+/// Run COMMAND inside a fresh microVM. The workspace (the git root of the
+/// current directory, or the directory itself) appears read-only at its own
+/// path; the host's system directories are shared read-only; $HOME, /tmp and
+/// /run are empty and writable. The exit status is the command's own; 125
+/// means stockade failed, 126 the command is not executable, 127 not found,
+/// 128+n it was killed by signal n.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Virtual CPUs for the guest.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    cpus: u8,
+
+    /// Guest memory, e.g. 512M or 2G (memory is only used as the guest touches it).
+    #[arg(long, default_value = "2G", value_name = "SIZE")]
+    memory: String,
+
+    /// Pass the host's VAR to the command, or set VAR=VALUE. Only TERM, LANG
+    /// and LC_* are passed by default, plus PATH, HOME, USER and LOGNAME.
+    #[arg(short = 'e', long = "env", value_name = "VAR[=VALUE]")]
+    env: Vec<String>,
+
+    /// Boot this guest kernel (a PVH vmlinux) instead of the installed one.
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+
+    /// Extra guest kernel command-line argument (debugging aid).
+    #[arg(long = "kernel-arg", value_name = "ARG", hide = true)]
+    kernel_args: Vec<String>,
+
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+pub fn run(args: RunArgs, verbose: u8) -> anyhow::Result<ExitCode> {
+    let config = validate(args, verbose, |name| std::env::var_os(name), std::env::vars_os())?;
+    let status = supervisor::run(config)?;
+    Ok(ExitCode::from(status))
+}
+
+/// Turns what the user typed into a RunConfig without touching the system.
+fn validate(
+    args: RunArgs,
+    verbose: u8,
+    getenv: impl Fn(&str) -> Option<OsString>,
+    all_env: impl Iterator<Item = (OsString, OsString)>,
+) -> anyhow::Result<RunConfig> {
+    if args.cpus == 0 || args.cpus > MAX_VCPUS {
+        bail!("--cpus {} is out of range: give 1 to {MAX_VCPUS}", args.cpus);
+    }
+    let memory_bytes = parse_size(&args.memory).with_context(|| format!("--memory {}", args.memory))?;
+    if memory_bytes < MIN_MEMORY {
+        bail!("--memory {} is too small: the guest needs at least 128M (e.g. --memory 512M)", args.memory);
+    }
+    let argv = args
+        .command
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.to_str()
+                .map(str::to_owned)
+                .with_context(|| format!("command argument {} is not valid UTF-8", i + 1))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if argv[0].is_empty() {
+        bail!("the command is empty");
+    }
+    Ok(RunConfig {
+        argv,
+        env: guest_env(&args.env, getenv, all_env)?,
+        cpus: args.cpus,
+        memory_bytes,
+        kernel: args.kernel,
+        kernel_args: args.kernel_args,
+        verbose_kernel: verbose > 0,
+    })
+}
+
+/// The command's environment: identity and search path, the terminal and
+/// locale, and exactly what -e names.
+fn guest_env(
+    requested: &[String],
+    getenv: impl Fn(&str) -> Option<OsString>,
+    all_env: impl Iterator<Item = (OsString, OsString)>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: String| {
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_string(), v));
+    };
+    let host = |name: &str| getenv(name).and_then(|v| v.into_string().ok());
+    set("PATH", host("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()));
+    for name in ["HOME", "USER", "LOGNAME", "TERM", "COLORTERM", "LANG", "LANGUAGE"] {
+        if let Some(v) = host(name) {
+            set(name, v);
+        }
+    }
+    for (k, v) in all_env {
+        if let (Some(k), Some(v)) = (k.to_str(), v.to_str()) {
+            if k.starts_with("LC_") {
+                set(k, v.to_string());
+            }
+        }
+    }
+    for item in requested {
+        match item.split_once('=') {
+            Some((name, value)) => {
+                check_var_name(name)?;
+                set(name, value.to_string());
+            }
+            None => {
+                check_var_name(item)?;
+                match host(item) {
+                    Some(v) => set(item, v),
+                    None => tracing::info!("-e {item}: not set on the host, not passed"),
+                }
+            }
+        }
+    }
+    Ok(env)
+}
+
+fn check_var_name(name: &str) -> anyhow::Result<()> {
+    let valid = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        bail!("-e {name}: not a valid variable name (letters, digits and _, not starting with a digit)");
+    }
+    Ok(())
+}
+
+/// Parses sizes like 512M, 2G, 1.5G, 2GiB or a plain number of bytes.
+pub fn parse_size(text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| anyhow::anyhow!("not a size; use a number with a unit, like 512M or 2G"))?;
+    let mult: u64 = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => bail!("unknown size unit {other:?}; use K, M, G or T"),
+    };
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        bail!("size out of range");
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> RunArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let mut argv = vec!["t"];
+        argv.extend_from_slice(extra);
+        T::try_parse_from(argv).unwrap().run
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + '_ {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("2X").is_err());
+    }
+
+    #[test]
+    fn zero_memory_is_refused_with_a_hint() {
+        let err = validate(args(&["--memory", "0", "--", "true"]), 0, |_| None, std::iter::empty()).unwrap_err();
+        assert!(format!("{err:#}").contains("at least 128M"), "{err:#}");
+    }
+
+    #[test]
+    fn cpus_out_of_range_is_refused() {
+        assert!(validate(args(&["--cpus", "0", "--", "true"]), 0, |_| None, std::iter::empty()).is_err());
+        assert!(validate(args(&["--cpus", "99", "--", "true"]), 0, |_| None, std::iter::empty()).is_err());
+    }
+
+    #[test]
+    fn passes_only_the_default_and_named_variables() {
+        let host = [("PATH", "/usr/bin"), ("TERM", "xterm"), ("SECRET", "s3"), ("FOO", "bar"), ("HOME", "/home/a")];
+        let all = host.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).chain([
+            (OsString::from("LC_ALL"), OsString::from("C")),
+        ]);
+        let env = guest_env(&["FOO".into(), "X=1".into()], env_of(&host), all).unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("TERM"), Some("xterm"));
+        assert_eq!(get("LC_ALL"), Some("C"));
+        assert_eq!(get("FOO"), Some("bar"));
+        assert_eq!(get("X"), Some("1"));
+        assert_eq!(get("SECRET"), None);
+    }
+
+    #[test]
+    fn bad_variable_names_are_refused() {
+        assert!(guest_env(&["1X=2".into()], |_| None, std::iter::empty()).is_err());
+        assert!(guest_env(&["A-B".into()], |_| None, std::iter::empty()).is_err());
+    }
+}

@@ -1,0 +1,27 @@
+//! `stockade vmm`: the VMM process of one session. Internal: `stockade run`
+//! starts it as a separate process so that the code that touches KVM and
+//! guest memory holds no credentials and can be jailed on its own.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::vmm::{self, config::VmConfig};
+
+#[derive(Debug, Args)]
+pub struct VmmArgs {
+    /// The VM description written by the supervisor (JSON).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+}
+
+pub fn run(args: VmmArgs) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("cannot read VM config {}", args.config.display()))?;
+    let config: VmConfig =
+        serde_json::from_str(&text).with_context(|| format!("malformed VM config {}", args.config.display()))?;
+    vmm::run(&config)?;
+    Ok(ExitCode::SUCCESS)
+}

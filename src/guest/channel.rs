@@ -1,0 +1,110 @@
+//! The guest's end of the control connection.
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, VsockAddr, connect, socket};
+
+use crate::protocol::{CONTROL_PORT, GuestMsg, HOST_CID, HostMsg, read_frame, write_frame};
+
+/// How long init waits for the host's "finish" before resetting anyway.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Opens a vsock stream to the host on `port`.
+pub fn connect_host(port: u32) -> anyhow::Result<File> {
+    let fd = socket(AddressFamily::Vsock, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)
+        .context("cannot create a vsock socket")?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &VsockAddr::new(HOST_CID, port))
+        .with_context(|| format!("cannot connect to the host on vsock port {port}"))?;
+    Ok(File::from(fd))
+}
+
+/// The control connection: frames out from any thread, frames in on a
+/// reader thread once the command runs.
+pub struct Control {
+    writer: Arc<Mutex<File>>,
+    reader: Mutex<Option<BufReader<File>>>,
+    finish: Mutex<Option<Receiver<()>>>,
+}
+
+pub fn connect_control() -> anyhow::Result<Control> {
+    let stream = connect_host(CONTROL_PORT)?;
+    let reader = stream.try_clone().context("cannot clone the control socket")?;
+    Ok(Control {
+        writer: Arc::new(Mutex::new(stream)),
+        reader: Mutex::new(Some(BufReader::new(reader))),
+        finish: Mutex::new(None),
+    })
+}
+
+impl Control {
+    pub fn send(&self, msg: &GuestMsg) -> anyhow::Result<()> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        write_frame(&mut *w, msg).context("cannot write to the host")?;
+        w.flush().context("cannot write to the host")?;
+        Ok(())
+    }
+
+    /// Reads one message (before the reader thread takes over).
+    pub fn recv(&self) -> anyhow::Result<HostMsg> {
+        let mut guard = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let reader = guard.as_mut().context("the control reader is already running")?;
+        Ok(read_frame(reader).context("cannot read from the host")?)
+    }
+
+    /// Hands incoming messages to `on_signal` on a reader thread; a Finish
+    /// message is kept for `wait_finish`.
+    pub fn start_reader(&self, on_signal: impl Fn(i32) + Send + 'static) -> anyhow::Result<()> {
+        let mut reader = self
+            .reader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .context("the control reader is already running")?;
+        let (tx, rx) = channel();
+        *self.finish.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                loop {
+                    match read_frame::<HostMsg>(&mut reader) {
+                        Ok(HostMsg::Signal { signal }) => on_signal(signal),
+                        Ok(HostMsg::Finish) => {
+                            let _ = tx.send(());
+                        }
+                        Ok(HostMsg::Run(_)) => eprintln!("stockade-init: ignoring a second command"),
+                        Err(_) => {
+                            // The host went away: nothing left to wait for.
+                            let _ = tx.send(());
+                            return;
+                        }
+                    }
+                }
+            })
+            .context("cannot start the control reader")?;
+        Ok(())
+    }
+
+    /// A shared writer for the output pumps.
+    pub fn writer(&self) -> Arc<Mutex<File>> {
+        self.writer.clone()
+    }
+
+    /// Waits until the host says it has everything (or a timeout).
+    pub fn wait_finish(&self) {
+        let rx = self.finish.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match rx {
+            Some(rx) => {
+                let _ = rx.recv_timeout(FINISH_TIMEOUT);
+            }
+            None => {
+                // The reader never started (setup failed): read directly.
+                let _ = self.recv();
+            }
+        }
+    }
+}

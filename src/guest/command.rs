@@ -1,0 +1,141 @@
+//! Running the command: as the host user, in its own process group, with
+//! stdio on pipes pumped to and from the host. When it exits, everything else
+//! it started is killed too, as when a container's main process ends.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::channel::{self, Control};
+use crate::protocol::{ExitReport, GuestMsg, RunSpec, STDIN_PORT, write_frame};
+
+/// Output is forwarded in chunks of at most this size.
+const CHUNK: usize = 64 * 1024;
+
+pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
+    let Some(program) = spec.argv.first() else {
+        return Ok(ExitReport::SetupFailed { message: "no command given".into() });
+    };
+    if !Path::new(&spec.cwd).is_dir() {
+        return Ok(ExitReport::SetupFailed {
+            message: format!("the working directory {} is not visible in the guest", spec.cwd),
+        });
+    }
+    let stdin_conn = channel::connect_host(STDIN_PORT)?;
+
+    let mut cmd = Command::new(program);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.cwd)
+        .uid(spec.uid)
+        .gid(spec.gid)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => return Ok(not_started(program, &e)),
+    };
+    let pid = i32::try_from(child.id()).context("child pid out of range")?;
+
+    let child_stdin = child.stdin.take().context("child stdin")?;
+    spawn_named("stdin", move || {
+        let mut from = stdin_conn;
+        let mut to = child_stdin;
+        // Ends when the host closes stdin (EOF reaches the command) or the
+        // command stops reading.
+        let _ = std::io::copy(&mut from, &mut to);
+    })?;
+    let out = pump("stdout", child.stdout.take().context("child stdout")?, control.writer(), GuestMsg::Stdout)?;
+    let err = pump("stderr", child.stderr.take().context("child stderr")?, control.writer(), GuestMsg::Stderr)?;
+    control.start_reader(move |signal| {
+        if let Ok(sig) = Signal::try_from(signal) {
+            let _ = kill(Pid::from_raw(-pid), sig);
+        }
+    })?;
+
+    let status = reap_until(pid);
+    // The command is done: nothing it left behind may outlive it or hold
+    // its output open.
+    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+    reap_until(-1);
+    let _ = out.join();
+    let _ = err.join();
+    Ok(status)
+}
+
+fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .with_context(|| format!("cannot start the {name} thread"))
+}
+
+/// Forwards a pipe to the host as frames until the pipe's writers are gone.
+fn pump(
+    name: &str,
+    mut from: impl Read + Send + 'static,
+    to: Arc<Mutex<std::fs::File>>,
+    frame: fn(Vec<u8>) -> GuestMsg,
+) -> anyhow::Result<JoinHandle<()>> {
+    spawn_named(name, move || {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            };
+            let mut w = to.lock().unwrap_or_else(|p| p.into_inner());
+            if write_frame(&mut *w, &frame(buf[..n].to_vec())).is_err() || w.flush().is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Reaps children until `pid` exits (or, with -1, until none are left), and
+/// returns how `pid` ended. As PID 1 we also reap every orphan on the way.
+fn reap_until(pid: i32) -> ExitReport {
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw() == pid => return ExitReport::Exited { code },
+            Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == pid => {
+                return ExitReport::Signaled { signal: sig as i32 };
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => return ExitReport::SetupFailed { message: "the command was never reaped".into() },
+        }
+    }
+}
+
+fn not_started(program: &str, err: &std::io::Error) -> ExitReport {
+    let errno = err.raw_os_error().unwrap_or(0);
+    if errno == libc::ENOENT {
+        let message = if program.contains('/') {
+            format!("{program}: no such file or directory")
+        } else {
+            format!("{program}: command not found")
+        };
+        ExitReport::NotStarted { not_found: true, message }
+    } else {
+        let reason = match errno {
+            libc::EACCES => "permission denied".to_string(),
+            libc::ENOEXEC => "exec format error".to_string(),
+            _ => err.to_string(),
+        };
+        ExitReport::NotStarted { not_found: false, message: format!("{program}: {reason}") }
+    }
+}

@@ -1,0 +1,81 @@
+//! The one definition of what the host and the guest init say to each other
+//! over vsock. Both sides use this module, so the two ends cannot drift.
+//!
+//! The guest opens two connections to the host (CID 2): `CONTROL_PORT`
+//! carries framed messages both ways, `STDIN_PORT` carries the command's
+//! standard input as a raw byte stream whose end is the input's end. Keeping
+//! stdin apart means a command that never reads its input cannot stall the
+//! control messages (signals, finish) behind it.
+#![forbid(unsafe_code)]
+
+mod frame;
+
+pub use frame::{FrameError, read_frame, write_frame};
+
+use serde::{Deserialize, Serialize};
+
+/// The host's vsock context id, as seen from the guest.
+pub const HOST_CID: u32 = 2;
+/// The guest's context id.
+pub const GUEST_CID: u64 = 3;
+/// Control messages in both directions.
+pub const CONTROL_PORT: u32 = 1024;
+/// The command's stdin, host to guest.
+pub const STDIN_PORT: u32 = 1025;
+
+/// How the guest root is put together, entry by entry, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RootEntry {
+    /// Bind `source` (a path inside the virtio-fs share) read-only at `target`.
+    Share { source: String, target: String },
+    /// A symbolic link at `link` pointing to `target` (merged-/usr hosts).
+    Symlink { link: String, target: String },
+    /// A fresh tmpfs at `target` owned by `uid`:`gid` with `mode`.
+    Tmpfs { target: String, mode: u32, uid: u32, gid: u32 },
+}
+
+/// The command the guest runs and the world it runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub root: Vec<RootEntry>,
+}
+
+/// How the command ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ExitReport {
+    /// It exited with this status.
+    Exited { code: i32 },
+    /// A signal killed it.
+    Signaled { signal: i32 },
+    /// It could not be started: `not_found` (127) or not executable (126).
+    NotStarted { not_found: bool, message: String },
+    /// The guest init could not prepare the command's environment.
+    SetupFailed { message: String },
+}
+
+/// Host to guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HostMsg {
+    Run(RunSpec),
+    /// Deliver this signal to the command's process group.
+    Signal { signal: i32 },
+    /// The host has everything; the guest may power off.
+    Finish,
+}
+
+/// Guest to host. Output travels as raw frames (see `frame`), not JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestMsg {
+    Ready { kernel: String },
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(ExitReport),
+}

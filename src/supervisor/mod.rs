@@ -1,0 +1,285 @@
+//! `stockade run` orchestration: checks the host, creates the session, starts
+//! the VMM process, talks to the guest init over vsock, streams the command's
+//! output, and turns its end into our exit status.
+#![forbid(unsafe_code)]
+
+mod outcome;
+mod root;
+mod session;
+mod signals;
+mod vm;
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::host::kernel;
+use crate::host::kvm::{self, DeviceAccess, KvmKind};
+use crate::paths::Dirs;
+use crate::protocol::{CONTROL_PORT, ExitReport, GuestMsg, HostMsg, RunSpec, STDIN_PORT, read_frame, write_frame};
+use crate::vmm::config::VmConfig;
+
+pub use outcome::EXIT_STOCKADE;
+
+/// How long the guest may take to boot and call in. Seconds on real KVM;
+/// the software-CPU test rig needs the margin.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+/// After the command ends, how long the VMM gets to power off by itself.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A validated `stockade run`.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cpus: u8,
+    pub memory_bytes: u64,
+    pub kernel: Option<PathBuf>,
+    pub kernel_args: Vec<String>,
+    pub verbose_kernel: bool,
+}
+
+/// Runs the command in a fresh VM and returns stockade's exit status.
+pub fn run(config: RunConfig) -> anyhow::Result<u8> {
+    signals::block()?;
+    let dirs = Dirs::resolve()?;
+    let kernel = check_host(&dirs, config.kernel.as_deref())?;
+
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let user = root::User {
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        home: std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/")),
+    };
+    let workspace = root::find_workspace(&cwd, &user.home)?;
+    let (shares, root_layout) = root::host_layout(&workspace, &user)?;
+
+    let session = session::Session::create(&dirs.data)?;
+    let mut record = session::RunRecord {
+        id: session.id.clone(),
+        command: config.argv.clone(),
+        workspace: workspace.display().to_string(),
+        started: session::timestamp(session.started),
+        duration_ms: None,
+        status: None,
+        outcome: None,
+    };
+    session.write_record(&record)?;
+
+    let vsock_base = session.dir.join("v.sock");
+    let (control_listener, control_path) = vm::listen(&vsock_base, CONTROL_PORT)?;
+    let (stdin_listener, stdin_path) = vm::listen(&vsock_base, STDIN_PORT)?;
+    let vm_config = VmConfig {
+        kernel,
+        init: std::env::current_exe().context("cannot find the stockade binary")?,
+        vcpus: config.cpus,
+        memory_bytes: config.memory_bytes,
+        kernel_log: session.kernel_log(),
+        vsock_uds: vsock_base,
+        shares,
+        verbose_kernel: config.verbose_kernel,
+        kernel_args: config.kernel_args.clone(),
+    };
+    let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log())?;
+    tracing::info!("session {} in {}", session.id, session.dir.display());
+
+    let spec = RunSpec {
+        argv: config.argv.clone(),
+        env: config.env.clone(),
+        cwd: cwd.to_str().context("the current directory is not valid UTF-8")?.to_string(),
+        uid: user.uid,
+        gid: user.gid,
+        root: root_layout,
+    };
+    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session);
+    vmm.finish(SHUTDOWN_GRACE);
+    let _ = std::fs::remove_file(control_path);
+    let _ = std::fs::remove_file(stdin_path);
+
+    let (status, outcome_text) = match &result {
+        Ok(Conversation::Ended(report)) => {
+            let (status, message) = outcome::exit_status(report);
+            if let Some(message) = message {
+                eprintln!("stockade: {message}");
+            }
+            (status, outcome::describe(report))
+        }
+        Ok(Conversation::Stopped) => (130, "stopped by the user".to_string()),
+        Ok(Conversation::VmEnded) => {
+            eprintln!("stockade: error: {}", vm_ended_message(&session));
+            (EXIT_STOCKADE, "the VM stopped before the command finished".to_string())
+        }
+        Err(e) => {
+            eprintln!("stockade: error: {e:#}");
+            (EXIT_STOCKADE, format!("stockade failed: {e:#}"))
+        }
+    };
+    record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
+    record.status = Some(i32::from(status));
+    record.outcome = Some(outcome_text);
+    if let Err(e) = session.write_record(&record) {
+        tracing::warn!("cannot update the run record: {e:#}");
+    }
+    Ok(status)
+}
+
+/// Refuses early, with the fix, when this host cannot run the VM.
+fn check_host(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match kvm::check_device() {
+        DeviceAccess::Usable => {}
+        DeviceAccess::Missing => bail!(
+            "/dev/kvm does not exist: this host has no KVM. Enable virtualization (VT-x/AMD-V) and load kvm_intel or kvm_amd; `stockade doctor` checks the rest"
+        ),
+        DeviceAccess::PermissionDenied => {
+            bail!("you cannot open /dev/kvm: {}; `stockade doctor` checks the rest", kvm::permission_fix())
+        }
+        DeviceAccess::Failed(e) => bail!("cannot open /dev/kvm: {e}; see `stockade doctor`"),
+    }
+    let kernel = kernel::locate(dirs, explicit)?;
+    if kvm::detect_kind() == KvmKind::Pvm && kernel.pvm_guest != Some(true) {
+        bail!(
+            "this host's KVM is PVM (kvm_pvm), where a standard guest kernel cannot boot, and {} is not a PVM guest kernel. \
+             Run stockade on a host with hardware virtualization, or use a guest kernel built with CONFIG_PVM_GUEST=y; \
+             `stockade doctor` explains",
+            kernel.path.display()
+        );
+    }
+    Ok(kernel.path)
+}
+
+enum Conversation {
+    Ended(ExitReport),
+    /// The user stopped the VM with a second interrupt.
+    Stopped,
+    /// The VM went away without reporting an end (kernel panic, VMM failure).
+    VmEnded,
+}
+
+fn converse(
+    vmm: &mut vm::VmProcess,
+    control_listener: &std::os::unix::net::UnixListener,
+    stdin_listener: std::os::unix::net::UnixListener,
+    spec: RunSpec,
+    session: &session::Session,
+) -> anyhow::Result<Conversation> {
+    let started = Instant::now();
+    let Some(control) = vm::accept(control_listener, vmm, BOOT_TIMEOUT)? else {
+        if vmm.is_running() {
+            vmm.kill();
+            bail!(
+                "the guest did not call in within {}s; the kernel log is {}",
+                BOOT_TIMEOUT.as_secs(),
+                session.kernel_log().display()
+            );
+        }
+        return Ok(Conversation::VmEnded);
+    };
+    let mut reader = std::io::BufReader::new(control.try_clone()?);
+    let writer = Arc::new(Mutex::new(control));
+    match read_frame::<GuestMsg>(&mut reader) {
+        Ok(GuestMsg::Ready { kernel }) => {
+            tracing::info!("guest {kernel} ready after {:.0?}", started.elapsed());
+        }
+        Ok(other) => bail!("the guest said {other:?} before it was ready"),
+        Err(_) => return Ok(Conversation::VmEnded),
+    }
+    send(&writer, &HostMsg::Run(spec))?;
+
+    let interrupts = Arc::new(signals::Interrupts::default());
+    let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
+    let forward_writer = writer.clone();
+    signals::spawn(
+        interrupts.clone(),
+        move |sig| {
+            let _ = send(&forward_writer, &HostMsg::Signal { signal: sig as i32 });
+        },
+        move || {
+            let _ = nix::sys::signal::kill(vmm_pid, nix::sys::signal::Signal::SIGKILL);
+        },
+    )?;
+    spawn_stdin_pump(stdin_listener)?;
+
+    let mut stdout = std::io::stdout().lock();
+    let mut stdout_open = true;
+    let mut stderr = std::io::stderr();
+    loop {
+        let msg = match read_frame::<GuestMsg>(&mut reader) {
+            Ok(msg) => msg,
+            Err(_) if interrupts.stopped() => return Ok(Conversation::Stopped),
+            Err(_) => return Ok(Conversation::VmEnded),
+        };
+        match msg {
+            GuestMsg::Stdout(data) if stdout_open => {
+                if let Err(e) = stdout.write_all(&data).and_then(|()| stdout.flush()) {
+                    if e.kind() == ErrorKind::BrokenPipe {
+                        // Our reader went away: the command gets SIGPIPE, as
+                        // it would writing to a closed pipe locally.
+                        stdout_open = false;
+                        let _ = send(&writer, &HostMsg::Signal { signal: libc::SIGPIPE });
+                    } else {
+                        return Err(e).context("cannot write the command's output");
+                    }
+                }
+            }
+            GuestMsg::Stdout(_) => {}
+            GuestMsg::Stderr(data) => {
+                let _ = stderr.write_all(&data);
+            }
+            GuestMsg::Exit(report) => {
+                let _ = send(&writer, &HostMsg::Finish);
+                return Ok(Conversation::Ended(report));
+            }
+            GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
+        }
+    }
+}
+
+fn send(writer: &Mutex<UnixStream>, msg: &HostMsg) -> anyhow::Result<()> {
+    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    write_frame(&mut *w, msg).context("cannot write to the guest")?;
+    Ok(())
+}
+
+/// Copies our stdin to the guest once it connects for it; our EOF becomes the
+/// command's EOF. The guest connects only if the command starts.
+fn spawn_stdin_pump(listener: std::os::unix::net::UnixListener) -> anyhow::Result<()> {
+    std::thread::Builder::new().name("stdin".into()).spawn(move || {
+        let _ = listener.set_nonblocking(false);
+        let Ok((mut conn, _)) = listener.accept() else { return };
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if conn.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = conn.shutdown(std::net::Shutdown::Write);
+    })?;
+    Ok(())
+}
+
+/// What to tell the user when the VM ended without a report.
+fn vm_ended_message(session: &session::Session) -> String {
+    let log = session.kernel_log();
+    let kernel_log = std::fs::read_to_string(&log).unwrap_or_default();
+    let vmm_log = std::fs::read_to_string(session.vmm_log()).unwrap_or_default();
+    if let Some(line) = kernel_log.lines().find(|l| l.contains("Kernel panic")) {
+        let what = line.split_once("] ").map_or(line, |(_, rest)| rest);
+        format!("the guest kernel panicked ({}); the kernel log is {}", what.trim(), log.display())
+    } else if let Some(line) = vmm_log.lines().rev().find(|l| !l.trim().is_empty()) {
+        format!("the VM stopped before the command finished: {}; the kernel log is {}", line.trim(), log.display())
+    } else {
+        format!("the VM stopped before the command finished; the kernel log is {}", log.display())
+    }
+}

@@ -1,0 +1,49 @@
+//! From how the guest command ended to stockade's exit status, as `docker
+//! run` and `env` do it: the command's own status, 125 when stockade failed,
+//! 126 not executable, 127 not found, 128+n killed by signal n.
+
+use crate::protocol::ExitReport;
+
+pub const EXIT_STOCKADE: u8 = 125;
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// The exit status and, when stockade should say something, the message.
+pub fn exit_status(report: &ExitReport) -> (u8, Option<String>) {
+    match report {
+        ExitReport::Exited { code } => ((*code & 0xff) as u8, None),
+        ExitReport::Signaled { signal } => ((128 + (*signal & 0x7f)) as u8, None),
+        ExitReport::NotStarted { not_found: true, message } => (EXIT_NOT_FOUND, Some(message.clone())),
+        ExitReport::NotStarted { not_found: false, message } => (EXIT_NOT_EXECUTABLE, Some(message.clone())),
+        ExitReport::SetupFailed { message } => {
+            (EXIT_STOCKADE, Some(format!("the guest could not start the command: {message}")))
+        }
+    }
+}
+
+/// The run record's words for an outcome.
+pub fn describe(report: &ExitReport) -> String {
+    match report {
+        ExitReport::Exited { code } => format!("exited with status {code}"),
+        ExitReport::Signaled { signal } => format!("killed by signal {signal}"),
+        ExitReport::NotStarted { message, .. } => format!("not started: {message}"),
+        ExitReport::SetupFailed { message } => format!("setup failed: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_docker_run() {
+        assert_eq!(exit_status(&ExitReport::Exited { code: 7 }).0, 7);
+        assert_eq!(exit_status(&ExitReport::Signaled { signal: 2 }).0, 130);
+        assert_eq!(exit_status(&ExitReport::Signaled { signal: 9 }).0, 137);
+        let nf = ExitReport::NotStarted { not_found: true, message: "x: command not found".into() };
+        assert_eq!(exit_status(&nf), (127, Some("x: command not found".into())));
+        let ne = ExitReport::NotStarted { not_found: false, message: "x: permission denied".into() };
+        assert_eq!(exit_status(&ne).0, 126);
+        assert_eq!(exit_status(&ExitReport::SetupFailed { message: "m".into() }).0, 125);
+    }
+}

@@ -1,0 +1,60 @@
+//! Terminal signals while the guest runs. The first Ctrl-C (SIGINT), SIGTERM
+//! or SIGHUP goes to the guest command, as in a local terminal; a second
+//! stops the VM.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use nix::sys::signal::{SigSet, Signal};
+
+/// The signals we take over.
+fn handled() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+        set.add(sig);
+    }
+    set
+}
+
+/// Blocks the handled signals in the calling thread and every thread (and
+/// child process) started after it. Call first thing in `run`.
+pub fn block() -> anyhow::Result<()> {
+    handled().thread_block()?;
+    Ok(())
+}
+
+/// Shared between the signal thread and the run loop.
+#[derive(Default)]
+pub struct Interrupts {
+    count: AtomicU32,
+    stopped: AtomicBool,
+}
+
+impl Interrupts {
+    /// Whether the user stopped the VM with a second signal.
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits for signals on a thread: the first of each burst is forwarded with
+/// `forward`, the second calls `stop`.
+pub fn spawn(
+    interrupts: Arc<Interrupts>,
+    forward: impl Fn(Signal) + Send + 'static,
+    stop: impl Fn() + Send + 'static,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        let set = handled();
+        while let Ok(sig) = set.wait() {
+            if interrupts.count.fetch_add(1, Ordering::SeqCst) == 0 {
+                forward(sig);
+            } else {
+                interrupts.stopped.store(true, Ordering::SeqCst);
+                eprintln!("\nstockade: stopping the VM");
+                stop();
+            }
+        }
+    })?;
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! What the supervisor tells the VMM process to build. The VMM gets this
+//! plain description, never argv or the user's policy.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// A host directory exposed to the guest under `guest_path` in the virtio-fs
+/// filesystem (tag `host`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShareConfig {
+    pub guest_path: String,
+    pub host_path: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmConfig {
+    /// The PVH vmlinux.
+    pub kernel: PathBuf,
+    /// The program placed at /init in the initramfs (the stockade binary).
+    pub init: PathBuf,
+    pub vcpus: u8,
+    pub memory_bytes: u64,
+    /// Where the guest's serial console (its kernel log) is written.
+    pub kernel_log: PathBuf,
+    /// Guest connections to host port P are bridged to the Unix socket
+    /// "<vsock_uds>_P".
+    pub vsock_uds: PathBuf,
+    pub shares: Vec<ShareConfig>,
+    /// Print the whole kernel log instead of warnings and errors only.
+    pub verbose_kernel: bool,
+    /// Extra kernel command-line arguments (debugging).
+    #[serde(default)]
+    pub kernel_args: Vec<String>,
+}
+
+/// The virtio-fs tag the guest mounts.
+pub const FS_TAG: &str = "host";

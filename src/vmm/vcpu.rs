@@ -1,0 +1,124 @@
+//! vCPU threads: set up each vCPU, then run it, dispatching port and MMIO
+//! exits to the buses until the guest resets or something fails.
+
+use std::sync::Arc;
+
+use kvm_bindings::kvm_fpu;
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use thiserror::Error;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::boot::{self, BootEntry};
+use super::cpuid;
+use super::devices::bus::Bus;
+
+/// Local APIC LVT registers and delivery modes (Intel SDM 10.5.1).
+const APIC_LVT_LINT0: usize = 0x350;
+const APIC_LVT_LINT1: usize = 0x360;
+const APIC_MODE_EXTINT: u32 = 0x7;
+const APIC_MODE_NMI: u32 = 0x4;
+
+#[derive(Debug, Error)]
+pub enum VcpuError {
+    #[error("cannot create vCPU {0}")]
+    Create(u8, #[source] kvm_ioctls::Error),
+    #[error("cannot configure vCPU {id}: {step}")]
+    Configure {
+        id: u8,
+        step: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+}
+
+/// Why a vCPU stopped running.
+#[derive(Debug)]
+pub enum VcpuStop {
+    /// The guest asked to reset or power off (triple fault, system event).
+    GuestReset,
+    /// KVM reported something the VMM cannot continue from.
+    Failed(String),
+}
+
+pub struct Vcpu {
+    id: u8,
+    fd: VcpuFd,
+}
+
+impl Vcpu {
+    /// Creates vCPU `id` of `count` with CPUID and LAPIC configured; the boot
+    /// vCPU also gets the PVH entry state.
+    pub fn new(kvm: &Kvm, vm: &VmFd, id: u8, count: u8, boot: Option<&BootEntry>) -> Result<Vcpu, VcpuError> {
+        let fd = vm.create_vcpu(u64::from(id)).map_err(|e| VcpuError::Create(id, e))?;
+        let step = |step, source| VcpuError::Configure { id, step, source };
+
+        let mut cpuid = kvm
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(|e| step("get supported CPUID", e))?;
+        cpuid::configure(&mut cpuid, id, count);
+        fd.set_cpuid2(&cpuid).map_err(|e| step("set CPUID", e))?;
+
+        let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+        fd.set_fpu(&fpu).map_err(|e| step("set FPU", e))?;
+
+        let mut lapic = fd.get_lapic().map_err(|e| step("get LAPIC", e))?;
+        set_lvt_mode(&mut lapic.regs, APIC_LVT_LINT0, APIC_MODE_EXTINT);
+        set_lvt_mode(&mut lapic.regs, APIC_LVT_LINT1, APIC_MODE_NMI);
+        fd.set_lapic(&lapic).map_err(|e| step("set LAPIC", e))?;
+
+        if let Some(boot) = boot {
+            let sregs = fd.get_sregs().map_err(|e| step("get special registers", e))?;
+            fd.set_sregs(&boot::pvh_sregs(sregs)).map_err(|e| step("set special registers", e))?;
+            fd.set_regs(&boot::pvh_regs(boot.entry)).map_err(|e| step("set registers", e))?;
+        }
+        Ok(Vcpu { id, fd })
+    }
+
+    /// Runs on a thread named `vcpu<N>` until the guest stops; then writes
+    /// `exit` so the VMM's main thread ends the process.
+    pub fn spawn(mut self, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<EventFd>, stop: Arc<std::sync::Mutex<Option<VcpuStop>>>) -> std::io::Result<()> {
+        std::thread::Builder::new().name(format!("vcpu{}", self.id)).spawn(move || {
+            let why = self.run(&pio, &mmio);
+            tracing::debug!("vcpu{} stopped: {why:?}", self.id);
+            let mut slot = stop.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(why);
+            drop(slot);
+            let _ = exit.write(1);
+        })?;
+        Ok(())
+    }
+
+    fn run(&mut self, pio: &Bus, mmio: &Bus) -> VcpuStop {
+        loop {
+            match self.fd.run() {
+                Ok(VcpuExit::IoOut(port, data)) => pio.write(u64::from(port), data),
+                Ok(VcpuExit::IoIn(port, data)) => pio.read(u64::from(port), data),
+                Ok(VcpuExit::MmioRead(addr, data)) => mmio.read(addr, data),
+                Ok(VcpuExit::MmioWrite(addr, data)) => mmio.write(addr, data),
+                Ok(VcpuExit::Hlt) => {
+                    // With the in-kernel LAPIC a halt only exits here when the
+                    // vCPU can never wake again.
+                    return VcpuStop::GuestReset;
+                }
+                Ok(VcpuExit::Shutdown) | Ok(VcpuExit::SystemEvent(..)) => return VcpuStop::GuestReset,
+                Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                    return VcpuStop::Failed(format!("KVM could not enter the guest (reason {reason:#x}, cpu {cpu})"));
+                }
+                Ok(VcpuExit::InternalError) => return VcpuStop::Failed("KVM internal error".into()),
+                Ok(other) => {
+                    return VcpuStop::Failed(format!("unexpected vCPU exit: {other:?}"));
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+                Err(e) => return VcpuStop::Failed(format!("KVM_RUN failed: {e}")),
+            }
+        }
+    }
+}
+
+fn set_lvt_mode(regs: &mut [std::os::raw::c_char; 1024], offset: usize, mode: u32) {
+    let bytes: [u8; 4] = std::array::from_fn(|i| regs[offset + i] as u8);
+    let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
+    for (i, b) in value.to_le_bytes().into_iter().enumerate() {
+        regs[offset + i] = b as std::os::raw::c_char;
+    }
+}
