@@ -1,1 +1,20 @@
-//! virtio-vsock: the guest's stream sockets to the host (in progress).
+//! virtio-vsock (virtio spec 5.10): stream sockets from the guest to the
+//! host. Only the guest dials: a connection to the host (CID 2) on port P is
+//! bridged to the Unix socket "{uds_base}_{P}", as in Firecracker's hybrid
+//! vsock.
+//!
+//! `device` is what the transport sees, `worker` the thread that serves the
+//! queues, `muxer` the protocol engine over all connections, `connection`
+//! one bridged stream with its credit accounting, `packet` the wire header.
+
+mod connection;
+mod device;
+mod error;
+mod muxer;
+mod packet;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use device::Vsock;

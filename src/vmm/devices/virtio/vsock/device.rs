@@ -1,0 +1,76 @@
+//! The virtio-vsock device as the transport sees it: identity, features,
+//! config space, and activation, which hands the queues to the worker.
+
+use std::io;
+use std::path::PathBuf;
+
+use super::super::{ActivateError, Activation, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
+use super::muxer::Muxer;
+use super::worker;
+
+/// Queue order (virtio spec 5.10.2): receive, transmit, events.
+pub(super) const RX_QUEUE: usize = 0;
+pub(super) const TX_QUEUE: usize = 1;
+pub(super) const EVENT_QUEUE: usize = 2;
+pub(super) const NUM_QUEUES: usize = 3;
+const QUEUE_SIZE: u16 = 256;
+
+/// CIDs 0-2 are the hypervisor, local and host; u32::MAX is VMADDR_CID_ANY
+/// and the upper 32 bits of guest_cid are reserved.
+const MIN_GUEST_CID: u64 = 3;
+const MAX_GUEST_CID: u64 = u32::MAX as u64 - 1;
+
+/// A virtio-vsock device in the Firecracker "hybrid" style: the guest dials
+/// the host (CID 2) on port P, and the device connects a Unix stream to
+/// "{uds_base}_{P}" and bridges the two.
+pub struct Vsock {
+    guest_cid: u64,
+    /// Taken by the worker thread on activation.
+    muxer: Option<Muxer>,
+}
+
+impl Vsock {
+    /// guest_cid: the guest's context id. uds_base: the path prefix of the
+    /// host's Unix sockets, one per port.
+    pub fn new(guest_cid: u64, uds_base: PathBuf) -> io::Result<Vsock> {
+        if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&guest_cid) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("guest CID {guest_cid} is reserved or out of range"),
+            ));
+        }
+        Ok(Vsock { guest_cid, muxer: Some(Muxer::new(guest_cid, uds_base)?) })
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        TYPE_VSOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; NUM_QUEUES]
+    }
+
+    fn features(&self) -> u64 {
+        // Stream sockets only: no VIRTIO_VSOCK_F_SEQPACKET.
+        VIRTIO_F_VERSION_1
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.guest_cid.to_le_bytes(), offset, data);
+    }
+
+    fn activate(&mut self, activation: Activation) -> Result<(), ActivateError> {
+        let Activation { mem, queues, interrupt, .. } = activation;
+        if queues.len() != NUM_QUEUES {
+            return Err(ActivateError::QueueCount { got: queues.len(), want: NUM_QUEUES });
+        }
+        let muxer = self.muxer.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
+        std::thread::Builder::new()
+            .name("virtio-vsock".into())
+            .spawn(move || worker::run(mem, queues, interrupt, muxer))
+            .map_err(ActivateError::Thread)?;
+        Ok(())
+    }
+}
