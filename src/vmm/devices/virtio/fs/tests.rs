@@ -1,0 +1,1162 @@
+//! FUSE requests built by hand in guest memory, offered on a mock split
+//! queue, answered by the device's queue processing: no KVM involved.
+
+use std::collections::BTreeMap;
+use std::mem::size_of;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::{
+    AccessIn, CopyFileRangeIn, CreateIn, Dirent, Direntplus, EntryOut, FallocateIn, FsOptions, GetattrIn, InHeader,
+    InitIn, InitOut, LinkIn, MkdirIn, MknodIn, Opcode, OpenIn, OpenOptions, OpenOut, OutHeader, ROOT_ID, ReadIn,
+    ReleaseIn, Rename2In, RenameIn, SetattrIn, SetattrValid, SetxattrIn, WriteIn,
+};
+use fuse_backend_rs::api::filesystem::FileSystem;
+use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::tempdir::TempDir;
+
+use super::readonly::{Verdict, gate, opens_for_writing};
+use super::worker::process_queue;
+use super::*;
+use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
+
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+const QSIZE: u16 = 256;
+const MEM_SIZE: usize = 0x80_0000;
+const REQ_ADDR: u64 = 0x10_0000;
+const RESP_ADDR: u64 = 0x40_0000;
+const RESP_LEN: u32 = 0x2_0000;
+const HEADER: usize = size_of::<OutHeader>();
+
+const CONTENT: &[u8] = b"hello from the host\n";
+
+/// Fs::new briefly changes the process umask; tests that look at the umask
+/// hold this lock so no other test creates a device meanwhile.
+static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn new_fs(tag: &str, shares: &[Share]) -> Result<Fs, FsError> {
+    let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    Fs::new(tag, shares)
+}
+
+/// The process umask, read without changing it.
+fn current_umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    u32::from_str_radix(line["Umask:".len()..].trim(), 8).unwrap()
+}
+
+fn leaked_memory() -> &'static GuestMemoryMmap {
+    Box::leak(Box::new(
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap(),
+    ))
+}
+
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap()
+}
+
+/// The driver side of one split queue.
+struct Driver {
+    mem: &'static GuestMemoryMmap,
+    mock: MockSplitQueue<'static, GuestMemoryMmap>,
+    queue: Queue,
+    next_desc: u16,
+    used: u16,
+}
+
+impl Driver {
+    fn new(mem: &'static GuestMemoryMmap, base: GuestAddress) -> Driver {
+        let mock = MockSplitQueue::create(mem, base, QSIZE);
+        let queue = mock.create_queue().unwrap();
+        Driver {
+            mem,
+            mock,
+            queue,
+            next_desc: 0,
+            used: 0,
+        }
+    }
+
+    /// Makes a chain of (address, length, device-writable) descriptors
+    /// available; returns its head index.
+    fn offer(&mut self, descs: &[(u64, u32, bool)]) -> u16 {
+        let n = u16::try_from(descs.len()).unwrap();
+        if self.next_desc + n > QSIZE {
+            self.next_desc = 0;
+        }
+        let first = self.next_desc;
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .zip(first..)
+            .map(|(&(addr, len, writable), index)| {
+                let mut flags = if writable { DESC_F_WRITE } else { 0 };
+                let mut next = 0;
+                if index + 1 < first + n {
+                    flags |= DESC_F_NEXT;
+                    next = index + 1;
+                }
+                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+            })
+            .collect();
+        self.mock.add_desc_chains(&raw, first).unwrap();
+        self.next_desc += n;
+        first
+    }
+
+    /// The used length of the chain `head`, which must be the next used one.
+    fn take_used(&mut self, head: u16) -> u32 {
+        let used_idx: u16 = self.mem.read_obj(self.mock.used_addr().unchecked_add(2)).unwrap();
+        assert_eq!(
+            used_idx,
+            self.used.wrapping_add(1),
+            "the device must return every chain"
+        );
+        let elem = self
+            .mock
+            .used_addr()
+            .unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
+        let id: u32 = self.mem.read_obj(elem).unwrap();
+        let len: u32 = self.mem.read_obj(elem.unchecked_add(4)).unwrap();
+        assert_eq!(id, u32::from(head));
+        self.used = used_idx;
+        len
+    }
+}
+
+/// A reply as the guest reads it.
+#[derive(Debug)]
+struct Reply {
+    used: u32,
+    header: OutHeader,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn ok(&self) -> &[u8] {
+        assert_eq!(self.header.error, 0, "unexpected error reply {self:?}");
+        &self.body
+    }
+    fn errno(&self) -> i32 {
+        -self.header.error
+    }
+    fn obj<T: ByteValued>(&self) -> T {
+        T::from_slice(&self.ok()[..size_of::<T>()]).copied().unwrap()
+    }
+}
+
+/// A FUSE client speaking to the device through one queue.
+struct Client {
+    driver: Driver,
+    server: Arc<FsServer>,
+    unique: u64,
+}
+
+impl Client {
+    fn new(shares: &[Share]) -> Client {
+        let fs = new_fs("host", shares).unwrap();
+        let mut client = Client {
+            driver: Driver::new(leaked_memory(), GuestAddress(0)),
+            server: fs.server,
+            unique: 0,
+        };
+        let init = client.call(Opcode::Init as u32, 0, init_in().as_slice());
+        assert_eq!(init.header.error, 0);
+        client
+    }
+
+    fn mem(&self) -> &'static GuestMemoryMmap {
+        self.driver.mem
+    }
+
+    /// Writes request `opcode` on `nodeid` with `body`; returns its unique.
+    fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
+        self.unique += 1;
+        let len = len32(size_of::<InHeader>() + body.len());
+        let header = InHeader {
+            len,
+            opcode,
+            unique: self.unique,
+            nodeid,
+            uid: 1000,
+            gid: 1000,
+            pid: 42,
+            padding: 0,
+        };
+        let mut bytes = header.as_slice().to_vec();
+        bytes.extend_from_slice(body);
+        self.mem().write_slice(&bytes, GuestAddress(REQ_ADDR)).unwrap();
+        self.mem()
+            .write_slice(&vec![0xa5; RESP_LEN as usize], GuestAddress(RESP_ADDR))
+            .unwrap();
+        (self.unique, len)
+    }
+
+    fn read_reply(&self, unique: u64, used: u32) -> Reply {
+        let header: OutHeader = self.mem().read_obj(GuestAddress(RESP_ADDR)).unwrap();
+        let mut body = Vec::new();
+        if used as usize >= HEADER {
+            assert_eq!(header.unique, unique);
+            assert_eq!(header.len, used, "the used length is the reply length");
+            body = vec![0u8; used as usize - HEADER];
+            self.mem()
+                .read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64))
+                .unwrap();
+        }
+        Reply { used, header, body }
+    }
+
+    /// Sends a request through the device's queue processing.
+    fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
+        let (unique, len) = self.write_request(opcode, nodeid, body);
+        let used = self.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+        self.read_reply(unique, used)
+    }
+
+    /// Sends a request straight to the FUSE server, past the opcode gate, so
+    /// only the read-only filesystem stands between it and the share.
+    fn call_ungated(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
+        let (unique, len) = self.write_request(opcode, nodeid, body);
+        let head = self
+            .driver
+            .offer(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+        let mem = self.mem();
+        let chain = self.driver.queue.pop_descriptor_chain(mem).unwrap();
+        let reader = Reader::from_descriptor_chain(mem, chain.clone()).unwrap();
+        let writer: Writer<'_> = VirtioFsWriter::new(mem, chain).unwrap().into();
+        let written = self.server.handle_message(reader, writer, None, None).unwrap_or(0);
+        self.driver.queue.add_used(mem, head, len32(written)).unwrap();
+        let used = self.driver.take_used(head);
+        self.read_reply(unique, used)
+    }
+
+    /// Offers a chain and lets the device process the queue.
+    fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
+        let head = self.driver.offer(descs);
+        process_queue(&self.server, self.driver.mem, &mut self.driver.queue);
+        self.driver.take_used(head)
+    }
+
+    fn lookup(&mut self, parent: u64, name: &str) -> Reply {
+        self.call(Opcode::Lookup as u32, parent, &cstr(name))
+    }
+
+    fn lookup_node(&mut self, parent: u64, name: &str) -> EntryOut {
+        let entry: EntryOut = self.lookup(parent, name).obj();
+        assert_ne!(entry.nodeid, 0, "{name} must exist");
+        entry
+    }
+
+    fn open(&mut self, opcode: Opcode, node: u64, flags: i32) -> Reply {
+        let open = OpenIn {
+            flags: flags as u32,
+            fuse_flags: 0,
+        };
+        self.call(opcode as u32, node, open.as_slice())
+    }
+
+    fn read(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Reply {
+        let read = ReadIn {
+            fh,
+            offset,
+            size,
+            flags: libc::O_RDONLY as u32,
+            ..Default::default()
+        };
+        self.call(Opcode::Read as u32, node, read.as_slice())
+    }
+}
+
+fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+fn init_in() -> InitIn {
+    let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+    InitIn {
+        major: 7,
+        minor: 31,
+        max_readahead: 0x2_0000,
+        flags: u32::try_from(flags).unwrap(),
+    }
+}
+
+/// A temporary share: hello.txt, sub/inner.txt, and a symlink pointing out.
+fn share_dir() -> TempDir {
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
+    let root = dir.as_path();
+    std::fs::write(root.join("hello.txt"), CONTENT).unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/inner.txt"), b"inner").unwrap();
+    std::os::unix::fs::symlink("/etc", root.join("escape")).unwrap();
+    dir
+}
+
+fn share(guest_path: &str, host: &Path) -> Share {
+    Share {
+        guest_path: guest_path.into(),
+        host_path: host.to_path_buf(),
+    }
+}
+
+/// Everything observable about a host tree, to prove nothing changed.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, i64, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let content = if meta.is_file() {
+                std::fs::read(&path).unwrap()
+            } else {
+                Vec::new()
+            };
+            if meta.is_dir() {
+                stack.push(path.clone());
+            }
+            out.insert(
+                path,
+                (meta.mode(), meta.size(), meta.mtime(), meta.mtime_nsec(), content),
+            );
+        }
+    }
+    let meta = std::fs::metadata(root).unwrap();
+    out.insert(
+        root.to_path_buf(),
+        (meta.mode(), 0, meta.mtime(), meta.mtime_nsec(), Vec::new()),
+    );
+    out
+}
+
+/// The names in a READDIR reply.
+fn dirent_names(mut body: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    while body.len() >= size_of::<Dirent>() {
+        let dirent = *Dirent::from_slice(&body[..size_of::<Dirent>()]).unwrap();
+        let name_start = size_of::<Dirent>();
+        let name_end = name_start + dirent.namelen as usize;
+        names.push(String::from_utf8(body[name_start..name_end].to_vec()).unwrap());
+        let record = (name_end + 7) & !7;
+        body = &body[record.min(body.len())..];
+    }
+    names
+}
+
+/// The names and entries in a READDIRPLUS reply.
+fn direntplus(mut body: &[u8]) -> Vec<(String, EntryOut)> {
+    let mut out = Vec::new();
+    while body.len() >= size_of::<Direntplus>() {
+        let plus = *Direntplus::from_slice(&body[..size_of::<Direntplus>()]).unwrap();
+        let name_start = size_of::<Direntplus>();
+        let name_end = name_start + plus.dirent.namelen as usize;
+        out.push((
+            String::from_utf8(body[name_start..name_end].to_vec()).unwrap(),
+            plus.entry_out,
+        ));
+        let record = (name_end + 7) & !7;
+        body = &body[record.min(body.len())..];
+    }
+    out
+}
+
+fn is_dir(entry: &EntryOut) -> bool {
+    entry.attr.mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+#[test]
+fn config_space_holds_the_tag_and_one_request_queue() {
+    let dir = share_dir();
+    let fs = new_fs("host", &[share("/ws", dir.as_path())]).unwrap();
+    assert_eq!(fs.device_type(), 26);
+    assert_eq!(fs.queue_max_sizes(), &[1024, 1024]);
+    assert_eq!(fs.features(), VIRTIO_F_VERSION_1);
+    let mut config = [0xffu8; 40];
+    fs.read_config(0, &mut config);
+    assert_eq!(&config[..4], b"host");
+    assert!(config[4..36].iter().all(|&b| b == 0), "the tag is NUL padded");
+    assert_eq!(&config[36..], &1u32.to_le_bytes());
+    let mut tail = [0xffu8; 8];
+    fs.read_config(36, &mut tail);
+    assert_eq!(tail, [1, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn rejects_bad_tags_and_shares() {
+    let dir = share_dir();
+    let host = dir.as_path();
+    assert!(matches!(new_fs("", &[]), Err(FsError::Tag(_))));
+    assert!(matches!(new_fs(&"x".repeat(37), &[]), Err(FsError::Tag(_))));
+    assert!(new_fs(&"x".repeat(36), &[]).is_ok());
+    for bad in ["ws", "/ws/../etc", "/./ws", ""] {
+        let err = new_fs("host", &[share(bad, host)]).err().unwrap();
+        assert!(matches!(err, FsError::GuestPath { .. }), "{bad}: {err}");
+    }
+    for (a, b) in [("/ws", "/ws"), ("/a", "/a/b"), ("/a/b/", "/a"), ("/", "/usr")] {
+        let err = new_fs("host", &[share(a, host), share(b, host)]).err().unwrap();
+        assert!(matches!(err, FsError::Overlap { .. }), "{a} {b}: {err}");
+    }
+    let missing = host.join("missing");
+    let err = new_fs("host", &[share("/m", &missing)]).err().unwrap();
+    assert!(matches!(err, FsError::Resolve { .. }));
+    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+    let err = new_fs("host", &[share("/f", &host.join("hello.txt"))]).err().unwrap();
+    assert!(matches!(err, FsError::NotADirectory { .. }), "{err}");
+}
+
+#[test]
+fn init_negotiates_a_read_only_friendly_session() {
+    let dir = share_dir();
+    let fs = new_fs("host", &[share("/ws", dir.as_path())]).unwrap();
+    let mut client = Client {
+        driver: Driver::new(leaked_memory(), GuestAddress(0)),
+        server: fs.server,
+        unique: 0,
+    };
+    let reply = client.call(Opcode::Init as u32, 0, init_in().as_slice());
+    let out: InitOut = reply.obj();
+    assert_eq!(out.major, 7);
+    let flags = FsOptions::from_bits_truncate(u64::from(out.flags) | (u64::from(out.flags2) << 32));
+    assert!(!flags.contains(FsOptions::WRITEBACK_CACHE));
+    assert!(!flags.contains(FsOptions::ZERO_MESSAGE_OPEN));
+    assert!(!flags.contains(FsOptions::HANDLE_KILLPRIV_V2));
+    assert!(flags.contains(FsOptions::DO_READDIRPLUS));
+}
+
+#[test]
+fn looks_up_and_reads_a_file_in_a_share() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws");
+    assert!(is_dir(&ws));
+    let file = client.lookup_node(ws.nodeid, "hello.txt");
+    assert_eq!(file.attr.mode & libc::S_IFMT, libc::S_IFREG);
+    assert_eq!(file.attr.size, CONTENT.len() as u64);
+    assert_eq!(file.entry_valid, 300, "entries stay valid for five minutes");
+    assert_eq!(file.attr_valid, 300);
+
+    let attr = client.call(Opcode::Getattr as u32, file.nodeid, GetattrIn::default().as_slice());
+    assert_eq!(attr.ok().len(), size_of::<fuse_backend_rs::abi::fuse_abi::AttrOut>());
+
+    let open: OpenOut = client.open(Opcode::Open, file.nodeid, libc::O_RDONLY).obj();
+    assert_ne!(open.open_flags & OpenOptions::KEEP_CACHE.bits(), 0);
+    let read = client.read(file.nodeid, open.fh, 0, 4096);
+    assert_eq!(read.ok(), CONTENT);
+    let read = client.read(file.nodeid, open.fh, 6, 4);
+    assert_eq!(read.ok(), b"from");
+
+    let flush = fuse_backend_rs::abi::fuse_abi::FlushIn {
+        fh: open.fh,
+        ..Default::default()
+    };
+    assert_eq!(
+        client.call(Opcode::Flush as u32, file.nodeid, flush.as_slice()).errno(),
+        0
+    );
+    let release = ReleaseIn {
+        fh: open.fh,
+        ..Default::default()
+    };
+    assert_eq!(
+        client
+            .call(Opcode::Release as u32, file.nodeid, release.as_slice())
+            .errno(),
+        0
+    );
+    // The handle is gone once released.
+    assert_ne!(client.read(file.nodeid, open.fh, 0, 16).errno(), 0);
+
+    let sub = client.lookup_node(ws.nodeid, "sub");
+    let inner = client.lookup_node(sub.nodeid, "inner.txt");
+    let open: OpenOut = client.open(Opcode::Open, inner.nodeid, libc::O_RDONLY).obj();
+    assert_eq!(client.read(inner.nodeid, open.fh, 0, 4096).ok(), b"inner");
+
+    let statfs = client.call(Opcode::Statfs as u32, file.nodeid, &[]);
+    assert_eq!(statfs.errno(), 0);
+    let access = AccessIn {
+        mask: libc::R_OK as u32,
+        padding: 0,
+    };
+    assert_eq!(
+        client
+            .call(Opcode::Access as u32, file.nodeid, access.as_slice())
+            .errno(),
+        0
+    );
+
+    let forget = fuse_backend_rs::abi::fuse_abi::ForgetIn { nlookup: 1 };
+    assert_eq!(
+        client.call(Opcode::Forget as u32, inner.nodeid, forget.as_slice()).used,
+        0
+    );
+}
+
+#[test]
+fn shares_sit_at_multi_component_guest_paths() {
+    let one = share_dir();
+    let two = share_dir();
+    let mut client = Client::new(&[share("/a/b", one.as_path()), share("/usr", two.as_path())]);
+    let a = client.lookup_node(ROOT_ID, "a");
+    assert!(is_dir(&a));
+    let b = client.lookup_node(a.nodeid, "b");
+    let file = client.lookup_node(b.nodeid, "hello.txt");
+    let open: OpenOut = client.open(Opcode::Open, file.nodeid, libc::O_RDONLY).obj();
+    assert_eq!(client.read(file.nodeid, open.fh, 0, 4096).ok(), CONTENT);
+    let usr = client.lookup_node(ROOT_ID, "usr");
+    assert_ne!(usr.nodeid, b.nodeid);
+    client.lookup_node(usr.nodeid, "sub");
+
+    // The synthetic root lists both top-level components.
+    let root: OpenOut = client.open(Opcode::Opendir, ROOT_ID, libc::O_RDONLY).obj();
+    let list = ReadIn {
+        fh: root.fh,
+        size: 4096,
+        ..Default::default()
+    };
+    let names = dirent_names(client.call(Opcode::Readdir as u32, ROOT_ID, list.as_slice()).ok());
+    assert_eq!(names, ["a", "usr"]);
+}
+
+#[test]
+fn lists_directories() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws");
+    let open: OpenOut = client
+        .open(Opcode::Opendir, ws.nodeid, libc::O_RDONLY | libc::O_DIRECTORY)
+        .obj();
+    let list = ReadIn {
+        fh: open.fh,
+        size: 4096,
+        ..Default::default()
+    };
+    let mut names = dirent_names(client.call(Opcode::Readdir as u32, ws.nodeid, list.as_slice()).ok());
+    names.sort();
+    assert_eq!(names, ["escape", "hello.txt", "sub"]);
+
+    let plus = direntplus(client.call(Opcode::Readdirplus as u32, ws.nodeid, list.as_slice()).ok());
+    let mut found: Vec<_> = plus
+        .iter()
+        .map(|(name, entry)| (name.as_str(), entry.attr.mode & libc::S_IFMT))
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("escape", libc::S_IFLNK),
+            ("hello.txt", libc::S_IFREG),
+            ("sub", libc::S_IFDIR)
+        ]
+    );
+
+    let release = ReleaseIn {
+        fh: open.fh,
+        ..Default::default()
+    };
+    assert_eq!(
+        client
+            .call(Opcode::Releasedir as u32, ws.nodeid, release.as_slice())
+            .errno(),
+        0
+    );
+}
+
+#[test]
+fn missing_names_are_cacheable_negative_entries() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws");
+    let entry: EntryOut = client.lookup(ws.nodeid, "missing").obj();
+    assert_eq!(entry.nodeid, 0);
+    assert_eq!(entry.entry_valid, 300);
+    let entry: EntryOut = client.lookup(ROOT_ID, "nothing-mounted-here").obj();
+    assert_eq!(entry.nodeid, 0);
+}
+
+/// Every mutating request, as (name, opcode, body) on the share `ws` whose
+/// file `file` is open read-only as `fh`.
+fn mutations(ws: u64, file: u64, fh: u64) -> Vec<(&'static str, u32, u64, Vec<u8>)> {
+    let write = WriteIn {
+        fh,
+        size: 5,
+        ..Default::default()
+    };
+    let setattr = SetattrIn {
+        valid: (SetattrValid::SIZE | SetattrValid::MODE).bits(),
+        size: 0,
+        mode: 0o777,
+        ..Default::default()
+    };
+    let mkdir = MkdirIn { mode: 0o755, umask: 0 };
+    let mknod = MknodIn {
+        mode: libc::S_IFIFO | 0o644,
+        ..Default::default()
+    };
+    let create = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: 0o644,
+        umask: 0,
+        fuse_flags: 0,
+    };
+    let rename = RenameIn { newdir: ws };
+    let rename2 = Rename2In {
+        newdir: ws,
+        flags: 0,
+        padding: 0,
+    };
+    let link = LinkIn { oldnodeid: file };
+    let setxattr = SetxattrIn { size: 1, flags: 0 };
+    let fallocate = FallocateIn {
+        fh,
+        length: 1 << 20,
+        ..Default::default()
+    };
+    vec![
+        ("write", Opcode::Write as u32, file, cat(&[write.as_slice(), b"XXXXX"])),
+        ("setattr", Opcode::Setattr as u32, file, setattr.as_slice().to_vec()),
+        (
+            "mkdir",
+            Opcode::Mkdir as u32,
+            ws,
+            cat(&[mkdir.as_slice(), &cstr("newdir")]),
+        ),
+        (
+            "mknod",
+            Opcode::Mknod as u32,
+            ws,
+            cat(&[mknod.as_slice(), &cstr("fifo")]),
+        ),
+        ("unlink", Opcode::Unlink as u32, ws, cstr("hello.txt")),
+        ("rmdir", Opcode::Rmdir as u32, ws, cstr("sub")),
+        (
+            "rename",
+            Opcode::Rename as u32,
+            ws,
+            cat(&[rename.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]),
+        ),
+        (
+            "rename2",
+            Opcode::Rename2 as u32,
+            ws,
+            cat(&[rename2.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]),
+        ),
+        (
+            "link",
+            Opcode::Link as u32,
+            ws,
+            cat(&[link.as_slice(), &cstr("hardlink")]),
+        ),
+        (
+            "symlink",
+            Opcode::Symlink as u32,
+            ws,
+            cat(&[&cstr("newlink"), &cstr("/etc/passwd")]),
+        ),
+        (
+            "create",
+            Opcode::Create as u32,
+            ws,
+            cat(&[create.as_slice(), &cstr("new.txt")]),
+        ),
+        (
+            "setxattr",
+            Opcode::Setxattr as u32,
+            file,
+            cat(&[setxattr.as_slice(), &cstr("user.x"), b"v"]),
+        ),
+        ("removexattr", Opcode::Removexattr as u32, file, cstr("user.x")),
+        (
+            "fallocate",
+            Opcode::Fallocate as u32,
+            file,
+            fallocate.as_slice().to_vec(),
+        ),
+    ]
+}
+
+fn write_opens(file: u64, ws: u64) -> Vec<(Opcode, u64, i32)> {
+    vec![
+        (Opcode::Open, file, libc::O_RDWR),
+        (Opcode::Open, file, libc::O_WRONLY),
+        (Opcode::Open, file, libc::O_RDONLY | libc::O_TRUNC),
+        (Opcode::Open, file, libc::O_WRONLY | libc::O_APPEND),
+        (Opcode::Open, file, libc::O_RDONLY | libc::O_CREAT),
+        (Opcode::Open, file, libc::O_TMPFILE | libc::O_RDWR),
+        (Opcode::Opendir, ws, libc::O_RDWR | libc::O_DIRECTORY),
+    ]
+}
+
+#[test]
+fn mutations_get_erofs_and_leave_the_host_untouched() {
+    let dir = share_dir();
+    let before = snapshot(dir.as_path());
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let file = client.lookup_node(ws, "hello.txt").nodeid;
+    let fh = client.open(Opcode::Open, file, libc::O_RDONLY).obj::<OpenOut>().fh;
+
+    for (name, opcode, node, body) in mutations(ws, file, fh) {
+        assert_eq!(
+            client.call(opcode, node, &body).errno(),
+            libc::EROFS,
+            "{name} through the gate"
+        );
+        assert_eq!(
+            client.call_ungated(opcode, node, &body).errno(),
+            libc::EROFS,
+            "{name} past the gate"
+        );
+    }
+    let copy = CopyFileRangeIn {
+        fh_in: fh,
+        nodeid_out: file,
+        fh_out: fh,
+        len: 5,
+        ..Default::default()
+    };
+    assert_eq!(
+        client.call(Opcode::CopyFileRange as u32, file, copy.as_slice()).errno(),
+        libc::EROFS
+    );
+    assert_eq!(client.call(51, ws, &cstr("tmp")).errno(), libc::EROFS, "FUSE_TMPFILE");
+
+    for (opcode, node, flags) in write_opens(file, ws) {
+        assert_eq!(
+            client.open(opcode, node, flags).errno(),
+            libc::EROFS,
+            "{opcode:?} {flags:#o}"
+        );
+        let open = OpenIn {
+            flags: flags as u32,
+            fuse_flags: 0,
+        };
+        assert_eq!(
+            client.call_ungated(opcode as u32, node, open.as_slice()).errno(),
+            libc::EROFS,
+            "{opcode:?} {flags:#o} past the gate"
+        );
+    }
+    let access = AccessIn {
+        mask: libc::W_OK as u32,
+        padding: 0,
+    };
+    assert_eq!(
+        client.call(Opcode::Access as u32, file, access.as_slice()).errno(),
+        libc::EROFS
+    );
+
+    // The synthetic directories are no more writable than the shares.
+    let mkdir = MkdirIn { mode: 0o755, umask: 0 };
+    let body = cat(&[mkdir.as_slice(), &cstr("newdir")]);
+    assert_eq!(
+        client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(),
+        libc::EROFS
+    );
+
+    // Reads still work after all that.
+    assert_eq!(client.read(file, fh, 0, 4096).ok(), CONTENT);
+    assert_eq!(snapshot(dir.as_path()), before);
+}
+
+#[test]
+fn lookups_cannot_step_out_of_a_share() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let sub = client.lookup_node(ws, "sub").nodeid;
+    for (parent, name) in [
+        (ws, ".."),
+        (ws, "."),
+        (ws, "../../etc"),
+        (ws, "sub/../.."),
+        (ws, "/etc"),
+        (sub, ".."),
+        (ROOT_ID, ".."),
+        (ROOT_ID, "ws/hello.txt"),
+        (ws, ""),
+    ] {
+        let reply = client.lookup(parent, name);
+        assert_eq!(reply.errno(), libc::EINVAL, "lookup {name:?}");
+        let reply = client.call_ungated(Opcode::Lookup as u32, parent, &cstr(name));
+        assert_ne!(reply.errno(), 0, "lookup {name:?} past the gate");
+    }
+
+    // A symlink pointing out of the share is a symlink for the guest to
+    // resolve in its own tree; the host never follows it.
+    let link = client.lookup_node(ws, "escape");
+    assert_eq!(link.attr.mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(client.call(Opcode::Readlink as u32, link.nodeid, &[]).ok(), b"/etc");
+    assert_ne!(client.open(Opcode::Open, link.nodeid, libc::O_RDONLY).errno(), 0);
+    assert_ne!(client.open(Opcode::Opendir, link.nodeid, libc::O_RDONLY).errno(), 0);
+}
+
+#[test]
+fn unknown_inodes_and_handles_get_errors() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let file = client.lookup_node(ws, "hello.txt").nodeid;
+    let getattr = GetattrIn::default();
+    for node in [
+        0,
+        0xdead_beef,
+        (7 << 56) | 5,
+        (ws & !0xff_ffff_ffff_ffff) | 0xffff,
+        u64::MAX,
+    ] {
+        let reply = client.call(Opcode::Getattr as u32, node, getattr.as_slice());
+        assert!(reply.errno() > 0, "getattr {node:#x}: {reply:?}");
+        let reply = client.lookup(node, "hello.txt");
+        assert!(
+            reply.errno() > 0 || reply.obj::<EntryOut>().nodeid == 0,
+            "lookup in {node:#x}"
+        );
+    }
+    // Inodes of unmounted or unknown backends cannot be opened. (The
+    // synthetic directories accept an open that leads nowhere.)
+    for node in [(7 << 56) | 5, (ws & !0xff_ffff_ffff_ffff) | 0xffff, u64::MAX] {
+        let reply = client.open(Opcode::Open, node, libc::O_RDONLY);
+        assert!(reply.errno() > 0, "open {node:#x}");
+    }
+    let with_bad_fh = GetattrIn {
+        flags: fuse_backend_rs::abi::fuse_abi::GETATTR_FH,
+        dummy: 0,
+        fh: 999,
+    };
+    assert!(
+        client
+            .call(Opcode::Getattr as u32, file, with_bad_fh.as_slice())
+            .errno()
+            > 0
+    );
+    assert!(client.read(file, 999, 0, 16).errno() > 0);
+    let release = ReleaseIn {
+        fh: 999,
+        ..Default::default()
+    };
+    client.call(Opcode::Release as u32, file, release.as_slice());
+    let forget = fuse_backend_rs::abi::fuse_abi::ForgetIn { nlookup: u64::MAX };
+    client.call(Opcode::Forget as u32, 0xdead_beef, forget.as_slice());
+    client.call(Opcode::Forget as u32, ROOT_ID, forget.as_slice());
+    client.call(Opcode::Forget as u32, ws, forget.as_slice());
+    // Forgetting the share root (and the root) does not lose them.
+    client.lookup_node(ROOT_ID, "ws");
+    assert_eq!(client.call(Opcode::Getattr as u32, ws, getattr.as_slice()).errno(), 0);
+}
+
+#[test]
+fn malformed_requests_are_returned_unanswered() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+
+    // Shorter than a FUSE header.
+    client.mem().write_slice(&[1, 2, 3, 4], GuestAddress(REQ_ADDR)).unwrap();
+    assert_eq!(client.run(&[(REQ_ADDR, 4, false), (RESP_ADDR, RESP_LEN, true)]), 0);
+    // No readable descriptor at all.
+    assert_eq!(client.run(&[(RESP_ADDR, RESP_LEN, true)]), 0);
+    // A buffer outside guest memory.
+    assert_eq!(
+        client.run(&[(MEM_SIZE as u64 + 0x1000, 64, false), (RESP_ADDR, RESP_LEN, true)]),
+        0
+    );
+    assert_eq!(
+        client.run(&[(MEM_SIZE as u64 - 8, 64, false), (RESP_ADDR, RESP_LEN, true)]),
+        0
+    );
+    assert_eq!(client.run(&[(REQ_ADDR, 64, false), (u64::MAX - 8, 64, true)]), 0);
+
+    // A lookup without a name, and one whose header length undercuts the header.
+    let (_, len) = client.write_request(Opcode::Lookup as u32, ws, &[]);
+    assert_eq!(client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]), 0);
+    let header = InHeader {
+        len: 3,
+        opcode: Opcode::Lookup as u32,
+        unique: 77,
+        nodeid: ws,
+        ..Default::default()
+    };
+    client.mem().write_obj(header, GuestAddress(REQ_ADDR)).unwrap();
+    client.run(&[
+        (REQ_ADDR, len32(size_of::<InHeader>() + 4), false),
+        (RESP_ADDR, RESP_LEN, true),
+    ]);
+    // A header length past anything the server accepts.
+    let header = InHeader {
+        len: u32::MAX,
+        ..header
+    };
+    client.mem().write_obj(header, GuestAddress(REQ_ADDR)).unwrap();
+    client.run(&[
+        (REQ_ADDR, len32(size_of::<InHeader>()), false),
+        (RESP_ADDR, RESP_LEN, true),
+    ]);
+
+    // A truncated INIT body.
+    let (_, len) = client.write_request(Opcode::Init as u32, 0, &[7, 0, 0, 0]);
+    assert_eq!(client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]), 0);
+    // A request with no room for its reply.
+    let (_, len) = client.write_request(Opcode::Lookup as u32, ws, &cstr("hello.txt"));
+    assert_eq!(client.run(&[(REQ_ADDR, len, false)]), 0);
+    assert_eq!(client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, 8, true)]), 0);
+    // A refused opcode with no room for its reply.
+    let (_, len) = client.write_request(Opcode::Mkdir as u32, ws, &cstr("x"));
+    assert_eq!(client.run(&[(REQ_ADDR, len, false)]), 0);
+    // A batch forget announcing more than it carries.
+    let batch = fuse_backend_rs::abi::fuse_abi::BatchForgetIn {
+        count: u32::MAX,
+        dummy: 0,
+    };
+    let (_, len) = client.write_request(Opcode::BatchForget as u32, 0, batch.as_slice());
+    assert_eq!(client.run(&[(REQ_ADDR, len, false)]), 0);
+    // A read larger than the reply buffer.
+    let file = client.lookup_node(ws, "hello.txt").nodeid;
+    let fh = client.open(Opcode::Open, file, libc::O_RDONLY).obj::<OpenOut>().fh;
+    let (unique, len) = client.write_request(
+        Opcode::Read as u32,
+        file,
+        ReadIn {
+            fh,
+            size: u32::MAX,
+            ..Default::default()
+        }
+        .as_slice(),
+    );
+    let used = client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, 64, true)]);
+    if used != 0 {
+        assert!(client.read_reply(unique, used).errno() > 0);
+    }
+
+    // Opcodes the server does not serve, including holes in its table.
+    for opcode in [0, 7, 19, 41, 48, 49, 50, 52, 4096, u32::MAX] {
+        assert_eq!(
+            client.call(opcode, ws, &[0; 64]).errno(),
+            libc::ENOSYS,
+            "opcode {opcode}"
+        );
+    }
+
+    // The device still serves well-formed requests.
+    let open: OpenOut = client.open(Opcode::Open, file, libc::O_RDONLY).obj();
+    assert_eq!(client.read(file, open.fh, 0, 4096).ok(), CONTENT);
+}
+
+#[test]
+fn the_gate_serves_only_the_read_side() {
+    for op in [
+        Opcode::Lookup,
+        Opcode::Read,
+        Opcode::Readdirplus,
+        Opcode::Init,
+        Opcode::Forget,
+        Opcode::Release,
+    ] {
+        assert_eq!(gate(op as u32), Verdict::Dispatch, "{op:?}");
+    }
+    for op in [
+        Opcode::Write,
+        Opcode::Setattr,
+        Opcode::Create,
+        Opcode::Rename2,
+        Opcode::CopyFileRange,
+    ] {
+        assert_eq!(gate(op as u32), Verdict::Refuse(libc::EROFS), "{op:?}");
+    }
+    assert_eq!(gate(Opcode::SetupMapping as u32), Verdict::Refuse(libc::ENOSYS));
+    assert!(!opens_for_writing(libc::O_RDONLY as u32));
+    assert!(!opens_for_writing(
+        (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u32
+    ));
+    assert!(opens_for_writing(libc::O_ACCMODE as u32));
+}
+
+#[test]
+fn the_worker_answers_kicks_and_raises_the_interrupt() {
+    let dir = share_dir();
+    let mut fs = new_fs("host", &[share("/ws", dir.as_path())]).unwrap();
+    let mem = leaked_memory();
+    let mut hiprio = Driver::new(mem, GuestAddress(0));
+    let mut request = Driver::new(mem, GuestAddress(0x8_0000));
+    let hiprio_kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let request_kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
+    let interrupt = Interrupt::new(irqfd.try_clone().unwrap());
+    let queues = vec![
+        DeviceQueue {
+            queue: hiprio.mock.create_queue().unwrap(),
+            kick: hiprio_kick.try_clone().unwrap(),
+        },
+        DeviceQueue {
+            queue: request.mock.create_queue().unwrap(),
+            kick: request_kick.try_clone().unwrap(),
+        },
+    ];
+    let wrong = Activation {
+        mem: mem.clone(),
+        queues: Vec::new(),
+        interrupt: interrupt.clone(),
+        acked_features: VIRTIO_F_VERSION_1,
+    };
+    assert!(matches!(
+        fs.activate(wrong),
+        Err(ActivateError::QueueCount { got: 0, want: 2 })
+    ));
+    fs.activate(Activation {
+        mem: mem.clone(),
+        queues,
+        interrupt: interrupt.clone(),
+        acked_features: VIRTIO_F_VERSION_1,
+    })
+    .unwrap();
+
+    let header = InHeader {
+        len: len32(size_of::<InHeader>() + size_of::<InitIn>()),
+        opcode: Opcode::Init as u32,
+        unique: 1,
+        ..Default::default()
+    };
+    mem.write_obj(header, GuestAddress(REQ_ADDR)).unwrap();
+    mem.write_obj(init_in(), GuestAddress(REQ_ADDR + size_of::<InHeader>() as u64))
+        .unwrap();
+    let head = request.offer(&[(REQ_ADDR, header.len, false), (RESP_ADDR, RESP_LEN, true)]);
+    request_kick.write(1).unwrap();
+    wait_for(&irqfd);
+    let used = request.take_used(head);
+    assert!(used as usize > HEADER);
+    let out: OutHeader = mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
+    assert_eq!((out.error, out.unique), (0, 1));
+    assert_ne!(interrupt.status() & super::super::INT_USED_RING, 0);
+
+    // A FORGET on the hiprio queue gets no reply but comes back.
+    let forget_at = REQ_ADDR + 0x1000;
+    let header = InHeader {
+        len: len32(size_of::<InHeader>() + 8),
+        opcode: Opcode::Forget as u32,
+        unique: 2,
+        nodeid: 0xdead,
+        ..Default::default()
+    };
+    mem.write_obj(header, GuestAddress(forget_at)).unwrap();
+    mem.write_obj(1u64, GuestAddress(forget_at + size_of::<InHeader>() as u64))
+        .unwrap();
+    let head = hiprio.offer(&[(forget_at, header.len, false)]);
+    hiprio_kick.write(1).unwrap();
+    wait_for(&irqfd);
+    assert_eq!(hiprio.take_used(head), 0);
+}
+
+fn wait_for(irqfd: &EventFd) {
+    for _ in 0..500 {
+        if irqfd.read().is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("the worker never raised the interrupt");
+}
+
+#[test]
+fn read_only_fs_refuses_writes_on_any_filesystem() {
+    // The wrapper alone, over a filesystem that would accept anything.
+    struct Yes;
+    impl FileSystem for Yes {
+        type Inode = u64;
+        type Handle = u64;
+    }
+    let fs = ReadOnlyFs::new(Yes, Duration::from_secs(1));
+    let ctx = fuse_backend_rs::api::filesystem::Context::new();
+    let name = c"x";
+    let erofs = |r: std::io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::EROFS);
+    assert!(erofs(fs.unlink(&ctx, 1, name)));
+    assert!(erofs(fs.rmdir(&ctx, 1, name)));
+    assert!(erofs(fs.rename(&ctx, 1, name, 1, name, 0)));
+    assert!(erofs(fs.fallocate(&ctx, 1, 1, 0, 0, 1)));
+    assert!(erofs(fs.setxattr(&ctx, 1, name, b"v", 0)));
+    assert!(erofs(fs.removexattr(&ctx, 1, name)));
+    assert!(erofs(fs.access(&ctx, 1, libc::W_OK as u32)));
+    assert!(fs.mkdir(&ctx, 1, name, 0o755, 0).is_err());
+    assert!(fs.open(&ctx, 1, libc::O_RDWR as u32, 0).is_err());
+    assert!(fs.open(&ctx, 1, libc::O_RDONLY as u32, 0).is_ok());
+    assert!(fs.opendir(&ctx, 1, libc::O_WRONLY as u32).is_err());
+    assert!(fs.fsync(&ctx, 1, false, 1).is_ok());
+}
+
+#[test]
+fn shares_keep_their_host_permissions_visible() {
+    let dir = share_dir();
+    let path = dir.as_path().join("hello.txt");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let file = client.lookup_node(ws, "hello.txt");
+    assert_eq!(file.attr.mode & 0o7777, 0o640);
+}
+
+#[test]
+fn the_umask_survives_setup_and_guest_remounts() {
+    let dir = share_dir();
+    let guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    let before = current_umask();
+    let fs = Fs::new("host", &[share("/ws", dir.as_path())]).unwrap();
+    assert_eq!(current_umask(), before);
+    let mut client = Client {
+        driver: Driver::new(leaked_memory(), GuestAddress(0)),
+        server: fs.server,
+        unique: 0,
+    };
+    assert_eq!(client.call(Opcode::Init as u32, 0, init_in().as_slice()).errno(), 0);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    client.lookup_node(ws, "hello.txt");
+
+    // The guest unmounts (FUSE_DESTROY) and mounts again (FUSE_INIT).
+    let destroy = client.call(Opcode::Destroy as u32, 0, &[]);
+    assert_eq!((destroy.used as usize, destroy.errno()), (HEADER, 0));
+    assert_eq!(current_umask(), before);
+    drop(guard);
+    assert_eq!(client.call(Opcode::Init as u32, 0, init_in().as_slice()).errno(), 0);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let file = client.lookup_node(ws, "hello.txt").nodeid;
+    let open: OpenOut = client.open(Opcode::Open, file, libc::O_RDONLY).obj();
+    assert_eq!(client.read(file, open.fh, 0, 4096).ok(), CONTENT);
+}
+
+#[test]
+fn a_share_can_be_the_whole_filesystem() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/", dir.as_path())]);
+    let file = client.lookup_node(ROOT_ID, "hello.txt").nodeid;
+    let open: OpenOut = client.open(Opcode::Open, file, libc::O_RDONLY).obj();
+    assert_eq!(client.read(file, open.fh, 0, 4096).ok(), CONTENT);
+    assert_eq!(client.lookup(ROOT_ID, "..").errno(), libc::EINVAL);
+    let root: OpenOut = client.open(Opcode::Opendir, ROOT_ID, libc::O_RDONLY).obj();
+    let list = ReadIn {
+        fh: root.fh,
+        size: 4096,
+        ..Default::default()
+    };
+    let mut names = dirent_names(client.call(Opcode::Readdir as u32, ROOT_ID, list.as_slice()).ok());
+    names.sort();
+    assert_eq!(names, ["escape", "hello.txt", "sub"]);
+    let mkdir = MkdirIn { mode: 0o755, umask: 0 };
+    let body = cat(&[mkdir.as_slice(), &cstr("newdir")]);
+    assert_eq!(
+        client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(),
+        libc::EROFS
+    );
+    assert!(!dir.as_path().join("newdir").exists());
+}

@@ -1,0 +1,163 @@
+//! The device worker: waits for the guest to kick either queue and answers
+//! every FUSE request on it.
+//!
+//! A request is one descriptor chain: device-readable descriptors hold the
+//! FUSE request, device-writable ones receive the reply. Whatever the chain
+//! holds, it goes back to the guest on the used ring; a request that cannot
+//! be served is logged and returned with nothing written.
+
+use std::io::Write;
+use std::mem::size_of;
+use std::os::fd::AsRawFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode, OutHeader};
+use fuse_backend_rs::api::filesystem::FileSystem;
+use fuse_backend_rs::api::server::Server;
+use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::{ByteValued, GuestMemoryMmap};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+
+use super::super::{DeviceQueue, Interrupt};
+use super::readonly::{Verdict, gate};
+
+/// Length of the header every FUSE reply starts with (16 bytes).
+const REPLY_HEADER_LEN: usize = size_of::<OutHeader>();
+const REPLY_HEADER_LEN_U32: u32 = 16;
+const _: () = assert!(REPLY_HEADER_LEN_U32 as usize == REPLY_HEADER_LEN);
+
+/// Serves `queues` (hiprio, then requests) until the process exits.
+pub(super) fn run<F: FileSystem + Sync>(
+    mem: GuestMemoryMmap,
+    mut queues: Vec<DeviceQueue>,
+    interrupt: Interrupt,
+    server: Arc<Server<F>>,
+) {
+    let epoll = match Epoll::new() {
+        Ok(e) => e,
+        Err(e) => return tracing::error!("virtio-fs: epoll: {e}"),
+    };
+    for (index, dq) in queues.iter().enumerate() {
+        let event = EpollEvent::new(EventSet::IN, index as u64);
+        if let Err(e) = epoll.ctl(ControlOperation::Add, dq.kick.as_raw_fd(), event) {
+            return tracing::error!("virtio-fs: epoll add: {e}");
+        }
+    }
+    let mut events = vec![EpollEvent::default(); queues.len()];
+    loop {
+        let ready = match epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return tracing::error!("virtio-fs: epoll wait: {e}"),
+        };
+        let mut notify = false;
+        for event in &events[..ready] {
+            let Some(dq) = usize::try_from(event.data()).ok().and_then(|i| queues.get_mut(i)) else {
+                continue;
+            };
+            let _ = dq.kick.read();
+            notify |= process_queue(&server, &mem, &mut dq.queue);
+        }
+        if notify {
+            interrupt.signal_used_queue();
+        }
+    }
+}
+
+/// Answers every available request on `queue`; returns whether the driver
+/// wants an interrupt for them.
+pub(super) fn process_queue<F: FileSystem + Sync>(
+    server: &Server<F>,
+    mem: &GuestMemoryMmap,
+    queue: &mut Queue,
+) -> bool {
+    let mut used_any = false;
+    while let Some(chain) = queue.pop_descriptor_chain(mem) {
+        let head = chain.head_index();
+        let written = handle_chain(server, mem, chain);
+        if let Err(e) = queue.add_used(mem, head, written) {
+            tracing::warn!("virtio-fs: cannot return a request: {e:?}");
+        }
+        used_any = true;
+    }
+    used_any && queue.needs_notification(mem).unwrap_or(true)
+}
+
+/// Serves the request in `chain`; returns how many bytes of reply it wrote.
+fn handle_chain<F: FileSystem + Sync>(
+    server: &Server<F>,
+    mem: &GuestMemoryMmap,
+    chain: DescriptorChain<&GuestMemoryMmap>,
+) -> u32 {
+    let reader = match Reader::from_descriptor_chain(mem, chain.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("virtio-fs: malformed request chain: {e}");
+            return 0;
+        }
+    };
+    let writer: Writer<'_> = match VirtioFsWriter::new(mem, chain) {
+        Ok(w) => w.into(),
+        Err(e) => {
+            tracing::warn!("virtio-fs: malformed reply chain: {e}");
+            return 0;
+        }
+    };
+    let header: InHeader = match reader.clone().read_obj() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!("virtio-fs: request too short for a FUSE header: {e}");
+            return 0;
+        }
+    };
+    let room = writer.available_bytes();
+    let written = match gate(header.opcode) {
+        Verdict::Refuse(errno) => reply_error(writer, header.unique, errno),
+        Verdict::Dispatch => {
+            // The server must not take the device down whatever the request
+            // holds; should it panic anyway, the request fails alone.
+            match catch_unwind(AssertUnwindSafe(|| server.handle_message(reader, writer, None, None))) {
+                // The server answers FUSE_DESTROY with a bare header but
+                // reports having written nothing.
+                Ok(Ok(0)) if header.opcode == Opcode::Destroy as u32 && room >= REPLY_HEADER_LEN => REPLY_HEADER_LEN,
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => {
+                    tracing::warn!(
+                        "virtio-fs: request {} (opcode {}) failed: {e}",
+                        header.unique,
+                        header.opcode
+                    );
+                    0
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "virtio-fs: request {} (opcode {}) panicked",
+                        header.unique,
+                        header.opcode
+                    );
+                    0
+                }
+            }
+        }
+    };
+    u32::try_from(written).unwrap_or(u32::MAX)
+}
+
+/// Writes a reply carrying only `errno`; returns its length, or 0 if the
+/// chain has no room for it.
+fn reply_error(mut writer: Writer<'_>, unique: u64, errno: i32) -> usize {
+    let header = OutHeader {
+        len: REPLY_HEADER_LEN_U32,
+        error: -errno,
+        unique,
+    };
+    match writer.write_all(header.as_slice()) {
+        Ok(()) => REPLY_HEADER_LEN,
+        Err(e) => {
+            tracing::warn!("virtio-fs: cannot reply to request {unique}: {e}");
+            0
+        }
+    }
+}
