@@ -29,8 +29,6 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    // Hidden until the VMM's vsock and virtio-fs devices land.
-    #[command(hide = true)]
     Run(run::RunArgs),
     Doctor(doctor::DoctorArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.

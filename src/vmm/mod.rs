@@ -70,6 +70,8 @@ pub enum VmmError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Fs(#[from] devices::virtio::fs::FsError),
     #[error("too many devices for the interrupt lines")]
     TooManyDevices,
     #[error("the VM stopped: {0}")]
@@ -171,7 +173,20 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     }
 }
 
-fn virtio_devices(_config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
+fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
     let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
-    Ok(vec![("virtio-rng", Box::new(rng))])
+    let vsock = devices::virtio::vsock::Vsock::new(crate::protocol::GUEST_CID, config.vsock_uds.clone())
+        .map_err(|source| VmmError::Device { device: "virtio-vsock", source })?;
+    let mut devices: Vec<(&'static str, Box<dyn VirtioDevice>)> =
+        vec![("virtio-vsock", Box::new(vsock)), ("virtio-rng", Box::new(rng))];
+    if !config.shares.is_empty() {
+        let shares: Vec<devices::virtio::fs::Share> = config
+            .shares
+            .iter()
+            .map(|s| devices::virtio::fs::Share { guest_path: s.guest_path.clone(), host_path: s.host_path.clone() })
+            .collect();
+        let fs = devices::virtio::fs::Fs::new(config::FS_TAG, &shares).map_err(VmmError::Fs)?;
+        devices.push(("virtio-fs", Box::new(fs)));
+    }
+    Ok(devices)
 }

@@ -20,7 +20,6 @@
 
 // Nothing outside this module constructs the device until the VMM wires it
 // up; remove this once it does.
-#![allow(dead_code)]
 
 mod readonly;
 mod worker;
