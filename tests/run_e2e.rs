@@ -10,12 +10,25 @@ use crate::util::stockade_bin;
 const T: Duration = Duration::from_secs(600);
 
 /// A script prelude: `S` runs stockade, `ws` is a fresh workspace and the cwd.
+/// On exit it appends the logs of any session stockade itself failed in
+/// (status 125) to stderr, so a failure explains itself.
 fn script(body: &str) -> String {
     format!(
-        "set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{body}\n",
+        "set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{DIAGNOSE}\n{body}\n",
         bin = stockade_bin()
     )
 }
+
+const DIAGNOSE: &str = r#"diagnose() {
+  for s in "$HOME"/.local/share/stockade/sessions/*/; do
+    grep -q '"status": 125' "$s/run.json" 2>/dev/null || continue
+    echo "=== failed session $s" >&2
+    echo "--- vmm.log" >&2; cat "$s/vmm.log" >&2
+    echo "--- kernel.log (tail)" >&2; tail -n 15 "$s/kernel.log" >&2
+  done
+  echo "--- L1 dmesg (tail)" >&2; dmesg | tail -n 8 >&2
+}
+trap diagnose EXIT"#;
 
 #[test]
 fn exit_statuses_are_the_commands_own() {

@@ -182,7 +182,7 @@ mod tests {
         T::try_parse_from(argv).unwrap().run
     }
 
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + '_ {
+    fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
         move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
     }
 

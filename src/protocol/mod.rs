@@ -10,7 +10,7 @@
 
 mod frame;
 
-pub use frame::{FrameError, read_frame, write_frame};
+pub use frame::{read_frame, write_frame};
 
 use serde::{Deserialize, Serialize};
 

@@ -23,8 +23,6 @@ const VENDOR: u32 = 0x4b43_5453; // "STCK"
 const CONFIG_OFFSET: u64 = 0x100;
 
 // Device status bits.
-const STATUS_ACKNOWLEDGE: u32 = 1;
-const STATUS_DRIVER: u32 = 2;
 const STATUS_DRIVER_OK: u32 = 4;
 const STATUS_FEATURES_OK: u32 = 8;
 const STATUS_NEEDS_RESET: u32 = 64;
@@ -74,15 +72,6 @@ impl MmioTransport {
     /// registers them as KVM ioeventfds on QueueNotify.
     pub fn kick_fds(&self) -> &[EventFd] {
         &self.kicks
-    }
-
-    /// The eventfd KVM uses to raise this device's interrupt.
-    pub fn irqfd(&self) -> &EventFd {
-        self.interrupt.irqfd()
-    }
-
-    pub fn device_type(&self) -> u32 {
-        self.device.device_type()
     }
 
     fn selected_queue(&mut self) -> Option<&mut Queue> {
@@ -242,6 +231,11 @@ impl MmioTransport {
             interrupt: self.interrupt.clone(),
             acked_features: self.driver_features,
         };
+        tracing::debug!(
+            "virtio-mmio: activating device type {} with features {:#x}",
+            self.device.device_type(),
+            activation.acked_features
+        );
         match self.device.activate(activation) {
             Ok(()) => self.activated = true,
             Err(e) => {
@@ -285,6 +279,9 @@ mod tests {
     use crate::vmm::devices::virtio::{ActivateError, VIRTIO_F_VERSION_1};
     use std::sync::{Arc, Mutex};
     use vm_memory::GuestAddress;
+
+    const STATUS_ACKNOWLEDGE: u32 = 1;
+    const STATUS_DRIVER: u32 = 2;
 
     struct Fake {
         activated: Arc<Mutex<Option<u64>>>,

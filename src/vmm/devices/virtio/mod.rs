@@ -22,15 +22,12 @@ use vmm_sys_util::eventfd::EventFd;
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 
 /// Device type ids (virtio spec 5).
-pub const TYPE_NET: u32 = 1;
-pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_RNG: u32 = 4;
 pub const TYPE_VSOCK: u32 = 19;
 pub const TYPE_FS: u32 = 26;
 
 /// Interrupt status bits (virtio-mmio InterruptStatus).
 pub const INT_USED_RING: u32 = 0x1;
-pub const INT_CONFIG_CHANGE: u32 = 0x2;
 
 /// The interrupt line of one device: the status bits the driver reads and
 /// acknowledges through the transport, and the irqfd that raises its GSI.
@@ -53,11 +50,6 @@ impl Interrupt {
         self.raise(INT_USED_RING);
     }
 
-    /// Tells the driver that the configuration space changed.
-    pub fn signal_config_change(&self) {
-        self.raise(INT_CONFIG_CHANGE);
-    }
-
     fn raise(&self, bit: u32) {
         self.status.fetch_or(bit, Ordering::SeqCst);
         if let Err(e) = self.irqfd.write(1) {
@@ -73,11 +65,6 @@ impl Interrupt {
     /// InterruptACK: the driver clears the bits it handled.
     pub fn ack(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);
-    }
-
-    /// The eventfd KVM listens on (for registering the irqfd).
-    pub fn irqfd(&self) -> &EventFd {
-        &self.irqfd
     }
 }
 
