@@ -7,7 +7,7 @@ use crate::rig;
 use crate::util::stockade_bin;
 
 /// Several VM boots per script on a software CPU: be generous.
-const T: Duration = Duration::from_secs(600);
+const T: Duration = Duration::from_secs(300);
 
 /// A script prelude: `S` runs stockade, `ws` is a fresh workspace and the cwd.
 /// On exit it appends the logs of any session stockade itself failed in
@@ -91,7 +91,7 @@ fn workspace_is_visible_read_only_and_home_is_not() {
     let Some(rig) = rig::require("workspace_is_visible_read_only_and_home_is_not") else { return };
     let out = rig.sh(
         &script(
-            "echo workspace-content > file.txt; mkdir -p sub; touch \"$HOME/host-secret\"
+            "git init -q; echo workspace-content > file.txt; mkdir -p sub; touch \"$HOME/host-secret\"
              cd sub
              $S run -- cat \"$ws/file.txt\"; echo \"read=$?\"
              $S run -- sh -c \"echo x > $ws/new.txt\"; echo \"write=$?\"

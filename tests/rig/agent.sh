@@ -1,7 +1,8 @@
 #!/bin/sh
 # The rig's agent in L1, running from this machine's own userland. It reads
 # "run <id>" lines on ttyS1, runs /rig/jobs/<id>/cmd.sh with its output in
-# files beside it, and answers "done <id> <status>".
+# files beside it, and answers "done <id> <status>". Jobs run in the
+# background, so a diagnostic job can look at a stuck one.
 export PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root USER=root LOGNAME=root LANG=C.UTF-8 TERM=dumb
 ln -sf /proc/self/fd /dev/fd 2>/dev/null
@@ -13,8 +14,10 @@ while IFS= read -r line <&3; do
     case "$1" in
     run)
         job=/rig/jobs/$2
-        (cd "$job" && exec /bin/sh ./cmd.sh) </dev/null >"$job/stdout" 2>"$job/stderr"
-        echo "done $2 $?" >&3
+        (
+            (cd "$job" && exec /bin/sh ./cmd.sh) </dev/null >"$job/stdout" 2>"$job/stderr"
+            echo "done $2 $?" >&3
+        ) &
         ;;
     esac
 done

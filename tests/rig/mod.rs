@@ -385,12 +385,21 @@ impl L1 {
         let deadline = Instant::now() + timeout;
         let status = loop {
             let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-            let line = self.read_line(left).map_err(|e| {
-                RigError::Command(format!(
-                    "no answer from L1 within {timeout:?} ({e}) for script:\n{script}\nL1 console:\n{}",
-                    tail(&self.dir.join("console.log"), 20)
-                ))
-            })?;
+            let line = match self.read_line(left) {
+                Ok(line) => line,
+                Err(e) => {
+                    let partial = |name: &str| tail(&job.join(name), 20);
+                    return Err(RigError::Command(format!(
+                        "no answer from L1 within {timeout:?} ({e}) for script:\n{script}\n\
+                         --- its stdout so far ---\n{}\n--- its stderr so far ---\n{}\n\
+                         --- L1 processes and logs ---\n{}\n--- L1 console ---\n{}",
+                        partial("stdout"),
+                        partial("stderr"),
+                        self.diagnose(),
+                        tail(&self.dir.join("console.log"), 20)
+                    )));
+                }
+            };
             let mut words = line.split_whitespace();
             if words.next() == Some("done") && words.next() == Some(&id.to_string()) {
                 break words.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
@@ -400,6 +409,34 @@ impl L1 {
         let out = Output { status, stdout: read("stdout"), stderr: read("stderr") };
         let _ = fs::remove_dir_all(&job);
         Ok(out)
+    }
+
+    /// Asks L1 what is going on while a script hangs: processes, and the
+    /// logs of the newest stockade session.
+    fn diagnose(&mut self) -> String {
+        const SCRIPT: &str = "ps -eo pid,ppid,stat,pcpu,etime,args --sort=-pcpu | head -n 25; \
+            s=$(ls -dt \"$HOME\"/.local/share/stockade/sessions/*/ 2>/dev/null | head -n1); \
+            [ -n \"$s\" ] && { echo \"== $s\"; cat \"$s/vmm.log\"; tail -n 20 \"$s/kernel.log\"; }; dmesg | tail -n 10";
+        self.next_job += 1;
+        let id = self.next_job;
+        let job = self.dir.join("xfer/jobs").join(id.to_string());
+        if fs::create_dir_all(&job).is_err() || fs::write(job.join("cmd.sh"), SCRIPT).is_err() {
+            return "cannot write the diagnostic job".into();
+        }
+        if writeln!(self.writer, "run {id}").is_err() {
+            return "cannot reach the L1 agent".into();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            match self.read_line(Duration::from_secs(30)) {
+                Ok(line) if line.starts_with(&format!("done {id} ")) => {
+                    return String::from_utf8_lossy(&fs::read(job.join("stdout")).unwrap_or_default()).into_owned();
+                }
+                Ok(_) => {}
+                Err(e) => return format!("L1 did not answer the diagnostic job either ({e}): L1 itself is stuck"),
+            }
+        }
+        "L1 did not answer the diagnostic job within 30 s: L1 itself is stuck".into()
     }
 
     fn kill(self) {
