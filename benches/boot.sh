@@ -43,7 +43,8 @@ time_runs() {
     for _ in $(seq "$runs"); do
         local start end kb
         start=$(date +%s.%N)
-        kb=$( { /usr/bin/time -f '%M' "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -n1 )
+        /usr/bin/time -o "$work/rss" -f '%M' "$@" >/dev/null 2>&1 || true
+        kb=$(tail -n1 "$work/rss")
         end=$(date +%s.%N)
         times+=("$(echo "$end - $start" | bc)")
         ((kb > peak)) && peak=$kb
