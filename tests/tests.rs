@@ -8,3 +8,4 @@ mod doctor;
 mod rig_selftest;
 mod run_e2e;
 mod run_input;
+mod terminal_e2e;

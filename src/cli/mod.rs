@@ -4,6 +4,7 @@
 
 mod doctor;
 mod run;
+mod shell;
 mod vmm;
 
 use std::process::ExitCode;
@@ -30,6 +31,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Run(run::RunArgs),
+    Shell(shell::ShellArgs),
     Doctor(doctor::DoctorArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
     #[command(hide = true)]
@@ -52,6 +54,7 @@ pub fn main() -> ExitCode {
     init_logging(cli.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(args, cli.verbose),
+        Command::Shell(args) => shell::run(args, cli.verbose),
         Command::Doctor(args) => doctor::run(args),
         Command::Vmm(args) => vmm::run(args),
     };

@@ -13,14 +13,10 @@ use crate::vmm::layout::MAX_VCPUS;
 /// Smallest guest memory that boots our kernel and a shell with room to work.
 const MIN_MEMORY: u64 = 128 << 20;
 
-/// Run COMMAND inside a fresh microVM. The workspace (the git root of the
-/// current directory, or the directory itself) appears read-only at its own
-/// path; the host's system directories are shared read-only; $HOME, /tmp and
-/// /run are empty and writable. The exit status is the command's own; 125
-/// means stockade failed, 126 the command is not executable, 127 not found,
-/// 128+n it was killed by signal n.
+/// Options shared by `run` and `shell`: the VM's size, the environment and
+/// the terminal.
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub struct VmOptions {
     /// Virtual CPUs for the guest.
     #[arg(long, default_value_t = 2, value_name = "N")]
     cpus: u8,
@@ -34,6 +30,15 @@ pub struct RunArgs {
     #[arg(short = 'e', long = "env", value_name = "VAR[=VALUE]")]
     env: Vec<String>,
 
+    /// Run the command on a terminal even when stockade's stdin and stdout
+    /// are not one (the default is a terminal exactly when they are).
+    #[arg(short = 't', long = "tty", conflicts_with = "no_tty")]
+    tty: bool,
+
+    /// Never give the command a terminal: separate stdout and stderr pipes.
+    #[arg(short = 'T', long = "no-tty")]
+    no_tty: bool,
+
     /// Boot this guest kernel (a PVH vmlinux) instead of the installed one.
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -41,6 +46,18 @@ pub struct RunArgs {
     /// Extra guest kernel command-line argument (debugging aid).
     #[arg(long = "kernel-arg", value_name = "ARG", hide = true)]
     kernel_args: Vec<String>,
+}
+
+/// Run COMMAND inside a fresh microVM. The workspace (the git root of the
+/// current directory, or the directory itself) appears read-only at its own
+/// path; the host's system directories are shared read-only; $HOME, /tmp and
+/// /run are empty and writable. The exit status is the command's own; 125
+/// means stockade failed, 126 the command is not executable, 127 not found,
+/// 128+n it was killed by signal n.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    vm: VmOptions,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -48,25 +65,6 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs, verbose: u8) -> anyhow::Result<ExitCode> {
-    let config = validate(args, verbose, |name| std::env::var_os(name), std::env::vars_os())?;
-    let status = supervisor::run(config)?;
-    Ok(ExitCode::from(status))
-}
-
-/// Turns what the user typed into a RunConfig without touching the system.
-fn validate(
-    args: RunArgs,
-    verbose: u8,
-    getenv: impl Fn(&str) -> Option<OsString>,
-    all_env: impl Iterator<Item = (OsString, OsString)>,
-) -> anyhow::Result<RunConfig> {
-    if args.cpus == 0 || args.cpus > MAX_VCPUS {
-        bail!("--cpus {} is out of range: give 1 to {MAX_VCPUS}", args.cpus);
-    }
-    let memory_bytes = parse_size(&args.memory).with_context(|| format!("--memory {}", args.memory))?;
-    if memory_bytes < MIN_MEMORY {
-        bail!("--memory {} is too small: the guest needs at least 128M (e.g. --memory 512M)", args.memory);
-    }
     let argv = args
         .command
         .iter()
@@ -77,17 +75,47 @@ fn validate(
                 .with_context(|| format!("command argument {} is not valid UTF-8", i + 1))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    if argv[0].is_empty() {
+    let config = validate(args.vm, argv, &[], verbose, |name| std::env::var_os(name), std::env::vars_os())?;
+    Ok(ExitCode::from(supervisor::run(config)?))
+}
+
+/// Turns what the user typed into a RunConfig without touching the system.
+/// `extra_env` names host variables the subcommand itself passes (SHELL).
+pub fn validate(
+    vm: VmOptions,
+    argv: Vec<String>,
+    extra_env: &[&str],
+    verbose: u8,
+    getenv: impl Fn(&str) -> Option<OsString>,
+    all_env: impl Iterator<Item = (OsString, OsString)>,
+) -> anyhow::Result<RunConfig> {
+    if vm.cpus == 0 || vm.cpus > MAX_VCPUS {
+        bail!("--cpus {} is out of range: give 1 to {MAX_VCPUS}", vm.cpus);
+    }
+    let memory_bytes = parse_size(&vm.memory).with_context(|| format!("--memory {}", vm.memory))?;
+    if memory_bytes < MIN_MEMORY {
+        bail!("--memory {} is too small: the guest needs at least 128M (e.g. --memory 512M)", vm.memory);
+    }
+    if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
+    let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
+    requested.extend(vm.env.iter().cloned());
     Ok(RunConfig {
         argv,
-        env: guest_env(&args.env, getenv, all_env)?,
-        cpus: args.cpus,
+        env: guest_env(&requested, getenv, all_env)?,
+        cpus: vm.cpus,
         memory_bytes,
-        kernel: args.kernel,
-        kernel_args: args.kernel_args,
+        kernel: vm.kernel,
+        kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,
+        tty: if vm.tty {
+            Some(true)
+        } else if vm.no_tty {
+            Some(false)
+        } else {
+            None
+        },
     })
 }
 
@@ -170,16 +198,20 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
 mod tests {
     use super::*;
 
-    fn args(extra: &[&str]) -> RunArgs {
+    fn args(extra: &[&str]) -> VmOptions {
         use clap::Parser;
         #[derive(Parser)]
         struct T {
             #[command(flatten)]
-            run: RunArgs,
+            vm: VmOptions,
         }
         let mut argv = vec!["t"];
         argv.extend_from_slice(extra);
-        T::try_parse_from(argv).unwrap().run
+        T::try_parse_from(argv).unwrap().vm
+    }
+
+    fn check(extra: &[&str]) -> anyhow::Result<RunConfig> {
+        validate(args(extra), vec!["true".into()], &[], 0, |_| None, std::iter::empty())
     }
 
     fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
@@ -198,14 +230,21 @@ mod tests {
 
     #[test]
     fn zero_memory_is_refused_with_a_hint() {
-        let err = validate(args(&["--memory", "0", "--", "true"]), 0, |_| None, std::iter::empty()).unwrap_err();
+        let err = check(&["--memory", "0"]).unwrap_err();
         assert!(format!("{err:#}").contains("at least 128M"), "{err:#}");
     }
 
     #[test]
     fn cpus_out_of_range_is_refused() {
-        assert!(validate(args(&["--cpus", "0", "--", "true"]), 0, |_| None, std::iter::empty()).is_err());
-        assert!(validate(args(&["--cpus", "99", "--", "true"]), 0, |_| None, std::iter::empty()).is_err());
+        assert!(check(&["--cpus", "0"]).is_err());
+        assert!(check(&["--cpus", "99"]).is_err());
+    }
+
+    #[test]
+    fn tty_flags_decide_or_leave_it_to_the_terminal() {
+        assert_eq!(check(&[]).unwrap().tty, None);
+        assert_eq!(check(&["-t"]).unwrap().tty, Some(true));
+        assert_eq!(check(&["-T"]).unwrap().tty, Some(false));
     }
 
     #[test]

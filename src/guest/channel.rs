@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, VsockAddr, connect, socket};
 
-use crate::protocol::{CONTROL_PORT, GuestMsg, HOST_CID, HostMsg, read_frame, write_frame};
+use crate::protocol::{CONTROL_PORT, GuestMsg, HOST_CID, HostMsg, WindowSize, read_frame, write_frame};
 
 /// How long init waits for the host's "finish" before resetting anyway.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -21,6 +21,12 @@ pub fn connect_host(port: u32) -> anyhow::Result<File> {
     connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &VsockAddr::new(HOST_CID, port))
         .with_context(|| format!("cannot connect to the host on vsock port {port}"))?;
     Ok(File::from(fd))
+}
+
+/// What the host asks of the running command.
+pub enum Event {
+    Signal(i32),
+    Resize(WindowSize),
 }
 
 /// The control connection: frames out from any thread, frames in on a
@@ -56,9 +62,9 @@ impl Control {
         Ok(read_frame(reader).context("cannot read from the host")?)
     }
 
-    /// Hands incoming messages to `on_signal` on a reader thread; a Finish
+    /// Hands signals and resizes to `on_event` on a reader thread; a Finish
     /// message is kept for `wait_finish`.
-    pub fn start_reader(&self, on_signal: impl Fn(i32) + Send + 'static) -> anyhow::Result<()> {
+    pub fn start_reader(&self, on_event: impl Fn(Event) + Send + 'static) -> anyhow::Result<()> {
         let mut reader = self
             .reader
             .lock()
@@ -72,7 +78,8 @@ impl Control {
             .spawn(move || {
                 loop {
                     match read_frame::<HostMsg>(&mut reader) {
-                        Ok(HostMsg::Signal { signal }) => on_signal(signal),
+                        Ok(HostMsg::Signal { signal }) => on_event(Event::Signal(signal)),
+                        Ok(HostMsg::Resize(size)) => on_event(Event::Resize(size)),
                         Ok(HostMsg::Finish) => {
                             let _ = tx.send(());
                         }

@@ -15,7 +15,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::channel::{self, Control};
+use super::channel::{self, Control, Event};
+use super::tty;
 use crate::protocol::{ExitReport, GuestMsg, RunSpec, STDIN_PORT, write_frame};
 
 /// Output is forwarded in chunks of at most this size.
@@ -38,41 +39,77 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd)
         .uid(spec.uid)
-        .gid(spec.gid)
-        .process_group(0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = match cmd.spawn() {
+        .gid(spec.gid);
+    let terminal = match spec.tty {
+        Some(size) => Some(tty::open(size)?.attach(&mut cmd)?),
+        None => {
+            cmd.process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            None
+        }
+    };
+    let spawned = cmd.spawn();
+    // Our copies of the terminal's slave side must go, or its master never
+    // sees the end of the command's output.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => return Ok(not_started(program, &e)),
     };
     let pid = i32::try_from(child.id()).context("child pid out of range")?;
 
-    let child_stdin = child.stdin.take().context("child stdin")?;
-    spawn_named("stdin", move || {
-        let mut from = stdin_conn;
-        let mut to = child_stdin;
-        // Ends when the host closes stdin (EOF reaches the command) or the
-        // command stops reading.
-        let _ = std::io::copy(&mut from, &mut to);
-    })?;
-    let out = pump("stdout", child.stdout.take().context("child stdout")?, control.writer(), GuestMsg::Stdout)?;
-    let err = pump("stderr", child.stderr.take().context("child stderr")?, control.writer(), GuestMsg::Stderr)?;
-    control.start_reader(move |signal| {
-        if let Ok(sig) = Signal::try_from(signal) {
-            let _ = kill(Pid::from_raw(-pid), sig);
+    let mut pumps = Vec::new();
+    match terminal {
+        Some(master) => {
+            let input = master.try_clone().context("cannot duplicate the terminal")?;
+            feed_stdin(stdin_conn, input)?;
+            pumps.push(pump("stdout", master.try_clone()?, control.writer(), GuestMsg::Stdout)?);
+            control.start_reader(move |event| match event {
+                Event::Resize(size) => tty::resize(&master, size),
+                Event::Signal(signal) => {
+                    let group = tty::foreground_group(&master).map_or(-pid, |g| -g.as_raw());
+                    send_signal(group, signal);
+                }
+            })?;
         }
-    })?;
+        None => {
+            feed_stdin(stdin_conn, child.stdin.take().context("child stdin")?)?;
+            pumps.push(pump("stdout", child.stdout.take().context("child stdout")?, control.writer(), GuestMsg::Stdout)?);
+            pumps.push(pump("stderr", child.stderr.take().context("child stderr")?, control.writer(), GuestMsg::Stderr)?);
+            control.start_reader(move |event| {
+                if let Event::Signal(signal) = event {
+                    send_signal(-pid, signal);
+                }
+            })?;
+        }
+    }
 
     let status = reap_until(pid);
     // The command is done: nothing it left behind may outlive it or hold
     // its output open.
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     reap_until(-1);
-    let _ = out.join();
-    let _ = err.join();
+    for pump in pumps {
+        let _ = pump.join();
+    }
     Ok(status)
+}
+
+fn send_signal(target: i32, signal: i32) {
+    if let Ok(sig) = Signal::try_from(signal) {
+        let _ = kill(Pid::from_raw(target), sig);
+    }
+}
+
+/// Copies the host's stdin to the command until the host closes it.
+fn feed_stdin(from: std::fs::File, to: impl Write + Send + 'static) -> anyhow::Result<()> {
+    spawn_named("stdin", move || {
+        let mut from = from;
+        let mut to = to;
+        // Ends when the host closes stdin (EOF reaches the command) or the
+        // command stops reading.
+        let _ = std::io::copy(&mut from, &mut to);
+    })?;
+    Ok(())
 }
 
 fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<JoinHandle<()>> {
@@ -92,6 +129,7 @@ fn pump(
     spawn_named(name, move || {
         let mut buf = vec![0u8; CHUNK];
         loop {
+            // A PTY master reports EIO, not EOF, once the command side closes.
             let n = match from.read(&mut buf) {
                 Ok(0) => return,
                 Ok(n) => n,

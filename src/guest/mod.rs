@@ -9,6 +9,7 @@
 mod channel;
 mod command;
 mod mounts;
+mod tty;
 
 use std::io::Write;
 

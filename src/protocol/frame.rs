@@ -109,7 +109,7 @@ pub fn read_frame<F: Frame>(r: &mut impl Read) -> Result<F, FrameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{RootEntry, RunSpec};
+    use crate::protocol::{RootEntry, RunSpec, WindowSize};
 
     #[test]
     fn round_trips_every_message() {
@@ -120,8 +120,14 @@ mod tests {
             uid: 1000,
             gid: 1000,
             root: vec![RootEntry::Tmpfs { target: "/tmp".into(), mode: 0o1777, uid: 0, gid: 0 }],
+            tty: Some(WindowSize { rows: 24, cols: 80 }),
         };
-        let host = [HostMsg::Run(spec), HostMsg::Signal { signal: 2 }, HostMsg::Finish];
+        let host = [
+            HostMsg::Run(spec),
+            HostMsg::Signal { signal: 2 },
+            HostMsg::Resize(WindowSize { rows: 50, cols: 132 }),
+            HostMsg::Finish,
+        ];
         let guest = [
             GuestMsg::Ready { kernel: "6.12".into() },
             GuestMsg::Stdout(b"out".to_vec()),

@@ -35,6 +35,13 @@ pub enum RootEntry {
     Tmpfs { target: String, mode: u32, uid: u32, gid: u32 },
 }
 
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
 /// The command the guest runs and the world it runs in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSpec {
@@ -44,6 +51,10 @@ pub struct RunSpec {
     pub uid: u32,
     pub gid: u32,
     pub root: Vec<RootEntry>,
+    /// Run on a pseudo-terminal of this size (stdout and stderr merge, as
+    /// on any terminal); `None` keeps separate pipes.
+    #[serde(default)]
+    pub tty: Option<WindowSize>,
 }
 
 /// How the command ended.
@@ -65,8 +76,11 @@ pub enum ExitReport {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum HostMsg {
     Run(RunSpec),
-    /// Deliver this signal to the command's process group.
+    /// Deliver this signal to the command's process group (on a terminal,
+    /// its foreground process group).
     Signal { signal: i32 },
+    /// The host terminal changed size.
+    Resize(WindowSize),
     /// The host has everything; the guest may power off.
     Finish,
 }

@@ -7,6 +7,7 @@ mod outcome;
 mod root;
 mod session;
 mod signals;
+mod terminal;
 mod vm;
 
 use std::io::{ErrorKind, Read, Write};
@@ -20,7 +21,9 @@ use anyhow::{Context, bail};
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
-use crate::protocol::{CONTROL_PORT, ExitReport, GuestMsg, HostMsg, RunSpec, STDIN_PORT, read_frame, write_frame};
+use crate::protocol::{
+    CONTROL_PORT, ExitReport, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize, read_frame, write_frame,
+};
 use crate::vmm::config::VmConfig;
 
 pub use outcome::EXIT_STOCKADE;
@@ -41,6 +44,9 @@ pub struct RunConfig {
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
+    /// Run the command on a pseudo-terminal; `None` decides by whether
+    /// stockade runs on one.
+    pub tty: Option<bool>,
 }
 
 /// Runs the command in a fresh VM and returns stockade's exit status.
@@ -94,8 +100,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         uid: user.uid,
         gid: user.gid,
         root: root_layout,
+        tty: config
+            .tty
+            .unwrap_or_else(terminal::interactive)
+            .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
     };
+    let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
     let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session);
+    drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
     let _ = std::fs::remove_file(control_path);
     let _ = std::fs::remove_file(stdin_path);
@@ -192,10 +204,16 @@ fn converse(
     let interrupts = Arc::new(signals::Interrupts::default());
     let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
     let forward_writer = writer.clone();
+    let resize_writer = writer.clone();
     signals::spawn(
         interrupts.clone(),
         move |sig| {
             let _ = send(&forward_writer, &HostMsg::Signal { signal: sig as i32 });
+        },
+        move || {
+            if let Some(size) = terminal::size() {
+                let _ = send(&resize_writer, &HostMsg::Resize(size));
+            }
         },
         move || {
             let _ = nix::sys::signal::kill(vmm_pid, nix::sys::signal::Signal::SIGKILL);

@@ -10,7 +10,7 @@ use nix::sys::signal::{SigSet, Signal};
 /// The signals we take over.
 fn handled() -> SigSet {
     let mut set = SigSet::empty();
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGWINCH] {
         set.add(sig);
     }
     set
@@ -37,20 +37,26 @@ impl Interrupts {
     }
 }
 
-/// Waits for signals on a thread: the first of each burst is forwarded with
-/// `forward`, the second calls `stop`.
+/// Waits for signals on a thread: a window change calls `resized`; the first
+/// of the others is forwarded with `forward`, the second calls `stop`.
 pub fn spawn(
     interrupts: Arc<Interrupts>,
     forward: impl Fn(Signal) + Send + 'static,
+    resized: impl Fn() + Send + 'static,
     stop: impl Fn() + Send + 'static,
 ) -> anyhow::Result<()> {
     std::thread::Builder::new().name("signals".into()).spawn(move || {
         let set = handled();
         while let Ok(sig) = set.wait() {
+            if sig == Signal::SIGWINCH {
+                resized();
+                continue;
+            }
             if interrupts.count.fetch_add(1, Ordering::SeqCst) == 0 {
                 forward(sig);
             } else {
                 interrupts.stopped.store(true, Ordering::SeqCst);
+                super::terminal::restore();
                 eprintln!("\nstockade: stopping the VM");
                 stop();
             }

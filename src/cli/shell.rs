@@ -1,0 +1,23 @@
+//! `stockade shell`: your login shell in a microVM.
+
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::run::{VmOptions, validate};
+use crate::supervisor;
+
+/// Start your login shell ($SHELL, or /bin/sh) in a fresh microVM, with the
+/// same view of the host as `stockade run`.
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    #[command(flatten)]
+    vm: VmOptions,
+}
+
+pub fn run(args: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
+    let shell = std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/sh".into());
+    let argv = vec![shell, "-l".to_string()];
+    let config = validate(args.vm, argv, &["SHELL"], verbose, |name| std::env::var_os(name), std::env::vars_os())?;
+    Ok(ExitCode::from(supervisor::run(config)?))
+}

@@ -1,0 +1,68 @@
+//! The command's pseudo-terminal: the command becomes a session leader with
+//! the PTY as its controlling terminal, so line editing, Ctrl-C/Z/\ and job
+//! control behave as in a local terminal. The host's keystrokes go to the
+//! master side; everything the command prints comes back from it.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use anyhow::Context;
+use nix::pty::{Winsize, openpty};
+use nix::unistd::Pid;
+
+use crate::protocol::WindowSize;
+
+fn winsize(size: WindowSize) -> Winsize {
+    Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
+}
+
+pub struct Pty {
+    pub master: File,
+    slave: OwnedFd,
+}
+
+/// Opens a PTY pair of the given size.
+pub fn open(size: WindowSize) -> anyhow::Result<Pty> {
+    let pair = openpty(Some(&winsize(size)), None).context("cannot open a pseudo-terminal")?;
+    Ok(Pty { master: File::from(pair.master), slave: pair.slave })
+}
+
+impl Pty {
+    /// Makes the slave side the command's stdio and controlling terminal.
+    pub fn attach(self, cmd: &mut Command) -> anyhow::Result<File> {
+        let stdin = self.slave.try_clone().context("cannot duplicate the terminal")?;
+        let stdout = self.slave.try_clone().context("cannot duplicate the terminal")?;
+        cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(self.slave));
+        // SAFETY: the closure runs in the forked child before exec and calls
+        // only async-signal-safe functions (setsid, ioctl) on its own fd 0.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(self.master)
+    }
+}
+
+/// Tells the terminal (and so the foreground job, by SIGWINCH) its new size.
+pub fn resize(master: &File, size: WindowSize) {
+    let ws = winsize(size);
+    // SAFETY: TIOCSWINSZ reads one Winsize from the pointer, which refers to
+    // a live local; the fd is our open PTY master.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws as *const Winsize) };
+    if rc < 0 {
+        eprintln!("stockade-init: cannot resize the terminal: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// The terminal's foreground process group: where a terminal delivers
+/// signals, e.g. a job the shell put there.
+pub fn foreground_group(master: &File) -> Option<Pid> {
+    nix::unistd::tcgetpgrp(master).ok()
+}

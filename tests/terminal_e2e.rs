@@ -1,0 +1,73 @@
+//! Interactive use: a guest shell on a real terminal (tmux), driven by
+//! keystrokes and read back from the screen.
+
+use std::time::Duration;
+
+use crate::rig;
+use crate::util::stockade_bin;
+
+const T: Duration = Duration::from_secs(400);
+
+/// Helpers for the scripts: `S` is stockade; `tm` is tmux on a server of the
+/// script's own; `screen_has TEXT` waits (up to 120 s) until the pane shows
+/// TEXT; `keys` types into the pane. Terminal settings are compared with
+/// `stty -g`, which leaves out the window size.
+fn script(body: &str) -> String {
+    format!(
+        r#"set -u
+S={bin}
+ws=$(mktemp -d /tmp/term.XXXXXX); cd "$ws"; git init -q
+export SHELL=/bin/bash
+tm() {{ tmux -L "stockade-$$" -f /dev/null "$@"; }}
+trap 'tm kill-server 2>/dev/null' EXIT
+screen_has() {{ i=0; until tm capture-pane -p -t t | grep -q -- "$1"; do i=$((i+1)); if [ $i -gt 1200 ]; then echo "screen never showed: $1"; tm capture-pane -p -t t; return 1; fi; sleep 0.1; done; }}
+keys() {{ tm send-keys -t t "$@"; }}
+{body}
+"#,
+        bin = stockade_bin()
+    )
+}
+
+#[test]
+fn guest_shell_behaves_like_a_local_terminal() {
+    let Some(rig) = rig::require("guest_shell_behaves_like_a_local_terminal") else { return };
+    let out = rig.sh(
+        &script(
+            r#"tm new-session -d -s t -x 100 -y 30 "stty -g > before.txt; $S shell; echo shell-exit-\$?; stty -g > after.txt; sleep 600"
+set -e
+keys 'echo hel''lo-guest; uname -r' Enter; screen_has hello-guest
+keys 'stty size' Enter; screen_has '^30 100'
+tm resize-window -t t -x 120 -y 40; sleep 1
+keys 'stty size' Enter; screen_has '^40 120'
+keys 'sleep 100' Enter; sleep 2; keys C-c; keys 'echo after-int-$?' Enter; screen_has after-int-130
+keys 'sleep 4; echo slept-''done' Enter; sleep 1; keys C-z; screen_has Stopped
+keys 'fg' Enter; screen_has slept-done
+keys 'python3 -c "import curses; curses.wrapper(lambda s: (s.addstr(5, 10, \"CURSES-\" + \"DRAWN\"), s.refresh(), s.getch()))"' Enter
+screen_has CURSES-DRAWN; keys q; sleep 1
+keys 'echo job-''control-$(ps -o stat= -p $$)' Enter; screen_has 'job-control-S'
+keys 'exit' Enter; screen_has shell-exit-0
+sleep 1; cmp before.txt after.txt && echo terminal-restored"#,
+        ),
+        T,
+    );
+    assert_eq!(out.status, 0, "{out}");
+    assert!(out.stdout.contains("terminal-restored"), "{out}");
+}
+
+#[test]
+fn sigterm_restores_the_terminal() {
+    let Some(rig) = rig::require("sigterm_restores_the_terminal") else { return };
+    let out = rig.sh(
+        &script(
+            r#"tm new-session -d -s t -x 80 -y 24 "stty -g > before.txt; $S run -- sh -c 'echo guest-''running; exec sleep 100'; echo run-exit-\$?; stty -g > after.txt; sleep 600"
+set -e
+screen_has guest-running
+pkill -TERM -f "^$S run -- sh -c"
+screen_has run-exit-143
+sleep 1; cmp before.txt after.txt && echo terminal-restored"#,
+        ),
+        T,
+    );
+    assert_eq!(out.status, 0, "{out}");
+    assert!(out.stdout.contains("terminal-restored"), "{out}");
+}
