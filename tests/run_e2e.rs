@@ -7,7 +7,7 @@ use crate::rig;
 use crate::util::stockade_bin;
 
 /// Several VM boots per script on a software CPU: be generous.
-const T: Duration = Duration::from_secs(300);
+const T: Duration = Duration::from_secs(180);
 
 /// A script prelude: `S` runs stockade, `ws` is a fresh workspace and the cwd.
 /// On exit it appends the logs of any session stockade itself failed in

@@ -201,7 +201,10 @@ fn run_in_l1(script: &str, timeout: Duration) -> Result<Output, RigError> {
                 let l1 = slot.take().expect("L1 present");
                 l1.kill();
                 if attempt == 0 {
-                    eprintln!("rig: {err}; restarting L1 and retrying the script once");
+                    // Straight to stderr, past the test harness's capture: a
+                    // retried hang must stay visible in CI logs even when the
+                    // retry passes.
+                    let _ = writeln!(std::io::stderr(), "rig: {err}\nrig: restarting L1 and retrying the script once");
                 } else {
                     return Err(err);
                 }
@@ -215,7 +218,7 @@ fn boot_l1_with_retry() -> Result<L1, RigError> {
     match L1::boot() {
         Ok(l1) => Ok(l1),
         Err(RigError::L1Boot(m)) => {
-            eprintln!("rig: L1 did not come up ({m}); trying once more");
+            let _ = writeln!(std::io::stderr(), "rig: L1 did not come up ({m}); trying once more");
             L1::boot()
         }
         Err(other) => Err(other),
