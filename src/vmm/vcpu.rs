@@ -55,7 +55,8 @@ impl Vcpu {
         let mut cpuid = kvm
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| step("get supported CPUID", e))?;
-        cpuid::configure(&mut cpuid, id, count);
+        let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
+        cpuid::configure(&mut cpuid, id, count, tsc_deadline);
         fd.set_cpuid2(&cpuid).map_err(|e| step("set CPUID", e))?;
 
         let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
