@@ -8,8 +8,11 @@ use clap::Args;
 use crate::doctor;
 use crate::paths::Dirs;
 
-/// Check this host: KVM, the guest kernel, the jail's kernel features and
-/// free space. Exits 0 only when `stockade run` can work here.
+/// Check whether `stockade run` can work on this host
+///
+/// Looks at KVM (and runs a tiny test guest), the guest kernel, the jail's
+/// kernel features and free space, and says how to fix what is missing.
+/// Exits 0 only when `stockade run` can work here.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// Check this guest kernel (a PVH vmlinux) instead of the installed one.

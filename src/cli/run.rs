@@ -48,9 +48,10 @@ pub struct VmOptions {
     kernel_args: Vec<String>,
 }
 
-/// Run COMMAND inside a fresh microVM. The workspace (the git root of the
-/// current directory, or the directory itself) appears read-only at its own
-/// path; the host's system directories are shared read-only; $HOME, /tmp and
+/// Run a command inside a fresh microVM
+///
+/// The workspace (the git root of the current directory, or the directory
+/// itself) appears read-only at its own path; the host's system directories are shared read-only; $HOME, /tmp and
 /// /run are empty and writable. The exit status is the command's own; 125
 /// means stockade failed, 126 the command is not executable, 127 not found,
 /// 128+n it was killed by signal n.

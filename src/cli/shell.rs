@@ -7,8 +7,10 @@ use clap::Args;
 use super::run::{VmOptions, validate};
 use crate::supervisor;
 
-/// Start your login shell ($SHELL, or /bin/sh) in a fresh microVM, with the
-/// same view of the host as `stockade run`.
+/// Start your login shell in a fresh microVM
+///
+/// Runs $SHELL (or /bin/sh) as a login shell, with the same view of the host
+/// and the same options as `stockade run`.
 #[derive(Debug, Args)]
 pub struct ShellArgs {
     #[command(flatten)]
