@@ -9,6 +9,9 @@ ln -sf /proc/self/fd /dev/fd 2>/dev/null
 hostname rig-l1 2>/dev/null
 exec 3<>/dev/ttyS1
 echo "rig-ready $(uname -r)" >&3
+# A heartbeat, so the harness can tell a stuck L1 (nested SVM on the software
+# CPU occasionally soft-locks) from a slow script within seconds.
+(while sleep 5; do echo alive >&3; done) &
 while IFS= read -r line <&3; do
     set -- $line
     case "$1" in

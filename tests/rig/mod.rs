@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 /// How long L1 may take from QEMU start to its agent's "ready" line. It is
 /// about 6 s on these machines; the margin covers a loaded CI host.
 const L1_BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+/// The agent says "alive" every 5 s; this long without a word means L1 is
+/// stuck, whatever the script's own timeout.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(40);
 
 /// What a script did.
 #[derive(Debug, Clone)]
@@ -388,17 +391,26 @@ impl L1 {
         let deadline = Instant::now() + timeout;
         let status = loop {
             let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-            let line = match self.read_line(left) {
+            let line = match self.read_line(left.min(HEARTBEAT_TIMEOUT)) {
                 Ok(line) => line,
                 Err(e) => {
+                    let stuck = Instant::now() < deadline;
+                    let (why, diagnosis) = if stuck {
+                        (
+                            format!("no heartbeat for {}s: L1 is stuck ({e})", HEARTBEAT_TIMEOUT.as_secs()),
+                            "skipped: L1 cannot run a diagnostic job".to_string(),
+                        )
+                    } else {
+                        (format!("the script did not finish within {timeout:?} ({e})"), self.diagnose())
+                    };
                     let partial = |name: &str| tail(&job.join(name), 20);
                     return Err(RigError::Command(format!(
-                        "no answer from L1 within {timeout:?} ({e}) for script:\n{script}\n\
+                        "{why}; script:\n{script}\n\
                          --- its stdout so far ---\n{}\n--- its stderr so far ---\n{}\n\
                          --- L1 processes and logs ---\n{}\n--- L1 console ---\n{}",
                         partial("stdout"),
                         partial("stderr"),
-                        self.diagnose(),
+                        diagnosis,
                         tail(&self.dir.join("console.log"), 20)
                     )));
                 }
@@ -435,6 +447,7 @@ impl L1 {
                 Ok(line) if line.starts_with(&format!("done {id} ")) => {
                     return String::from_utf8_lossy(&fs::read(job.join("stdout")).unwrap_or_default()).into_owned();
                 }
+                Ok(line) if line == "alive" => {}
                 Ok(_) => {}
                 Err(e) => return format!("L1 did not answer the diagnostic job either ({e}): L1 itself is stuck"),
             }
