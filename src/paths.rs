@@ -20,24 +20,16 @@ impl Dirs {
         let project = ProjectDirs::from("", "", "stockade");
         let data = match std::env::var_os("STOCKADE_DATA_DIR") {
             Some(dir) => PathBuf::from(dir),
-            None => project
-                .as_ref()
-                .map(|p| p.data_dir().to_path_buf())
-                .ok_or_else(no_home)?,
+            None => project.as_ref().map(|p| p.data_dir().to_path_buf()).ok_or_else(no_home)?,
         };
         let cache = match std::env::var_os("STOCKADE_CACHE") {
             Some(dir) => PathBuf::from(dir),
-            None => project
-                .as_ref()
-                .map(|p| p.cache_dir().to_path_buf())
-                .ok_or_else(no_home)?,
+            None => project.as_ref().map(|p| p.cache_dir().to_path_buf()).ok_or_else(no_home)?,
         };
         Ok(Dirs { data, cache })
     }
 }
 
 fn no_home() -> anyhow::Error {
-    anyhow::anyhow!(
-        "cannot find your home directory: set HOME, or set STOCKADE_DATA_DIR and STOCKADE_CACHE"
-    )
+    anyhow::anyhow!("cannot find your home directory: set HOME, or set STOCKADE_DATA_DIR and STOCKADE_CACHE")
 }

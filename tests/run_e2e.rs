@@ -13,10 +13,7 @@ const T: Duration = Duration::from_secs(180);
 /// On exit it appends the logs of any session stockade itself failed in
 /// (status 125) to stderr, so a failure explains itself.
 fn script(body: &str) -> String {
-    format!(
-        "set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{DIAGNOSE}\n{body}\n",
-        bin = stockade_bin()
-    )
+    format!("set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{DIAGNOSE}\n{body}\n", bin = stockade_bin())
 }
 
 const DIAGNOSE: &str = r#"diagnose() {
@@ -138,7 +135,8 @@ fn guest_kernel_panic_gives_125_and_names_the_log() {
 #[test]
 fn unusable_kvm_is_refused_with_the_fix() {
     let Some(rig) = rig::require("unusable_kvm_is_refused_with_the_fix") else { return };
-    let out = rig.sh(&script("setpriv --reuid=65534 --regid=65534 --clear-groups $S run -- true; echo \"status=$?\""), T);
+    let out =
+        rig.sh(&script("setpriv --reuid=65534 --regid=65534 --clear-groups $S run -- true; echo \"status=$?\""), T);
     assert!(out.stdout.contains("status=125"), "{out}");
     assert!(out.stderr.contains("usermod -aG kvm"), "{out}");
 }

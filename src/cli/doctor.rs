@@ -25,9 +25,5 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let facts = doctor::gather(&dirs, args.kernel.as_deref());
     let checks = doctor::judge(&facts);
     print!("{}", doctor::render(&checks));
-    Ok(if doctor::can_run(&checks) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(if doctor::can_run(&checks) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -44,11 +44,7 @@ pub fn main() -> ExitCode {
         Err(err) => {
             // clap prints help/version to stdout with success, usage errors to stderr.
             let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(EXIT_STOCKADE_FAILED)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if err.use_stderr() { ExitCode::from(EXIT_STOCKADE_FAILED) } else { ExitCode::SUCCESS };
         }
     };
     init_logging(cli.verbose);
@@ -76,9 +72,6 @@ fn init_logging(verbose: u8) {
         _ => "stockade=trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
 }

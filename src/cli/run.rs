@@ -71,9 +71,7 @@ pub fn run(args: RunArgs, verbose: u8) -> anyhow::Result<ExitCode> {
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            a.to_str()
-                .map(str::to_owned)
-                .with_context(|| format!("command argument {} is not valid UTF-8", i + 1))
+            a.to_str().map(str::to_owned).with_context(|| format!("command argument {} is not valid UTF-8", i + 1))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let config = validate(args.vm, argv, &[], verbose, |name| std::env::var_os(name), std::env::vars_os())?;
@@ -179,7 +177,8 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| anyhow::anyhow!("not a size; use a number with a unit, like 512M or 2G"))?;
+    let value: f64 =
+        num.parse().map_err(|_| anyhow::anyhow!("not a size; use a number with a unit, like 512M or 2G"))?;
     let mult: u64 = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
         "" => 1,
         "K" => 1 << 10,
@@ -251,9 +250,10 @@ mod tests {
     #[test]
     fn passes_only_the_default_and_named_variables() {
         let host = [("PATH", "/usr/bin"), ("TERM", "xterm"), ("SECRET", "s3"), ("FOO", "bar"), ("HOME", "/home/a")];
-        let all = host.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).chain([
-            (OsString::from("LC_ALL"), OsString::from("C")),
-        ]);
+        let all = host
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .chain([(OsString::from("LC_ALL"), OsString::from("C"))]);
         let env = guest_env(&["FOO".into(), "X=1".into()], env_of(&host), all).unwrap();
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("TERM"), Some("xterm"));

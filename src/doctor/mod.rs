@@ -88,14 +88,14 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
         DeviceAccess::PermissionDenied => {
             Check::fail("/dev/kvm", "present, but this user cannot open it", kvm::permission_fix())
         }
-        DeviceAccess::Failed(e) => Check::fail("/dev/kvm", format!("cannot open it: {e}"), "check dmesg for KVM errors"),
+        DeviceAccess::Failed(e) => {
+            Check::fail("/dev/kvm", format!("cannot open it: {e}"), "check dmesg for KVM errors")
+        }
     });
 
     let pvm_kernel = facts.kernel.as_ref().ok().and_then(|k| k.pvm_guest) == Some(true);
     checks.push(match facts.kind {
-        kind if kind.boots_standard_guest() => {
-            Check::ok("KVM", format!("{kind}; standard guest kernels boot"))
-        }
+        kind if kind.boots_standard_guest() => Check::ok("KVM", format!("{kind}; standard guest kernels boot")),
         KvmKind::Pvm if pvm_kernel => Check::ok("KVM", format!("{}; the guest kernel is a PVM guest", facts.kind)),
         KvmKind::Pvm => Check::fail(
             "KVM",
@@ -103,11 +103,9 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
             "run stockade on a host with hardware virtualization (VT-x/AMD-V, or nested virtualization \
              in a cloud VM), or build a guest kernel with PVM guest support (CONFIG_PVM_GUEST=y)",
         ),
-        KvmKind::Hardware(_) | KvmKind::Unknown => Check::warn(
-            "KVM",
-            format!("{}", facts.kind),
-            "load kvm_intel or kvm_amd if this host has VT-x/AMD-V",
-        ),
+        KvmKind::Hardware(_) | KvmKind::Unknown => {
+            Check::warn("KVM", format!("{}", facts.kind), "load kvm_intel or kvm_amd if this host has VT-x/AMD-V")
+        }
     });
 
     if let Some(probe) = &facts.probe {
@@ -142,7 +140,11 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
                 k.short_hash()
             ),
         ),
-        Err(e) => Check::fail("guest kernel", error_chain(e), "run ./install.sh, or guest-kernel/build.sh and pass --kernel PATH"),
+        Err(e) => Check::fail(
+            "guest kernel",
+            error_chain(e),
+            "run ./install.sh, or guest-kernel/build.sh and pass --kernel PATH",
+        ),
     });
 
     checks.push(match &facts.landlock {
@@ -171,7 +173,9 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
             format!("only {} free in {}", space::human_bytes(*bytes), dir.display()),
             format!("free at least {} there", space::human_bytes(MIN_FREE_BYTES)),
         ),
-        Err(e) => Check::warn("disk space", format!("cannot measure: {e}"), "check that the data directory is readable"),
+        Err(e) => {
+            Check::warn("disk space", format!("cannot measure: {e}"), "check that the data directory is readable")
+        }
     });
 
     checks

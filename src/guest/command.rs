@@ -73,8 +73,18 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
         }
         None => {
             feed_stdin(stdin_conn, child.stdin.take().context("child stdin")?)?;
-            pumps.push(pump("stdout", child.stdout.take().context("child stdout")?, control.writer(), GuestMsg::Stdout)?);
-            pumps.push(pump("stderr", child.stderr.take().context("child stderr")?, control.writer(), GuestMsg::Stderr)?);
+            pumps.push(pump(
+                "stdout",
+                child.stdout.take().context("child stdout")?,
+                control.writer(),
+                GuestMsg::Stdout,
+            )?);
+            pumps.push(pump(
+                "stderr",
+                child.stderr.take().context("child stderr")?,
+                control.writer(),
+                GuestMsg::Stderr,
+            )?);
             control.start_reader(move |event| {
                 if let Event::Signal(signal) = event {
                     send_signal(-pid, signal);
@@ -113,10 +123,7 @@ fn feed_stdin(from: std::fs::File, to: impl Write + Send + 'static) -> anyhow::R
 }
 
 fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
-        .with_context(|| format!("cannot start the {name} thread"))
+    std::thread::Builder::new().name(name.into()).spawn(f).with_context(|| format!("cannot start the {name} thread"))
 }
 
 /// Forwards a pipe to the host as frames until the pipe's writers are gone.

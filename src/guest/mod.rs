@@ -29,9 +29,7 @@ pub fn main() -> ! {
 fn run() -> anyhow::Result<()> {
     mounts::kernel_filesystems()?;
     let control = channel::connect_control()?;
-    let kernel = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     control.send(&GuestMsg::Ready { kernel })?;
     let spec = match control.recv()? {
         HostMsg::Run(spec) => spec,

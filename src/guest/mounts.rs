@@ -20,8 +20,7 @@ fn mount_fs(source: &str, target: &str, fstype: &str, flags: MsFlags, data: Opti
         .mode(0o755)
         .create(target)
         .with_context(|| format!("cannot create mount point {target}"))?;
-    mount(Some(source), target, Some(fstype), flags, data)
-        .with_context(|| format!("cannot mount {fstype} on {target}"))
+    mount(Some(source), target, Some(fstype), flags, data).with_context(|| format!("cannot mount {fstype} on {target}"))
 }
 
 /// proc, sys, dev and friends.
@@ -85,12 +84,6 @@ fn bind_read_only(source: &str, target: &str) -> anyhow::Result<()> {
     }
     mount(Some(&from), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
         .with_context(|| format!("cannot bind {} on {target}", from.display()))?;
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .with_context(|| format!("cannot make {target} read-only"))
+    mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
+        .with_context(|| format!("cannot make {target} read-only"))
 }

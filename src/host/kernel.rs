@@ -56,10 +56,7 @@ impl GuestKernel {
 pub fn search_path(dirs: &Dirs) -> Vec<PathBuf> {
     let mut paths = vec![dirs.data.join("kernel").join("vmlinux")];
     // install.sh with PREFIX=... puts the kernel beside the binary's prefix.
-    if let Some(prefix) = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf))
-    {
+    if let Some(prefix) = std::env::current_exe().ok().and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf)) {
         let beside = prefix.join("share/stockade/kernel/vmlinux");
         if !paths.contains(&beside) {
             paths.push(beside);
@@ -82,9 +79,7 @@ pub fn search_path(dirs: &Dirs) -> Vec<PathBuf> {
 /// Finds the guest kernel: the explicit path if given, then $STOCKADE_KERNEL,
 /// then the search path.
 pub fn locate(dirs: &Dirs, explicit: Option<&Path>) -> Result<GuestKernel, KernelError> {
-    let named = explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(KERNEL_ENV).map(PathBuf::from));
+    let named = explicit.map(Path::to_path_buf).or_else(|| std::env::var_os(KERNEL_ENV).map(PathBuf::from));
     if let Some(path) = named {
         return inspect(&path);
     }
@@ -92,35 +87,23 @@ pub fn locate(dirs: &Dirs, explicit: Option<&Path>) -> Result<GuestKernel, Kerne
     match candidates.iter().find(|p| p.is_file()) {
         Some(path) => inspect(path),
         None => Err(KernelError::NotFound {
-            searched: format!(
-                "{} and {}",
-                dirs.data.join("kernel").display(),
-                dirs.cache.join("kernel").display()
-            ),
+            searched: format!("{} and {}", dirs.data.join("kernel").display(), dirs.cache.join("kernel").display()),
         }),
     }
 }
 
 /// Reads a vmlinux and checks that our VMM can boot it.
 pub fn inspect(path: &Path) -> Result<GuestKernel, KernelError> {
-    let bytes = fs::read(path).map_err(|source| KernelError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = fs::read(path).map_err(|source| KernelError::Read { path: path.to_path_buf(), source })?;
     if !bytes.starts_with(b"\x7fELF") {
-        return Err(KernelError::NotElf {
-            path: path.to_path_buf(),
-        });
+        return Err(KernelError::NotElf { path: path.to_path_buf() });
     }
     if !has_pvh_note(&bytes) {
-        return Err(KernelError::NotPvh {
-            path: path.to_path_buf(),
-        });
+        return Err(KernelError::NotPvh { path: path.to_path_buf() });
     }
     let config = path.parent().map(|dir| dir.join("config"));
-    let pvm_guest = config
-        .and_then(|c| fs::read_to_string(c).ok())
-        .map(|text| text.lines().any(|l| l == "CONFIG_PVM_GUEST=y"));
+    let pvm_guest =
+        config.and_then(|c| fs::read_to_string(c).ok()).map(|text| text.lines().any(|l| l == "CONFIG_PVM_GUEST=y"));
     Ok(GuestKernel {
         path: path.to_path_buf(),
         version: banner_version(&bytes),
@@ -142,29 +125,18 @@ fn banner_version(bytes: &[u8]) -> Option<String> {
 /// Whether a 64-bit little-endian ELF has the PVH entry note in a PT_NOTE segment.
 fn has_pvh_note(elf: &[u8]) -> bool {
     let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| {
-        elf.get(o..o + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let u64_at = |o: usize| {
-        elf.get(o..o + 8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-    };
+    let u32_at = |o: usize| elf.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let u64_at = |o: usize| elf.get(o..o + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
     // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
     if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
         return false;
     }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
         return false;
     };
     const PT_NOTE: u32 = 4;
     for i in 0..usize::from(phnum) {
-        let Some(ph) = usize::try_from(phoff)
-            .ok()
-            .and_then(|off| off.checked_add(i * usize::from(phentsize)))
-        else {
+        let Some(ph) = usize::try_from(phoff).ok().and_then(|off| off.checked_add(i * usize::from(phentsize))) else {
             return false;
         };
         if u32_at(ph) != Some(PT_NOTE) {
@@ -178,8 +150,7 @@ fn has_pvh_note(elf: &[u8]) -> bool {
         };
         let end = at.saturating_add(size).min(elf.len());
         while at + 12 <= end {
-            let (Some(namesz), Some(descsz), Some(kind)) = (u32_at(at), u32_at(at + 4), u32_at(at + 8))
-            else {
+            let (Some(namesz), Some(descsz), Some(kind)) = (u32_at(at), u32_at(at + 4), u32_at(at + 8)) else {
                 break;
             };
             let name_at = at + 12;

@@ -67,10 +67,7 @@ pub fn detect_kind() -> KvmKind {
 
 fn detect_kind_in(sys_module: &Path) -> KvmKind {
     let candidates = ["kvm_pvm", "kvm_amd", "kvm_intel"];
-    let loaded: Vec<&str> = candidates
-        .into_iter()
-        .filter(|m| sys_module.join(m).exists())
-        .collect();
+    let loaded: Vec<&str> = candidates.into_iter().filter(|m| sys_module.join(m).exists()).collect();
     classify(&loaded)
 }
 

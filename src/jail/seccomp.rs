@@ -11,9 +11,7 @@ pub fn available_actions() -> Option<Vec<String>> {
 
 /// Whether the actions our filters rely on are present.
 pub fn filters_usable(actions: &[String]) -> bool {
-    ["kill_process", "errno", "allow"]
-        .iter()
-        .all(|needed| actions.iter().any(|a| a == needed))
+    ["kill_process", "errno", "allow"].iter().all(|needed| actions.iter().any(|a| a == needed))
 }
 
 #[cfg(test)]
@@ -22,10 +20,8 @@ mod tests {
 
     #[test]
     fn needs_kill_errno_allow() {
-        let full: Vec<String> = "kill_process kill_thread trap errno user_notif trace log allow"
-            .split(' ')
-            .map(String::from)
-            .collect();
+        let full: Vec<String> =
+            "kill_process kill_thread trap errno user_notif trace log allow".split(' ').map(String::from).collect();
         assert!(filters_usable(&full));
         assert!(!filters_usable(&["allow".to_string()]));
     }

@@ -78,7 +78,9 @@ pub enum HostMsg {
     Run(RunSpec),
     /// Deliver this signal to the command's process group (on a terminal,
     /// its foreground process group).
-    Signal { signal: i32 },
+    Signal {
+        signal: i32,
+    },
     /// The host terminal changed size.
     Resize(WindowSize),
     /// The host has everything; the guest may power off.

@@ -25,11 +25,7 @@ pub struct User {
 
 /// The workspace: the git root above `cwd`, or `cwd` itself.
 pub fn find_workspace(cwd: &Path, home: &Path) -> anyhow::Result<PathBuf> {
-    let root = cwd
-        .ancestors()
-        .find(|dir| dir.join(".git").exists())
-        .unwrap_or(cwd)
-        .to_path_buf();
+    let root = cwd.ancestors().find(|dir| dir.join(".git").exists()).unwrap_or(cwd).to_path_buf();
     if root == Path::new("/") {
         bail!("refusing to share / as the workspace: run stockade from a project directory");
     }
@@ -58,7 +54,8 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
             root.push(RootEntry::Share { source: dir.to_string(), target: dir.to_string() });
         }
     }
-    let tmpfs = |target: &str, mode: u32, uid: u32, gid: u32| RootEntry::Tmpfs { target: target.to_string(), mode, uid, gid };
+    let tmpfs =
+        |target: &str, mode: u32, uid: u32, gid: u32| RootEntry::Tmpfs { target: target.to_string(), mode, uid, gid };
     root.push(tmpfs("/tmp", 0o1777, 0, 0));
     root.push(tmpfs("/var/tmp", 0o1777, 0, 0));
     root.push(tmpfs("/run", 0o755, 0, 0));
@@ -109,7 +106,8 @@ mod tests {
         assert!(!shares.iter().any(|s| s.host_path == Path::new("/home/alice")));
         let last = root.last().unwrap();
         assert_eq!(last, &RootEntry::Share { source: "/workspace".into(), target: "/home/alice/proj".into() });
-        let home_pos = root.iter().position(|e| matches!(e, RootEntry::Tmpfs { target, .. } if target == "/home/alice"));
+        let home_pos =
+            root.iter().position(|e| matches!(e, RootEntry::Tmpfs { target, .. } if target == "/home/alice"));
         assert!(home_pos.is_some(), "home must be a fresh tmpfs");
     }
 }

@@ -39,8 +39,7 @@ impl Session {
         let suffix = random_suffix();
         let id = format!("{}-{}-{suffix}", &compact[..8], &compact[8..14]);
         let parent = data_dir.join("sessions");
-        fs::create_dir_all(&parent)
-            .with_context(|| format!("cannot create the session store {}", parent.display()))?;
+        fs::create_dir_all(&parent).with_context(|| format!("cannot create the session store {}", parent.display()))?;
         let dir = parent.join(&id);
         fs::DirBuilder::new()
             .mode(0o700)

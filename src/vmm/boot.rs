@@ -9,15 +9,14 @@ use std::path::Path;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::KernelLoader;
 use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info};
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
-use linux_loader::loader::KernelLoader;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 
 use super::layout::{
-    CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, HIMEM_START, MPTABLE_ADDR, PVH_INFO_ADDR, PVH_MEMMAP_ADDR,
-    PVH_MODLIST_ADDR,
+    CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, HIMEM_START, MPTABLE_ADDR, PVH_INFO_ADDR, PVH_MEMMAP_ADDR, PVH_MODLIST_ADDR,
 };
 
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
@@ -167,10 +166,5 @@ pub fn pvh_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
 
 /// The boot vCPU's general registers for the PVH entry.
 pub fn pvh_regs(entry: GuestAddress) -> kvm_regs {
-    kvm_regs {
-        rip: entry.0,
-        rbx: PVH_INFO_ADDR,
-        rflags: 0x2,
-        ..Default::default()
-    }
+    kvm_regs { rip: entry.0, rbx: PVH_INFO_ADDR, rflags: 0x2, ..Default::default() }
 }

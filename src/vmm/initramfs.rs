@@ -116,6 +116,9 @@ mod tests {
         child.stdin.take().unwrap().write_all(&build(b"data")).unwrap();
         let out = child.wait_with_output().unwrap();
         let listing = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(listing.lines().collect::<Vec<_>>(), ["dev", "dev/console", "dev/null", "proc", "sys", "tmp", "init"]);
+        assert_eq!(
+            listing.lines().collect::<Vec<_>>(),
+            ["dev", "dev/console", "dev/null", "proc", "sys", "tmp", "init"]
+        );
     }
 }

@@ -1,7 +1,6 @@
 //! Guest RAM: anonymous private mappings, touched lazily (MAP_NORESERVE), so
 //! a 2 GiB guest costs only what it uses.
 
-
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use thiserror::Error;

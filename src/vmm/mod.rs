@@ -100,10 +100,8 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let mut pio = Bus::default();
     let mut mmio = Bus::default();
 
-    let log = File::create(&config.kernel_log).map_err(|source| VmmError::KernelLog {
-        path: config.kernel_log.display().to_string(),
-        source,
-    })?;
+    let log = File::create(&config.kernel_log)
+        .map_err(|source| VmmError::KernelLog { path: config.kernel_log.display().to_string(), source })?;
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmmError::Device { device: "serial", source })?;
     vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(setup("register serial irqfd"))?;
     let serial = Arc::new(Mutex::new(SerialPort::new(serial_irq, LineWriter::new(log))));
@@ -143,10 +141,8 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         cmdline.push(format!("virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
 
-    let init = std::fs::read(&config.init).map_err(|source| VmmError::Init {
-        path: config.init.display().to_string(),
-        source,
-    })?;
+    let init = std::fs::read(&config.init)
+        .map_err(|source| VmmError::Init { path: config.init.display().to_string(), source })?;
     let initrd = initramfs::build(&init);
     drop(init);
     let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &initrd, &ram)?;

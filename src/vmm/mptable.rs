@@ -45,7 +45,12 @@ pub fn build(cpus: u8, base: u64) -> Result<Vec<u8>, MptableError> {
     let mut entries = Vec::new();
     let mut count: u16 = 0;
     for id in 0..cpus {
-        entries.extend_from_slice(&[ENTRY_PROCESSOR, id, APIC_VERSION, CPU_ENABLED | if id == 0 { CPU_BSP } else { 0 }]);
+        entries.extend_from_slice(&[
+            ENTRY_PROCESSOR,
+            id,
+            APIC_VERSION,
+            CPU_ENABLED | if id == 0 { CPU_BSP } else { 0 },
+        ]);
         entries.extend_from_slice(&CPU_SIGNATURE.to_le_bytes());
         entries.extend_from_slice(&CPU_FEATURES.to_le_bytes());
         entries.extend_from_slice(&[0u8; 8]);

@@ -64,8 +64,7 @@ pub fn run_with_timeout(timeout: Duration) -> Result<ProbeOutcome, ProbeError> {
             let _ = tx.send(run());
         })
         .map_err(|e| ProbeError::UnexpectedExit(format!("cannot start probe thread: {e}")))?;
-    rx.recv_timeout(timeout)
-        .unwrap_or(Err(ProbeError::Timeout(timeout)))
+    rx.recv_timeout(timeout).unwrap_or(Err(ProbeError::Timeout(timeout)))
 }
 
 fn run() -> Result<ProbeOutcome, ProbeError> {
@@ -73,15 +72,11 @@ fn run() -> Result<ProbeOutcome, ProbeError> {
     // Declared before the VM so that it is dropped after it: the mapping must
     // outlive every use KVM can make of it.
     let mem: GuestMemoryMmap<()> =
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(CODE_ADDR), MEM_SIZE)])
-            .map_err(ProbeError::Memory)?;
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(CODE_ADDR), MEM_SIZE)]).map_err(ProbeError::Memory)?;
     let kvm = Kvm::new().map_err(ProbeError::Open)?;
     let vm = kvm.create_vm().map_err(ProbeError::CreateVm)?;
-    mem.write_slice(&CODE, GuestAddress(CODE_ADDR))
-        .map_err(ProbeError::Write)?;
-    let host_addr = mem
-        .get_host_address(GuestAddress(CODE_ADDR))
-        .map_err(ProbeError::Write)?;
+    mem.write_slice(&CODE, GuestAddress(CODE_ADDR)).map_err(ProbeError::Write)?;
+    let host_addr = mem.get_host_address(GuestAddress(CODE_ADDR)).map_err(ProbeError::Write)?;
     let region = kvm_userspace_memory_region {
         slot: 0,
         flags: 0,
@@ -111,15 +106,10 @@ fn run() -> Result<ProbeOutcome, ProbeError> {
                 wrote = true;
             }
             VcpuExit::Hlt if wrote => {
-                return Ok(ProbeOutcome {
-                    elapsed: start.elapsed(),
-                    exits,
-                });
+                return Ok(ProbeOutcome { elapsed: start.elapsed(), exits });
             }
             other => return Err(ProbeError::UnexpectedExit(format!("{other:?}"))),
         }
     }
-    Err(ProbeError::UnexpectedExit(format!(
-        "more than {MAX_EXITS} exits for a four-instruction guest"
-    )))
+    Err(ProbeError::UnexpectedExit(format!("more than {MAX_EXITS} exits for a four-instruction guest")))
 }

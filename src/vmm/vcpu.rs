@@ -52,9 +52,8 @@ impl Vcpu {
         let fd = vm.create_vcpu(u64::from(id)).map_err(|e| VcpuError::Create(id, e))?;
         let step = |step, source| VcpuError::Configure { id, step, source };
 
-        let mut cpuid = kvm
-            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-            .map_err(|e| step("get supported CPUID", e))?;
+        let mut cpuid =
+            kvm.get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(|e| step("get supported CPUID", e))?;
         let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
         cpuid::configure(&mut cpuid, id, count, tsc_deadline);
         fd.set_cpuid2(&cpuid).map_err(|e| step("set CPUID", e))?;
@@ -77,7 +76,13 @@ impl Vcpu {
 
     /// Runs on a thread named `vcpu<N>` until the guest stops; then writes
     /// `exit` so the VMM's main thread ends the process.
-    pub fn spawn(mut self, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<EventFd>, stop: Arc<std::sync::Mutex<Option<VcpuStop>>>) -> std::io::Result<()> {
+    pub fn spawn(
+        mut self,
+        pio: Arc<Bus>,
+        mmio: Arc<Bus>,
+        exit: Arc<EventFd>,
+        stop: Arc<std::sync::Mutex<Option<VcpuStop>>>,
+    ) -> std::io::Result<()> {
         std::thread::Builder::new().name(format!("vcpu{}", self.id)).spawn(move || {
             let why = self.run(&pio, &mmio);
             tracing::debug!("vcpu{} stopped: {why:?}", self.id);

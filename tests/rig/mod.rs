@@ -39,11 +39,7 @@ pub struct Output {
 
 impl fmt::Display for Output {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.status, self.stdout, self.stderr
-        )
+        write!(f, "status {}\n--- stdout ---\n{}\n--- stderr ---\n{}", self.status, self.stdout, self.stderr)
     }
 }
 
@@ -101,9 +97,7 @@ pub fn require(test: &str) -> Option<Rig> {
 
 fn decide_place() -> Result<Place, String> {
     let forced = std::env::var("STOCKADE_TEST_RIG").unwrap_or_else(|_| "auto".into());
-    let hardware = ["/sys/module/kvm_amd", "/sys/module/kvm_intel"]
-        .iter()
-        .any(|m| Path::new(m).exists())
+    let hardware = ["/sys/module/kvm_amd", "/sys/module/kvm_intel"].iter().any(|m| Path::new(m).exists())
         && !Path::new("/sys/module/kvm_pvm").exists()
         && Path::new("/dev/kvm").exists();
     match forced.as_str() {
@@ -121,11 +115,8 @@ fn decide_place() -> Result<Place, String> {
 }
 
 fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|p| p.is_file())
-    })
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file()))
 }
 
 impl Rig {
@@ -302,12 +293,8 @@ impl L1 {
         std::thread::Builder::new()
             .name("rig-l1".into())
             .spawn(move || {
-                let child = Command::new("setpriv")
-                    .args(&args)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .spawn();
+                let child =
+                    Command::new("setpriv").args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn();
                 match child {
                     Ok(mut child) => {
                         let _ = tx.send(Ok(child.id()));
@@ -367,7 +354,11 @@ impl L1 {
             l1.kill();
             return Err(RigError::L1Boot(format!("unexpected first line from L1: {line:?}")));
         }
-        eprintln!("rig: L1 ({}) ready in {:.1} s", line.trim_start_matches("rig-ready "), start.elapsed().as_secs_f64());
+        eprintln!(
+            "rig: L1 ({}) ready in {:.1} s",
+            line.trim_start_matches("rig-ready "),
+            start.elapsed().as_secs_f64()
+        );
         Ok(l1)
     }
 

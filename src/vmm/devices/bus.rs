@@ -34,10 +34,7 @@ impl Bus {
     }
 
     fn find(&self, addr: u64) -> Option<(&Range, u64)> {
-        self.ranges
-            .iter()
-            .find(|r| addr >= r.base && addr - r.base < r.len)
-            .map(|r| (r, addr - r.base))
+        self.ranges.iter().find(|r| addr >= r.base && addr - r.base < r.len).map(|r| (r, addr - r.base))
     }
 
     /// Reads from the device at `addr`; unclaimed addresses read as all ones,

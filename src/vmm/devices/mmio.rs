@@ -95,14 +95,8 @@ impl MmioTransport {
                     _ => 0,
                 }
             }
-            0x034 => self
-                .queues
-                .get(self.queue_sel as usize)
-                .map_or(0, |q| u32::from(q.max_size())),
-            0x044 => self
-                .queues
-                .get(self.queue_sel as usize)
-                .map_or(0, |q| u32::from(q.ready())),
+            0x034 => self.queues.get(self.queue_sel as usize).map_or(0, |q| u32::from(q.max_size())),
+            0x044 => self.queues.get(self.queue_sel as usize).map_or(0, |q| u32::from(q.ready())),
             0x060 => self.interrupt.status(),
             0x070 => self.status,
             // No shared memory regions: length reads as "none" (all ones).
@@ -122,10 +116,7 @@ impl MmioTransport {
                 if self.status & STATUS_FEATURES_OK == 0 {
                     match self.driver_features_sel {
                         0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(value),
-                        1 => {
-                            self.driver_features =
-                                (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
-                        }
+                        1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32),
                         _ => {}
                     }
                 }

@@ -30,9 +30,7 @@ pub struct SerialPort<W: Write + Send> {
 
 impl<W: Write + Send> SerialPort<W> {
     pub fn new(irq: EventFd, out: W) -> Self {
-        SerialPort {
-            uart: Serial::new(IrqTrigger(irq), out),
-        }
+        SerialPort { uart: Serial::new(IrqTrigger(irq), out) }
     }
 }
 

@@ -39,10 +39,7 @@ pub struct Interrupt {
 
 impl Interrupt {
     pub fn new(irqfd: EventFd) -> Interrupt {
-        Interrupt {
-            status: Arc::new(AtomicU32::new(0)),
-            irqfd: Arc::new(irqfd),
-        }
+        Interrupt { status: Arc::new(AtomicU32::new(0)), irqfd: Arc::new(irqfd) }
     }
 
     /// Tells the driver that a used ring has new entries.

@@ -21,9 +21,7 @@ pub struct Rng {
 
 impl Rng {
     pub fn new() -> std::io::Result<Rng> {
-        Ok(Rng {
-            source: Some(File::open("/dev/urandom")?),
-        })
+        Ok(Rng { source: Some(File::open("/dev/urandom")?) })
     }
 }
 
@@ -45,10 +43,7 @@ impl VirtioDevice for Rng {
         if queues.len() != 1 {
             return Err(ActivateError::QueueCount { got: queues.len(), want: 1 });
         }
-        let source = self
-            .source
-            .take()
-            .ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
+        let source = self.source.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
         let queue = queues.remove(0);
         std::thread::Builder::new()
             .name("virtio-rng".into())

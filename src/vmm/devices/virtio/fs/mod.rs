@@ -71,12 +71,7 @@ pub enum FsError {
     #[error("guest path {guest_path:?} of share {} must be absolute, without \".\" or \"..\" components", host_path.display())]
     GuestPath { guest_path: String, host_path: PathBuf },
     #[error("share {} at {guest_path} overlaps share {} at {other_guest_path}", host_path.display(), other_host_path.display())]
-    Overlap {
-        guest_path: String,
-        host_path: PathBuf,
-        other_guest_path: String,
-        other_host_path: PathBuf,
-    },
+    Overlap { guest_path: String, host_path: PathBuf, other_guest_path: String, other_host_path: PathBuf },
     #[error("cannot resolve share {}", path.display())]
     Resolve { path: PathBuf, source: io::Error },
     #[error("share {} is not a directory", path.display())]
@@ -88,11 +83,7 @@ pub enum FsError {
     #[error("cannot open share {} for the guest", path.display())]
     Import { path: PathBuf, source: io::Error },
     #[error("cannot mount share {} at {guest_path} in the guest filesystem", path.display())]
-    Mount {
-        path: PathBuf,
-        guest_path: String,
-        source: fuse_backend_rs::api::vfs::VfsError,
-    },
+    Mount { path: PathBuf, guest_path: String, source: fuse_backend_rs::api::vfs::VfsError },
 }
 
 type FsServer = Server<ReadOnlyFs<Vfs>>;
@@ -120,10 +111,7 @@ impl Fs {
                 source,
             })?;
         }
-        Ok(Fs {
-            config,
-            server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))),
-        })
+        Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))) })
     }
 }
 
@@ -141,14 +129,9 @@ impl VirtioDevice for Fs {
         read_config_bytes(&self.config, offset, data);
     }
     fn activate(&mut self, activation: Activation) -> Result<(), ActivateError> {
-        let Activation {
-            mem, queues, interrupt, ..
-        } = activation;
+        let Activation { mem, queues, interrupt, .. } = activation;
         if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount {
-                got: queues.len(),
-                want: QUEUE_SIZES.len(),
-            });
+            return Err(ActivateError::QueueCount { got: queues.len(), want: QUEUE_SIZES.len() });
         }
         let server = Arc::clone(&self.server);
         std::thread::Builder::new()
@@ -176,10 +159,7 @@ fn config_space(tag: &str) -> Result<[u8; CONFIG_LEN], FsError> {
 fn check_guest_paths(shares: &[Share]) -> Result<Vec<String>, FsError> {
     let mut components: Vec<Vec<&str>> = Vec::with_capacity(shares.len());
     for share in shares {
-        let bad = || FsError::GuestPath {
-            guest_path: share.guest_path.clone(),
-            host_path: share.host_path.clone(),
-        };
+        let bad = || FsError::GuestPath { guest_path: share.guest_path.clone(), host_path: share.host_path.clone() };
         let Some(rest) = share.guest_path.strip_prefix('/') else {
             return Err(bad());
         };
@@ -261,45 +241,25 @@ fn passthrough_config(root_dir: String) -> Config {
 
 /// A passthrough filesystem for the host directory `path`, its root imported.
 fn open_share(path: &Path) -> Result<PassthroughFs, FsError> {
-    let root = std::fs::canonicalize(path).map_err(|source| FsError::Resolve {
-        path: path.to_owned(),
-        source,
-    })?;
-    let meta = std::fs::metadata(&root).map_err(|source| FsError::Resolve {
-        path: path.to_owned(),
-        source,
-    })?;
+    let root = std::fs::canonicalize(path).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
+    let meta = std::fs::metadata(&root).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
     if !meta.is_dir() {
         return Err(FsError::NotADirectory { path: path.to_owned() });
     }
-    let root = root
-        .into_os_string()
-        .into_string()
-        .map_err(|_| FsError::NotUtf8 { path: path.to_owned() })?;
-    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root)).map_err(|source| FsError::Backend {
-        path: path.to_owned(),
-        source,
-    })?;
-    readonly::keeping_umask(|| fs.import()).map_err(|source| FsError::Import {
-        path: path.to_owned(),
-        source,
-    })?;
+    let root = root.into_os_string().into_string().map_err(|_| FsError::NotUtf8 { path: path.to_owned() })?;
+    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root))
+        .map_err(|source| FsError::Backend { path: path.to_owned(), source })?;
+    readonly::keeping_umask(|| fs.import()).map_err(|source| FsError::Import { path: path.to_owned(), source })?;
     Ok(fs)
 }
 
 /// Every inode the guest holds is an open O_PATH descriptor: let the process
 /// use as many descriptors as its hard limit allows.
 fn raise_fd_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit only writes into `limit`, a valid rlimit we own.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        tracing::warn!(
-            "virtio-fs: cannot read the open file limit: {}",
-            io::Error::last_os_error()
-        );
+        tracing::warn!("virtio-fs: cannot read the open file limit: {}", io::Error::last_os_error());
         return;
     }
     if limit.rlim_cur >= limit.rlim_max {
@@ -308,9 +268,6 @@ fn raise_fd_limit() {
     limit.rlim_cur = limit.rlim_max;
     // SAFETY: setrlimit only reads `limit`, a valid rlimit we own.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-        tracing::warn!(
-            "virtio-fs: cannot raise the open file limit: {}",
-            io::Error::last_os_error()
-        );
+        tracing::warn!("virtio-fs: cannot raise the open file limit: {}", io::Error::last_os_error());
     }
 }

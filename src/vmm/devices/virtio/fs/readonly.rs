@@ -132,10 +132,7 @@ pub(super) struct ReadOnlyFs<F> {
 
 impl<F> ReadOnlyFs<F> {
     pub(super) fn new(inner: F, negative_timeout: Duration) -> Self {
-        ReadOnlyFs {
-            inner,
-            negative_timeout,
-        }
+        ReadOnlyFs { inner, negative_timeout }
     }
 
     /// An entry telling the guest that a name does not exist, which it may
@@ -344,8 +341,7 @@ impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
         flock_release: bool,
         lock_owner: Option<u64>,
     ) -> io::Result<()> {
-        self.inner
-            .release(ctx, inode, flags, handle, flush, flock_release, lock_owner)
+        self.inner.release(ctx, inode, flags, handle, flush, flock_release, lock_owner)
     }
 
     fn statfs(&self, ctx: &Context, inode: Self::Inode) -> io::Result<statvfs64> {

@@ -56,9 +56,7 @@ fn current_umask() -> u32 {
 }
 
 fn leaked_memory() -> &'static GuestMemoryMmap {
-    Box::leak(Box::new(
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap(),
-    ))
+    Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()))
 }
 
 fn len32(n: usize) -> u32 {
@@ -78,13 +76,7 @@ impl Driver {
     fn new(mem: &'static GuestMemoryMmap, base: GuestAddress) -> Driver {
         let mock = MockSplitQueue::create(mem, base, QSIZE);
         let queue = mock.create_queue().unwrap();
-        Driver {
-            mem,
-            mock,
-            queue,
-            next_desc: 0,
-            used: 0,
-        }
+        Driver { mem, mock, queue, next_desc: 0, used: 0 }
     }
 
     /// Makes a chain of (address, length, device-writable) descriptors
@@ -116,15 +108,8 @@ impl Driver {
     /// The used length of the chain `head`, which must be the next used one.
     fn take_used(&mut self, head: u16) -> u32 {
         let used_idx: u16 = self.mem.read_obj(self.mock.used_addr().unchecked_add(2)).unwrap();
-        assert_eq!(
-            used_idx,
-            self.used.wrapping_add(1),
-            "the device must return every chain"
-        );
-        let elem = self
-            .mock
-            .used_addr()
-            .unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
+        assert_eq!(used_idx, self.used.wrapping_add(1), "the device must return every chain");
+        let elem = self.mock.used_addr().unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
         let id: u32 = self.mem.read_obj(elem).unwrap();
         let len: u32 = self.mem.read_obj(elem.unchecked_add(4)).unwrap();
         assert_eq!(id, u32::from(head));
@@ -164,11 +149,7 @@ struct Client {
 impl Client {
     fn new(shares: &[Share]) -> Client {
         let fs = new_fs("host", shares).unwrap();
-        let mut client = Client {
-            driver: Driver::new(leaked_memory(), GuestAddress(0)),
-            server: fs.server,
-            unique: 0,
-        };
+        let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
         let init = client.call(Opcode::Init as u32, 0, init_in().as_slice());
         assert_eq!(init.header.error, 0);
         client
@@ -182,22 +163,11 @@ impl Client {
     fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
         self.unique += 1;
         let len = len32(size_of::<InHeader>() + body.len());
-        let header = InHeader {
-            len,
-            opcode,
-            unique: self.unique,
-            nodeid,
-            uid: 1000,
-            gid: 1000,
-            pid: 42,
-            padding: 0,
-        };
+        let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 1000, gid: 1000, pid: 42, padding: 0 };
         let mut bytes = header.as_slice().to_vec();
         bytes.extend_from_slice(body);
         self.mem().write_slice(&bytes, GuestAddress(REQ_ADDR)).unwrap();
-        self.mem()
-            .write_slice(&vec![0xa5; RESP_LEN as usize], GuestAddress(RESP_ADDR))
-            .unwrap();
+        self.mem().write_slice(&vec![0xa5; RESP_LEN as usize], GuestAddress(RESP_ADDR)).unwrap();
         (self.unique, len)
     }
 
@@ -208,9 +178,7 @@ impl Client {
             assert_eq!(header.unique, unique);
             assert_eq!(header.len, used, "the used length is the reply length");
             body = vec![0u8; used as usize - HEADER];
-            self.mem()
-                .read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64))
-                .unwrap();
+            self.mem().read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64)).unwrap();
         }
         Reply { used, header, body }
     }
@@ -226,9 +194,7 @@ impl Client {
     /// only the read-only filesystem stands between it and the share.
     fn call_ungated(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
         let (unique, len) = self.write_request(opcode, nodeid, body);
-        let head = self
-            .driver
-            .offer(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+        let head = self.driver.offer(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
         let mem = self.mem();
         let chain = self.driver.queue.pop_descriptor_chain(mem).unwrap();
         let reader = Reader::from_descriptor_chain(mem, chain.clone()).unwrap();
@@ -257,21 +223,12 @@ impl Client {
     }
 
     fn open(&mut self, opcode: Opcode, node: u64, flags: i32) -> Reply {
-        let open = OpenIn {
-            flags: flags as u32,
-            fuse_flags: 0,
-        };
+        let open = OpenIn { flags: flags as u32, fuse_flags: 0 };
         self.call(opcode as u32, node, open.as_slice())
     }
 
     fn read(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Reply {
-        let read = ReadIn {
-            fh,
-            offset,
-            size,
-            flags: libc::O_RDONLY as u32,
-            ..Default::default()
-        };
+        let read = ReadIn { fh, offset, size, flags: libc::O_RDONLY as u32, ..Default::default() };
         self.call(Opcode::Read as u32, node, read.as_slice())
     }
 }
@@ -288,12 +245,7 @@ fn cat(parts: &[&[u8]]) -> Vec<u8> {
 
 fn init_in() -> InitIn {
     let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
-    InitIn {
-        major: 7,
-        minor: 31,
-        max_readahead: 0x2_0000,
-        flags: u32::try_from(flags).unwrap(),
-    }
+    InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() }
 }
 
 /// A temporary share: hello.txt, sub/inner.txt, and a symlink pointing out.
@@ -308,10 +260,7 @@ fn share_dir() -> TempDir {
 }
 
 fn share(guest_path: &str, host: &Path) -> Share {
-    Share {
-        guest_path: guest_path.into(),
-        host_path: host.to_path_buf(),
-    }
+    Share { guest_path: guest_path.into(), host_path: host.to_path_buf() }
 }
 
 /// Everything observable about a host tree, to prove nothing changed.
@@ -322,25 +271,15 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, i64, Vec<u8>)> {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let meta = std::fs::symlink_metadata(&path).unwrap();
-            let content = if meta.is_file() {
-                std::fs::read(&path).unwrap()
-            } else {
-                Vec::new()
-            };
+            let content = if meta.is_file() { std::fs::read(&path).unwrap() } else { Vec::new() };
             if meta.is_dir() {
                 stack.push(path.clone());
             }
-            out.insert(
-                path,
-                (meta.mode(), meta.size(), meta.mtime(), meta.mtime_nsec(), content),
-            );
+            out.insert(path, (meta.mode(), meta.size(), meta.mtime(), meta.mtime_nsec(), content));
         }
     }
     let meta = std::fs::metadata(root).unwrap();
-    out.insert(
-        root.to_path_buf(),
-        (meta.mode(), 0, meta.mtime(), meta.mtime_nsec(), Vec::new()),
-    );
+    out.insert(root.to_path_buf(), (meta.mode(), 0, meta.mtime(), meta.mtime_nsec(), Vec::new()));
     out
 }
 
@@ -365,10 +304,7 @@ fn direntplus(mut body: &[u8]) -> Vec<(String, EntryOut)> {
         let plus = *Direntplus::from_slice(&body[..size_of::<Direntplus>()]).unwrap();
         let name_start = size_of::<Direntplus>();
         let name_end = name_start + plus.dirent.namelen as usize;
-        out.push((
-            String::from_utf8(body[name_start..name_end].to_vec()).unwrap(),
-            plus.entry_out,
-        ));
+        out.push((String::from_utf8(body[name_start..name_end].to_vec()).unwrap(), plus.entry_out));
         let record = (name_end + 7) & !7;
         body = &body[record.min(body.len())..];
     }
@@ -423,11 +359,7 @@ fn rejects_bad_tags_and_shares() {
 fn init_negotiates_a_read_only_friendly_session() {
     let dir = share_dir();
     let fs = new_fs("host", &[share("/ws", dir.as_path())]).unwrap();
-    let mut client = Client {
-        driver: Driver::new(leaked_memory(), GuestAddress(0)),
-        server: fs.server,
-        unique: 0,
-    };
+    let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
     let reply = client.call(Opcode::Init as u32, 0, init_in().as_slice());
     let out: InitOut = reply.obj();
     assert_eq!(out.major, 7);
@@ -460,24 +392,10 @@ fn looks_up_and_reads_a_file_in_a_share() {
     let read = client.read(file.nodeid, open.fh, 6, 4);
     assert_eq!(read.ok(), b"from");
 
-    let flush = fuse_backend_rs::abi::fuse_abi::FlushIn {
-        fh: open.fh,
-        ..Default::default()
-    };
-    assert_eq!(
-        client.call(Opcode::Flush as u32, file.nodeid, flush.as_slice()).errno(),
-        0
-    );
-    let release = ReleaseIn {
-        fh: open.fh,
-        ..Default::default()
-    };
-    assert_eq!(
-        client
-            .call(Opcode::Release as u32, file.nodeid, release.as_slice())
-            .errno(),
-        0
-    );
+    let flush = fuse_backend_rs::abi::fuse_abi::FlushIn { fh: open.fh, ..Default::default() };
+    assert_eq!(client.call(Opcode::Flush as u32, file.nodeid, flush.as_slice()).errno(), 0);
+    let release = ReleaseIn { fh: open.fh, ..Default::default() };
+    assert_eq!(client.call(Opcode::Release as u32, file.nodeid, release.as_slice()).errno(), 0);
     // The handle is gone once released.
     assert_ne!(client.read(file.nodeid, open.fh, 0, 16).errno(), 0);
 
@@ -488,22 +406,11 @@ fn looks_up_and_reads_a_file_in_a_share() {
 
     let statfs = client.call(Opcode::Statfs as u32, file.nodeid, &[]);
     assert_eq!(statfs.errno(), 0);
-    let access = AccessIn {
-        mask: libc::R_OK as u32,
-        padding: 0,
-    };
-    assert_eq!(
-        client
-            .call(Opcode::Access as u32, file.nodeid, access.as_slice())
-            .errno(),
-        0
-    );
+    let access = AccessIn { mask: libc::R_OK as u32, padding: 0 };
+    assert_eq!(client.call(Opcode::Access as u32, file.nodeid, access.as_slice()).errno(), 0);
 
     let forget = fuse_backend_rs::abi::fuse_abi::ForgetIn { nlookup: 1 };
-    assert_eq!(
-        client.call(Opcode::Forget as u32, inner.nodeid, forget.as_slice()).used,
-        0
-    );
+    assert_eq!(client.call(Opcode::Forget as u32, inner.nodeid, forget.as_slice()).used, 0);
 }
 
 #[test]
@@ -523,11 +430,7 @@ fn shares_sit_at_multi_component_guest_paths() {
 
     // The synthetic root lists both top-level components.
     let root: OpenOut = client.open(Opcode::Opendir, ROOT_ID, libc::O_RDONLY).obj();
-    let list = ReadIn {
-        fh: root.fh,
-        size: 4096,
-        ..Default::default()
-    };
+    let list = ReadIn { fh: root.fh, size: 4096, ..Default::default() };
     let names = dirent_names(client.call(Opcode::Readdir as u32, ROOT_ID, list.as_slice()).ok());
     assert_eq!(names, ["a", "usr"]);
 }
@@ -537,43 +440,19 @@ fn lists_directories() {
     let dir = share_dir();
     let mut client = Client::new(&[share("/ws", dir.as_path())]);
     let ws = client.lookup_node(ROOT_ID, "ws");
-    let open: OpenOut = client
-        .open(Opcode::Opendir, ws.nodeid, libc::O_RDONLY | libc::O_DIRECTORY)
-        .obj();
-    let list = ReadIn {
-        fh: open.fh,
-        size: 4096,
-        ..Default::default()
-    };
+    let open: OpenOut = client.open(Opcode::Opendir, ws.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    let list = ReadIn { fh: open.fh, size: 4096, ..Default::default() };
     let mut names = dirent_names(client.call(Opcode::Readdir as u32, ws.nodeid, list.as_slice()).ok());
     names.sort();
     assert_eq!(names, ["escape", "hello.txt", "sub"]);
 
     let plus = direntplus(client.call(Opcode::Readdirplus as u32, ws.nodeid, list.as_slice()).ok());
-    let mut found: Vec<_> = plus
-        .iter()
-        .map(|(name, entry)| (name.as_str(), entry.attr.mode & libc::S_IFMT))
-        .collect();
+    let mut found: Vec<_> = plus.iter().map(|(name, entry)| (name.as_str(), entry.attr.mode & libc::S_IFMT)).collect();
     found.sort();
-    assert_eq!(
-        found,
-        [
-            ("escape", libc::S_IFLNK),
-            ("hello.txt", libc::S_IFREG),
-            ("sub", libc::S_IFDIR)
-        ]
-    );
+    assert_eq!(found, [("escape", libc::S_IFLNK), ("hello.txt", libc::S_IFREG), ("sub", libc::S_IFDIR)]);
 
-    let release = ReleaseIn {
-        fh: open.fh,
-        ..Default::default()
-    };
-    assert_eq!(
-        client
-            .call(Opcode::Releasedir as u32, ws.nodeid, release.as_slice())
-            .errno(),
-        0
-    );
+    let release = ReleaseIn { fh: open.fh, ..Default::default() };
+    assert_eq!(client.call(Opcode::Releasedir as u32, ws.nodeid, release.as_slice()).errno(), 0);
 }
 
 #[test]
@@ -591,11 +470,7 @@ fn missing_names_are_cacheable_negative_entries() {
 /// Every mutating request, as (name, opcode, body) on the share `ws` whose
 /// file `file` is open read-only as `fh`.
 fn mutations(ws: u64, file: u64, fh: u64) -> Vec<(&'static str, u32, u64, Vec<u8>)> {
-    let write = WriteIn {
-        fh,
-        size: 5,
-        ..Default::default()
-    };
+    let write = WriteIn { fh, size: 5, ..Default::default() };
     let setattr = SetattrIn {
         valid: (SetattrValid::SIZE | SetattrValid::MODE).bits(),
         size: 0,
@@ -603,89 +478,28 @@ fn mutations(ws: u64, file: u64, fh: u64) -> Vec<(&'static str, u32, u64, Vec<u8
         ..Default::default()
     };
     let mkdir = MkdirIn { mode: 0o755, umask: 0 };
-    let mknod = MknodIn {
-        mode: libc::S_IFIFO | 0o644,
-        ..Default::default()
-    };
-    let create = CreateIn {
-        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
-        mode: 0o644,
-        umask: 0,
-        fuse_flags: 0,
-    };
+    let mknod = MknodIn { mode: libc::S_IFIFO | 0o644, ..Default::default() };
+    let create = CreateIn { flags: (libc::O_RDWR | libc::O_CREAT) as u32, mode: 0o644, umask: 0, fuse_flags: 0 };
     let rename = RenameIn { newdir: ws };
-    let rename2 = Rename2In {
-        newdir: ws,
-        flags: 0,
-        padding: 0,
-    };
+    let rename2 = Rename2In { newdir: ws, flags: 0, padding: 0 };
     let link = LinkIn { oldnodeid: file };
     let setxattr = SetxattrIn { size: 1, flags: 0 };
-    let fallocate = FallocateIn {
-        fh,
-        length: 1 << 20,
-        ..Default::default()
-    };
+    let fallocate = FallocateIn { fh, length: 1 << 20, ..Default::default() };
     vec![
         ("write", Opcode::Write as u32, file, cat(&[write.as_slice(), b"XXXXX"])),
         ("setattr", Opcode::Setattr as u32, file, setattr.as_slice().to_vec()),
-        (
-            "mkdir",
-            Opcode::Mkdir as u32,
-            ws,
-            cat(&[mkdir.as_slice(), &cstr("newdir")]),
-        ),
-        (
-            "mknod",
-            Opcode::Mknod as u32,
-            ws,
-            cat(&[mknod.as_slice(), &cstr("fifo")]),
-        ),
+        ("mkdir", Opcode::Mkdir as u32, ws, cat(&[mkdir.as_slice(), &cstr("newdir")])),
+        ("mknod", Opcode::Mknod as u32, ws, cat(&[mknod.as_slice(), &cstr("fifo")])),
         ("unlink", Opcode::Unlink as u32, ws, cstr("hello.txt")),
         ("rmdir", Opcode::Rmdir as u32, ws, cstr("sub")),
-        (
-            "rename",
-            Opcode::Rename as u32,
-            ws,
-            cat(&[rename.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]),
-        ),
-        (
-            "rename2",
-            Opcode::Rename2 as u32,
-            ws,
-            cat(&[rename2.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]),
-        ),
-        (
-            "link",
-            Opcode::Link as u32,
-            ws,
-            cat(&[link.as_slice(), &cstr("hardlink")]),
-        ),
-        (
-            "symlink",
-            Opcode::Symlink as u32,
-            ws,
-            cat(&[&cstr("newlink"), &cstr("/etc/passwd")]),
-        ),
-        (
-            "create",
-            Opcode::Create as u32,
-            ws,
-            cat(&[create.as_slice(), &cstr("new.txt")]),
-        ),
-        (
-            "setxattr",
-            Opcode::Setxattr as u32,
-            file,
-            cat(&[setxattr.as_slice(), &cstr("user.x"), b"v"]),
-        ),
+        ("rename", Opcode::Rename as u32, ws, cat(&[rename.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")])),
+        ("rename2", Opcode::Rename2 as u32, ws, cat(&[rename2.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")])),
+        ("link", Opcode::Link as u32, ws, cat(&[link.as_slice(), &cstr("hardlink")])),
+        ("symlink", Opcode::Symlink as u32, ws, cat(&[&cstr("newlink"), &cstr("/etc/passwd")])),
+        ("create", Opcode::Create as u32, ws, cat(&[create.as_slice(), &cstr("new.txt")])),
+        ("setxattr", Opcode::Setxattr as u32, file, cat(&[setxattr.as_slice(), &cstr("user.x"), b"v"])),
         ("removexattr", Opcode::Removexattr as u32, file, cstr("user.x")),
-        (
-            "fallocate",
-            Opcode::Fallocate as u32,
-            file,
-            fallocate.as_slice().to_vec(),
-        ),
+        ("fallocate", Opcode::Fallocate as u32, file, fallocate.as_slice().to_vec()),
     ]
 }
 
@@ -711,62 +525,29 @@ fn mutations_get_erofs_and_leave_the_host_untouched() {
     let fh = client.open(Opcode::Open, file, libc::O_RDONLY).obj::<OpenOut>().fh;
 
     for (name, opcode, node, body) in mutations(ws, file, fh) {
-        assert_eq!(
-            client.call(opcode, node, &body).errno(),
-            libc::EROFS,
-            "{name} through the gate"
-        );
-        assert_eq!(
-            client.call_ungated(opcode, node, &body).errno(),
-            libc::EROFS,
-            "{name} past the gate"
-        );
+        assert_eq!(client.call(opcode, node, &body).errno(), libc::EROFS, "{name} through the gate");
+        assert_eq!(client.call_ungated(opcode, node, &body).errno(), libc::EROFS, "{name} past the gate");
     }
-    let copy = CopyFileRangeIn {
-        fh_in: fh,
-        nodeid_out: file,
-        fh_out: fh,
-        len: 5,
-        ..Default::default()
-    };
-    assert_eq!(
-        client.call(Opcode::CopyFileRange as u32, file, copy.as_slice()).errno(),
-        libc::EROFS
-    );
+    let copy = CopyFileRangeIn { fh_in: fh, nodeid_out: file, fh_out: fh, len: 5, ..Default::default() };
+    assert_eq!(client.call(Opcode::CopyFileRange as u32, file, copy.as_slice()).errno(), libc::EROFS);
     assert_eq!(client.call(51, ws, &cstr("tmp")).errno(), libc::EROFS, "FUSE_TMPFILE");
 
     for (opcode, node, flags) in write_opens(file, ws) {
-        assert_eq!(
-            client.open(opcode, node, flags).errno(),
-            libc::EROFS,
-            "{opcode:?} {flags:#o}"
-        );
-        let open = OpenIn {
-            flags: flags as u32,
-            fuse_flags: 0,
-        };
+        assert_eq!(client.open(opcode, node, flags).errno(), libc::EROFS, "{opcode:?} {flags:#o}");
+        let open = OpenIn { flags: flags as u32, fuse_flags: 0 };
         assert_eq!(
             client.call_ungated(opcode as u32, node, open.as_slice()).errno(),
             libc::EROFS,
             "{opcode:?} {flags:#o} past the gate"
         );
     }
-    let access = AccessIn {
-        mask: libc::W_OK as u32,
-        padding: 0,
-    };
-    assert_eq!(
-        client.call(Opcode::Access as u32, file, access.as_slice()).errno(),
-        libc::EROFS
-    );
+    let access = AccessIn { mask: libc::W_OK as u32, padding: 0 };
+    assert_eq!(client.call(Opcode::Access as u32, file, access.as_slice()).errno(), libc::EROFS);
 
     // The synthetic directories are no more writable than the shares.
     let mkdir = MkdirIn { mode: 0o755, umask: 0 };
     let body = cat(&[mkdir.as_slice(), &cstr("newdir")]);
-    assert_eq!(
-        client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(),
-        libc::EROFS
-    );
+    assert_eq!(client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(), libc::EROFS);
 
     // Reads still work after all that.
     assert_eq!(client.read(file, fh, 0, 4096).ok(), CONTENT);
@@ -812,20 +593,11 @@ fn unknown_inodes_and_handles_get_errors() {
     let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
     let file = client.lookup_node(ws, "hello.txt").nodeid;
     let getattr = GetattrIn::default();
-    for node in [
-        0,
-        0xdead_beef,
-        (7 << 56) | 5,
-        (ws & !0xff_ffff_ffff_ffff) | 0xffff,
-        u64::MAX,
-    ] {
+    for node in [0, 0xdead_beef, (7 << 56) | 5, (ws & !0xff_ffff_ffff_ffff) | 0xffff, u64::MAX] {
         let reply = client.call(Opcode::Getattr as u32, node, getattr.as_slice());
         assert!(reply.errno() > 0, "getattr {node:#x}: {reply:?}");
         let reply = client.lookup(node, "hello.txt");
-        assert!(
-            reply.errno() > 0 || reply.obj::<EntryOut>().nodeid == 0,
-            "lookup in {node:#x}"
-        );
+        assert!(reply.errno() > 0 || reply.obj::<EntryOut>().nodeid == 0, "lookup in {node:#x}");
     }
     // Inodes of unmounted or unknown backends cannot be opened. (The
     // synthetic directories accept an open that leads nowhere.)
@@ -833,22 +605,10 @@ fn unknown_inodes_and_handles_get_errors() {
         let reply = client.open(Opcode::Open, node, libc::O_RDONLY);
         assert!(reply.errno() > 0, "open {node:#x}");
     }
-    let with_bad_fh = GetattrIn {
-        flags: fuse_backend_rs::abi::fuse_abi::GETATTR_FH,
-        dummy: 0,
-        fh: 999,
-    };
-    assert!(
-        client
-            .call(Opcode::Getattr as u32, file, with_bad_fh.as_slice())
-            .errno()
-            > 0
-    );
+    let with_bad_fh = GetattrIn { flags: fuse_backend_rs::abi::fuse_abi::GETATTR_FH, dummy: 0, fh: 999 };
+    assert!(client.call(Opcode::Getattr as u32, file, with_bad_fh.as_slice()).errno() > 0);
     assert!(client.read(file, 999, 0, 16).errno() > 0);
-    let release = ReleaseIn {
-        fh: 999,
-        ..Default::default()
-    };
+    let release = ReleaseIn { fh: 999, ..Default::default() };
     client.call(Opcode::Release as u32, file, release.as_slice());
     let forget = fuse_backend_rs::abi::fuse_abi::ForgetIn { nlookup: u64::MAX };
     client.call(Opcode::Forget as u32, 0xdead_beef, forget.as_slice());
@@ -871,41 +631,20 @@ fn malformed_requests_are_returned_unanswered() {
     // No readable descriptor at all.
     assert_eq!(client.run(&[(RESP_ADDR, RESP_LEN, true)]), 0);
     // A buffer outside guest memory.
-    assert_eq!(
-        client.run(&[(MEM_SIZE as u64 + 0x1000, 64, false), (RESP_ADDR, RESP_LEN, true)]),
-        0
-    );
-    assert_eq!(
-        client.run(&[(MEM_SIZE as u64 - 8, 64, false), (RESP_ADDR, RESP_LEN, true)]),
-        0
-    );
+    assert_eq!(client.run(&[(MEM_SIZE as u64 + 0x1000, 64, false), (RESP_ADDR, RESP_LEN, true)]), 0);
+    assert_eq!(client.run(&[(MEM_SIZE as u64 - 8, 64, false), (RESP_ADDR, RESP_LEN, true)]), 0);
     assert_eq!(client.run(&[(REQ_ADDR, 64, false), (u64::MAX - 8, 64, true)]), 0);
 
     // A lookup without a name, and one whose header length undercuts the header.
     let (_, len) = client.write_request(Opcode::Lookup as u32, ws, &[]);
     assert_eq!(client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]), 0);
-    let header = InHeader {
-        len: 3,
-        opcode: Opcode::Lookup as u32,
-        unique: 77,
-        nodeid: ws,
-        ..Default::default()
-    };
+    let header = InHeader { len: 3, opcode: Opcode::Lookup as u32, unique: 77, nodeid: ws, ..Default::default() };
     client.mem().write_obj(header, GuestAddress(REQ_ADDR)).unwrap();
-    client.run(&[
-        (REQ_ADDR, len32(size_of::<InHeader>() + 4), false),
-        (RESP_ADDR, RESP_LEN, true),
-    ]);
+    client.run(&[(REQ_ADDR, len32(size_of::<InHeader>() + 4), false), (RESP_ADDR, RESP_LEN, true)]);
     // A header length past anything the server accepts.
-    let header = InHeader {
-        len: u32::MAX,
-        ..header
-    };
+    let header = InHeader { len: u32::MAX, ..header };
     client.mem().write_obj(header, GuestAddress(REQ_ADDR)).unwrap();
-    client.run(&[
-        (REQ_ADDR, len32(size_of::<InHeader>()), false),
-        (RESP_ADDR, RESP_LEN, true),
-    ]);
+    client.run(&[(REQ_ADDR, len32(size_of::<InHeader>()), false), (RESP_ADDR, RESP_LEN, true)]);
 
     // A truncated INIT body.
     let (_, len) = client.write_request(Opcode::Init as u32, 0, &[7, 0, 0, 0]);
@@ -918,25 +657,14 @@ fn malformed_requests_are_returned_unanswered() {
     let (_, len) = client.write_request(Opcode::Mkdir as u32, ws, &cstr("x"));
     assert_eq!(client.run(&[(REQ_ADDR, len, false)]), 0);
     // A batch forget announcing more than it carries.
-    let batch = fuse_backend_rs::abi::fuse_abi::BatchForgetIn {
-        count: u32::MAX,
-        dummy: 0,
-    };
+    let batch = fuse_backend_rs::abi::fuse_abi::BatchForgetIn { count: u32::MAX, dummy: 0 };
     let (_, len) = client.write_request(Opcode::BatchForget as u32, 0, batch.as_slice());
     assert_eq!(client.run(&[(REQ_ADDR, len, false)]), 0);
     // A read larger than the reply buffer.
     let file = client.lookup_node(ws, "hello.txt").nodeid;
     let fh = client.open(Opcode::Open, file, libc::O_RDONLY).obj::<OpenOut>().fh;
-    let (unique, len) = client.write_request(
-        Opcode::Read as u32,
-        file,
-        ReadIn {
-            fh,
-            size: u32::MAX,
-            ..Default::default()
-        }
-        .as_slice(),
-    );
+    let (unique, len) =
+        client.write_request(Opcode::Read as u32, file, ReadIn { fh, size: u32::MAX, ..Default::default() }.as_slice());
     let used = client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, 64, true)]);
     if used != 0 {
         assert!(client.read_reply(unique, used).errno() > 0);
@@ -944,11 +672,7 @@ fn malformed_requests_are_returned_unanswered() {
 
     // Opcodes the server does not serve, including holes in its table.
     for opcode in [0, 7, 19, 41, 48, 49, 50, 52, 4096, u32::MAX] {
-        assert_eq!(
-            client.call(opcode, ws, &[0; 64]).errno(),
-            libc::ENOSYS,
-            "opcode {opcode}"
-        );
+        assert_eq!(client.call(opcode, ws, &[0; 64]).errno(), libc::ENOSYS, "opcode {opcode}");
     }
 
     // The device still serves well-formed requests.
@@ -958,30 +682,15 @@ fn malformed_requests_are_returned_unanswered() {
 
 #[test]
 fn the_gate_serves_only_the_read_side() {
-    for op in [
-        Opcode::Lookup,
-        Opcode::Read,
-        Opcode::Readdirplus,
-        Opcode::Init,
-        Opcode::Forget,
-        Opcode::Release,
-    ] {
+    for op in [Opcode::Lookup, Opcode::Read, Opcode::Readdirplus, Opcode::Init, Opcode::Forget, Opcode::Release] {
         assert_eq!(gate(op as u32), Verdict::Dispatch, "{op:?}");
     }
-    for op in [
-        Opcode::Write,
-        Opcode::Setattr,
-        Opcode::Create,
-        Opcode::Rename2,
-        Opcode::CopyFileRange,
-    ] {
+    for op in [Opcode::Write, Opcode::Setattr, Opcode::Create, Opcode::Rename2, Opcode::CopyFileRange] {
         assert_eq!(gate(op as u32), Verdict::Refuse(libc::EROFS), "{op:?}");
     }
     assert_eq!(gate(Opcode::SetupMapping as u32), Verdict::Refuse(libc::ENOSYS));
     assert!(!opens_for_writing(libc::O_RDONLY as u32));
-    assert!(!opens_for_writing(
-        (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u32
-    ));
+    assert!(!opens_for_writing((libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u32));
     assert!(opens_for_writing(libc::O_ACCMODE as u32));
 }
 
@@ -997,14 +706,8 @@ fn the_worker_answers_kicks_and_raises_the_interrupt() {
     let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
     let interrupt = Interrupt::new(irqfd.try_clone().unwrap());
     let queues = vec![
-        DeviceQueue {
-            queue: hiprio.mock.create_queue().unwrap(),
-            kick: hiprio_kick.try_clone().unwrap(),
-        },
-        DeviceQueue {
-            queue: request.mock.create_queue().unwrap(),
-            kick: request_kick.try_clone().unwrap(),
-        },
+        DeviceQueue { queue: hiprio.mock.create_queue().unwrap(), kick: hiprio_kick.try_clone().unwrap() },
+        DeviceQueue { queue: request.mock.create_queue().unwrap(), kick: request_kick.try_clone().unwrap() },
     ];
     let wrong = Activation {
         mem: mem.clone(),
@@ -1012,10 +715,7 @@ fn the_worker_answers_kicks_and_raises_the_interrupt() {
         interrupt: interrupt.clone(),
         acked_features: VIRTIO_F_VERSION_1,
     };
-    assert!(matches!(
-        fs.activate(wrong),
-        Err(ActivateError::QueueCount { got: 0, want: 2 })
-    ));
+    assert!(matches!(fs.activate(wrong), Err(ActivateError::QueueCount { got: 0, want: 2 })));
     fs.activate(Activation {
         mem: mem.clone(),
         queues,
@@ -1031,8 +731,7 @@ fn the_worker_answers_kicks_and_raises_the_interrupt() {
         ..Default::default()
     };
     mem.write_obj(header, GuestAddress(REQ_ADDR)).unwrap();
-    mem.write_obj(init_in(), GuestAddress(REQ_ADDR + size_of::<InHeader>() as u64))
-        .unwrap();
+    mem.write_obj(init_in(), GuestAddress(REQ_ADDR + size_of::<InHeader>() as u64)).unwrap();
     let head = request.offer(&[(REQ_ADDR, header.len, false), (RESP_ADDR, RESP_LEN, true)]);
     request_kick.write(1).unwrap();
     wait_for(&irqfd);
@@ -1052,8 +751,7 @@ fn the_worker_answers_kicks_and_raises_the_interrupt() {
         ..Default::default()
     };
     mem.write_obj(header, GuestAddress(forget_at)).unwrap();
-    mem.write_obj(1u64, GuestAddress(forget_at + size_of::<InHeader>() as u64))
-        .unwrap();
+    mem.write_obj(1u64, GuestAddress(forget_at + size_of::<InHeader>() as u64)).unwrap();
     let head = hiprio.offer(&[(forget_at, header.len, false)]);
     hiprio_kick.write(1).unwrap();
     wait_for(&irqfd);
@@ -1114,11 +812,7 @@ fn the_umask_survives_setup_and_guest_remounts() {
     let before = current_umask();
     let fs = Fs::new("host", &[share("/ws", dir.as_path())]).unwrap();
     assert_eq!(current_umask(), before);
-    let mut client = Client {
-        driver: Driver::new(leaked_memory(), GuestAddress(0)),
-        server: fs.server,
-        unique: 0,
-    };
+    let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
     assert_eq!(client.call(Opcode::Init as u32, 0, init_in().as_slice()).errno(), 0);
     let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
     client.lookup_node(ws, "hello.txt");
@@ -1144,19 +838,12 @@ fn a_share_can_be_the_whole_filesystem() {
     assert_eq!(client.read(file, open.fh, 0, 4096).ok(), CONTENT);
     assert_eq!(client.lookup(ROOT_ID, "..").errno(), libc::EINVAL);
     let root: OpenOut = client.open(Opcode::Opendir, ROOT_ID, libc::O_RDONLY).obj();
-    let list = ReadIn {
-        fh: root.fh,
-        size: 4096,
-        ..Default::default()
-    };
+    let list = ReadIn { fh: root.fh, size: 4096, ..Default::default() };
     let mut names = dirent_names(client.call(Opcode::Readdir as u32, ROOT_ID, list.as_slice()).ok());
     names.sort();
     assert_eq!(names, ["escape", "hello.txt", "sub"]);
     let mkdir = MkdirIn { mode: 0o755, umask: 0 };
     let body = cat(&[mkdir.as_slice(), &cstr("newdir")]);
-    assert_eq!(
-        client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(),
-        libc::EROFS
-    );
+    assert_eq!(client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(), libc::EROFS);
     assert!(!dir.as_path().join("newdir").exists());
 }

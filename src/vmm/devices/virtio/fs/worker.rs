@@ -124,19 +124,11 @@ fn handle_chain<F: FileSystem + Sync>(
                 Ok(Ok(0)) if header.opcode == Opcode::Destroy as u32 && room >= REPLY_HEADER_LEN => REPLY_HEADER_LEN,
                 Ok(Ok(n)) => n,
                 Ok(Err(e)) => {
-                    tracing::warn!(
-                        "virtio-fs: request {} (opcode {}) failed: {e}",
-                        header.unique,
-                        header.opcode
-                    );
+                    tracing::warn!("virtio-fs: request {} (opcode {}) failed: {e}", header.unique, header.opcode);
                     0
                 }
                 Err(_) => {
-                    tracing::warn!(
-                        "virtio-fs: request {} (opcode {}) panicked",
-                        header.unique,
-                        header.opcode
-                    );
+                    tracing::warn!("virtio-fs: request {} (opcode {}) panicked", header.unique, header.opcode);
                     0
                 }
             }
@@ -148,11 +140,7 @@ fn handle_chain<F: FileSystem + Sync>(
 /// Writes a reply carrying only `errno`; returns its length, or 0 if the
 /// chain has no room for it.
 fn reply_error(mut writer: Writer<'_>, unique: u64, errno: i32) -> usize {
-    let header = OutHeader {
-        len: REPLY_HEADER_LEN_U32,
-        error: -errno,
-        unique,
-    };
+    let header = OutHeader { len: REPLY_HEADER_LEN_U32, error: -errno, unique };
     match writer.write_all(header.as_slice()) {
         Ok(()) => REPLY_HEADER_LEN,
         Err(e) => {
