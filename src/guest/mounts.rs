@@ -14,12 +14,21 @@ use crate::vmm::config::FS_TAG;
 /// Where the virtio-fs share is mounted before its parts are bound into place.
 const SHARE_MOUNT: &str = "/.stockade/host";
 
-fn mount_fs(source: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> anyhow::Result<()> {
+/// Creates `target` (and its parents) unless it exists; an existing target
+/// may sit on a read-only mount, where mkdir would fail.
+fn create_mount_point(target: &str) -> anyhow::Result<()> {
+    if Path::new(target).exists() {
+        return Ok(());
+    }
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(target)
-        .with_context(|| format!("cannot create mount point {target}"))?;
+        .with_context(|| format!("cannot create mount point {target}"))
+}
+
+fn mount_fs(source: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> anyhow::Result<()> {
+    create_mount_point(target)?;
     mount(Some(source), target, Some(fstype), flags, data).with_context(|| format!("cannot mount {fstype} on {target}"))
 }
 
@@ -75,13 +84,7 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<()> {
 
 fn bind_read_only(source: &str, target: &str) -> anyhow::Result<()> {
     let from = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
-    if !Path::new(target).exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(target)
-            .with_context(|| format!("cannot create mount point {target}"))?;
-    }
+    create_mount_point(target)?;
     mount(Some(&from), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
         .with_context(|| format!("cannot bind {} on {target}", from.display()))?;
     mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)

@@ -10,7 +10,7 @@ mod signals;
 mod terminal;
 mod vm;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -268,20 +268,7 @@ fn spawn_stdin_pump(listener: std::os::unix::net::UnixListener) -> anyhow::Resul
     std::thread::Builder::new().name("stdin".into()).spawn(move || {
         let _ = listener.set_nonblocking(false);
         let Ok((mut conn, _)) = listener.accept() else { return };
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    if conn.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut conn);
         let _ = conn.shutdown(std::net::Shutdown::Write);
     })?;
     Ok(())

@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -68,8 +69,6 @@ impl Session {
         Ok(())
     }
 }
-
-use std::os::unix::fs::DirBuilderExt;
 
 fn random_suffix() -> String {
     let mut bytes = [0u8; 2];
