@@ -27,6 +27,7 @@ use std::fmt;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::time::Instant;
 
 use super::ChangesError;
 use super::conflict::{ConflictReason, HostPath, describe_base};
@@ -200,6 +201,7 @@ pub(crate) fn apply_with_hook(
     let mut journal = Journal::begin(store.dir(), &plan)?;
     tracing::info!(operations = plan.ops.len(), journal = %journal::journal_path(store.dir()).display(), "applying changes");
     let mut run = Run::default();
+    let started = Instant::now();
     for (i, op) in plan.ops.iter().enumerate() {
         let check = match seen[i] {
             _ if op.forced => Check::Trusted,
@@ -210,6 +212,7 @@ pub(crate) fn apply_with_hook(
         let ok = run.record(op, outcome, &mut report);
         journal.done(i, ok)?;
     }
+    tracing::debug!(ms = started.elapsed().as_millis(), "wrote the workspace");
     session.finish(Some(journal), &mut report)?;
     Ok(report)
 }
@@ -614,9 +617,11 @@ impl<'a> Session<'a> {
     /// Makes the writes durable, updates the snapshot and the store's
     /// states, and removes the journal.
     fn finish(&mut self, journal: Option<Journal>, report: &mut ApplyReport) -> Result<(), ChangesError> {
+        let started = Instant::now();
         if journal.is_some() {
             dirfd::sync_fs(&self.root.fd()).map_err(ChangesError::io("flush", self.root.path()))?;
         }
+        let sync_ms = started.elapsed().as_millis();
         if let Some(mut snapshot) = self.snapshot.take() {
             for path in &report.applied {
                 let Some(entry) = self.entry(path) else { continue };
@@ -640,6 +645,7 @@ impl<'a> Session<'a> {
             conflicts = report.conflicts.len(),
             refused = report.refused.len(),
             failed = report.failed.len(),
+            sync_ms,
             "applied changes"
         );
         Ok(())

@@ -94,6 +94,11 @@ impl Root {
     pub fn open(path: &Path) -> io::Result<Root> {
         let fd = nix::fcntl::open(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, NixMode::empty())?;
         let mut root = Root { fd, path: path.to_path_buf(), openat2: true };
+        #[cfg(test)]
+        if tests::NO_OPENAT2.with(|no| no.get()) {
+            root.openat2 = false;
+            return Ok(root);
+        }
         root.openat2 = match root.open_beneath(Path::new(".")) {
             Err(Errno::ENOSYS) => {
                 tracing::debug!("openat2 is unavailable; resolving workspace paths one component at a time");
@@ -101,14 +106,6 @@ impl Root {
             }
             _ => true,
         };
-        Ok(root)
-    }
-
-    /// Forces the component-by-component fallback (for tests of it).
-    #[cfg(test)]
-    pub fn open_without_openat2(path: &Path) -> io::Result<Root> {
-        let mut root = Root::open(path)?;
-        root.openat2 = false;
         Ok(root)
     }
 
@@ -336,17 +333,32 @@ pub fn fsync_dir(path: &Path) -> io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::cell::Cell;
     use std::os::unix::fs::symlink as make_symlink;
 
     use super::*;
+
+    thread_local! {
+        /// Makes `Root::open` on this thread use the component walk, as on
+        /// kernels without openat2.
+        pub(crate) static NO_OPENAT2: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Runs `f` with the openat2 fallback forced on this thread.
+    pub(crate) fn without_openat2<T>(f: impl FnOnce() -> T) -> T {
+        NO_OPENAT2.with(|no| no.set(true));
+        let result = f();
+        NO_OPENAT2.with(|no| no.set(false));
+        result
+    }
 
     fn p(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()
     }
 
     fn roots(path: &Path) -> [Root; 2] {
-        [Root::open(path).unwrap(), Root::open_without_openat2(path).unwrap()]
+        [Root::open(path).unwrap(), without_openat2(|| Root::open(path).unwrap())]
     }
 
     #[test]
