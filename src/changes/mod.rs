@@ -41,13 +41,13 @@ use thiserror::Error;
 pub use apply::{ApplyOptions, ApplyReport, Conflict, Failure, Refusal, RefusalReason, apply, check, recover};
 pub use conflict::ConflictReason;
 pub use model::{Base, Entry, EntryState, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget, TreeDigest};
-pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath};
+pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes};
 pub use selection::Selection;
 pub use snapshot::{SessionChange, Snapshot};
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub use tree::digest_at as tree_digest_at;
 pub use validate::SetError;
-pub use wire::{BlobSink, DiscardSink, Item, Limits, Reader, Summary, WireError, Writer};
+pub use wire::{BlobSink, DiscardSink, Item, Limits, Reader, Summary, WireError, Writer, skipped};
 
 #[derive(Debug, Error)]
 pub enum ChangesError {
