@@ -8,6 +8,7 @@
 
 mod channel;
 mod command;
+pub mod export;
 mod mounts;
 mod tty;
 
