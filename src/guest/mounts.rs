@@ -81,6 +81,7 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
         match entry {
             RootEntry::Share { source, target } => bind_read_only(source, target)?,
             RootEntry::Overlay { source, target, disk } => layers = Some(overlay(source, target, disk)?),
+            RootEntry::File { target, content, mode } => place_file(target, content, *mode)?,
             RootEntry::Symlink { link, target } => {
                 symlink(target, link).with_context(|| format!("cannot link {link} to {target}"))?
             }
@@ -94,6 +95,49 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
         }
     }
     Ok(layers)
+}
+
+/// Where generated files are written before they are bound into place (the
+/// initramfs root, which is writable).
+const FILES_DIR: &str = "/.stockade/files";
+
+/// Puts a generated file at `target`. A target reached through symlinks
+/// (resolv.conf often points into /run) is placed where they lead; an
+/// existing file is covered by a read-only bind mount, a missing one is
+/// created (its directory must be writable, e.g. a tmpfs).
+fn place_file(target: &str, content: &str, mode: u32) -> anyhow::Result<()> {
+    let resolved = follow_links(Path::new(target));
+    if resolved.is_file() {
+        create_mount_point(FILES_DIR)?;
+        let source = Path::new(FILES_DIR).join(target.trim_start_matches('/').replace('/', "_"));
+        fs::write(&source, content).with_context(|| format!("cannot write {}", source.display()))?;
+        fs::set_permissions(&source, fs::Permissions::from_mode(mode))?;
+        mount(Some(&source), &resolved, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .with_context(|| format!("cannot place {target}"))?;
+        mount(None::<&str>, &resolved, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
+            .with_context(|| format!("cannot make {target} read-only"))?;
+    } else {
+        if let Some(parent) = resolved.parent() {
+            create_mount_point(&parent.to_string_lossy())?;
+        }
+        fs::write(&resolved, content).with_context(|| format!("cannot create {target}"))?;
+        fs::set_permissions(&resolved, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// Where `path` leads through symlinks (a few hops at most); the path itself
+/// when it is not a link or a link goes nowhere readable.
+fn follow_links(path: &Path) -> PathBuf {
+    let mut current = path.to_path_buf();
+    for _ in 0..8 {
+        let Ok(target) = fs::read_link(&current) else { break };
+        current = match current.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+    }
+    current
 }
 
 /// Mounts the scratch disk and the workspace overlay on it.

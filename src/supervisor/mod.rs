@@ -4,10 +4,12 @@
 #![forbid(unsafe_code)]
 
 mod outcome;
+mod review;
 mod root;
 mod scratch;
 mod session;
 mod signals;
+mod staging;
 mod terminal;
 mod vm;
 
@@ -22,8 +24,10 @@ use anyhow::{Context, bail};
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
+use crate::changes;
 use crate::protocol::{
-    CONTROL_PORT, ExitReport, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize, read_frame, write_frame,
+    CHANGES_PORT, CONTROL_PORT, ExitReport, ExportOutcome, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize,
+    read_frame, write_frame,
 };
 use crate::vmm::config::VmConfig;
 
@@ -79,11 +83,15 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     };
     session.write_record(&record)?;
 
+    let store = changes::Store::open(&session.dir)?;
+    let snapshot = staging::snapshot(&workspace, &store)?;
     let disk = session.dir.join("scratch.img");
     let formatting = scratch::create(&disk, config.disk_bytes)?;
     let vsock_base = session.dir.join("v.sock");
     let (control_listener, control_path) = vm::listen(&vsock_base, CONTROL_PORT)?;
     let (stdin_listener, stdin_path) = vm::listen(&vsock_base, STDIN_PORT)?;
+    let (changes_listener, changes_path) = vm::listen(&vsock_base, CHANGES_PORT)?;
+    let receiver = staging::receive(changes_listener, changes_path, &store)?;
     let vm_config = VmConfig {
         kernel,
         init: std::env::current_exe().context("cannot find the stockade binary")?,
@@ -110,9 +118,10 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             .tty
             .unwrap_or_else(terminal::interactive)
             .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
+        network: false,
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
-    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting);
+    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting, receiver);
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
     // The guest's changes were exported; the disk that held them is spent.
@@ -120,11 +129,17 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     let _ = std::fs::remove_file(control_path);
     let _ = std::fs::remove_file(stdin_path);
 
+    snapshot.wait();
     let (status, outcome_text) = match &result {
-        Ok(Conversation::Ended(report)) => {
+        Ok(Conversation::Ended { report, staged }) => {
             let (status, message) = outcome::exit_status(report);
             if let Some(message) = message {
                 eprintln!("stockade: {message}");
+            }
+            match staged {
+                Some(Ok(staged)) => review::after_run(&store, &workspace, &session.id, staged),
+                Some(Err(e)) => eprintln!("stockade: warning: {e:#}; the workspace was not changed"),
+                None => {}
             }
             (status, outcome::describe(report))
         }
@@ -172,7 +187,8 @@ fn check_host(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 enum Conversation {
-    Ended(ExitReport),
+    /// The command ended; with an overlay, the guest also sent its changes.
+    Ended { report: ExitReport, staged: Option<anyhow::Result<changes::StageReport>> },
     /// The user stopped the VM with a second interrupt.
     Stopped,
     /// The VM went away without reporting an end (kernel panic, VMM failure).
@@ -186,7 +202,10 @@ fn converse(
     spec: RunSpec,
     session: &session::Session,
     formatting: scratch::Formatting,
+    receiver: staging::Receiver,
 ) -> anyhow::Result<Conversation> {
+    let mut receiver = Some(receiver);
+    let mut staged = None;
     let started = Instant::now();
     let Some(control) = vm::accept(control_listener, vmm, BOOT_TIMEOUT)? else {
         if vmm.is_running() {
@@ -257,9 +276,25 @@ fn converse(
             GuestMsg::Stderr(data) => {
                 let _ = stderr.write_all(&data);
             }
+            GuestMsg::Changes(outcome) => {
+                let Some(receiver) = receiver.take() else {
+                    tracing::warn!("the guest sent its changes twice");
+                    continue;
+                };
+                staged = Some(match outcome {
+                    ExportOutcome::Sent { .. } => receiver.finish(),
+                    ExportOutcome::Failed { message } => {
+                        receiver.abandon();
+                        Err(anyhow::anyhow!("the guest could not export its changes: {message}"))
+                    }
+                });
+            }
             GuestMsg::Exit(report) => {
                 let _ = send(&writer, &HostMsg::Finish);
-                return Ok(Conversation::Ended(report));
+                if let Some(receiver) = receiver.take() {
+                    receiver.abandon();
+                }
+                return Ok(Conversation::Ended { report, staged });
             }
             GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
         }
@@ -293,7 +328,9 @@ fn vm_ended_message(session: &session::Session) -> String {
         let what = line.split_once("] ").map_or(line, |(_, rest)| rest);
         format!("the guest kernel panicked ({}); the kernel log is {}", what.trim(), log.display())
     } else if let Some(line) = vmm_log.lines().rev().find(|l| !l.trim().is_empty()) {
-        format!("the VM stopped before the command finished: {}; the kernel log is {}", line.trim(), log.display())
+        // The VMM's own error line repeats our prefix.
+        let line = line.trim().trim_start_matches("stockade: error: ");
+        format!("the VM stopped before the command finished: {line}; the kernel log is {}", log.display())
     } else {
         format!("the VM stopped before the command finished; the kernel log is {}", log.display())
     }
