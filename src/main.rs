@@ -9,6 +9,7 @@ mod guest;
 mod host;
 mod jail;
 mod paths;
+mod policy;
 mod protocol;
 mod supervisor;
 mod vmm;
