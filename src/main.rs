@@ -11,6 +11,7 @@ mod jail;
 mod paths;
 mod policy;
 mod protocol;
+mod proxy;
 mod supervisor;
 mod vmm;
 

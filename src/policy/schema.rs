@@ -75,6 +75,16 @@ pub enum MountMode {
     Rw,
 }
 
+impl MountMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountMode::Ro => "ro",
+            MountMode::Overlay => "overlay",
+            MountMode::Rw => "rw",
+        }
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Env {

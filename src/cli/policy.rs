@@ -1,0 +1,205 @@
+//! `stockade policy`: list, show and check network policies.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use crate::policy::{self, Policy, presets};
+
+/// List, show or check network policies
+///
+/// A policy says which hosts the command may reach, which credentials the
+/// proxy writes for it, and which host directories and variables it gets.
+/// `--policy NAME` looks for ~/.config/stockade/policies/NAME.toml, then
+/// for a preset of that name; a path names a file.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// List your policies and the presets.
+    List,
+    /// Show what policies allow, merged as `stockade run` would merge them.
+    Show {
+        /// Policy names or paths (none: the default policy).
+        #[arg(value_name = "NAME|PATH")]
+        names: Vec<String>,
+        /// Extra hosts, as with `stockade run --allow`.
+        #[arg(long, value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
+        /// Print the policy file itself instead (one name).
+        #[arg(long)]
+        toml: bool,
+    },
+    /// Check policy files for errors.
+    Check {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+}
+
+pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        PolicyCommand::List => print!("{}", list()),
+        PolicyCommand::Show { names, toml: true, .. } => {
+            let [name] = names.as_slice() else { anyhow::bail!("--toml shows one policy: give one name or path") };
+            print!("{}", source_text(name)?);
+        }
+        PolicyCommand::Show { names, allow, toml: false } => {
+            print!("{}", describe(&policy::resolve(&names, &allow)?));
+        }
+        PolicyCommand::Check { files } => {
+            for file in files {
+                let policy = policy::load_file(&file)?;
+                println!("{}: ok ({})", file.display(), counts(&policy));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list() -> String {
+    let mut out = String::new();
+    let mut shadowing = Vec::new();
+    if let Some(dir) = policy::user_policy_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        if !files.is_empty() {
+            let _ = writeln!(out, "Your policies ({}):", dir.display());
+        }
+        for path in files {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let about = match policy::load_file(&path) {
+                Ok(p) => p.description.unwrap_or_default(),
+                Err(e) => format!("ERROR: {e}"),
+            };
+            let _ = writeln!(out, "  {name:<10} {about}");
+            shadowing.push(name);
+        }
+        if !out.is_empty() {
+            out.push('\n');
+        }
+    }
+    out.push_str("Presets:\n");
+    for name in presets::NAMES {
+        let text = presets::get(name).unwrap_or_default();
+        let about = policy::parse(text, name).ok().and_then(|p| p.description).unwrap_or_default();
+        let note = if shadowing.iter().any(|s| s == name) { " (yours is used instead)" } else { "" };
+        let _ = writeln!(out, "  {name:<10} {about}{note}");
+    }
+    out
+}
+
+fn source_text(name: &str) -> anyhow::Result<String> {
+    if !policy::is_path(name) {
+        if let Some(dir) = policy::user_policy_dir() {
+            let path = dir.join(format!("{name}.toml"));
+            if path.exists() {
+                return std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()));
+            }
+        }
+        if let Some(text) = presets::get(name) {
+            return Ok(text.to_string());
+        }
+    }
+    std::fs::read_to_string(name).with_context(|| format!("cannot read the policy {name}"))
+}
+
+fn counts(policy: &Policy) -> String {
+    format!(
+        "{} allow, {} allow_private, {} deny, {} credential, {} mount rules",
+        policy.allow.len(),
+        policy.allow_private.len(),
+        policy.deny.len(),
+        policy.credentials.len(),
+        policy.mounts.len()
+    )
+}
+
+/// The merged policy for people: each rule with the policy it came from.
+fn describe(policy: &Policy) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Policy: {}", policy.sources.join(" + "));
+    let section = |out: &mut String, title: &str, lines: Vec<String>| {
+        if lines.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "{title}:");
+        for line in lines {
+            let _ = writeln!(out, "  {line}");
+        }
+    };
+    if policy.allow.is_empty() && policy.allow_private.is_empty() && policy.credentials.is_empty() {
+        out.push_str("Network: nothing allowed\n");
+    }
+    section(&mut out, "Allow (no port: 80 and 443)", policy.allow.iter().map(|r| r.to_string()).collect());
+    section(&mut out, "Allow, also to private addresses", policy.allow_private.iter().map(|r| r.to_string()).collect());
+    section(
+        &mut out,
+        "Deny (wins over allow; no port: all ports)",
+        policy.deny.iter().map(|r| r.to_string()).collect(),
+    );
+    section(
+        &mut out,
+        "Pinned names",
+        policy.hosts.iter().map(|p| format!("{} = {} ({})", p.name, p.addr, p.origin)).collect(),
+    );
+    section(
+        &mut out,
+        "Credentials (written by the proxy; the guest sees a placeholder)",
+        policy
+            .credentials
+            .iter()
+            .map(|c| {
+                let optional = if c.optional { ", optional" } else { "" };
+                let guest = c.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
+                format!("{} from {}{guest}{optional}", c.name(), c.value)
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
+        "Mounts",
+        policy.mounts.iter().map(|m| format!("{} {} ({})", m.path, m.mode.as_str(), m.origin)).collect(),
+    );
+    section(&mut out, "Variables passed", policy.env_pass.clone());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_merged_rules_with_their_origin() {
+        let policy = policy::resolve_in(None, &["npm".into(), "claude".into()], &["example.com:8443".into()]).unwrap();
+        let text = describe(&policy);
+        assert!(text.starts_with("Policy: preset npm + preset claude + --allow\n"), "{text}");
+        assert!(text.contains("  registry.npmjs.org (preset npm)"), "{text}");
+        assert!(text.contains("  example.com:8443 (--allow)"), "{text}");
+        assert!(
+            text.contains("x-api-key for api.anthropic.com:443 (preset claude) from env ANTHROPIC_API_KEY"),
+            "{text}"
+        );
+        assert!(text.contains("  ~/.claude rw (preset claude)"), "{text}");
+        assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
+    }
+
+    #[test]
+    fn lists_every_preset() {
+        let text = list();
+        for name in presets::NAMES {
+            assert!(text.contains(&format!("  {name:<10} ")), "{name} missing from {text}");
+        }
+    }
+}
