@@ -32,7 +32,7 @@ pub struct LogArgs {
 pub fn run(args: LogArgs) -> anyhow::Result<ExitCode> {
     let sessions = Dirs::resolve()?.data.join("sessions");
     let dir = find_session(&sessions, args.session.as_deref())?;
-    let path = dir.join(audit::AUDIT_FILE);
+    let path = dir.join(crate::proxy::AUDIT_FILE);
     let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if !path.exists() {
         println!("session {id}: no network use recorded");

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use crate::paths::Dirs;
 use crate::policy::{self, Policy, presets};
+use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 
 /// List, show or check network policies
 ///
@@ -42,6 +44,27 @@ enum PolicyCommand {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// Debugging aid: run the proxy on this host with these policies until
+    /// SIGINT/SIGTERM, and print the variables to point a shell's tools at
+    /// it. Host programs are not sandboxed: this only shows what the policy
+    /// allows and what the proxy writes.
+    #[command(hide = true)]
+    Serve {
+        #[arg(value_name = "NAME|PATH")]
+        names: Vec<String>,
+        #[arg(long, value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
+        /// Proxy address (host:port) or Unix socket path.
+        #[arg(long, default_value = "127.0.0.1:3128")]
+        listen: String,
+        /// Also answer DNS: over UDP at HOST:PORT, or over a Unix socket
+        /// PATH (TCP framing).
+        #[arg(long, value_name = "HOST:PORT|PATH")]
+        dns: Option<String>,
+        /// Write the audit log here.
+        #[arg(long, value_name = "FILE")]
+        audit: Option<PathBuf>,
+    },
 }
 
 pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
@@ -60,8 +83,87 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
                 println!("{}: ok ({})", file.display(), counts(&policy));
             }
         }
+        PolicyCommand::Serve { names, allow, listen, dns, audit } => serve(&names, &allow, &listen, dns, audit)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn serve(
+    names: &[String],
+    allow: &[String],
+    listen: &str,
+    dns: Option<String>,
+    audit: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let policy = policy::resolve(names, allow)?;
+    let sources = policy.sources.join(" + ");
+    let dirs = Dirs::resolve()?;
+    // Blocked before the proxy's threads start, so they inherit the mask
+    // and the signal reaches the wait below.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals.thread_block().context("cannot block SIGINT and SIGTERM")?;
+    let proxy = Proxy::start(ProxyConfig::new(policy, &dirs.data, audit.clone()))?;
+    let url = if listen.contains('/') {
+        let _ = std::fs::remove_file(listen);
+        let listener =
+            std::os::unix::net::UnixListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+        proxy.serve_unix(listener)?;
+        listen.to_string()
+    } else {
+        let listener = std::net::TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+        let url = format!("http://{}", listener.local_addr()?);
+        proxy.serve_tcp(listener)?;
+        url
+    };
+    eprintln!("stockade: proxy for {sources} at {url}; SIGINT or SIGTERM stops it");
+    if let Some(path) = &audit {
+        eprintln!("stockade: audit log {}", path.display());
+    }
+    let mut env = vec![("HTTPS_PROXY".to_string(), url.clone()), ("HTTP_PROXY".to_string(), url)];
+    env.extend(proxy.placeholder_env());
+    if let Some(trust) = proxy.guest_trust() {
+        let dir = dirs.data.join("ca");
+        let (ca, bundle) = trust.write_to(&dir).with_context(|| format!("cannot write to {}", dir.display()))?;
+        env.extend(GuestTrust::env(&ca.display().to_string(), &bundle.display().to_string()));
+    }
+    for (name, value) in env {
+        println!("export {name}='{value}'");
+    }
+
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        if let Some(path) = dns.as_deref().filter(|d| d.contains('/')) {
+            let _ = std::fs::remove_file(path);
+            let listener =
+                std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path}"))?;
+            proxy.serve_dns_unix(listener)?;
+            eprintln!("stockade: DNS on {path}");
+        } else if let Some(addr) = dns {
+            let socket = std::net::UdpSocket::bind(&addr).with_context(|| format!("cannot answer DNS on {addr}"))?;
+            socket.set_read_timeout(Some(std::time::Duration::from_millis(200)))?;
+            eprintln!("stockade: DNS on udp://{}", socket.local_addr()?);
+            let (proxy, stop) = (&proxy, &stop);
+            scope.spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, peer)) = socket.recv_from(&mut buf) {
+                        let _ = socket.send_to(&proxy.answer_dns(&buf[..n]), peer);
+                    }
+                }
+            });
+        }
+        let signal = signals.wait().context("cannot wait for a signal")?;
+        eprintln!("stockade: {signal}, stopping");
+        stop.store(true, Ordering::Relaxed);
+        Ok(())
+    })?;
+    proxy.stop();
+    Ok(())
 }
 
 fn list() -> String {
@@ -170,7 +272,17 @@ fn describe(policy: &Policy) -> String {
     section(
         &mut out,
         "Mounts",
-        policy.mounts.iter().map(|m| format!("{} {} ({})", m.path, m.mode.as_str(), m.origin)).collect(),
+        policy
+            .mounts
+            .iter()
+            .map(|m| match std::env::var_os("HOME") {
+                Some(home) if m.path.starts_with('~') => {
+                    let path = m.host_path(std::path::Path::new(&home));
+                    format!("{} {} ({}; {})", m.path, m.mode.as_str(), m.origin, path.display())
+                }
+                _ => format!("{} {} ({})", m.path, m.mode.as_str(), m.origin),
+            })
+            .collect(),
     );
     section(&mut out, "Variables passed", policy.env_pass.clone());
     out
@@ -191,7 +303,7 @@ mod tests {
             text.contains("x-api-key for api.anthropic.com:443 (preset claude) from env ANTHROPIC_API_KEY"),
             "{text}"
         );
-        assert!(text.contains("  ~/.claude rw (preset claude)"), "{text}");
+        assert!(text.contains("  ~/.claude rw (preset claude"), "{text}");
         assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
     }
 

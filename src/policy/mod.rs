@@ -23,7 +23,7 @@ use thiserror::Error;
 
 pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
 pub use load::{is_path, load_file, parse, user_policy_dir};
-pub use pattern::{Host, HostPattern, HostRule, PatternError, Port, PortSpec, canonical_ip};
+pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
 pub use schema::MountMode;
 pub use verdict::{Denial, Verdict};
 

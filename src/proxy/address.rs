@@ -52,7 +52,6 @@ fn is_internal_v6(ip: Ipv6Addr) -> bool {
         || (seg[0] & 0xffc0) == 0xfe80 // fe80::/10 link-local
         || (seg[0] & 0xffc0) == 0xfec0 // fec0::/10 old site-local
         || ip.is_multicast()
-        || (seg[0] == 0x2001 && seg[1] == 0x0db8) // documentation
 }
 
 #[cfg(test)]

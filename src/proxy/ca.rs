@@ -108,11 +108,7 @@ impl CertificateAuthority {
         &self.cert_pem
     }
 
-    /// Where the CA certificate is on the host.
-    pub fn cert_path(&self) -> PathBuf {
-        self.dir.join(CERT_FILE)
-    }
-
+    #[cfg(test)]
     pub(crate) fn cert_der(&self) -> &CertificateDer<'static> {
         &self.cert_der
     }

@@ -216,15 +216,6 @@ impl Proxy {
         Ok(())
     }
 
-    /// Serves one guest proxy connection accepted elsewhere.
-    pub fn serve_unix_stream(&self, stream: std::os::unix::net::UnixStream) -> Result<(), ProxyError> {
-        stream.set_nonblocking(true).map_err(ProxyError::Listener)?;
-        let _guard = self.handle.enter();
-        let stream = tokio::net::UnixStream::from_std(stream).map_err(ProxyError::Listener)?;
-        self.handle.spawn(server::serve_connection(self.shared.clone(), stream));
-        Ok(())
-    }
-
     /// Serves proxy connections on TCP (tests, benchmarks, debugging).
     pub fn serve_tcp(&self, listener: std::net::TcpListener) -> Result<(), ProxyError> {
         listener.set_nonblocking(true).map_err(ProxyError::Listener)?;
@@ -269,7 +260,7 @@ impl Proxy {
         let ca = self.shared.ca.as_ref()?;
         let mut bundle = ca.cert_pem().to_string();
         bundle.push_str(&tls::pem(&tls::native_root_ders()));
-        Some(GuestTrust { ca_pem: ca.cert_pem().to_string(), ca_path: ca.cert_path(), bundle_pem: bundle })
+        Some(GuestTrust { ca_pem: ca.cert_pem().to_string(), bundle_pem: bundle })
     }
 
     /// Stops serving; in-flight connections get a moment to finish.
@@ -293,14 +284,25 @@ impl Drop for Proxy {
 pub struct GuestTrust {
     /// The CA certificate alone (for NODE_EXTRA_CA_CERTS).
     pub ca_pem: String,
-    /// Where the CA certificate is on the host.
-    pub ca_path: PathBuf,
     /// The CA followed by the host's trusted roots (for SSL_CERT_FILE and
     /// the others that replace the default store).
     pub bundle_pem: String,
 }
 
 impl GuestTrust {
+    /// File names [`GuestTrust::write_to`] uses.
+    pub const CA_FILE: &str = "stockade-ca.pem";
+    pub const BUNDLE_FILE: &str = "stockade-ca-bundle.pem";
+
+    /// Writes the two files into `dir` (e.g. a directory shared with the
+    /// guest read-only) and returns their paths: (CA, bundle).
+    pub fn write_to(&self, dir: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
+        let (ca, bundle) = (dir.join(Self::CA_FILE), dir.join(Self::BUNDLE_FILE));
+        std::fs::write(&ca, &self.ca_pem)?;
+        std::fs::write(&bundle, &self.bundle_pem)?;
+        Ok((ca, bundle))
+    }
+
     /// The guest variables pointing at the two files, once placed in the
     /// guest at `ca_path` and `bundle_path`.
     pub fn env(ca_path: &str, bundle_path: &str) -> Vec<(String, String)> {
