@@ -175,7 +175,8 @@ pub fn render(records: &[Record]) -> String {
         for (i, cell) in r.iter().enumerate() {
             if i + 1 == r.len() {
                 line.push_str(cell);
-            } else {
+            } else if widths[i] > 0 {
+                // Columns empty in every row take no room.
                 let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
             }
         }

@@ -324,10 +324,7 @@ where
         if stream.read_exact(&mut query[..len]).await.is_err() {
             return;
         }
-        let answer = match tokio::time::timeout(DNS_TIMEOUT, dns::answer(&shared, &query[..len])).await {
-            Ok(answer) => answer,
-            Err(_) => Vec::new(),
-        };
+        let answer = tokio::time::timeout(DNS_TIMEOUT, dns::answer(&shared, &query[..len])).await.unwrap_or_default();
         let Ok(answer_len) = u16::try_from(answer.len()) else { continue };
         if answer.is_empty() {
             continue;
