@@ -16,8 +16,50 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// A policy says which hosts the command may reach, which credentials the
 /// proxy writes for it, and which host directories and variables it gets.
 /// `--policy NAME` looks for ~/.config/stockade/policies/NAME.toml, then
-/// for a preset of that name; a path names a file.
+/// for a preset of that name; a path names a file. Several policies merge;
+/// a deny rule always wins over an allow rule.
+///
+/// The format (TOML; unknown keys are errors):
+///
+///   description = "one line for `stockade policy list`"
+///
+///   [network]
+///   allow = ["registry.npmjs.org", "*.crates.io", "github.com:443", "10.0.0.5:8080"]
+///   deny = ["gist.github.com"]
+///   allow_private = ["localhost:4873"]
+///
+///   [network.hosts]
+///   "registry.test" = "192.168.1.20"
+///
+///   [[credential]]
+///   host = "api.anthropic.com"
+///   header = "x-api-key"
+///   value = { env = "ANTHROPIC_API_KEY" }
+///   format = "{}"
+///
+///   [mounts]
+///   "~/.claude" = "rw"
+///
+///   [env]
+///   pass = ["NODE_OPTIONS"]
+///
+/// Rules are HOST[:PORT]: `*.example.com` matches subdomains (not
+/// example.com itself), `*` any name. Without a port an allow rule means 80
+/// and 443, a deny rule every port. IP addresses are only reached through a
+/// rule that names them. A name that resolves to a loopback, private,
+/// link-local or metadata address is refused unless it is in allow_private
+/// (for a registry on this machine or your network). [network.hosts] gives
+/// names a fixed address instead of asking DNS.
+///
+/// A credential rule (host, port 443 unless given) makes the proxy end TLS
+/// for that host with its own CA, check the real server's certificate, drop
+/// the Authorization header and the rule's header sent from the guest, and
+/// write the rule's header with the value from `env`, `file`, or `command`
+/// (re-run after `ttl`, e.g. { command = "gh auth token", ttl = "55m" }).
+/// The guest sees only a placeholder in `guest_env` (by default the `env`
+/// variable). `optional = true` skips a rule whose value is missing.
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct PolicyArgs {
     #[command(subcommand)]
     command: PolicyCommand,

@@ -12,7 +12,19 @@
 //! - `credentials`: the secrets; `audit`: the JSONL log of every flow.
 //!
 //! The proxy runs on its own tokio runtime; [`Proxy`] is the handle that
-//! serves listeners and stops it.
+//! serves listeners and stops it. A run wires it up like this:
+//!
+//! ```text
+//! let policy = policy::resolve(&policy_names, &allow_flags)?;
+//! let proxy = Proxy::start(ProxyConfig::new(policy, &dirs.data, Some(session.dir.join(AUDIT_FILE))))?;
+//! proxy.serve_unix(listener_for_the_guest_proxy_port)?;     // HTTP proxy (CONNECT, http://)
+//! proxy.serve_dns_unix(listener_for_the_guest_dns_port)?;   // or proxy.answer_dns(&udp_message)
+//! guest env += proxy.placeholder_env();
+//! if let Some(trust) = proxy.guest_trust() { write trust.ca_pem / trust.bundle_pem where the
+//!     guest can read them; guest env += GuestTrust::env(guest_ca_path, guest_bundle_path); }
+//! ... run the VM ...
+//! proxy.stop();
+//! ```
 #![forbid(unsafe_code)]
 
 mod address;
