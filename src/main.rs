@@ -3,6 +3,7 @@
 //! `main` only parses the command line, dispatches, and maps the outcome to an
 //! exit status; everything else lives in the modules below.
 
+mod changes;
 mod cli;
 mod doctor;
 mod guest;

@@ -12,6 +12,9 @@ use crate::vmm::layout::MAX_VCPUS;
 
 /// Smallest guest memory that boots our kernel and a shell with room to work.
 const MIN_MEMORY: u64 = 128 << 20;
+/// Smallest scratch disk worth formatting: room for the filesystem's own
+/// metadata and a few changes.
+const MIN_DISK: u64 = 64 << 20;
 
 /// Options shared by `run` and `shell`: the VM's size, the environment and
 /// the terminal.
@@ -24,6 +27,11 @@ pub struct VmOptions {
     /// Guest memory, e.g. 512M or 2G (memory is only used as the guest touches it).
     #[arg(long, default_value = "2G", value_name = "SIZE")]
     memory: String,
+
+    /// Room for the guest's changes to the workspace: the size of the sparse
+    /// scratch disk holding them (only what the guest writes takes space).
+    #[arg(long, default_value = "8G", value_name = "SIZE")]
+    disk: String,
 
     /// Pass the host's VAR to the command, or set VAR=VALUE. Only TERM, LANG
     /// and LC_* are passed by default, plus PATH, HOME, USER and LOGNAME.
@@ -95,6 +103,10 @@ pub fn validate(
     if memory_bytes < MIN_MEMORY {
         bail!("--memory {} is too small: the guest needs at least 128M (e.g. --memory 512M)", vm.memory);
     }
+    let disk_bytes = parse_size(&vm.disk).with_context(|| format!("--disk {}", vm.disk))?;
+    if disk_bytes < MIN_DISK {
+        bail!("--disk {} is too small: give at least 64M (e.g. --disk 1G)", vm.disk);
+    }
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
@@ -105,6 +117,7 @@ pub fn validate(
         env: guest_env(&requested, getenv, all_env)?,
         cpus: vm.cpus,
         memory_bytes,
+        disk_bytes,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,
@@ -232,6 +245,13 @@ mod tests {
     fn zero_memory_is_refused_with_a_hint() {
         let err = check(&["--memory", "0"]).unwrap_err();
         assert!(format!("{err:#}").contains("at least 128M"), "{err:#}");
+    }
+
+    #[test]
+    fn tiny_disk_is_refused_with_a_hint() {
+        let err = check(&["--disk", "1M"]).unwrap_err();
+        assert!(format!("{err:#}").contains("at least 64M"), "{err:#}");
+        assert_eq!(check(&[]).unwrap().disk_bytes, 8 << 30);
     }
 
     #[test]

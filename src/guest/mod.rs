@@ -8,6 +8,7 @@
 
 mod channel;
 mod command;
+pub mod export;
 mod mounts;
 mod tty;
 
@@ -36,7 +37,7 @@ fn run() -> anyhow::Result<()> {
         other => anyhow::bail!("expected a command from the host, got {other:?}"),
     };
     let report = match mounts::assemble_root(&spec.root) {
-        Ok(()) => command::run(&spec, &control)?,
+        Ok(_layers) => command::run(&spec, &control)?,
         Err(e) => ExitReport::SetupFailed { message: format!("{e:#}") },
     };
     control.send(&GuestMsg::Exit(report))?;

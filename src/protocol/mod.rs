@@ -33,6 +33,11 @@ pub enum RootEntry {
     Symlink { link: String, target: String },
     /// A fresh tmpfs at `target` owned by `uid`:`gid` with `mode`.
     Tmpfs { target: String, mode: u32, uid: u32, gid: u32 },
+    /// The workspace, copy-on-write: the read-only share `source` as the
+    /// lower layer and an upper layer on the scratch disk `disk`, merged at
+    /// `target`. What the command changes stays in the upper layer, which
+    /// the guest exports as a change set when the command ends.
+    Overlay { source: String, target: String, disk: String },
 }
 
 /// A terminal's size in character cells.

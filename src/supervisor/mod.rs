@@ -5,6 +5,7 @@
 
 mod outcome;
 mod root;
+mod scratch;
 mod session;
 mod signals;
 mod terminal;
@@ -41,6 +42,8 @@ pub struct RunConfig {
     pub env: Vec<(String, String)>,
     pub cpus: u8,
     pub memory_bytes: u64,
+    /// Size of the sparse scratch disk for the workspace's upper layer.
+    pub disk_bytes: u64,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
@@ -76,6 +79,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     };
     session.write_record(&record)?;
 
+    let disk = session.dir.join("scratch.img");
+    let formatting = scratch::create(&disk, config.disk_bytes)?;
     let vsock_base = session.dir.join("v.sock");
     let (control_listener, control_path) = vm::listen(&vsock_base, CONTROL_PORT)?;
     let (stdin_listener, stdin_path) = vm::listen(&vsock_base, STDIN_PORT)?;
@@ -87,6 +92,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         kernel_log: session.kernel_log(),
         vsock_uds: vsock_base,
         shares,
+        disk: Some(disk.clone()),
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
     };
@@ -106,9 +112,11 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
-    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session);
+    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting);
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
+    // The guest's changes were exported; the disk that held them is spent.
+    let _ = std::fs::remove_file(&disk);
     let _ = std::fs::remove_file(control_path);
     let _ = std::fs::remove_file(stdin_path);
 
@@ -177,6 +185,7 @@ fn converse(
     stdin_listener: std::os::unix::net::UnixListener,
     spec: RunSpec,
     session: &session::Session,
+    formatting: scratch::Formatting,
 ) -> anyhow::Result<Conversation> {
     let started = Instant::now();
     let Some(control) = vm::accept(control_listener, vmm, BOOT_TIMEOUT)? else {
@@ -199,6 +208,7 @@ fn converse(
         Ok(other) => bail!("the guest said {other:?} before it was ready"),
         Err(_) => return Ok(Conversation::VmEnded),
     }
+    formatting.wait()?;
     send(&writer, &HostMsg::Run(spec))?;
 
     let interrupts = Arc::new(signals::Interrupts::default());

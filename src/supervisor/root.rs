@@ -14,6 +14,8 @@ use crate::vmm::config::ShareConfig;
 const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc", "/opt"];
 /// Inside the virtio-fs filesystem, the workspace lives under this name.
 const WORKSPACE_SHARE: &str = "/workspace";
+/// The scratch disk as the guest sees it: the only virtio-blk device.
+const SCRATCH_DISK: &str = "/dev/vda";
 
 /// Who runs the command in the guest.
 #[derive(Debug, Clone)]
@@ -67,7 +69,11 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
     }
     let ws = workspace.to_str().context("the workspace path is not valid UTF-8")?;
     shares.push(ShareConfig { guest_path: WORKSPACE_SHARE.to_string(), host_path: workspace.to_path_buf() });
-    root.push(RootEntry::Share { source: WORKSPACE_SHARE.to_string(), target: ws.to_string() });
+    root.push(RootEntry::Overlay {
+        source: WORKSPACE_SHARE.to_string(),
+        target: ws.to_string(),
+        disk: SCRATCH_DISK.to_string(),
+    });
     Ok((shares, root))
 }
 
@@ -105,7 +111,14 @@ mod tests {
         assert!(shares.iter().any(|s| s.guest_path == "/usr"));
         assert!(!shares.iter().any(|s| s.host_path == Path::new("/home/alice")));
         let last = root.last().unwrap();
-        assert_eq!(last, &RootEntry::Share { source: "/workspace".into(), target: "/home/alice/proj".into() });
+        assert_eq!(
+            last,
+            &RootEntry::Overlay {
+                source: "/workspace".into(),
+                target: "/home/alice/proj".into(),
+                disk: "/dev/vda".into()
+            }
+        );
         let home_pos =
             root.iter().position(|e| matches!(e, RootEntry::Tmpfs { target, .. } if target == "/home/alice"));
         assert!(home_pos.is_some(), "home must be a fresh tmpfs");

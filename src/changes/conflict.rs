@@ -1,0 +1,253 @@
+//! Whether the host still holds what the guest saw (an entry's base), whether
+//! it already holds what the entry wants, and, with a session snapshot,
+//! whether the host touched the path during the session. `stat` decides
+//! first; content is hashed only when sizes and types agree.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+
+use nix::sys::stat::FileStat;
+
+use super::dirfd::{self, FileType};
+use super::model::{Base, Hasher, Kind, Mode, Sha256};
+use super::path::RelPath;
+use super::snapshot::{SessionChange, Snapshot};
+use super::tree;
+
+/// Why a change is not applied without being forced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConflictReason {
+    /// The host's state differs from what the guest saw when it exported.
+    Changed { guest_saw: String, host_has: String },
+    /// Something below a directory the change would remove differs from
+    /// what the guest saw.
+    TreeChanged,
+    /// The session snapshot shows the host touched `path` (the entry's own
+    /// path, or one below it) while the session ran.
+    Session { path: RelPath, change: SessionChange },
+    /// The host's state could not be read.
+    Unreadable(String),
+}
+
+impl fmt::Display for ConflictReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConflictReason::Changed { guest_saw, host_has } => {
+                write!(
+                    f,
+                    "changed on the host since the guest saw it (the guest saw {guest_saw}, the host has {host_has})"
+                )
+            }
+            ConflictReason::TreeChanged => f.write_str("files below it changed on the host since the guest saw them"),
+            ConflictReason::Session { path, change } => {
+                let what = match change {
+                    SessionChange::Created => "created",
+                    SessionChange::Edited => "changed",
+                    SessionChange::Deleted => "deleted",
+                };
+                write!(f, "{path} was {what} on the host since the session started")
+            }
+            ConflictReason::Unreadable(e) => write!(f, "cannot inspect it on the host: {e}"),
+        }
+    }
+}
+
+/// The host's current state at one path: its directory, name and `lstat`.
+pub struct HostPath<'a, D: AsFd> {
+    pub dir: &'a D,
+    pub name: &'a [u8],
+    pub stat: Option<FileStat>,
+}
+
+impl<D: AsFd> HostPath<'_, D> {
+    pub fn file_type(&self) -> Option<FileType> {
+        self.stat.as_ref().map(FileType::of)
+    }
+
+    fn mode(&self) -> Mode {
+        Mode::from_raw(self.stat.as_ref().map_or(0, |s| s.st_mode))
+    }
+
+    fn size(&self) -> u64 {
+        self.stat.as_ref().map_or(0, |s| u64::try_from(s.st_size).unwrap_or(0))
+    }
+
+    fn hash(&self) -> io::Result<Sha256> {
+        let mut file = dirfd::open_file(self.dir, self.name)?;
+        // The name may have been replaced since the stat; hash what we stat'ed.
+        let meta = std::os::unix::fs::MetadataExt::ino(&file.metadata()?);
+        if Some(meta) != self.stat.as_ref().map(|s| s.st_ino) {
+            return Err(io::Error::other("replaced while being read"));
+        }
+        let mut hasher = Hasher::default();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => return Ok(hasher.finish()),
+                Ok(n) => hasher.update(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn link_target(&self) -> io::Result<Vec<u8>> {
+        dirfd::read_link(self.dir, self.name)
+    }
+
+    fn describe(&self) -> String {
+        match self.file_type() {
+            None => "nothing".into(),
+            Some(FileType::File) => format!("a file of {} bytes, mode {}", self.size(), self.mode()),
+            Some(FileType::Dir) => format!("a directory, mode {}", self.mode()),
+            Some(FileType::Symlink) => match self.link_target() {
+                Ok(t) => format!("a symlink to {}", super::path::display_bytes(&t)),
+                Err(_) => "a symlink".into(),
+            },
+            Some(FileType::Special) => "a special file".into(),
+        }
+    }
+
+    /// A file with exactly this mode and content.
+    fn is_file(&self, mode: Mode, size: u64, sha256: &Sha256) -> Result<bool, ConflictReason> {
+        if self.file_type() != Some(FileType::File) || self.size() != size || self.mode() != mode {
+            return Ok(false);
+        }
+        Ok(self.hash().map_err(|e| ConflictReason::Unreadable(e.to_string()))? == *sha256)
+    }
+
+    fn is_symlink_to(&self, target: &[u8]) -> Result<bool, ConflictReason> {
+        if self.file_type() != Some(FileType::Symlink) {
+            return Ok(false);
+        }
+        Ok(self.link_target().map_err(|e| ConflictReason::Unreadable(e.to_string()))? == target)
+    }
+
+    /// Whether the host still holds what the guest saw.
+    pub fn check_base(&self, base: &Base) -> Result<(), ConflictReason> {
+        let same = match base {
+            Base::Absent => self.stat.is_none(),
+            Base::File { mode, size, sha256 } => self.is_file(*mode, *size, sha256)?,
+            Base::Symlink { target } => self.is_symlink_to(target.as_bytes())?,
+            Base::Dir { mode, tree } => {
+                if self.file_type() != Some(FileType::Dir) || self.mode() != *mode {
+                    false
+                } else if let Some(expected) = tree {
+                    let now =
+                        tree::digest_at(self.dir, self.name).map_err(|e| ConflictReason::Unreadable(e.to_string()))?;
+                    if now != *expected {
+                        return Err(ConflictReason::TreeChanged);
+                    }
+                    true
+                } else {
+                    true
+                }
+            }
+            Base::Special => self.file_type() == Some(FileType::Special),
+        };
+        if same {
+            Ok(())
+        } else {
+            Err(ConflictReason::Changed { guest_saw: describe_base(base), host_has: self.describe() })
+        }
+    }
+
+    /// Whether the host already holds what the entry wants (nothing to do).
+    pub fn reached(&self, kind: &Kind, base: &Base) -> bool {
+        let yes = |r: Result<bool, ConflictReason>| r.unwrap_or(false);
+        match kind {
+            Kind::File { mode, size, sha256 } => yes(self.is_file(*mode, *size, sha256)),
+            Kind::Dir { mode } => self.file_type() == Some(FileType::Dir) && self.mode() == *mode,
+            // Only the apply itself can tell what a replaced directory holds.
+            Kind::OpaqueDir { .. } => false,
+            Kind::Symlink { target } => yes(self.is_symlink_to(target.as_bytes())),
+            Kind::Delete => self.stat.is_none(),
+            Kind::Mode { mode } => match base {
+                Base::File { size, sha256, .. } => yes(self.is_file(*mode, *size, sha256)),
+                _ => false,
+            },
+        }
+    }
+
+    /// With a snapshot: whether the host touched this path, or (for changes
+    /// that remove a directory) anything below it, during the session.
+    pub fn check_session(&self, snapshot: &Snapshot, path: &RelPath, kind: &Kind) -> Result<(), ConflictReason> {
+        if let Some(change) = snapshot.change(path, self.stat.as_ref()) {
+            return Err(ConflictReason::Session { path: path.clone(), change });
+        }
+        let removes_below = !matches!(kind, Kind::Dir { .. } | Kind::Mode { .. });
+        if removes_below && self.file_type() == Some(FileType::Dir) {
+            match snapshot.tree_change(self.dir, self.name, path) {
+                Ok(Some((below, change))) => return Err(ConflictReason::Session { path: below, change }),
+                Ok(None) => {}
+                Err(e) => return Err(ConflictReason::Unreadable(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn describe_base(base: &Base) -> String {
+    match base {
+        Base::Absent => "nothing".into(),
+        Base::File { mode, size, .. } => format!("a file of {size} bytes, mode {mode}"),
+        Base::Symlink { target } => format!("a symlink to {target}"),
+        Base::Dir { mode, .. } => format!("a directory, mode {mode}"),
+        Base::Special => "a special file".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::changes::model::TreeDigest;
+
+    fn host<'a>(dir: &'a fs::File, name: &'a str) -> HostPath<'a, fs::File> {
+        let stat = dirfd::stat_at(dir, name.as_bytes()).unwrap();
+        HostPath { dir, name: name.as_bytes(), stat }
+    }
+
+    #[test]
+    fn base_comparison_by_stat_then_content() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("f"), b"abc").unwrap();
+        let dir = fs::File::open(tmp.path()).unwrap();
+        let mode = Mode::from_raw(fs::metadata(tmp.path().join("f")).unwrap().permissions().mode_bits());
+        let base = Base::File { mode, size: 3, sha256: Sha256::of(b"abc") };
+        assert_eq!(host(&dir, "f").check_base(&base), Ok(()));
+
+        fs::write(tmp.path().join("f"), b"abd").unwrap();
+        let err = host(&dir, "f").check_base(&base).unwrap_err();
+        assert!(matches!(err, ConflictReason::Changed { .. }), "{err}");
+        assert!(host(&dir, "missing").check_base(&base).is_err());
+        assert_eq!(host(&dir, "missing").check_base(&Base::Absent), Ok(()));
+        assert!(host(&dir, "f").check_base(&Base::Absent).is_err());
+    }
+
+    #[test]
+    fn a_directory_base_with_a_digest_sees_changes_below() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("d")).unwrap();
+        fs::write(tmp.path().join("d/x"), b"1").unwrap();
+        let dir = fs::File::open(tmp.path()).unwrap();
+        let digest: TreeDigest = tree::digest_at(&dir, b"d").unwrap();
+        let mode = Mode::from_raw(fs::metadata(tmp.path().join("d")).unwrap().permissions().mode_bits());
+        let base = Base::Dir { mode, tree: Some(digest) };
+        assert_eq!(host(&dir, "d").check_base(&base), Ok(()));
+        fs::write(tmp.path().join("d/y"), b"2").unwrap();
+        assert_eq!(host(&dir, "d").check_base(&base), Err(ConflictReason::TreeChanged));
+    }
+
+    trait ModeBits {
+        fn mode_bits(&self) -> u32;
+    }
+
+    impl ModeBits for fs::Permissions {
+        fn mode_bits(&self) -> u32 {
+            std::os::unix::fs::PermissionsExt::mode(self)
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Workspace changes made in the guest, from the guest's export to the host's
+//! apply: the only code that writes the user's workspace.
+//!
+//! Flow: at session start the supervisor may take a [`Snapshot`] of the
+//! workspace (`Store::save_snapshot`). At exit the guest's exporter
+//! (`guest::export`) walks its overlay and writes a change set with
+//! [`Writer`]; the supervisor stages it with [`Store::stage`], which
+//! validates every record and keeps content as blobs named by hash. Review
+//! reads [`Store::entries`] and [`Store::open_blob`]; [`check`] reports what
+//! would apply and what conflicts; [`apply`] writes the chosen paths
+//! atomically under a journal, and [`recover`] (run by `apply` itself)
+//! completes an interrupted apply.
+//!
+//! Modules: `path` (validated relative paths), `model` (entries), `wire`
+//! (stream format), `validate` (set rules), `selection`, `store` (session
+//! change store), `snapshot`, `tree` (directory digests), `dirfd`
+//! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`.
+#![forbid(unsafe_code)]
+// The supervisor and guest wiring land separately; until then parts of the
+// public API are used only by tests.
+#![allow(dead_code, unused_imports)]
+
+mod apply;
+mod conflict;
+mod dirfd;
+mod journal;
+mod model;
+mod path;
+mod selection;
+mod snapshot;
+mod store;
+mod tree;
+mod validate;
+mod wire;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+pub use apply::{ApplyOptions, ApplyReport, Conflict, Failure, Refusal, RefusalReason, apply, check, recover};
+pub use conflict::ConflictReason;
+pub use model::{Base, Entry, EntryState, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget, TreeDigest};
+pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes};
+pub use selection::Selection;
+pub use snapshot::{SessionChange, Snapshot};
+pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
+pub use tree::digest_at as tree_digest_at;
+pub use validate::SetError;
+pub use wire::{BlobSink, DiscardSink, Item, Limits, Reader, Summary, WireError, Writer, skipped};
+
+#[derive(Debug, Error)]
+pub enum ChangesError {
+    #[error("the change set from the guest was rejected")]
+    Stream(#[from] WireError),
+    #[error("the change set from the guest was rejected")]
+    Set(#[from] SetError),
+    #[error("cannot {what} {}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the change store {} is damaged ({detail}); discard this session's changes", path.display())]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("changes were already staged for this session in {}", .0.display())]
+    AlreadyStaged(PathBuf),
+    #[error("no changes are staged in {}", .0.display())]
+    NothingStaged(PathBuf),
+    #[error("another stockade process is staging or applying this session's changes ({}); wait for it to finish", .0.display())]
+    Busy(PathBuf),
+    #[error(
+        "an interrupted apply in {} was for the workspace {theirs}, not {}; run apply again from that workspace",
+        journal.display(), ours.display()
+    )]
+    OtherWorkspace { journal: PathBuf, theirs: String, ours: PathBuf },
+}
+
+impl ChangesError {
+    /// Wraps an I/O error with the step and path it concerns.
+    pub(crate) fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ChangesError + 'a {
+        move |source| ChangesError::Io { what, path: path.to_path_buf(), source }
+    }
+}

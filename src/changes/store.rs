@@ -1,0 +1,530 @@
+//! A session's staged changes, in `<session>/changes/`:
+//!
+//! ```text
+//! manifest     JSON lines: a header (counts, skipped paths), then one entry
+//!              per line with its review state, in tree order
+//! blobs/ab/ab… file content named by SHA-256 (hard links and copies share one)
+//! blobs/tmp/   content being received; emptied on the next stage
+//! snapshot     the workspace's stat map at session start, if taken
+//! journal      present only while an apply runs or after one was interrupted
+//! lock         flock'd by whoever stages or applies
+//! ```
+//!
+//! Every file is replaced atomically (temp, fsync, rename, fsync of the
+//! directory). Blobs are renamed into place as they arrive and flushed with
+//! one `syncfs` before the manifest that names them is committed: a crash
+//! before that leaves unnamed blobs, which staging again discards.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use super::ChangesError;
+use super::dirfd;
+use super::model::{Base, Entry, EntryState, Kind, Sha256, Skipped};
+use super::path::RelPath;
+use super::selection::Selection;
+use super::snapshot::Snapshot;
+use super::validate;
+use super::wire::{BlobSink, Item, Limits, Reader, Summary};
+
+const MANIFEST_VERSION: u32 = 1;
+/// Paths listed by name in the manifest header for stripped mode bits.
+const MAX_STRIPPED_LISTED: usize = 1000;
+
+/// What staging found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageReport {
+    pub summary: Summary,
+    /// Distinct blobs kept (after deduplication).
+    pub blobs: u64,
+    /// Special files the guest did not export (at most `Limits::max_skipped_listed`).
+    pub skipped: Vec<Skipped>,
+    /// Paths whose setuid, setgid or sticky bits were dropped.
+    pub stripped: Vec<RelPath>,
+    pub stripped_count: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    version: u32,
+    report: StageReport,
+}
+
+/// An entry and where it is in review.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntry {
+    pub entry: Entry,
+    pub state: EntryState,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Line {
+    path: RelPath,
+    kind: Kind,
+    base: Base,
+    state: EntryState,
+}
+
+/// Entries per review state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub staged: usize,
+    pub applied: usize,
+    pub discarded: usize,
+}
+
+/// Where the whole set is in review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetState {
+    /// Nothing was staged, or the set was empty.
+    Empty,
+    /// Everything awaits review.
+    Staged,
+    /// Some entries were applied or discarded, some await review.
+    Partial,
+    /// Nothing awaits review and at least one entry was applied.
+    Applied,
+    /// Every entry was discarded.
+    Discarded,
+}
+
+/// The change store of one session.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) `<session_dir>/changes`.
+    pub fn open(session_dir: &Path) -> Result<Store, ChangesError> {
+        let dir = session_dir.join("changes");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(ChangesError::io("create the change store", &dir))?;
+        Ok(Store { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn manifest_path(&self) -> PathBuf {
+        self.dir.join("manifest")
+    }
+
+    fn blobs_dir(&self) -> PathBuf {
+        self.dir.join("blobs")
+    }
+
+    pub fn blob_path(&self, sha256: &Sha256) -> PathBuf {
+        let hex = sha256.hex();
+        self.blobs_dir().join(&hex[..2]).join(hex)
+    }
+
+    /// Whether a change set was staged.
+    pub fn is_staged(&self) -> bool {
+        self.manifest_path().exists()
+    }
+
+    /// Takes the store's lock; held while staging or applying.
+    pub(crate) fn lock(&self) -> Result<Flock<File>, ChangesError> {
+        let path = self.dir.join("lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(ChangesError::io("open the lock", &path))?;
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+            nix::errno::Errno::EWOULDBLOCK => ChangesError::Busy(self.dir.clone()),
+            other => ChangesError::Io { what: "lock", path, source: other.into() },
+        })
+    }
+
+    /// Reads a change stream into the store: content into blobs, entries
+    /// into the manifest once the whole stream is verified. On any error
+    /// nothing is staged.
+    pub fn stage(&self, input: impl Read, limits: Limits) -> Result<StageReport, ChangesError> {
+        let _lock = self.lock()?;
+        if self.is_staged() {
+            return Err(ChangesError::AlreadyStaged(self.dir.clone()));
+        }
+        let blobs = self.blobs_dir();
+        let result = self.receive(input, limits);
+        if result.is_err() {
+            // No manifest names these blobs.
+            let _ = fs::remove_dir_all(&blobs);
+        }
+        let (report, entries) = result?;
+        let _ = fs::remove_dir_all(blobs.join("tmp"));
+        if let Ok(dir) = File::open(&self.dir) {
+            dirfd::sync_fs(&dir).map_err(ChangesError::io("flush", &self.dir))?;
+        }
+        let lines = entries.into_iter().map(|entry| StoredEntry { entry, state: EntryState::Staged });
+        self.write_manifest(&report, lines)?;
+        tracing::info!(
+            entries = report.summary.entries,
+            bytes = report.summary.bytes,
+            skipped = report.summary.skipped,
+            "staged the guest's changes"
+        );
+        Ok(report)
+    }
+
+    fn receive(&self, input: impl Read, limits: Limits) -> Result<(StageReport, Vec<Entry>), ChangesError> {
+        let blobs = self.blobs_dir();
+        let tmp = blobs.join("tmp");
+        let _ = fs::remove_dir_all(&tmp);
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&tmp).map_err(ChangesError::io("create", &tmp))?;
+        let mut sink = StoreSink { store: self, tmp, next: 0, fanout: [false; 256], kept: 0 };
+        let mut reader = Reader::new(input, limits)?;
+        let mut report = StageReport::default();
+        let mut entries = Vec::new();
+        while let Some(item) = reader.next(&mut sink)? {
+            match item {
+                Item::Entry { entry, stripped_bits } => {
+                    if stripped_bits {
+                        tracing::warn!("dropped setuid/setgid/sticky bits of {}", entry.path);
+                        report.stripped_count += 1;
+                        if report.stripped.len() < MAX_STRIPPED_LISTED {
+                            report.stripped.push(entry.path.clone());
+                        }
+                    }
+                    entries.push(entry);
+                }
+                Item::Skipped(skipped) => {
+                    if report.skipped.len() < limits.max_skipped_listed {
+                        report.skipped.push(skipped);
+                    }
+                }
+            }
+        }
+        report.summary = reader.summary().unwrap_or_default();
+        report.blobs = sink.kept;
+        validate::check_set(&entries)?;
+        validate::sort(&mut entries);
+        Ok((report, entries))
+    }
+
+    /// What staging reported (counts, skipped special files, stripped bits).
+    pub fn report(&self) -> Result<StageReport, ChangesError> {
+        let (header, _) = self.read_manifest(false)?;
+        Ok(header.report)
+    }
+
+    /// Every entry, in tree order.
+    pub fn entries(&self) -> Result<Vec<StoredEntry>, ChangesError> {
+        Ok(self.read_manifest(true)?.1)
+    }
+
+    pub fn counts(&self) -> Result<Counts, ChangesError> {
+        let mut counts = Counts::default();
+        if !self.is_staged() {
+            return Ok(counts);
+        }
+        for e in self.entries()? {
+            match e.state {
+                EntryState::Staged => counts.staged += 1,
+                EntryState::Applied => counts.applied += 1,
+                EntryState::Discarded => counts.discarded += 1,
+            }
+        }
+        Ok(counts)
+    }
+
+    pub fn state(&self) -> Result<SetState, ChangesError> {
+        let c = self.counts()?;
+        Ok(match (c.staged, c.applied, c.discarded) {
+            (0, 0, 0) => SetState::Empty,
+            (_, 0, 0) => SetState::Staged,
+            (0, 0, _) => SetState::Discarded,
+            (0, _, _) => SetState::Applied,
+            _ => SetState::Partial,
+        })
+    }
+
+    /// Opens a blob for reading.
+    pub fn open_blob(&self, sha256: &Sha256) -> Result<File, ChangesError> {
+        let path = self.blob_path(sha256);
+        File::open(&path).map_err(ChangesError::io("read staged content", &path))
+    }
+
+    /// Marks the staged entries in `selection` discarded; returns how many.
+    pub fn discard(&self, selection: &Selection) -> Result<usize, ChangesError> {
+        let _lock = self.lock()?;
+        let paths: Vec<RelPath> = self
+            .entries()?
+            .into_iter()
+            .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
+            .map(|e| e.entry.path)
+            .collect();
+        self.set_states(&paths, EntryState::Discarded)
+    }
+
+    /// Sets the state of exactly these paths (the caller holds the lock).
+    pub(crate) fn set_states(&self, paths: &[RelPath], state: EntryState) -> Result<usize, ChangesError> {
+        if paths.is_empty() {
+            return Ok(0);
+        }
+        let wanted: std::collections::HashSet<&RelPath> = paths.iter().collect();
+        let (header, mut entries) = self.read_manifest(true)?;
+        let mut changed = 0;
+        for e in &mut entries {
+            if wanted.contains(&e.entry.path) && e.state != state {
+                e.state = state;
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            self.write_manifest(&header.report, entries.into_iter())?;
+        }
+        Ok(changed)
+    }
+
+    pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<(), ChangesError> {
+        let path = self.dir.join("snapshot");
+        write_atomically(&path, |out| snapshot.write_to(out)).map_err(ChangesError::io("write", &path))
+    }
+
+    pub fn load_snapshot(&self) -> Result<Option<Snapshot>, ChangesError> {
+        let path = self.dir.join("snapshot");
+        match File::open(&path) {
+            Ok(f) => Snapshot::read_from(f).map(Some).map_err(ChangesError::io("read", &path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ChangesError::io("read", &path)(e)),
+        }
+    }
+
+    fn read_manifest(&self, with_entries: bool) -> Result<(Header, Vec<StoredEntry>), ChangesError> {
+        let path = self.manifest_path();
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ChangesError::NothingStaged(self.dir.clone())),
+            Err(e) => return Err(ChangesError::io("read", &path)(e)),
+        };
+        let corrupt = |detail: String| ChangesError::Corrupt { path: path.clone(), detail };
+        let mut lines = BufReader::new(file).lines();
+        let first = lines.next().ok_or_else(|| corrupt("empty manifest".into()))?;
+        let header: Header = serde_json::from_str(&first.map_err(ChangesError::io("read", &path))?)
+            .map_err(|e| corrupt(format!("header: {e}")))?;
+        if header.version != MANIFEST_VERSION {
+            return Err(corrupt(format!("manifest version {}", header.version)));
+        }
+        let mut entries = Vec::new();
+        if with_entries {
+            for (n, line) in lines.enumerate() {
+                let line: Line = serde_json::from_str(&line.map_err(ChangesError::io("read", &path))?)
+                    .map_err(|e| corrupt(format!("entry {}: {e}", n + 1)))?;
+                entries.push(StoredEntry {
+                    entry: Entry { path: line.path, kind: line.kind, base: line.base },
+                    state: line.state,
+                });
+            }
+            // Re-checked here because apply trusts what this returns.
+            validate::check_set(entries.iter().map(|e| &e.entry)).map_err(|e| corrupt(e.to_string()))?;
+            if !entries.windows(2).all(|w| w[0].entry.path < w[1].entry.path) {
+                return Err(corrupt("entries out of order".into()));
+            }
+        }
+        Ok((header, entries))
+    }
+
+    fn write_manifest(
+        &self,
+        report: &StageReport,
+        entries: impl Iterator<Item = StoredEntry>,
+    ) -> Result<(), ChangesError> {
+        let path = self.manifest_path();
+        write_atomically(&path, |out| {
+            let mut out = BufWriter::new(out);
+            serde_json::to_writer(&mut out, &Header { version: MANIFEST_VERSION, report: report.clone() })?;
+            out.write_all(b"\n")?;
+            for e in entries {
+                let line = Line { path: e.entry.path, kind: e.entry.kind, base: e.entry.base, state: e.state };
+                serde_json::to_writer(&mut out, &line)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()
+        })
+        .map_err(ChangesError::io("write", &path))
+    }
+}
+
+/// Writes `path` through a temp file in the same directory: fsync, rename,
+/// fsync of the directory.
+pub(crate) fn write_atomically(path: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    fill(&mut file)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, path)?;
+    dirfd::fsync_dir(dir)
+}
+
+/// Receives blobs into `blobs/tmp/` and renames each into place once its
+/// hash is verified.
+struct StoreSink<'a> {
+    store: &'a Store,
+    tmp: PathBuf,
+    next: u64,
+    fanout: [bool; 256],
+    kept: u64,
+}
+
+struct TempBlob {
+    file: File,
+    path: PathBuf,
+}
+
+impl Write for TempBlob {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl BlobSink for StoreSink<'_> {
+    type Blob = TempBlob;
+
+    fn begin(&mut self) -> io::Result<TempBlob> {
+        self.next += 1;
+        let path = self.tmp.join(self.next.to_string());
+        let file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+        Ok(TempBlob { file, path })
+    }
+
+    fn commit(&mut self, blob: TempBlob, sha256: &Sha256) -> io::Result<()> {
+        drop(blob.file);
+        let dest = self.store.blob_path(sha256);
+        let slot = usize::from(sha256.0[0]);
+        if !self.fanout[slot] {
+            if let Some(parent) = dest.parent() {
+                fs::DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
+            }
+            self.fanout[slot] = true;
+        }
+        if dest.exists() {
+            return fs::remove_file(&blob.path);
+        }
+        self.kept += 1;
+        fs::rename(&blob.path, &dest)
+    }
+
+    fn abort(&mut self, blob: TempBlob) {
+        drop(blob.file);
+        let _ = fs::remove_file(&blob.path);
+    }
+}
+
+/// Staged entries by path, for lookups during apply.
+pub(crate) fn index(entries: &[StoredEntry]) -> HashMap<RelPath, usize> {
+    entries.iter().enumerate().map(|(i, e)| (e.entry.path.clone(), i)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use super::*;
+    use crate::changes::model::Mode;
+    use crate::changes::wire::{WireError, Writer};
+
+    fn p(s: &str) -> RelPath {
+        RelPath::new(s.as_bytes()).unwrap()
+    }
+
+    fn stream() -> Vec<u8> {
+        let mut w = Writer::new(Vec::new()).unwrap();
+        w.dir(&p("src"), 0o755, &Base::Absent).unwrap();
+        let sha = w.file(&p("src/a.rs"), 0o644, 5, &mut &b"hello"[..], &Base::Absent).unwrap();
+        w.file_again(&p("src/b.rs"), 0o4755, &sha, &Base::Absent).unwrap();
+        w.file(&p("src/c.rs"), 0o644, 5, &mut &b"hello"[..], &Base::Absent).unwrap();
+        let old = Base::File { mode: Mode::from_raw(0o644), size: 1, sha256: Sha256::of(b"x") };
+        w.delete(&p("old.txt"), &old).unwrap();
+        w.skipped(&crate::changes::wire::skipped(b"sock", crate::changes::SpecialKind::Socket)).unwrap();
+        w.finish().unwrap().0
+    }
+
+    #[test]
+    fn stages_dedups_and_tracks_states() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        assert_eq!(store.state().unwrap(), SetState::Empty);
+        let report = store.stage(&stream()[..], Limits::default()).unwrap();
+        assert_eq!(report.summary.entries, 5);
+        assert_eq!(report.blobs, 1, "three files with one content share one blob");
+        assert_eq!(report.skipped.len(), 1);
+        assert_eq!(report.stripped, vec![p("src/b.rs")]);
+        assert_eq!(store.report().unwrap(), report);
+
+        let entries = store.entries().unwrap();
+        let paths: Vec<String> = entries.iter().map(|e| e.entry.path.to_string()).collect();
+        assert_eq!(paths, ["old.txt", "src", "src/a.rs", "src/b.rs", "src/c.rs"]);
+        let Kind::File { sha256, .. } = entries[2].entry.kind else { panic!("expected a file") };
+        let mut content = String::new();
+        store.open_blob(&sha256).unwrap().read_to_string(&mut content).unwrap();
+        assert_eq!(content, "hello");
+        assert!(!store.blobs_dir().join("tmp").exists());
+
+        assert_eq!(store.state().unwrap(), SetState::Staged);
+        store.set_states(&[p("src/a.rs")], EntryState::Applied).unwrap();
+        assert_eq!(store.state().unwrap(), SetState::Partial);
+        assert_eq!(store.discard(&Selection::all()).unwrap(), 4);
+        assert_eq!(store.counts().unwrap(), Counts { staged: 0, applied: 1, discarded: 4 });
+        assert_eq!(store.state().unwrap(), SetState::Applied);
+
+        assert!(matches!(store.stage(&stream()[..], Limits::default()), Err(ChangesError::AlreadyStaged(_))));
+    }
+
+    #[test]
+    fn a_failed_stage_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let bytes = stream();
+        let err = store.stage(&bytes[..bytes.len() - 3], Limits::default()).unwrap_err();
+        assert!(matches!(err, ChangesError::Stream(WireError::Truncated { .. })));
+        assert!(!store.is_staged());
+        assert!(!store.blobs_dir().exists());
+        // A forged set with a child under a file is refused as a whole.
+        let mut w = Writer::new(Vec::new()).unwrap();
+        w.file(&p("a"), 0o644, 1, &mut &b"x"[..], &Base::Absent).unwrap();
+        w.dir(&p("a/b"), 0o755, &Base::Absent).unwrap();
+        let bad = w.finish().unwrap().0;
+        assert!(matches!(store.stage(&bad[..], Limits::default()), Err(ChangesError::Set(_))));
+        assert!(!store.is_staged());
+        store.stage(&stream()[..], Limits::default()).unwrap();
+    }
+
+    #[test]
+    fn a_second_stager_is_told_the_store_is_busy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let _held = store.lock().unwrap();
+        assert!(matches!(store.stage(&stream()[..], Limits::default()), Err(ChangesError::Busy(_))));
+    }
+
+    #[test]
+    fn a_tampered_manifest_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        store.stage(&stream()[..], Limits::default()).unwrap();
+        let text = fs::read_to_string(store.manifest_path()).unwrap();
+        fs::write(store.manifest_path(), text.replace("\"src/a.rs\"", "\"../a.rs\"")).unwrap();
+        assert!(matches!(store.entries(), Err(ChangesError::Corrupt { .. })));
+    }
+}
