@@ -5,6 +5,7 @@ mod util;
 
 mod cli;
 mod doctor;
+mod policy_cli;
 mod rig_selftest;
 mod run_e2e;
 mod run_input;

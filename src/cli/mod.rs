@@ -3,6 +3,8 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod log;
+mod policy;
 mod run;
 mod shell;
 mod vmm;
@@ -33,6 +35,8 @@ enum Command {
     Run(run::RunArgs),
     Shell(shell::ShellArgs),
     Doctor(doctor::DoctorArgs),
+    Policy(policy::PolicyArgs),
+    Log(log::LogArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
     #[command(hide = true)]
     Vmm(vmm::VmmArgs),
@@ -52,6 +56,8 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args, cli.verbose),
         Command::Shell(args) => shell::run(args, cli.verbose),
         Command::Doctor(args) => doctor::run(args),
+        Command::Policy(args) => policy::run(args),
+        Command::Log(args) => log::run(args),
         Command::Vmm(args) => vmm::run(args),
     };
     match result {
