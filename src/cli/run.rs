@@ -33,6 +33,16 @@ pub struct VmOptions {
     #[arg(long, default_value = "8G", value_name = "SIZE")]
     disk: String,
 
+    /// Network and credential policy: a preset (npm, cargo, pypi, github,
+    /// claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
+    /// Repeat to merge; deny rules always win. Without one, nothing is allowed.
+    #[arg(long = "policy", value_name = "NAME|PATH")]
+    policies: Vec<String>,
+
+    /// Also allow this host (optionally :PORT; 80 and 443 by default).
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    allows: Vec<String>,
+
     /// Pass the host's VAR to the command, or set VAR=VALUE. Only TERM, LANG
     /// and LC_* are passed by default, plus PATH, HOME, USER and LOGNAME.
     #[arg(short = 'e', long = "env", value_name = "VAR[=VALUE]")]
@@ -110,7 +120,9 @@ pub fn validate(
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
+    let policy = crate::policy::resolve(&vm.policies, &vm.allows)?;
     let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
+    requested.extend(policy.env_pass.iter().cloned());
     requested.extend(vm.env.iter().cloned());
     Ok(RunConfig {
         argv,
@@ -118,6 +130,7 @@ pub fn validate(
         cpus: vm.cpus,
         memory_bytes,
         disk_bytes,
+        policy,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,

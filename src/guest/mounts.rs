@@ -2,8 +2,8 @@
 //! described it (read-only host directories, tmpfs where the guest writes).
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -114,8 +114,14 @@ fn place_file(target: &str, content: &str, mode: u32) -> anyhow::Result<()> {
         fs::set_permissions(&source, fs::Permissions::from_mode(mode))?;
         mount(Some(&source), &resolved, None::<&str>, MsFlags::MS_BIND, None::<&str>)
             .with_context(|| format!("cannot place {target}"))?;
-        mount(None::<&str>, &resolved, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
-            .with_context(|| format!("cannot make {target} read-only"))?;
+        mount(
+            None::<&str>,
+            &resolved,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .with_context(|| format!("cannot make {target} read-only"))?;
     } else {
         if let Some(parent) = resolved.parent() {
             create_mount_point(&parent.to_string_lossy())?;
@@ -151,7 +157,10 @@ fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
     // The merged root takes its owner and mode from the upper directory:
     // make it look like the workspace itself.
     let root = fs::metadata(&lower).with_context(|| format!("cannot read the workspace at {}", lower.display()))?;
-    fs::DirBuilder::new().mode(root.mode() & 0o7777).create(&upper).context("cannot create the overlay's upper layer")?;
+    fs::DirBuilder::new()
+        .mode(root.mode() & 0o7777)
+        .create(&upper)
+        .context("cannot create the overlay's upper layer")?;
     fs::set_permissions(&upper, fs::Permissions::from_mode(root.mode() & 0o7777))
         .context("cannot set the upper layer's mode")?;
     nix::unistd::chown(&upper, Some(root.uid().into()), Some(root.gid().into()))

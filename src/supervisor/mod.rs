@@ -3,6 +3,7 @@
 //! output, and turns its end into our exit status.
 #![forbid(unsafe_code)]
 
+mod network;
 mod outcome;
 mod review;
 mod root;
@@ -21,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
-use crate::changes;
 use crate::protocol::{
     CHANGES_PORT, CONTROL_PORT, ExitReport, ExportOutcome, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize,
     read_frame, write_frame,
@@ -48,6 +49,9 @@ pub struct RunConfig {
     pub memory_bytes: u64,
     /// Size of the sparse scratch disk for the workspace's upper layer.
     pub disk_bytes: u64,
+    /// What the guest may reach on the network, and the credentials the
+    /// proxy adds on its behalf.
+    pub policy: crate::policy::Policy,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
@@ -92,6 +96,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     let (stdin_listener, stdin_path) = vm::listen(&vsock_base, STDIN_PORT)?;
     let (changes_listener, changes_path) = vm::listen(&vsock_base, CHANGES_PORT)?;
     let receiver = staging::receive(changes_listener, changes_path, &store)?;
+    let (network, guest_net) = network::start(&config.policy, &dirs.data, &session.dir, &vsock_base)?;
     let vm_config = VmConfig {
         kernel,
         init: std::env::current_exe().context("cannot find the stockade binary")?,
@@ -107,9 +112,16 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log())?;
     tracing::info!("session {} in {}", session.id, session.dir.display());
 
+    let mut env = config.env.clone();
+    for (name, value) in guest_net.env.into_iter().chain(guest_net.placeholders) {
+        env.retain(|(k, _)| *k != name);
+        env.push((name, value));
+    }
+    let mut root_layout = root_layout;
+    root_layout.extend(guest_net.files);
     let spec = RunSpec {
         argv: config.argv.clone(),
-        env: config.env.clone(),
+        env,
         cwd: cwd.to_str().context("the current directory is not valid UTF-8")?.to_string(),
         uid: user.uid,
         gid: user.gid,
@@ -118,12 +130,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             .tty
             .unwrap_or_else(terminal::interactive)
             .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
-        network: false,
+        network: true,
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
     let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting, receiver);
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
+    network.stop();
     // The guest's changes were exported; the disk that held them is spent.
     let _ = std::fs::remove_file(&disk);
     let _ = std::fs::remove_file(control_path);

@@ -174,9 +174,9 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     match why {
         None | Some(VcpuStop::GuestReset) => Ok(()),
         Some(VcpuStop::TripleFault) if reset_requested.load(Ordering::SeqCst) => Ok(()),
-        Some(VcpuStop::TripleFault) => Err(VmmError::Stopped(
-            "the guest kernel crashed (a triple fault, before it could log anything)".into(),
-        )),
+        Some(VcpuStop::TripleFault) => {
+            Err(VmmError::Stopped("the guest kernel crashed (a triple fault, before it could log anything)".into()))
+        }
         Some(VcpuStop::Failed(reason)) => Err(VmmError::Stopped(reason)),
     }
 }
