@@ -312,7 +312,7 @@ fn exports_a_real_overlayfs_upper_layer() {
     let (l, u, w, m, e) = (dir("lower"), dir("upper"), dir("work"), dir("merged"), dir("expected"));
     lower_tree(&l);
     let script = r#"set -e
-mount -t overlay overlay -o "lowerdir=$L,upperdir=$U,workdir=$W,redirect_dir=off,metacopy=off,index=off" "$M"
+mount -t overlay overlay -o "lowerdir=$L,upperdir=$U,workdir=$W,$OPTIONS" "$M"
 cd "$M"
 printf 'b new!' > b.txt
 rm c.txt
@@ -341,6 +341,7 @@ umount "$M"
         .env("W", &w)
         .env("M", &m)
         .env("E", &e)
+        .env("OPTIONS", OVERLAY_OPTIONS)
         .output();
     let out = match out {
         Ok(out) if out.status.success() => out,
