@@ -194,6 +194,9 @@ fn exports_a_fake_overlay_and_applies_to_the_merged_view() {
 
     let result = changes::apply(&store, &l, &ApplyOptions::all()).unwrap();
     assert_eq!(result.skipped(), 0, "{result:?}");
+    // Hard links arrive as independent copies.
+    let ino = |n: &str| std::os::unix::fs::MetadataExt::ino(&fs::metadata(l.join(n)).unwrap());
+    assert_ne!(ino("h1"), ino("h2"));
     let node = |s: &str, mode| Node::File(s.as_bytes().to_vec(), mode);
     let expected: BTreeMap<String, Node> = [
         ("a.txt", node("a", 0o644)),
