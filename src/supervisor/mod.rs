@@ -73,7 +73,10 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         home: std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/")),
     };
     let workspace = root::find_workspace(&cwd, &user.home)?;
-    let (shares, root_layout) = root::host_layout(&workspace, &user)?;
+    let (mut shares, mut root_layout) = root::host_layout(&workspace, &user)?;
+    for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {
+        eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
+    }
 
     let session = session::Session::create(&dirs.data)?;
     let mut record = session::RunRecord {
@@ -117,7 +120,6 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         env.retain(|(k, _)| *k != name);
         env.push((name, value));
     }
-    let mut root_layout = root_layout;
     root_layout.extend(guest_net.files);
     let spec = RunSpec {
         argv: config.argv.clone(),

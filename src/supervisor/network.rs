@@ -31,7 +31,12 @@ pub struct GuestSide {
     pub files: Vec<RootEntry>,
 }
 
-pub fn start(policy: &Policy, data_dir: &Path, session_dir: &Path, vsock_base: &Path) -> anyhow::Result<(Network, GuestSide)> {
+pub fn start(
+    policy: &Policy,
+    data_dir: &Path,
+    session_dir: &Path,
+    vsock_base: &Path,
+) -> anyhow::Result<(Network, GuestSide)> {
     let config = ProxyConfig::new(policy.clone(), data_dir, Some(session_dir.join(AUDIT_FILE)));
     let proxy = Proxy::start(config).context("cannot start the egress proxy")?;
     let (proxy_listener, proxy_socket) = vm::listen(vsock_base, PROXY_PORT)?;

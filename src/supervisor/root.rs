@@ -77,6 +77,40 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
     Ok((shares, root))
 }
 
+/// Adds the policy's read-only mounts of host directories (`~/.cargo/bin`
+/// = "ro") at their own paths. Returns the mounts it could not place, with
+/// why, for the caller to report: writable and overlay mounts, and mounts
+/// of single files, are not supported yet.
+pub fn policy_mounts(
+    mounts: &[crate::policy::Mount],
+    home: &Path,
+    shares: &mut Vec<ShareConfig>,
+    root: &mut Vec<RootEntry>,
+) -> Vec<String> {
+    let mut skipped = Vec::new();
+    for (index, mount) in mounts.iter().enumerate() {
+        let path = mount.host_path(home);
+        let Some(target) = path.to_str() else {
+            skipped.push(format!("{} (the path is not valid UTF-8)", mount.path));
+            continue;
+        };
+        if mount.mode != crate::policy::MountMode::Ro {
+            skipped.push(format!("{} = {:?} (only read-only mounts are supported so far)", mount.path, mount.mode));
+            continue;
+        }
+        if !path.is_dir() {
+            skipped.push(format!("{} (not a directory on this host)", mount.path));
+            continue;
+        }
+        let source = format!("/mounts/{index}");
+        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone() });
+        // Before the workspace overlay, which must stay the last entry.
+        let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
+        root.insert(at, RootEntry::Share { source, target: target.to_string() });
+    }
+    skipped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
