@@ -2,8 +2,12 @@
 //! doc comments on the fields are the help text.
 #![forbid(unsafe_code)]
 
+mod apply;
+mod diff;
+mod discard;
 mod doctor;
 mod run;
+mod sessions;
 mod shell;
 mod vmm;
 
@@ -33,6 +37,10 @@ enum Command {
     Run(run::RunArgs),
     Shell(shell::ShellArgs),
     Doctor(doctor::DoctorArgs),
+    Diff(diff::DiffArgs),
+    Apply(apply::ApplyArgs),
+    Discard(discard::DiscardArgs),
+    Sessions(sessions::SessionsArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
     #[command(hide = true)]
     Vmm(vmm::VmmArgs),
@@ -52,6 +60,10 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args, cli.verbose),
         Command::Shell(args) => shell::run(args, cli.verbose),
         Command::Doctor(args) => doctor::run(args),
+        Command::Diff(args) => diff::run(args),
+        Command::Apply(args) => apply::run(args),
+        Command::Discard(args) => discard::run(args),
+        Command::Sessions(args) => sessions::run(args),
         Command::Vmm(args) => vmm::run(args),
     };
     match result {

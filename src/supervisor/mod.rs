@@ -5,7 +5,7 @@
 
 mod outcome;
 mod root;
-mod session;
+pub mod session;
 mod signals;
 mod terminal;
 mod vm;
