@@ -28,6 +28,7 @@ mod dirfd;
 mod journal;
 mod model;
 mod path;
+pub mod review;
 mod selection;
 mod snapshot;
 mod store;

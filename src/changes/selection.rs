@@ -1,29 +1,42 @@
-//! Which paths an operation covers: all, none, or the paths and directory
-//! trees the user named.
+//! Which paths an operation covers: all, none, the paths and directory
+//! trees the user named, or exactly the paths a review chose.
+
+use std::collections::HashSet;
 
 use super::path::RelPath;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selection(Option<Vec<RelPath>>);
+pub struct Selection {
+    /// `None` selects everything.
+    prefixes: Option<Vec<RelPath>>,
+    /// Paths that select only themselves (a reviewed directory entry must
+    /// not pull in children the reviewer declined).
+    exact: HashSet<RelPath>,
+}
 
 impl Selection {
     pub fn all() -> Selection {
-        Selection(None)
+        Selection { prefixes: None, exact: HashSet::new() }
     }
 
     pub fn none() -> Selection {
-        Selection(Some(Vec::new()))
+        Selection { prefixes: Some(Vec::new()), exact: HashSet::new() }
     }
 
     /// Each path selects itself and everything below it.
     pub fn paths(paths: impl IntoIterator<Item = RelPath>) -> Selection {
-        Selection(Some(paths.into_iter().collect()))
+        Selection { prefixes: Some(paths.into_iter().collect()), exact: HashSet::new() }
+    }
+
+    /// Each path selects itself only.
+    pub fn exact(paths: impl IntoIterator<Item = RelPath>) -> Selection {
+        Selection { prefixes: Some(Vec::new()), exact: paths.into_iter().collect() }
     }
 
     pub fn matches(&self, path: &RelPath) -> bool {
-        match &self.0 {
+        match &self.prefixes {
             None => true,
-            Some(prefixes) => prefixes.iter().any(|prefix| path.starts_with(prefix)),
+            Some(prefixes) => self.exact.contains(path) || prefixes.iter().any(|prefix| path.starts_with(prefix)),
         }
     }
 }
@@ -49,5 +62,15 @@ mod tests {
         assert!(!sel.matches(&p("srcx")));
         assert!(Selection::all().matches(&p("x")));
         assert!(!Selection::none().matches(&p("x")));
+    }
+
+    #[test]
+    fn exact_paths_select_only_themselves() {
+        let p = |s: &str| RelPath::new(s.as_bytes()).unwrap();
+        let sel = Selection::exact([p("src"), p("a/b")]);
+        assert!(sel.matches(&p("src")));
+        assert!(!sel.matches(&p("src/main.rs")));
+        assert!(sel.matches(&p("a/b")));
+        assert!(!sel.matches(&p("a")));
     }
 }

@@ -2,10 +2,14 @@
 //! doc comments on the fields are the help text.
 #![forbid(unsafe_code)]
 
+mod apply;
+mod diff;
+mod discard;
 mod doctor;
 mod log;
 mod policy;
 mod run;
+mod sessions;
 mod shell;
 mod vmm;
 
@@ -35,6 +39,10 @@ enum Command {
     Run(run::RunArgs),
     Shell(shell::ShellArgs),
     Doctor(doctor::DoctorArgs),
+    Diff(diff::DiffArgs),
+    Apply(apply::ApplyArgs),
+    Discard(discard::DiscardArgs),
+    Sessions(sessions::SessionsArgs),
     Policy(policy::PolicyArgs),
     Log(log::LogArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
@@ -56,6 +64,10 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args, cli.verbose),
         Command::Shell(args) => shell::run(args, cli.verbose),
         Command::Doctor(args) => doctor::run(args),
+        Command::Diff(args) => diff::run(args),
+        Command::Apply(args) => apply::run(args),
+        Command::Discard(args) => discard::run(args),
+        Command::Sessions(args) => sessions::run(args),
         Command::Policy(args) => policy::run(args),
         Command::Log(args) => log::run(args),
         Command::Vmm(args) => vmm::run(args),

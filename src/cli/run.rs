@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Args;
 
+use crate::changes::review::ApplyMode;
 use crate::supervisor::{self, RunConfig};
 use crate::vmm::layout::MAX_VCPUS;
 
@@ -32,6 +33,12 @@ pub struct VmOptions {
     /// scratch disk holding them (only what the guest writes takes space).
     #[arg(long, default_value = "8G", value_name = "SIZE")]
     disk: String,
+
+    /// What to do with the command's changes to the workspace: ask (on a
+    /// terminal; otherwise keep them staged), all (apply what does not
+    /// conflict), none (keep them staged for `stockade apply`).
+    #[arg(long, value_enum, default_value_t = ApplyMode::Ask, value_name = "MODE")]
+    apply: ApplyMode,
 
     /// Network and credential policy: a preset (npm, cargo, pypi, github,
     /// claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
@@ -130,6 +137,7 @@ pub fn validate(
         cpus: vm.cpus,
         memory_bytes,
         disk_bytes,
+        apply: vm.apply,
         policy,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,

@@ -5,10 +5,9 @@
 
 mod network;
 mod outcome;
-mod review;
 mod root;
 mod scratch;
-mod session;
+pub mod session;
 mod signals;
 mod staging;
 mod terminal;
@@ -49,6 +48,8 @@ pub struct RunConfig {
     pub memory_bytes: u64,
     /// Size of the sparse scratch disk for the workspace's upper layer.
     pub disk_bytes: u64,
+    /// What happens to the guest's workspace changes after the command.
+    pub apply: changes::review::ApplyMode,
     /// What the guest may reach on the network, and the credentials the
     /// proxy adds on its behalf.
     pub policy: crate::policy::Policy,
@@ -152,7 +153,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
                 eprintln!("stockade: {message}");
             }
             match staged {
-                Some(Ok(staged)) => review::after_run(&store, &workspace, &session.id, staged),
+                Some(Ok(_)) => {
+                    if let Err(e) = changes::review::after_run(&store, &workspace, &session.id, config.apply) {
+                        eprintln!(
+                            "stockade: error: {e:#}; the changes stay staged: see `stockade diff {}`",
+                            session.id
+                        );
+                    }
+                }
                 Some(Err(e)) => eprintln!("stockade: warning: {e:#}; the workspace was not changed"),
                 None => {}
             }

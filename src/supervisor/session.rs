@@ -1,6 +1,8 @@
 //! The session store: one directory per run under
 //! `~/.local/share/stockade/sessions/<id>`, holding the kernel log, the VMM's
-//! own log, the vsock sockets while it runs, and the run record.
+//! own log, the vsock sockets while it runs, the run record, and the staged
+//! changes (`changes/`). Ids start with the start time (`YYYYMMDD-HHMMSS-`),
+//! so they sort by age and a prefix names a day or a minute.
 
 use std::fs;
 use std::io::Write;
@@ -10,6 +12,7 @@ use std::time::SystemTime;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 /// What a finished (or running) session did, as `run.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,4 +85,133 @@ fn random_suffix() -> String {
 /// The RFC 3339 form of a time, to the second.
 pub fn timestamp(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Where the sessions live.
+pub fn sessions_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("sessions")
+}
+
+/// A session found in the store.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    pub id: String,
+    pub dir: PathBuf,
+    /// `None` when `run.json` is missing or unreadable.
+    pub record: Option<RunRecord>,
+}
+
+impl SessionInfo {
+    pub fn started(&self) -> Option<SystemTime> {
+        self.record.as_ref().and_then(|r| humantime::parse_rfc3339(&r.started).ok())
+    }
+
+    pub fn workspace(&self) -> Option<PathBuf> {
+        self.record.as_ref().map(|r| PathBuf::from(&r.workspace))
+    }
+}
+
+/// Every session, newest first.
+pub fn list(data_dir: &Path) -> anyhow::Result<Vec<SessionInfo>> {
+    let parent = sessions_dir(data_dir);
+    let reader = match fs::read_dir(&parent) {
+        Ok(reader) => reader,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot list the sessions in {}", parent.display())),
+    };
+    let mut sessions = Vec::new();
+    for entry in reader {
+        let entry = entry.with_context(|| format!("cannot list the sessions in {}", parent.display()))?;
+        let Ok(id) = entry.file_name().into_string() else { continue };
+        if id.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let dir = entry.path();
+        let record = fs::read(dir.join("run.json")).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        sessions.push(SessionInfo { id, dir, record });
+    }
+    sessions.sort_by(|a, b| b.id.cmp(&a.id));
+    Ok(sessions)
+}
+
+/// Why a session id given on the command line names no single session.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum LookupError {
+    #[error("there are no sessions yet; `stockade run` makes one")]
+    NoSessions,
+    #[error("no session matches {given:?}; the most recent are {}; `stockade sessions` lists them all", .recent.join(", "))]
+    Unknown { given: String, recent: Vec<String> },
+    #[error("{given:?} matches {} sessions ({}); give more of the id", .candidates.len(), .candidates.join(", "))]
+    Ambiguous { given: String, candidates: Vec<String> },
+}
+
+/// The session whose id is `given` or starts with it (`sessions` newest first).
+pub fn find<'a>(sessions: &'a [SessionInfo], given: &str) -> Result<&'a SessionInfo, LookupError> {
+    if let Some(exact) = sessions.iter().find(|s| s.id == given) {
+        return Ok(exact);
+    }
+    let matching: Vec<&SessionInfo> = sessions.iter().filter(|s| s.id.starts_with(given)).collect();
+    match matching.as_slice() {
+        [one] => Ok(one),
+        [] if sessions.is_empty() => Err(LookupError::NoSessions),
+        [] => Err(LookupError::Unknown {
+            given: given.to_string(),
+            recent: sessions.iter().take(3).map(|s| s.id.clone()).collect(),
+        }),
+        many => {
+            let mut candidates: Vec<String> = many.iter().take(5).map(|s| s.id.clone()).collect();
+            if many.len() > 5 {
+                candidates.push(format!("{} more", many.len() - 5));
+            }
+            Err(LookupError::Ambiguous { given: given.to_string(), candidates })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make(data: &Path, id: &str, workspace: &str) {
+        let dir = sessions_dir(data).join(id);
+        fs::create_dir_all(&dir).unwrap();
+        let record = RunRecord {
+            id: id.into(),
+            command: vec!["true".into()],
+            workspace: workspace.into(),
+            started: "2025-03-01T10:15:00Z".into(),
+            duration_ms: Some(5),
+            status: Some(0),
+            outcome: None,
+        };
+        fs::write(dir.join("run.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn finds_sessions_by_unique_prefix() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(list(tmp.path()).unwrap().len(), 0);
+        make(tmp.path(), "20250301-101500-aaaa", "/w");
+        make(tmp.path(), "20250301-101510-bbbb", "/w");
+        make(tmp.path(), "20250302-090000-cccc", "/w");
+        fs::create_dir_all(sessions_dir(tmp.path()).join("20250303-000000-dddd")).unwrap();
+        let all = list(tmp.path()).unwrap();
+        let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["20250303-000000-dddd", "20250302-090000-cccc", "20250301-101510-bbbb", "20250301-101500-aaaa"]
+        );
+        assert!(all[0].record.is_none(), "a session without run.json is still listed");
+        assert_eq!(all[1].workspace(), Some(PathBuf::from("/w")));
+        assert!(all[1].started().is_some());
+
+        assert_eq!(find(&all, "20250302").unwrap().id, "20250302-090000-cccc");
+        assert_eq!(find(&all, "20250301-101500-aaaa").unwrap().id, "20250301-101500-aaaa");
+        let ambiguous = find(&all, "20250301").unwrap_err();
+        assert!(matches!(&ambiguous, LookupError::Ambiguous { candidates, .. } if candidates.len() == 2));
+        assert!(ambiguous.to_string().contains("20250301-101510-bbbb"), "{ambiguous}");
+        let unknown = find(&all, "1999").unwrap_err();
+        assert!(unknown.to_string().contains("stockade sessions"), "{unknown}");
+        assert_eq!(find(&[], "2025").unwrap_err(), LookupError::NoSessions);
+    }
 }

@@ -1,0 +1,237 @@
+//! Review of a session's staged changes: the summary and questions after a
+//! run, and the pieces `stockade diff`, `apply`, `discard` and `sessions`
+//! are built from.
+//!
+//! Modules: `classify` (git internals, ignored trees, execution-sensitive
+//! paths), `git` (commits and refs from a staged `.git/`), `host` (reading
+//! the workspace without following symlinks), `content` (the two sides of a
+//! change), `diff` (one change as a terminal diff or a git patch), `view`
+//! (many changes), `summary` (groups, counts, the summary text), `prompt`
+//! (the questions), `pager`, `report` (after an apply), `style` (colour).
+//!
+//! All output goes to the `Console` given (stderr after a run: stdout
+//! belongs to the command).
+
+mod classify;
+mod content;
+mod diff;
+mod git;
+mod host;
+mod pager;
+mod prompt;
+mod report;
+mod style;
+mod summary;
+mod view;
+
+#[cfg(test)]
+mod testutil;
+
+use std::io::{self, IsTerminal, Write};
+use std::path::Path;
+
+use thiserror::Error;
+
+use super::ChangesError;
+use super::apply::{ApplyOptions, ApplyReport, apply};
+use super::model::EntryState;
+use super::path::RelPath;
+use super::selection::Selection;
+use super::store::Store;
+
+pub use diff::Format;
+pub use host::Host;
+pub use pager::{Pager, Target};
+pub use prompt::{Answers, Choice, KeyAnswers, LineAnswers};
+pub use report::{write_apply_report, write_hint};
+pub use style::{ColorChoice, Painter, Role};
+pub use summary::{RenderOptions, Summary, SummaryOptions, plural};
+pub use view::{PatchReport, View};
+
+/// `--apply` on `stockade run`: what to do with the guest's changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApplyMode {
+    /// Show a summary and ask (only on a terminal; otherwise keep them staged).
+    #[default]
+    Ask,
+    /// Apply every change that does not conflict with the host.
+    All,
+    /// Apply nothing; keep the changes staged for `stockade apply`.
+    None,
+}
+
+#[derive(Debug, Error)]
+pub enum ReviewError {
+    #[error(transparent)]
+    Changes(#[from] ChangesError),
+    #[error("cannot write the review of the changes")]
+    Output(#[from] io::Error),
+}
+
+/// How the review ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The command changed nothing (or nothing is left to review).
+    NoChanges,
+    /// Everything was applied; nothing is left staged.
+    AppliedAll,
+    /// Some changes were applied, others are still staged.
+    AppliedSome,
+    /// Nothing was applied; everything is still staged.
+    KeptStaged,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReviewOutcome {
+    pub decision: Decision,
+    /// Entries written to the workspace (or found already in place).
+    pub applied: usize,
+    /// Entries still staged.
+    pub staged: usize,
+    /// Chosen entries not applied: conflicts, refusals, failures.
+    pub not_applied: usize,
+}
+
+/// Where the review talks: output, answers (none: never ask), colour, pager.
+pub struct Console<'a> {
+    pub out: &'a mut dyn Write,
+    pub answers: Option<&'a mut dyn Answers>,
+    pub painter: Painter,
+    pub pager: Pager,
+}
+
+/// Summary lines listed after a run before only directories are shown.
+const AFTER_RUN_LIMIT: usize = 40;
+
+/// The review after `stockade run`: prints the summary of the staged
+/// changes on stderr and, per `mode`, asks, applies all, or keeps them
+/// staged with a hint. It asks only when stdin and stderr are terminals
+/// (answers are read from /dev/tty); otherwise `Ask` keeps the changes
+/// staged. Never changes the command's exit status: the caller decides.
+pub fn after_run(
+    store: &Store,
+    workspace: &Path,
+    session_id: &str,
+    mode: ApplyMode,
+) -> Result<ReviewOutcome, ReviewError> {
+    let interactive = io::stdin().is_terminal() && io::stderr().is_terminal();
+    let mut keys = match (interactive, mode) {
+        (true, ApplyMode::Ask) => match KeyAnswers::open() {
+            Ok(keys) => Some(keys),
+            Err(e) => {
+                tracing::warn!("cannot read answers from /dev/tty: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
+    let mut stderr = io::stderr().lock();
+    let mut console = Console {
+        out: &mut stderr,
+        answers: keys.as_mut().map(|k| k as &mut dyn Answers),
+        painter: Painter::new(ColorChoice::Auto.for_stderr()),
+        pager: if interactive { Pager::from_env(Target::Stderr) } else { Pager::Off },
+    };
+    review(store, workspace, session_id, mode, &mut console, &SummaryOptions::default())
+}
+
+/// `after_run` with its console and summary options given (tests script
+/// the answers here).
+pub fn review(
+    store: &Store,
+    workspace: &Path,
+    session_id: &str,
+    mode: ApplyMode,
+    console: &mut Console<'_>,
+    options: &SummaryOptions,
+) -> Result<ReviewOutcome, ReviewError> {
+    let none = ReviewOutcome { decision: Decision::NoChanges, applied: 0, staged: 0, not_applied: 0 };
+    if !store.is_staged() {
+        return Ok(none);
+    }
+    let summary = Summary::build(store, workspace, options)?;
+    let p = console.painter;
+    if summary.is_empty() {
+        if console.answers.is_some() {
+            writeln!(console.out, "stockade: the command left the workspace unchanged")?;
+        }
+        return Ok(none);
+    }
+    let staged = summary.tally.total();
+    writeln!(
+        console.out,
+        "\nstockade: {} to {} staged by session {session_id}:",
+        p.paint(style::Role::Heading, plural(staged, "change", "changes")),
+        workspace.display()
+    )?;
+    let render = RenderOptions { painter: p, limit: Some(AFTER_RUN_LIMIT), session: Some(session_id) };
+    summary.render(console.out, &render)?;
+    writeln!(console.out)?;
+
+    let choice = match (mode, console.answers.as_deref_mut()) {
+        (ApplyMode::None, _) => Choice::Keep,
+        (ApplyMode::All, _) => Choice::All,
+        (ApplyMode::Ask, None) => {
+            writeln!(console.out, "stockade: no terminal to ask on, so nothing was applied")?;
+            Choice::Keep
+        }
+        (ApplyMode::Ask, Some(answers)) => {
+            let host = Host::open(workspace);
+            let view =
+                View { summary: &summary, store, host: &host, format: Format::Terminal(p), session: Some(session_id) };
+            let pager = console.pager.clone();
+            let prompt = prompt::Prompt { summary: &summary, workspace, painter: p };
+            prompt.run(console.out, answers, &mut |what, out| {
+                pager.show(out, &mut |w| match what {
+                    prompt::Show::All => view.write_all(w, false).map(|_| ()),
+                    prompt::Show::Group(key) => view.write_group(w, key),
+                    prompt::Show::Item(i) => view.write_item(w, i),
+                })
+            })?
+        }
+    };
+
+    let selection = match choice {
+        Choice::Keep => {
+            write_hint(console.out, p, session_id)?;
+            return Ok(ReviewOutcome { decision: Decision::KeptStaged, applied: 0, staged, not_applied: 0 });
+        }
+        Choice::All => Selection::all(),
+        Choice::Paths(paths) => Selection::exact(paths),
+    };
+    let report = apply(store, workspace, &ApplyOptions { selection, force: Selection::none() })?;
+    write_apply_report(console.out, p, &report, session_id, workspace)?;
+    let left = store.counts()?.staged;
+    if left > 0 {
+        writeln!(console.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
+        write_hint(console.out, p, session_id)?;
+    }
+    Ok(outcome(&report, left))
+}
+
+/// Staged entries in `selection` that run code by themselves, each with
+/// what it does (for a warning after `stockade apply`).
+pub fn sensitive_paths(
+    store: &Store,
+    workspace: &Path,
+    selection: &Selection,
+) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
+    let host = Host::open(workspace);
+    let classifier = classify::Classifier::new(&host, workspace, false);
+    Ok(store
+        .entries()?
+        .into_iter()
+        .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
+        .filter_map(|e| classifier.danger(&e.entry).map(|d| (e.entry.path, d.explain())))
+        .collect())
+}
+
+fn outcome(report: &ApplyReport, staged: usize) -> ReviewOutcome {
+    let applied = report.applied.len() + report.already.len();
+    let decision = match (applied, staged) {
+        (0, _) => Decision::KeptStaged,
+        (_, 0) => Decision::AppliedAll,
+        _ => Decision::AppliedSome,
+    };
+    ReviewOutcome { decision, applied, staged, not_applied: report.skipped() }
+}

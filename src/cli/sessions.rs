@@ -1,0 +1,382 @@
+//! `stockade sessions`, and what `diff`, `apply` and `discard` share: which
+//! session a command means, its workspace and change store, and the paths
+//! given on the command line as workspace paths.
+
+use std::ffi::OsString;
+use std::io::{self, IsTerminal, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde::Serialize;
+
+use crate::changes::review::{ColorChoice, Painter};
+use crate::changes::{Counts, RelPath, Selection, SetState, Store};
+use crate::paths::Dirs;
+use crate::supervisor::session::{self, SessionInfo};
+
+/// List sessions: when, what ran, and what became of its changes
+///
+/// Newest first. STATE is where the staged changes are: staged (awaiting
+/// review), partly applied, applied, discarded, or none (the command
+/// changed nothing); "apply interrupted" means `stockade apply` should be
+/// run again to finish.
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    /// Print JSON (one array of objects) for scripts.
+    #[arg(long)]
+    json: bool,
+
+    /// When to colour the output.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
+    color: ColorChoice,
+}
+
+pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
+    let dirs = Dirs::resolve()?;
+    let sessions = session::list(&dirs.data)?;
+    let now = SystemTime::now();
+    let rows: Vec<Row> = sessions.iter().map(|s| Row::of(s, now)).collect();
+    let mut out = io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &rows)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if rows.is_empty() {
+        eprintln!("stockade: no sessions yet; `stockade run -- COMMAND` makes one");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let width = terminal_size::terminal_size_of(io::stdout()).map_or(120, |(w, _)| usize::from(w.0));
+    let painter = Painter::new(args.color.for_stdout());
+    write_table(&mut out, &rows, width, painter)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One session as listed.
+#[derive(Debug, Serialize)]
+struct Row {
+    id: String,
+    started: Option<String>,
+    age_seconds: Option<u64>,
+    command: Vec<String>,
+    workspace: Option<String>,
+    exit_status: Option<i32>,
+    outcome: Option<String>,
+    state: &'static str,
+    changes: ChangeCounts,
+    dir: PathBuf,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct ChangeCounts {
+    total: usize,
+    staged: usize,
+    applied: usize,
+    discarded: usize,
+}
+
+impl Row {
+    fn of(info: &SessionInfo, now: SystemTime) -> Row {
+        let (state, counts) = change_state(&info.dir);
+        let record = info.record.as_ref();
+        Row {
+            id: info.id.clone(),
+            started: record.map(|r| r.started.clone()),
+            age_seconds: info.started().and_then(|t| now.duration_since(t).ok()).map(|d| d.as_secs()),
+            command: record.map(|r| r.command.clone()).unwrap_or_default(),
+            workspace: record.map(|r| r.workspace.clone()),
+            exit_status: record.and_then(|r| r.status),
+            outcome: record.and_then(|r| r.outcome.clone()),
+            state,
+            changes: ChangeCounts {
+                total: counts.staged + counts.applied + counts.discarded,
+                staged: counts.staged,
+                applied: counts.applied,
+                discarded: counts.discarded,
+            },
+            dir: info.dir.clone(),
+        }
+    }
+}
+
+/// Where a session's changes are, without creating anything in its directory.
+fn change_state(dir: &Path) -> (&'static str, Counts) {
+    if !dir.join("changes").is_dir() {
+        return ("none", Counts::default());
+    }
+    let Ok(store) = Store::open(dir) else { return ("unreadable", Counts::default()) };
+    if store.dir().join("journal").exists() {
+        return ("apply interrupted", store.counts().unwrap_or_default());
+    }
+    let (Ok(counts), Ok(state)) = (store.counts(), store.state()) else { return ("damaged", Counts::default()) };
+    let word = match state {
+        SetState::Empty => "none",
+        SetState::Staged => "staged",
+        SetState::Partial if counts.applied > 0 => "partly applied",
+        SetState::Partial => "partly discarded",
+        SetState::Applied => "applied",
+        SetState::Discarded => "discarded",
+    };
+    (word, counts)
+}
+
+fn write_table(out: &mut dyn Write, rows: &[Row], width: usize, p: Painter) -> io::Result<()> {
+    use crate::changes::review::Role;
+    let header = format!("{:<20}  {:>12}  {:>4}  {:>7}  {:<16}  COMMAND", "ID", "AGE", "EXIT", "CHANGES", "STATE");
+    writeln!(out, "{}", p.paint(Role::Heading, header))?;
+    // ID, age, exit, changes and state columns with their gaps.
+    let fixed = 20 + 2 + 12 + 2 + 4 + 2 + 7 + 2 + 16 + 2;
+    for row in rows {
+        let age = row.age_seconds.map_or_else(|| "?".to_string(), |s| age(Duration::from_secs(s)));
+        let exit = row.exit_status.map_or_else(|| "-".to_string(), |s| s.to_string());
+        let state_role = match row.state {
+            "staged" | "partly applied" | "partly discarded" | "apply interrupted" => Role::Modified,
+            "applied" => Role::Added,
+            "discarded" => Role::Muted,
+            "damaged" | "unreadable" => Role::Conflict,
+            _ => Role::Muted,
+        };
+        let command = truncate(&shell_words(&row.command), width.saturating_sub(fixed).max(20));
+        writeln!(
+            out,
+            "{:<20}  {:>12}  {:>4}  {:>7}  {}  {}",
+            row.id,
+            age,
+            exit,
+            row.changes.total,
+            p.paint(state_role, format!("{:<16}", row.state)),
+            command
+        )?;
+    }
+    Ok(())
+}
+
+/// "just now", "5 min ago", "3 h ago", "2 days ago".
+fn age(elapsed: Duration) -> String {
+    let s = elapsed.as_secs();
+    match s {
+        0..60 => "just now".to_string(),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86_400 => format!("{} h ago", s / 3600),
+        86_400..172_800 => "1 day ago".to_string(),
+        _ => format!("{} days ago", s / 86_400),
+    }
+}
+
+/// The command as one might type it: arguments with spaces or quotes quoted.
+fn shell_words(argv: &[String]) -> String {
+    let word = |a: &String| {
+        if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+            a.clone()
+        } else {
+            format!("'{}'", a.replace('\'', r"'\''"))
+        }
+    };
+    let text = argv.iter().map(word).collect::<Vec<_>>().join(" ");
+    crate::changes::display_bytes(text.as_bytes())
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// The session a review command works on, its workspace and its store.
+pub struct Target {
+    pub id: String,
+    pub workspace: PathBuf,
+    pub store: Store,
+}
+
+/// Whether a first positional argument is a session id (or a prefix of
+/// one) rather than a path: ids start with the date, so digits, lowercase
+/// hex and dashes only. A file named like that is given as `./NAME`.
+pub fn looks_like_session(arg: &str) -> bool {
+    arg.starts_with(|c: char| c.is_ascii_digit())
+        && arg.chars().all(|c| c.is_ascii_digit() || c == '-' || ('a'..='f').contains(&c))
+}
+
+/// Splits `[SESSION] [PATH...]` as the user typed them.
+pub fn split_positionals(first: Option<OsString>, mut rest: Vec<PathBuf>) -> (Option<String>, Vec<PathBuf>) {
+    match first {
+        Some(arg) => match arg.to_str() {
+            Some(text) if looks_like_session(text) => (Some(text.to_string()), rest),
+            _ => {
+                rest.insert(0, PathBuf::from(arg));
+                (None, rest)
+            }
+        },
+        None => (None, rest),
+    }
+}
+
+/// The named session, or the most recent one with staged changes.
+pub fn resolve(given: Option<&str>) -> anyhow::Result<Target> {
+    let dirs = Dirs::resolve()?;
+    let sessions = session::list(&dirs.data)?;
+    let info = match given {
+        Some(id) => session::find(&sessions, id)?.clone(),
+        None => sessions
+            .iter()
+            .find(|s| {
+                s.dir.join("changes").is_dir()
+                    && Store::open(&s.dir).is_ok_and(|st| st.counts().is_ok_and(|c| c.staged > 0))
+            })
+            .cloned()
+            .with_context(|| {
+                if sessions.is_empty() {
+                    "there are no sessions yet; `stockade run` makes one".to_string()
+                } else {
+                    "no session has staged changes; `stockade sessions` lists the sessions".to_string()
+                }
+            })?,
+    };
+    let workspace = info.workspace().with_context(|| {
+        format!(
+            "session {} has no readable run record ({}), so its workspace is unknown; discard it by removing {}",
+            info.id,
+            info.dir.join("run.json").display(),
+            info.dir.display()
+        )
+    })?;
+    let store = Store::open(&info.dir)
+        .with_context(|| format!("cannot open the change store of session {} in {}", info.id, info.dir.display()))?;
+    Ok(Target { id: info.id, workspace, store })
+}
+
+/// Paths from the command line as workspace paths. Relative paths are
+/// relative to the current directory when it is inside the workspace, else
+/// to the workspace root. The workspace itself selects everything (`None`).
+pub fn workspace_paths(
+    paths: &[PathBuf],
+    cwd: &Path,
+    workspace: &Path,
+    flag: &str,
+) -> anyhow::Result<Option<Vec<RelPath>>> {
+    let mut out = Vec::new();
+    for given in paths {
+        let base = if cwd.starts_with(workspace) { cwd } else { workspace };
+        let absolute = normalize(&base.join(given))
+            .with_context(|| format!("{flag} {}: the path climbs above /", given.display()))?;
+        let Ok(inside) = absolute.strip_prefix(workspace) else {
+            bail!(
+                "{flag} {} is outside the session's workspace {}; give a path inside it",
+                given.display(),
+                workspace.display()
+            );
+        };
+        if inside.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        let rel = RelPath::new(inside.as_os_str().as_bytes().to_vec())
+            .with_context(|| format!("{flag} {}", given.display()))?;
+        out.push(rel);
+    }
+    Ok(if out.is_empty() { None } else { Some(out) })
+}
+
+/// Resolves `.` and `..` without touching the filesystem (the path may
+/// exist only in the staged changes).
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::RootDir => out.push("/"),
+            Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::Normal(name) => out.push(name),
+        }
+    }
+    Some(out)
+}
+
+/// A selection of the given paths, checked to name staged changes.
+pub fn selection_of(target: &Target, paths: Option<Vec<RelPath>>, flag: &str) -> anyhow::Result<Selection> {
+    let Some(paths) = paths else { return Ok(Selection::all()) };
+    let staged: Vec<RelPath> = target
+        .store
+        .entries()?
+        .into_iter()
+        .filter(|e| e.state == crate::changes::EntryState::Staged)
+        .map(|e| e.entry.path)
+        .collect();
+    for path in &paths {
+        if !staged.iter().any(|s| s.starts_with(path)) {
+            bail!(
+                "{flag} {path}: session {} has no staged change at or below it; `stockade diff --stat {}` lists them",
+                target.id,
+                target.id
+            );
+        }
+    }
+    Ok(Selection::paths(paths))
+}
+
+/// The current directory, for relative paths.
+pub fn cwd() -> anyhow::Result<PathBuf> {
+    std::env::current_dir().context("cannot read the current directory")
+}
+
+/// Whether stdout is a terminal (paging and colour decisions).
+pub fn stdout_is_terminal() -> bool {
+    io::stdout().is_terminal()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tells_session_ids_from_paths() {
+        assert!(looks_like_session("20250301"));
+        assert!(looks_like_session("20250301-101500-3fa2"));
+        assert!(!looks_like_session("src/main.rs"));
+        assert!(!looks_like_session("README"));
+        assert!(!looks_like_session("./2025"));
+        let (session, paths) = split_positionals(Some("src".into()), vec!["b".into()]);
+        assert_eq!(session, None);
+        assert_eq!(paths, [PathBuf::from("src"), PathBuf::from("b")]);
+        let (session, paths) = split_positionals(Some("2025".into()), vec![]);
+        assert_eq!(session.as_deref(), Some("2025"));
+        assert!(paths.is_empty());
+    }
+
+    #[test]
+    fn paths_are_relative_to_the_cwd_inside_the_workspace() {
+        let ws = Path::new("/home/u/proj");
+        let get = |paths: &[&str], cwd: &str| {
+            let paths: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+            workspace_paths(&paths, Path::new(cwd), ws, "PATH")
+                .map(|o| o.map(|v| v.iter().map(|p| p.to_string()).collect::<Vec<_>>()))
+        };
+        assert_eq!(get(&["main.rs"], "/home/u/proj/src").unwrap().unwrap(), ["src/main.rs"]);
+        assert_eq!(get(&["../docs/"], "/home/u/proj/src").unwrap().unwrap(), ["docs"]);
+        assert_eq!(get(&["src/lib.rs"], "/elsewhere").unwrap().unwrap(), ["src/lib.rs"]);
+        assert_eq!(get(&["/home/u/proj/a"], "/").unwrap().unwrap(), ["a"]);
+        assert_eq!(get(&["."], "/home/u/proj").unwrap(), None, "the workspace itself means everything");
+        let err = get(&["../../etc"], "/home/u/proj").unwrap_err();
+        assert!(format!("{err:#}").contains("outside the session's workspace"), "{err:#}");
+    }
+
+    #[test]
+    fn ages_read_naturally() {
+        assert_eq!(age(Duration::from_secs(5)), "just now");
+        assert_eq!(age(Duration::from_secs(300)), "5 min ago");
+        assert_eq!(age(Duration::from_secs(7300)), "2 h ago");
+        assert_eq!(age(Duration::from_secs(3 * 86_400)), "3 days ago");
+        assert_eq!(shell_words(&["echo".into(), "a b".into(), "it's".into()]), r"echo 'a b' 'it'\''s'");
+        assert_eq!(truncate("abcdef", 4), "abc…");
+    }
+}
