@@ -197,7 +197,10 @@ mod tests {
         fs::create_dir_all(sessions_dir(tmp.path()).join("20250303-000000-dddd")).unwrap();
         let all = list(tmp.path()).unwrap();
         let ids: Vec<&str> = all.iter().map(|s| s.id.as_str()).collect();
-        assert_eq!(ids, ["20250303-000000-dddd", "20250302-090000-cccc", "20250301-101510-bbbb", "20250301-101500-aaaa"]);
+        assert_eq!(
+            ids,
+            ["20250303-000000-dddd", "20250302-090000-cccc", "20250301-101510-bbbb", "20250301-101500-aaaa"]
+        );
         assert!(all[0].record.is_none(), "a session without run.json is still listed");
         assert_eq!(all[1].workspace(), Some(PathBuf::from("/w")));
         assert!(all[1].started().is_some());

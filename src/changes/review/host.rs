@@ -14,9 +14,16 @@ use crate::changes::path::RelPath;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostState {
     Absent,
-    File { mode: Mode, size: u64 },
-    Dir { mode: Mode },
-    Symlink { target: Vec<u8> },
+    File {
+        mode: Mode,
+        size: u64,
+    },
+    Dir {
+        mode: Mode,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
     Special,
     /// A parent is a symlink or not a directory, or the path cannot be read.
     Unreachable(String),

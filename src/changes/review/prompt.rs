@@ -188,7 +188,12 @@ impl Prompt<'_> {
         let mut chosen: Vec<RelPath> = Vec::new();
         let total = self.summary.groups.len();
         for (n, group) in self.summary.groups.iter().enumerate() {
-            writeln!(out, "{} {}", self.painter.paint(Role::Muted, format!("[{}/{total}]", n + 1)), self.describe(group))?;
+            writeln!(
+                out,
+                "{} {}",
+                self.painter.paint(Role::Muted, format!("[{}/{total}]", n + 1)),
+                self.describe(group)
+            )?;
             match self.ask_group(out, answers, show, group, &mut chosen)? {
                 Step::Next => {}
                 Step::Stop => break,
@@ -235,7 +240,11 @@ impl Prompt<'_> {
                      q: quit, apply nothing",
                     if by_file { "f: ask for each file   " } else { "" }
                 )?,
-                Some(_) => writeln!(out, "  please answer {} (? explains)", if by_file { "y, n, f, d, s or q" } else { "y, n, d, s or q" })?,
+                Some(_) => writeln!(
+                    out,
+                    "  please answer {} (? explains)",
+                    if by_file { "y, n, f, d, s or q" } else { "y, n, d, s or q" }
+                )?,
             }
         }
     }
@@ -286,7 +295,10 @@ impl Prompt<'_> {
         let conflicts = if group.tally.blocked > 0 {
             format!(
                 " {}",
-                p.paint(Role::Conflict, format!("({} kept unless forced)", plural(group.tally.blocked, "conflict", "conflicts")))
+                p.paint(
+                    Role::Conflict,
+                    format!("({} kept unless forced)", plural(group.tally.blocked, "conflict", "conflicts"))
+                )
             )
         } else {
             String::new()
@@ -301,11 +313,9 @@ impl Prompt<'_> {
                 let name = dir.as_ref().map_or_else(|| "./ (top level)".to_string(), |d| format!("{d}/"));
                 format!("{}  {}{lines}{conflicts}", p.paint(Role::Dir, name), group.tally.words())
             }
-            GroupKey::Ignored(root) => format!(
-                "{} (ignored by git)  {}{conflicts}",
-                p.paint(Role::Dir, root),
-                group.tally.words()
-            ),
+            GroupKey::Ignored(root) => {
+                format!("{} (ignored by git)  {}{conflicts}", p.paint(Role::Dir, root), group.tally.words())
+            }
             GroupKey::Git(git_dir) => {
                 let events = self.summary.git.get(git_dir).map(|a| a.events.as_slice()).unwrap_or_default();
                 let what: Vec<String> = events.iter().map(describe_event).collect();

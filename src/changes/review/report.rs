@@ -15,11 +15,9 @@ const MAX_LISTED: usize = 50;
 /// What to run to see, apply or drop staged changes.
 pub fn write_hint(out: &mut dyn Write, p: Painter, session: &str) -> io::Result<()> {
     writeln!(out, "stockade: review them later with:")?;
-    for (cmd, what) in [
-        ("diff", "show the changes"),
-        ("apply", "apply them (add paths to apply some)"),
-        ("discard", "drop them"),
-    ] {
+    for (cmd, what) in
+        [("diff", "show the changes"), ("apply", "apply them (add paths to apply some)"), ("discard", "drop them")]
+    {
         let line = format!("stockade {cmd} {session}");
         writeln!(out, "  {}  {}", p.paint(Role::Heading, format!("{line:<40}")), p.paint(Role::Muted, what))?;
     }
@@ -56,8 +54,10 @@ pub fn write_apply_report(
         writeln!(out, "stockade: nothing to apply")?;
     }
     if !report.conflicts.is_empty() {
-        let heading =
-            format!("{} not applied: changed on the host since the session started", plural(report.conflicts.len(), "conflict", "conflicts"));
+        let heading = format!(
+            "{} not applied: changed on the host since the session started",
+            plural(report.conflicts.len(), "conflict", "conflicts")
+        );
         writeln!(out, "stockade: {}", p.paint(Role::Conflict, heading))?;
         for c in report.conflicts.iter().take(MAX_LISTED) {
             writeln!(out, "  {}: {}", p.paint(Role::Conflict, &c.path), c.reason)?;
@@ -80,7 +80,8 @@ pub fn write_apply_report(
         more(out, report.refused.len())?;
     }
     if !report.failed.is_empty() {
-        let heading = format!("{} failed (still staged; run apply again):", plural(report.failed.len(), "change", "changes"));
+        let heading =
+            format!("{} failed (still staged; run apply again):", plural(report.failed.len(), "change", "changes"));
         writeln!(out, "stockade: {}", p.paint(Role::Conflict, heading))?;
         for f in report.failed.iter().take(MAX_LISTED) {
             writeln!(out, "  {}: {}", p.paint(Role::Conflict, &f.path), f.error)?;

@@ -151,10 +151,8 @@ pub fn stage_difference(ws: &Path, guest: &Path, store: &Store) {
 
 fn diff_dir<'a>(ws: &Path, guest: &Path, rel: &str, mut set: Set<'a>) -> Set<'a> {
     let join = |name: &str| if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
-    let mut names: Vec<String> = fs::read_dir(guest.join(rel))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let mut names: Vec<String> =
+        fs::read_dir(guest.join(rel)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     for name in &names {
         let path = join(name);
@@ -185,10 +183,8 @@ fn diff_dir<'a>(ws: &Path, guest: &Path, rel: &str, mut set: Set<'a>) -> Set<'a>
         }
     }
     if let Ok(host) = fs::read_dir(ws.join(rel)) {
-        let mut gone: Vec<String> = host
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| !names.contains(n))
-            .collect();
+        let mut gone: Vec<String> =
+            host.map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| !names.contains(n)).collect();
         gone.sort();
         for name in gone {
             set = set.delete(&join(&name));
