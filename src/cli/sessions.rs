@@ -366,7 +366,7 @@ pub(super) mod fixture {
     use crate::supervisor::session::{RunRecord, sessions_dir};
 
     pub struct Fixture {
-        pub tmp: tempfile::TempDir,
+        pub _tmp: tempfile::TempDir,
         pub data: PathBuf,
         pub ws: PathBuf,
     }
@@ -376,7 +376,7 @@ pub(super) mod fixture {
         let data = tmp.path().join("data");
         let ws = tmp.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
-        Fixture { tmp, data, ws }
+        Fixture { _tmp: tmp, data, ws }
     }
 
     /// A session `id` of the fixture's workspace; `stage` stages its changes.
