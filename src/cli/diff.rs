@@ -9,10 +9,10 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::changes::review::{
-    ColorChoice, Format, Host, Pager, Painter, RenderOptions, Summary, SummaryOptions, Target, View, plural,
+    ColorChoice, Format, Host, Pager, Painter, RenderOptions, Role, Summary, SummaryOptions, Target, View, plural,
 };
 
-use super::sessions::{self, stdout_is_terminal};
+use super::sessions::{self, Here};
 
 /// Show a session's staged changes
 ///
@@ -51,56 +51,62 @@ pub struct DiffArgs {
 }
 
 pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
+    Here::with_process(|here| execute(args, here))
+}
+
+pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(session.as_deref())?;
-    let paths = sessions::workspace_paths(&paths, &sessions::cwd()?, &target.workspace, "PATH")?;
+    let target = sessions::resolve(&here.data, session.as_deref())?;
+    let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
     let expand = paths.is_some();
     let options = SummaryOptions { selection, count_lines: !args.patch, ..SummaryOptions::default() };
     let summary = Summary::build(&target.store, &target.workspace, &options)
         .with_context(|| format!("cannot read the staged changes of session {}", target.id))?;
     if summary.is_empty() {
-        let state = target.store.state().map(|s| format!(" ({s:?})").to_lowercase()).unwrap_or_default();
-        eprintln!("stockade: session {} has no staged changes{state}", target.id);
+        let counts = &summary.counts;
+        writeln!(
+            here.err,
+            "stockade: session {} has no staged changes ({} applied, {} discarded)",
+            target.id, counts.applied, counts.discarded
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
     let host = Host::open(&target.workspace);
-    let stdout = io::stdout();
 
     if args.patch {
-        let mut out = BufWriter::new(stdout.lock());
+        let mut out = BufWriter::new(&mut *here.out);
         let view = View { summary: &summary, store: &target.store, host: &host, format: Format::Patch, session: None };
         let report = quiet_pipe(view.write_all(&mut out, true))?;
         quiet_pipe(out.flush())?;
         if report.git > 0 {
-            eprintln!(
+            writeln!(
+                here.err,
                 "stockade: the patch leaves out {} inside .git/ (commits, refs); `stockade apply {} .git` applies them",
                 plural(report.git, "change", "changes"),
                 target.id
-            );
+            )?;
         }
         return Ok(ExitCode::SUCCESS);
     }
 
-    let painter = Painter::new(args.color.for_stdout());
-    let header = format!(
+    let painter = Painter::new(args.color.enabled(here.terminal));
+    let mut header = format!(
         "session {}: {} to {}",
         target.id,
         plural(summary.tally.total(), "staged change", "staged changes"),
         target.workspace.display()
     );
+    if summary.counts.applied + summary.counts.discarded > 0 {
+        header.push_str(&format!(" ({} applied, {} discarded)", summary.counts.applied, summary.counts.discarded));
+    }
     let render = RenderOptions { painter, limit: if args.stat { None } else { Some(40) }, session: Some(&target.id) };
-    let pager = if stdout_is_terminal() && !args.stat { Pager::from_env(Target::Stdout) } else { Pager::Off };
-    let view = View {
-        summary: &summary,
-        store: &target.store,
-        host: &host,
-        format: Format::Terminal(painter),
-        session: Some(&target.id),
-    };
-    let mut direct = BufWriter::new(stdout.lock());
+    let pager = if here.terminal && !args.stat { Pager::from_env(Target::Stdout) } else { Pager::Off };
+    let format = Format::Terminal(painter);
+    let view = View { summary: &summary, store: &target.store, host: &host, format, session: Some(&target.id) };
+    let mut direct = BufWriter::new(&mut *here.out);
     pager.show(&mut direct, &mut |out| {
-        writeln!(out, "{}", painter.paint(crate::changes::review::Role::Heading, &header))?;
+        writeln!(out, "{}", painter.paint(Role::Heading, &header))?;
         summary.render(out, &render)?;
         if !args.stat {
             writeln!(out)?;
@@ -117,5 +123,63 @@ fn quiet_pipe<T: Default>(result: io::Result<T>) -> io::Result<T> {
     match result {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(T::default()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changes::review::testutil::{Set, write};
+    use crate::cli::sessions::fixture::*;
+
+    fn staged(f: &Fixture) {
+        write(&f.ws.join("src/main.rs"), b"fn main() {}\n");
+        session(f, "20250301-101500-aaaa", |ws, store| {
+            Set::new(ws)
+                .file("src/main.rs", b"fn main() { run() }\n", 0o644)
+                .file("notes.txt", b"new\n", 0o644)
+                .stage(store)
+        });
+    }
+
+    #[test]
+    fn shows_a_summary_then_the_diff() {
+        let f = fixture();
+        staged(&f);
+        let (code, out, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&[]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS);
+        assert!(out.starts_with("session 20250301-101500-aaaa: 2 staged changes to "), "{out}");
+        assert!(out.contains("M  src/main.rs") && out.contains("-fn main() {}\n+fn main() { run() }"), "{out}");
+        assert!(!out.contains('\x1b'), "no colour when not a terminal: {out}");
+    }
+
+    #[test]
+    fn stat_lists_and_paths_limit() {
+        let f = fixture();
+        staged(&f);
+        let (_, out, _) = run_in(&f, &f.ws.join("src"), parse::<DiffArgs>(&["--stat", "main.rs"]), execute);
+        assert!(out.contains("src/main.rs") && !out.contains("notes.txt") && !out.contains("@@"), "{out}");
+        let (_, colored, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["--stat", "--color", "always"]), execute);
+        assert!(colored.contains('\x1b'), "{colored}");
+    }
+
+    #[test]
+    fn patch_by_session_prefix_is_plain() {
+        let f = fixture();
+        staged(&f);
+        let (code, out, err) =
+            run_in(&f, &f.ws, parse::<DiffArgs>(&["20250301", "--patch", "--color=always"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{err}");
+        assert!(out.starts_with("diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n"), "{out}");
+        assert!(!out.contains('\x1b') && !out.contains("session"), "{out}");
+    }
+
+    #[test]
+    fn an_unknown_session_is_an_error_naming_the_fix() {
+        let f = fixture();
+        staged(&f);
+        let (code, _, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["1999"]), execute);
+        let err = format!("{:#}", code.unwrap_err());
+        assert!(err.contains("no session matches \"1999\"") && err.contains("stockade sessions"), "{err}");
     }
 }

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use crate::changes::review::plural;
+use crate::changes::review::{change_counts, plural};
 
-use super::sessions;
+use super::sessions::{self, Here};
 
 /// Drop a session's staged changes without applying them
 ///
@@ -29,22 +29,50 @@ pub struct DiscardArgs {
 }
 
 pub fn run(args: DiscardArgs) -> anyhow::Result<ExitCode> {
+    Here::with_process(|here| execute(args, here))
+}
+
+pub(super) fn execute(args: DiscardArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(session.as_deref())?;
-    let paths = sessions::workspace_paths(&paths, &sessions::cwd()?, &target.workspace, "PATH")?;
+    let target = sessions::resolve(&here.data, session.as_deref())?;
+    let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths, "PATH")?;
-    let dropped = target
-        .store
-        .discard(&selection)
-        .with_context(|| format!("cannot discard the changes of session {}", target.id))?;
-    let left = target.store.counts()?.staged;
+    let before = change_counts(&target.store)?.staged;
+    target.store.discard(&selection).with_context(|| format!("cannot discard the changes of session {}", target.id))?;
+    let left = change_counts(&target.store)?.staged;
+    let dropped = before - left;
     if dropped == 0 {
-        println!("stockade: session {} has nothing staged to discard", target.id);
+        writeln!(here.out, "stockade: session {} has nothing staged to discard", target.id)?;
     } else {
-        println!("stockade: discarded {} of session {}", plural(dropped, "staged change", "staged changes"), target.id);
+        let what = plural(dropped, "staged change", "staged changes");
+        writeln!(here.out, "stockade: discarded {what} of session {}", target.id)?;
     }
     if left > 0 {
-        println!("stockade: {} still staged", plural(left, "change is", "changes are"));
+        writeln!(here.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changes::review::testutil::Set;
+    use crate::cli::sessions::fixture::*;
+
+    #[test]
+    fn discards_some_or_all_without_touching_the_workspace() {
+        let f = fixture();
+        session(&f, "20250301-101500-aaaa", |ws, store| {
+            Set::new(ws).dir("src", 0o755).file("src/a.rs", b"a\n", 0o644).file("b.txt", b"b\n", 0o644).stage(store)
+        });
+        let (code, out, _) = run_in(&f, &f.ws, parse::<DiscardArgs>(&["b.txt"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS);
+        assert_eq!(
+            out,
+            "stockade: discarded 1 staged change of session 20250301-101500-aaaa\nstockade: 1 change is still staged\n"
+        );
+        let (_, out, _) = run_in(&f, &f.ws, parse::<DiscardArgs>(&["20250301"]), execute);
+        assert_eq!(out, "stockade: discarded 1 staged change of session 20250301-101500-aaaa\n");
+        assert!(!f.ws.join("src").exists() && !f.ws.join("b.txt").exists());
+    }
 }

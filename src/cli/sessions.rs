@@ -36,23 +36,52 @@ pub struct SessionsArgs {
 }
 
 pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
-    let dirs = Dirs::resolve()?;
-    let sessions = session::list(&dirs.data)?;
+    Here::with_process(|here| execute(args, here))
+}
+
+/// What a review command works with: the data directory, the current
+/// directory, and its output streams (tests give their own).
+pub struct Here<'a> {
+    pub data: PathBuf,
+    pub cwd: PathBuf,
+    pub out: &'a mut dyn Write,
+    pub err: &'a mut dyn Write,
+    /// Whether `out` is a terminal (colour, pager, table width).
+    pub terminal: bool,
+}
+
+impl Here<'_> {
+    /// The process's own: `Dirs`, the current directory, stdout and stderr.
+    pub fn with_process(f: impl FnOnce(&mut Here<'_>) -> anyhow::Result<ExitCode>) -> anyhow::Result<ExitCode> {
+        let data = Dirs::resolve()?.data;
+        let cwd = std::env::current_dir().context("cannot read the current directory")?;
+        let (stdout, stderr) = (io::stdout(), io::stderr());
+        let (mut out, mut err) = (stdout.lock(), stderr.lock());
+        let terminal = io::stdout().is_terminal();
+        f(&mut Here { data, cwd, out: &mut out, err: &mut err, terminal })
+    }
+}
+
+pub(super) fn execute(args: SessionsArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
+    let sessions = session::list(&here.data)?;
     let now = SystemTime::now();
     let rows: Vec<Row> = sessions.iter().map(|s| Row::of(s, now)).collect();
-    let mut out = io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &rows)?;
-        writeln!(out)?;
+        serde_json::to_writer_pretty(&mut here.out, &rows)?;
+        writeln!(here.out)?;
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        eprintln!("stockade: no sessions yet; `stockade run -- COMMAND` makes one");
+        writeln!(here.err, "stockade: no sessions yet; `stockade run -- COMMAND` makes one")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let width = terminal_size::terminal_size_of(io::stdout()).map_or(120, |(w, _)| usize::from(w.0));
-    let painter = Painter::new(args.color.for_stdout());
-    write_table(&mut out, &rows, width, painter)?;
+    let width = if here.terminal {
+        terminal_size::terminal_size_of(io::stdout()).map_or(120, |(w, _)| usize::from(w.0))
+    } else {
+        120
+    };
+    let painter = Painter::new(args.color.enabled(here.terminal));
+    write_table(here.out, &rows, width, painter)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -109,10 +138,11 @@ fn change_state(dir: &Path) -> (&'static str, Counts) {
         return ("none", Counts::default());
     }
     let Ok(store) = Store::open(dir) else { return ("unreadable", Counts::default()) };
+    let counts = crate::changes::review::change_counts(&store);
     if store.dir().join("journal").exists() {
-        return ("apply interrupted", store.counts().unwrap_or_default());
+        return ("apply interrupted", counts.unwrap_or_default());
     }
-    let (Ok(counts), Ok(state)) = (store.counts(), store.state()) else { return ("damaged", Counts::default()) };
+    let (Ok(counts), Ok(state)) = (counts, store.state()) else { return ("damaged", Counts::default()) };
     let word = match state {
         SetState::Empty => "none",
         SetState::Staged => "staged",
@@ -219,9 +249,8 @@ pub fn split_positionals(first: Option<OsString>, mut rest: Vec<PathBuf>) -> (Op
 }
 
 /// The named session, or the most recent one with staged changes.
-pub fn resolve(given: Option<&str>) -> anyhow::Result<Target> {
-    let dirs = Dirs::resolve()?;
-    let sessions = session::list(&dirs.data)?;
+pub fn resolve(data: &Path, given: Option<&str>) -> anyhow::Result<Target> {
+    let sessions = session::list(data)?;
     let info = match given {
         Some(id) => session::find(&sessions, id)?.clone(),
         None => sessions
@@ -324,19 +353,80 @@ pub fn selection_of(target: &Target, paths: Option<Vec<RelPath>>, flag: &str) ->
     Ok(Selection::paths(paths))
 }
 
-/// The current directory, for relative paths.
-pub fn cwd() -> anyhow::Result<PathBuf> {
-    std::env::current_dir().context("cannot read the current directory")
-}
+/// Sessions with staged changes in a temp data directory, for the tests
+/// of the review commands.
+#[cfg(test)]
+pub(super) mod fixture {
+    use std::path::{Path, PathBuf};
 
-/// Whether stdout is a terminal (paging and colour decisions).
-pub fn stdout_is_terminal() -> bool {
-    io::stdout().is_terminal()
+    use clap::Parser;
+
+    use super::Here;
+    use crate::changes::Store;
+    use crate::supervisor::session::{RunRecord, sessions_dir};
+
+    pub struct Fixture {
+        pub _tmp: tempfile::TempDir,
+        pub data: PathBuf,
+        pub ws: PathBuf,
+    }
+
+    pub fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        Fixture { _tmp: tmp, data, ws }
+    }
+
+    /// A session `id` of the fixture's workspace; `stage` stages its changes.
+    pub fn session(f: &Fixture, id: &str, stage: impl FnOnce(&Path, &Store)) {
+        let dir = sessions_dir(&f.data).join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let record = RunRecord {
+            id: id.into(),
+            command: vec!["make".into(), "all things".into()],
+            workspace: f.ws.display().to_string(),
+            started: "2025-03-01T10:15:00Z".into(),
+            duration_ms: Some(1200),
+            status: Some(2),
+            outcome: None,
+        };
+        std::fs::write(dir.join("run.json"), serde_json::to_vec(&record).unwrap()).unwrap();
+        stage(&f.ws, &Store::open(&dir).unwrap());
+    }
+
+    /// Parses `argv` as the flags of one subcommand.
+    pub fn parse<T: clap::Args>(argv: &[&str]) -> T {
+        #[derive(Parser)]
+        struct Wrap<A: clap::Args> {
+            #[command(flatten)]
+            args: A,
+        }
+        let mut all = vec!["stockade"];
+        all.extend_from_slice(argv);
+        Wrap::<T>::try_parse_from(all).unwrap().args
+    }
+
+    /// Runs a command in the fixture; returns its exit code, stdout and stderr.
+    pub fn run_in<T>(
+        f: &Fixture,
+        cwd: &Path,
+        args: T,
+        execute: impl FnOnce(T, &mut Here<'_>) -> anyhow::Result<std::process::ExitCode>,
+    ) -> (anyhow::Result<std::process::ExitCode>, String, String) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut here =
+            Here { data: f.data.clone(), cwd: cwd.to_path_buf(), out: &mut out, err: &mut err, terminal: false };
+        let code = execute(args, &mut here);
+        (code, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::review::testutil::{Set, write};
 
     #[test]
     fn tells_session_ids_from_paths() {
@@ -378,5 +468,62 @@ mod tests {
         assert_eq!(age(Duration::from_secs(3 * 86_400)), "3 days ago");
         assert_eq!(shell_words(&["echo".into(), "a b".into(), "it's".into()]), r"echo 'a b' 'it'\''s'");
         assert_eq!(truncate("abcdef", 4), "abc…");
+    }
+
+    #[test]
+    fn lists_sessions_newest_first_with_their_state() {
+        use fixture::*;
+        let f = fixture();
+        session(&f, "20250301-101500-aaaa", |ws, store| Set::new(ws).file("a", b"1\n", 0o644).stage(store));
+        session(&f, "20250302-101500-bbbb", |_, _| {});
+        let (code, out, _) = run_in(&f, &f.ws, parse::<SessionsArgs>(&[]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("ID") && lines[0].contains("STATE"), "{out}");
+        assert!(lines[1].starts_with("20250302-101500-bbbb") && lines[1].contains("none"), "{out}");
+        assert!(lines[2].starts_with("20250301-101500-aaaa") && lines[2].contains("staged"), "{out}");
+        assert!(lines[2].contains("days ago") && lines[2].contains("make 'all things'"), "{out}");
+
+        let (_, json, _) = run_in(&f, &f.ws, parse::<SessionsArgs>(&["--json"]), execute);
+        let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(rows[1]["state"], "staged");
+        assert_eq!(rows[1]["changes"]["staged"], 1);
+        assert_eq!(rows[1]["exit_status"], 2);
+        assert_eq!(rows[0]["changes"]["total"], 0);
+    }
+
+    #[test]
+    fn the_default_session_is_the_latest_with_staged_changes() {
+        use fixture::*;
+        let f = fixture();
+        session(&f, "20250301-101500-aaaa", |ws, store| Set::new(ws).file("a", b"1\n", 0o644).stage(store));
+        session(&f, "20250302-101500-bbbb", |ws, store| {
+            Set::new(ws).file("b", b"2\n", 0o644).stage(store);
+            store.discard(&Selection::all()).unwrap();
+        });
+        session(&f, "20250303-101500-cccc", |_, _| {});
+        assert_eq!(resolve(&f.data, None).unwrap().id, "20250301-101500-aaaa");
+        assert_eq!(resolve(&f.data, Some("20250302")).unwrap().id, "20250302-101500-bbbb");
+        let err = resolve(&f.data, Some("2025")).err().unwrap();
+        assert!(format!("{err:#}").contains("matches 3 sessions"), "{err:#}");
+        let err = resolve(&f.data, Some("1999")).err().unwrap();
+        assert!(format!("{err:#}").contains("20250303-101500-cccc"), "the most recent are listed: {err:#}");
+    }
+
+    #[test]
+    fn named_paths_must_have_staged_changes() {
+        use fixture::*;
+        let f = fixture();
+        write(&f.ws.join("src/keep.rs"), b"k\n");
+        session(&f, "20250301-101500-aaaa", |ws, store| Set::new(ws).file("src/a.rs", b"1\n", 0o644).stage(store));
+        let target = resolve(&f.data, None).unwrap();
+        let paths = workspace_paths(&[PathBuf::from("keep.rs")], &f.ws.join("src"), &f.ws, "PATH").unwrap();
+        let err = selection_of(&target, paths, "PATH").err().unwrap();
+        assert!(
+            format!("{err:#}").contains("PATH src/keep.rs: session 20250301-101500-aaaa has no staged change"),
+            "{err:#}"
+        );
+        let paths = workspace_paths(&[PathBuf::from("src")], &f.ws, &f.ws, "PATH").unwrap();
+        assert!(selection_of(&target, paths, "PATH").is_ok());
     }
 }

@@ -164,7 +164,6 @@ const DANGER_PAIRS: &[(&str, &str, Danger)] = &[
 
 /// Classifies paths of one workspace.
 pub struct Classifier<'h> {
-    host: &'h Host,
     /// The host's `core.hooksPath` inside the workspace, if set.
     hooks_path: Option<RelPath>,
     ignores: Ignores<'h>,
@@ -175,7 +174,7 @@ impl<'h> Classifier<'h> {
     /// (tests turn it off, so the machine's settings do not leak in).
     pub fn new(host: &'h Host, workspace: &Path, global_excludes: bool) -> Classifier<'h> {
         let hooks_path = hooks_path(host, workspace);
-        Classifier { host, hooks_path, ignores: Ignores::new(host, global_excludes) }
+        Classifier { hooks_path, ignores: Ignores::new(host, global_excludes) }
     }
 
     pub fn place(&mut self, entry: &Entry) -> Place {
@@ -213,7 +212,7 @@ impl<'h> Classifier<'h> {
         if let Some((_, d)) = DANGER_NAMES.iter().find(|(n, _)| n.as_bytes() == name) {
             return Some(*d);
         }
-        if let Some((_, d)) = DANGER_DIRS.iter().find(|(n, _)| parts.iter().any(|p| *p == n.as_bytes())) {
+        if let Some((_, d)) = DANGER_DIRS.iter().find(|(n, _)| parts.contains(&n.as_bytes())) {
             return Some(*d);
         }
         for window in parts.windows(2) {
@@ -224,10 +223,6 @@ impl<'h> Classifier<'h> {
             }
         }
         None
-    }
-
-    pub fn host(&self) -> &Host {
-        self.host
     }
 }
 
@@ -546,7 +541,7 @@ mod tests {
         fs::write(ws.join(".git/info/exclude"), "scratch/\n").unwrap();
         let host = Host::open(ws);
         let mut c = Classifier::new(&host, ws, false);
-        let root = |path: &str| match c.place(&file(path, 0o644)) {
+        let mut root = |path: &str| match c.place(&file(path, 0o644)) {
             Place::Ignored { root } => Some(root.to_string()),
             _ => None,
         };

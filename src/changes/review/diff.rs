@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use sha1::Digest;
 use similar::{Algorithm, DiffOp, DiffTag, capture_diff_slices_deadline, group_diff_ops};
 
-use crate::changes::model::Sha256;
 use crate::changes::path::RelPath;
 
 use super::content::{FileData, Side, human_size, is_binary};
@@ -403,7 +402,8 @@ fn write_literal(out: &mut dyn Write, content: &[u8]) -> io::Result<()> {
     let compressed = encoder.finish()?;
     writeln!(out, "literal {}", content.len())?;
     for chunk in compressed.chunks(52) {
-        let n = chunk.len() as u8;
+        // Chunks are 1..=52 bytes: the length letter is A-Z for 1-26, a-z for 27-52.
+        let n = u8::try_from(chunk.len()).unwrap_or(52);
         let tag = if n <= 26 { b'A' + n - 1 } else { b'a' + n - 27 };
         out.write_all(&[tag])?;
         out.write_all(&base85(chunk))?;
@@ -430,11 +430,6 @@ fn base85(bytes: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&chars);
     }
     out
-}
-
-/// A short content hash for listings.
-pub fn short_hash(sha256: &Sha256) -> String {
-    sha256.hex()[..12].to_string()
 }
 
 #[cfg(test)]

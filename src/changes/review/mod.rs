@@ -25,7 +25,7 @@ mod summary;
 mod view;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::io::{self, IsTerminal, Write};
 use std::path::Path;
@@ -34,19 +34,21 @@ use thiserror::Error;
 
 use super::ChangesError;
 use super::apply::{ApplyOptions, ApplyReport, apply};
-use super::model::EntryState;
+use super::model::{Base, EntryState, Kind};
 use super::path::RelPath;
 use super::selection::Selection;
-use super::store::Store;
+use super::store::{Counts, Store};
 
 pub use diff::Format;
 pub use host::Host;
 pub use pager::{Pager, Target};
-pub use prompt::{Answers, Choice, KeyAnswers, LineAnswers};
+#[cfg(test)]
+pub use prompt::LineAnswers;
+pub use prompt::{Answers, Choice, KeyAnswers};
 pub use report::{write_apply_report, write_hint};
 pub use style::{ColorChoice, Painter, Role};
 pub use summary::{RenderOptions, Summary, SummaryOptions, plural};
-pub use view::{PatchReport, View};
+pub use view::View;
 
 /// `--apply` on `stockade run`: what to do with the guest's changes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -201,7 +203,7 @@ pub fn review(
     };
     let report = apply(store, workspace, &ApplyOptions { selection, force: Selection::none() })?;
     write_apply_report(console.out, p, &report, session_id, workspace)?;
-    let left = store.counts()?.staged;
+    let left = change_counts(store)?.staged;
     if left > 0 {
         writeln!(console.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
         write_hint(console.out, p, session_id)?;
@@ -226,6 +228,30 @@ pub fn sensitive_paths(
         .collect())
 }
 
+/// Entries per review state as people count changes: a new directory that
+/// holds other entries is shown through them, not counted itself (so the
+/// numbers agree with the summary).
+pub fn change_counts(store: &Store) -> Result<Counts, ChangesError> {
+    let mut counts = Counts::default();
+    if !store.is_staged() {
+        return Ok(counts);
+    }
+    let entries = store.entries()?;
+    for (i, e) in entries.iter().enumerate() {
+        let implied = matches!((&e.entry.kind, &e.entry.base), (Kind::Dir { .. }, Base::Absent))
+            && entries.get(i + 1).is_some_and(|next| next.entry.path.starts_with(&e.entry.path));
+        if implied {
+            continue;
+        }
+        match e.state {
+            EntryState::Staged => counts.staged += 1,
+            EntryState::Applied => counts.applied += 1,
+            EntryState::Discarded => counts.discarded += 1,
+        }
+    }
+    Ok(counts)
+}
+
 fn outcome(report: &ApplyReport, staged: usize) -> ReviewOutcome {
     let applied = report.applied.len() + report.already.len();
     let decision = match (applied, staged) {
@@ -235,3 +261,7 @@ fn outcome(report: &ApplyReport, staged: usize) -> ReviewOutcome {
     };
     ReviewOutcome { decision, applied, staged, not_applied: report.skipped() }
 }
+
+#[cfg(test)]
+#[path = "review_tests.rs"]
+mod tests;

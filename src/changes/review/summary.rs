@@ -231,7 +231,7 @@ impl Summary {
         let started = Instant::now();
         let stored = store.entries()?;
         let report = store.report()?;
-        let counts = store.counts()?;
+        let counts = super::change_counts(store)?;
         let entries: Vec<Entry> = stored
             .into_iter()
             .filter(|e| e.state == EntryState::Staged && options.selection.matches(&e.entry.path))
@@ -412,14 +412,12 @@ impl Summary {
         let list_items = options.limit.is_none_or(|limit| listed_items <= limit);
         let width = self.path_column(list_items);
 
-        let mut shown_dirs = 0;
-        for group in &dir_groups {
-            if options.limit.is_some() && shown_dirs == MAX_LISTED_DIRS {
-                let rest = dir_groups.len() - shown_dirs;
+        for (shown, group) in dir_groups.iter().enumerate() {
+            if options.limit.is_some() && shown == MAX_LISTED_DIRS {
+                let rest = dir_groups.len() - shown;
                 writeln!(out, "  {}", p.paint(Role::Muted, format!("… and {rest} more directories")))?;
                 break;
             }
-            shown_dirs += 1;
             let GroupKey::Dir(dir) = &group.key else { continue };
             let name = match dir {
                 Some(d) => format!("{d}/"),
@@ -557,7 +555,10 @@ impl Summary {
             (Kind::Dir { .. }, Base::Absent) => notes.push((Role::Muted, "new empty directory".into())),
             (Kind::Delete, Base::Dir { tree, .. }) => {
                 let what = match tree {
-                    Some(t) => format!("directory and {} entries below", thousands(t.entries as usize)),
+                    Some(t) => format!(
+                        "directory and {} entries below",
+                        thousands(usize::try_from(t.entries).unwrap_or(usize::MAX))
+                    ),
                     None => "directory".into(),
                 };
                 notes.push((Role::Muted, what));
@@ -680,14 +681,14 @@ impl Summary {
                 .take(5)
                 .map(|s| format!("{} {}", s.what, display_bytes(s.path.as_bytes())))
                 .collect();
-            let more = if report.summary.skipped as usize > listed.len() { ", …" } else { "" };
+            let more = if report.summary.skipped > listed.len() as u64 { ", …" } else { "" };
             let line =
                 format!("not carried over (special files): {} ({}{more})", report.summary.skipped, listed.join(", "));
             writeln!(out, "  {}", p.paint(Role::Muted, line))?;
         }
         if report.stripped_count > 0 {
             let listed: Vec<String> = report.stripped.iter().take(5).map(|s| s.to_string()).collect();
-            let more = if report.stripped_count as usize > listed.len() { ", …" } else { "" };
+            let more = if report.stripped_count > listed.len() as u64 { ", …" } else { "" };
             let line =
                 format!("setuid/setgid/sticky bits dropped: {} ({}{more})", report.stripped_count, listed.join(", "));
             writeln!(out, "  {}", p.paint(Role::Other, line))?;

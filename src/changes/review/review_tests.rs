@@ -1,0 +1,171 @@
+//! The review after a run, driven by scripted answers.
+
+use std::fs;
+
+use super::*;
+use crate::changes::review::testutil::{Fx, Set, fx, options, write};
+
+const ID: &str = "20250301-101500-abcd";
+
+/// Runs the review with `script` as the answers (`None`: no terminal).
+fn run(f: &Fx, mode: ApplyMode, script: Option<&str>) -> (ReviewOutcome, String) {
+    let mut out = Vec::new();
+    let mut lines = script.map(|s| LineAnswers(s.as_bytes()));
+    let mut console = Console {
+        out: &mut out,
+        answers: lines.as_mut().map(|a| a as &mut dyn Answers),
+        painter: Painter::plain(),
+        pager: Pager::Off,
+    };
+    let outcome = review(&f.store, &f.ws, ID, mode, &mut console, &options()).unwrap();
+    (outcome, String::from_utf8(out).unwrap())
+}
+
+/// src/a.rs and src/b.rs added, docs/c.md modified.
+fn three_changes() -> Fx {
+    let f = fx();
+    write(&f.ws.join("docs/c.md"), b"old\n");
+    Set::new(&f.ws)
+        .file("docs/c.md", b"new\n", 0o644)
+        .dir("src", 0o755)
+        .file("src/a.rs", b"a\n", 0o644)
+        .file("src/b.rs", b"b\n", 0o644)
+        .stage(&f.store);
+    f
+}
+
+#[test]
+fn choosing_per_file_applies_only_the_chosen_paths() {
+    let f = three_changes();
+    // Choose; docs/: no; src/: file by file, a.rs yes, b.rs no.
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("c\nn\nf\ny\nn\n"));
+    assert_eq!(outcome.decision, Decision::AppliedSome, "{out}");
+    assert!(f.ws.join("src/a.rs").exists(), "{out}");
+    assert!(!f.ws.join("src/b.rs").exists());
+    assert_eq!(fs::read(f.ws.join("docs/c.md")).unwrap(), b"old\n");
+    assert_eq!(change_counts(&f.store).unwrap().staged, 2);
+    assert!(out.contains("[1/2] docs/") && out.contains("[2/2] src/"), "{out}");
+    assert!(out.contains("applied 2 changes"), "src/a.rs and the new directory src: {out}");
+    assert!(out.contains("stockade apply 20250301-101500-abcd"), "what is left gets the hint: {out}");
+}
+
+#[test]
+fn without_a_terminal_nothing_is_asked_or_applied() {
+    let f = three_changes();
+    let (outcome, out) = run(&f, ApplyMode::Ask, None);
+    assert_eq!(outcome.decision, Decision::KeptStaged);
+    assert_eq!(outcome.staged, 3);
+    assert!(!f.ws.join("src").exists());
+    assert!(out.contains("no terminal to ask on, so nothing was applied"), "{out}");
+    for cmd in ["diff", "apply", "discard"] {
+        assert!(out.contains(&format!("stockade {cmd} {ID}")), "{out}");
+    }
+    assert!(out.contains("3 changes"), "{out}");
+    assert!(!out.contains("Apply to"), "no question: {out}");
+}
+
+#[test]
+fn apply_none_keeps_everything_staged() {
+    let f = three_changes();
+    let (outcome, out) = run(&f, ApplyMode::None, Some("a\n"));
+    assert_eq!(outcome.decision, Decision::KeptStaged);
+    assert!(!out.contains("Apply to"), "{out}");
+    assert_eq!(change_counts(&f.store).unwrap().staged, 3);
+}
+
+#[test]
+fn apply_all_applies_all_but_conflicts_and_reports_them() {
+    let f = three_changes();
+    write(&f.ws.join("docs/c.md"), b"edited on the host\n");
+    let (outcome, out) = run(&f, ApplyMode::All, None);
+    assert_eq!(outcome.decision, Decision::AppliedSome, "{out}");
+    assert_eq!(outcome.not_applied, 1);
+    assert_eq!(fs::read(f.ws.join("docs/c.md")).unwrap(), b"edited on the host\n", "never overwritten");
+    assert!(f.ws.join("src/b.rs").exists());
+    assert!(out.contains("1 conflict not applied"), "{out}");
+    assert!(out.contains(&format!("stockade apply {ID} --force docs/c.md")), "{out}");
+}
+
+#[test]
+fn answering_all_applies_everything() {
+    let f = three_changes();
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("a\n"));
+    assert_eq!(outcome.decision, Decision::AppliedAll, "{out}");
+    assert_eq!(fs::read(f.ws.join("docs/c.md")).unwrap(), b"new\n");
+    assert_eq!(change_counts(&f.store).unwrap().staged, 0);
+    assert!(!out.contains("review them later"), "{out}");
+}
+
+#[test]
+fn invalid_answers_are_asked_again_and_end_of_input_keeps_staged() {
+    let f = three_changes();
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("x\n\n?\n"));
+    assert_eq!(outcome.decision, Decision::KeptStaged);
+    assert_eq!(out.matches("please answer a, n, c, d or q").count(), 2, "{out}");
+    assert!(out.contains("d: show the whole diff"), "? explains: {out}");
+    assert!(out.contains("end of input: keeping the changes staged"), "{out}");
+    assert_eq!(change_counts(&f.store).unwrap().staged, 3);
+}
+
+#[test]
+fn quitting_while_choosing_applies_nothing() {
+    let f = three_changes();
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("c\ny\nq\n"));
+    assert_eq!(outcome.decision, Decision::KeptStaged, "{out}");
+    assert_eq!(fs::read(f.ws.join("docs/c.md")).unwrap(), b"old\n");
+}
+
+#[test]
+fn skipping_the_rest_applies_what_was_chosen() {
+    let f = three_changes();
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("c\ny\ns\n"));
+    assert_eq!(outcome.decision, Decision::AppliedSome, "{out}");
+    assert_eq!(fs::read(f.ws.join("docs/c.md")).unwrap(), b"new\n");
+    assert!(!f.ws.join("src").exists());
+}
+
+#[test]
+fn diffs_are_shown_on_request() {
+    let f = three_changes();
+    let (_, out) = run(&f, ApplyMode::Ask, Some("d\nc\nd\nn\nf\nd\nn\nn\n"));
+    assert!(out.contains("+++ b/docs/c.md") && out.contains("-old\n+new"), "whole diff: {out}");
+    assert!(out.matches("+++ b/src/a.rs").count() >= 2, "whole diff and the item's own: {out}");
+}
+
+#[test]
+fn a_declined_subdirectory_is_not_pulled_in_by_its_parent() {
+    let f = fx();
+    write(&f.ws.join("top/keep.txt"), b"k\n");
+    Set::new(&f.ws)
+        .file("top/keep.txt", b"k2\n", 0o644)
+        .opaque("top/sub", 0o755)
+        .file("top/sub/x", b"x\n", 0o644)
+        .stage(&f.store);
+    // top/: yes (its file and the sub directory entry); top/sub/: no.
+    let (_, out) = run(&f, ApplyMode::Ask, Some("c\ny\nn\n"));
+    assert!(f.ws.join("top/sub").is_dir(), "{out}");
+    assert!(!f.ws.join("top/sub/x").exists(), "declined: {out}");
+}
+
+#[test]
+fn git_changes_are_all_or_nothing() {
+    let f = fx();
+    write(&f.ws.join(".git/HEAD"), b"ref: refs/heads/main\n");
+    write(&f.ws.join(".git/refs/heads/main"), b"1111111111111111111111111111111111111111\n");
+    Set::new(&f.ws)
+        .file(".git/refs/heads/main", b"2222222222222222222222222222222222222222\n", 0o644)
+        .file(".git/index", b"DIRC", 0o644)
+        .stage(&f.store);
+    let (_, out) = run(&f, ApplyMode::Ask, Some("c\nf\nn\n"));
+    assert!(out.contains("git .git: main moved (2 files, applied together)"), "{out}");
+    assert!(out.contains("please answer y, n, d, s or q"), "no file-by-file for git: {out}");
+}
+
+#[test]
+fn an_empty_change_set_says_nothing_without_a_terminal() {
+    let f = fx();
+    Set::new(&f.ws).stage(&f.store);
+    let (outcome, out) = run(&f, ApplyMode::Ask, None);
+    assert_eq!(outcome.decision, Decision::NoChanges);
+    assert!(out.is_empty(), "{out}");
+}
