@@ -62,3 +62,85 @@ TOML
     assert!(!out.stdout.contains("hunter2"), "the secret reached the guest\n{out}");
     assert!(out.stdout.contains("guest-sees=") && out.stdout.contains("\n0\n"), "{out}");
 }
+
+#[test]
+fn a_credential_is_injected_only_for_its_host() {
+    let Some(rig) = rig::require("a_credential_is_injected_only_for_its_host") else { return };
+    let out = rig.sh(
+        &script(
+            r#"openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
+             openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=api.test 2>/dev/null
+             printf 'subjectAltName=DNS:api.test\n' > ext
+             openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
+             cat > server.py <<'PY'
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[1], "a") as log:
+            log.write("".join("%s: %s\n" % kv for kv in self.headers.items()))
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok\n")
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", 8443), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain("srv.pem", "srv.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+PY
+             python3 server.py "$ws/headers.log" & server=$!
+             cat > p.toml <<'TOML'
+[network]
+allow_private = ["api.test:8443"]
+[network.hosts]
+"api.test" = "127.0.0.1"
+[[credential]]
+host = "api.test:8443"
+header = "authorization"
+value = { env = "TEST_SECRET" }
+format = "Bearer {}"
+TOML
+             sleep 1
+             SSL_CERT_FILE="$ws/ca.pem" TEST_SECRET=s3cr3t-token $S run --policy ./p.toml -e TEST_SECRET -- sh -c '
+                 curl -sS -H "Authorization: Bearer forged-by-guest" https://api.test:8443/x
+                 echo "guest-env=$TEST_SECRET"'
+             echo "run=$?"
+             kill $server
+             echo "--- headers"; cat headers.log"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("ok\nguest-env="), "{out}");
+    assert!(out.stdout.contains("run=0"), "{out}");
+    let headers = out.stdout.split("--- headers").nth(1).unwrap_or_default().to_ascii_lowercase();
+    assert!(headers.contains("authorization: bearer s3cr3t-token"), "the proxy must add the credential\n{out}");
+    assert!(!headers.contains("forged-by-guest"), "the guest's own header must be stripped\n{out}");
+    let guest_part = out.stdout.split("--- headers").next().unwrap_or_default();
+    assert!(!guest_part.contains("s3cr3t-token"), "the secret reached the guest\n{out}");
+}
+
+#[test]
+fn policy_mounts_and_cargo_fetch_through_the_proxy() {
+    let Some(rig) = rig::require("policy_mounts_and_cargo_fetch_through_the_proxy") else { return };
+    let out = rig.sh(
+        &script(
+            r#"mkdir -p "$HOME/rw-$$" "$HOME/ov-$$"; echo keep > "$HOME/ov-$$/k"
+             cat > mounts.toml <<TOML
+[mounts]
+"~/.cargo/bin" = "ro"
+"~/.rustup" = "ro"
+"~/rw-$$" = "rw"
+"~/ov-$$" = "overlay"
+TOML
+             printf '[package]\nname = "t"\nversion = "0.1.0"\nedition = "2021"\n[dependencies]\nitoa = "=1.0.11"\n' > Cargo.toml
+             mkdir src; echo 'fn main() {}' > src/main.rs
+             $S run --apply=all --policy cargo --policy ./mounts.toml -- sh -c "
+                 echo guest > ~/rw-$$/new; echo guest > ~/ov-$$/new; cat ~/ov-$$/k
+                 echo x > ~/.cargo/bin/nope 2>/dev/null || echo ro-refused
+                 cargo fetch -q; echo fetch=\$?"
+             echo "run=$?"
+             cat "$HOME/rw-$$/new"; test -e "$HOME/ov-$$/new" && echo ov-leaked || echo ov-kept
+             grep -c 'name = "itoa"' Cargo.lock"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("keep\nro-refused\nfetch=0\nrun=0"), "{out}");
+    assert!(out.stdout.contains("guest\nov-kept\n1"), "rw reaches the host, overlay does not\n{out}");
+}

@@ -10,10 +10,15 @@ use anyhow::Context;
 use nix::mount::{MsFlags, mount};
 
 use crate::protocol::RootEntry;
-use crate::vmm::config::FS_TAG;
+use crate::vmm::config::{FS_TAG, FS_TAG_RW};
 
 /// Where the virtio-fs share is mounted before its parts are bound into place.
 const SHARE_MOUNT: &str = "/.stockade/host";
+/// Where the writable virtio-fs share (policy "rw" mounts) is mounted.
+const SHARE_MOUNT_RW: &str = "/.stockade/host-rw";
+/// Upper layers of policy "overlay" mounts, thrown away with the VM.
+const SCRATCH_UPPERS: &str = "/.stockade/uppers";
+
 /// Where the scratch disk is mounted; it holds the overlay's upper and work
 /// directories.
 const SCRATCH_MOUNT: &str = "/.stockade/scratch";
@@ -73,13 +78,26 @@ pub fn kernel_filesystems() -> anyhow::Result<()> {
 /// Builds the root from the host's description, entry by entry. Returns the
 /// workspace overlay's layers when there is one.
 pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
-    if entries.iter().any(|e| matches!(e, RootEntry::Share { .. } | RootEntry::Overlay { .. })) {
+    if entries
+        .iter()
+        .any(|e| matches!(e, RootEntry::Share { .. } | RootEntry::Overlay { .. } | RootEntry::ShareScratch { .. }))
+    {
         mount_fs(FS_TAG, SHARE_MOUNT, "virtiofs", MsFlags::MS_RDONLY | MsFlags::MS_NODEV, None)?;
+    }
+    if entries.iter().any(|e| matches!(e, RootEntry::ShareWritable { .. })) {
+        mount_fs(FS_TAG_RW, SHARE_MOUNT_RW, "virtiofs", MsFlags::MS_NODEV | MsFlags::MS_NOSUID, None)?;
     }
     let mut layers = None;
     for entry in entries {
         match entry {
             RootEntry::Share { source, target } => bind_read_only(source, target)?,
+            RootEntry::ShareWritable { source, target } => {
+                let from = Path::new(SHARE_MOUNT_RW).join(source.trim_start_matches('/'));
+                create_mount_point(target)?;
+                mount(Some(&from), target.as_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                    .with_context(|| format!("cannot bind {} on {target}", from.display()))?;
+            }
+            RootEntry::ShareScratch { source, target } => scratch_overlay(source, target)?,
             RootEntry::Overlay { source, target, disk } => layers = Some(overlay(source, target, disk)?),
             RootEntry::File { target, content, mode } => place_file(target, content, *mode)?,
             RootEntry::Symlink { link, target } => {
@@ -95,6 +113,21 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
         }
     }
     Ok(layers)
+}
+
+/// The read-only share `source` at `target`, writable in the guest through
+/// a tmpfs upper layer that nobody exports.
+fn scratch_overlay(source: &str, target: &str) -> anyhow::Result<()> {
+    let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
+    let base = Path::new(SCRATCH_UPPERS).join(source.trim_start_matches('/').replace('/', "_"));
+    mount_fs("tmpfs", &base.to_string_lossy(), "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755"))?;
+    let (upper, work) = (base.join("upper"), base.join("work"));
+    let root = fs::metadata(&lower).with_context(|| format!("cannot read {}", lower.display()))?;
+    fs::DirBuilder::new().mode(root.mode() & 0o7777).create(&upper)?;
+    nix::unistd::chown(&upper, Some(root.uid().into()), Some(root.gid().into()))?;
+    fs::DirBuilder::new().mode(0o700).create(&work)?;
+    let options = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
+    mount_fs("overlay", target, "overlay", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(&options))
 }
 
 /// Where generated files are written before they are bound into place (the

@@ -35,6 +35,13 @@ pub const DNS_PORT: u32 = 1028;
 pub enum RootEntry {
     /// Bind `source` (a path inside the virtio-fs share) read-only at `target`.
     Share { source: String, target: String },
+    /// Bind `source`, a path inside the writable virtio-fs share, at
+    /// `target`: the guest's writes reach the host (a policy's "rw" mount).
+    ShareWritable { source: String, target: String },
+    /// The read-only share `source` at `target` with a throwaway tmpfs upper
+    /// layer: the guest may write, the host copy stays as it was (a
+    /// policy's "overlay" mount).
+    ShareScratch { source: String, target: String },
     /// A symbolic link at `link` pointing to `target` (merged-/usr hosts).
     Symlink { link: String, target: String },
     /// A fresh tmpfs at `target` owned by `uid`:`gid` with `mode`.

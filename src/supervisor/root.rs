@@ -52,7 +52,7 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
             let target = fs::read_link(path).with_context(|| format!("cannot read the link {dir}"))?;
             root.push(RootEntry::Symlink { link: dir.to_string(), target: target.to_string_lossy().into_owned() });
         } else if meta.is_dir() {
-            shares.push(ShareConfig { guest_path: dir.to_string(), host_path: path.to_path_buf() });
+            shares.push(ShareConfig { guest_path: dir.to_string(), host_path: path.to_path_buf(), writable: false });
             root.push(RootEntry::Share { source: dir.to_string(), target: dir.to_string() });
         }
     }
@@ -68,7 +68,11 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
         root.push(tmpfs(&home, 0o700, user.uid, user.gid));
     }
     let ws = workspace.to_str().context("the workspace path is not valid UTF-8")?;
-    shares.push(ShareConfig { guest_path: WORKSPACE_SHARE.to_string(), host_path: workspace.to_path_buf() });
+    shares.push(ShareConfig {
+        guest_path: WORKSPACE_SHARE.to_string(),
+        host_path: workspace.to_path_buf(),
+        writable: false,
+    });
     root.push(RootEntry::Overlay {
         source: WORKSPACE_SHARE.to_string(),
         target: ws.to_string(),
@@ -77,16 +81,17 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
     Ok((shares, root))
 }
 
-/// Adds the policy's read-only mounts of host directories (`~/.cargo/bin`
-/// = "ro") at their own paths. Returns the mounts it could not place, with
-/// why, for the caller to report: writable and overlay mounts, and mounts
-/// of single files, are not supported yet.
+/// Adds the policy's mounts of host directories at their own paths: "ro"
+/// read-only, "rw" writable on the host, "overlay" writable in the guest
+/// only (the writes are thrown away with the VM). Returns the mounts it could
+/// not place, with why, for the caller to report.
 pub fn policy_mounts(
     mounts: &[crate::policy::Mount],
     home: &Path,
     shares: &mut Vec<ShareConfig>,
     root: &mut Vec<RootEntry>,
 ) -> Vec<String> {
+    use crate::policy::MountMode;
     let mut skipped = Vec::new();
     for (index, mount) in mounts.iter().enumerate() {
         let path = mount.host_path(home);
@@ -94,19 +99,26 @@ pub fn policy_mounts(
             skipped.push(format!("{} (the path is not valid UTF-8)", mount.path));
             continue;
         };
-        if mount.mode != crate::policy::MountMode::Ro {
-            skipped.push(format!("{} = {:?} (only read-only mounts are supported so far)", mount.path, mount.mode));
+        if path.is_file() {
+            skipped.push(format!("{} (a single file: only directories can be mounted)", mount.path));
             continue;
         }
         if !path.is_dir() {
-            skipped.push(format!("{} (not a directory on this host)", mount.path));
+            skipped.push(format!("{} (no such directory on this host)", mount.path));
             continue;
         }
         let source = format!("/mounts/{index}");
-        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone() });
+        let writable = mount.mode == MountMode::Rw;
+        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone(), writable });
+        let target = target.to_string();
+        let entry = match mount.mode {
+            MountMode::Ro => RootEntry::Share { source, target },
+            MountMode::Rw => RootEntry::ShareWritable { source, target },
+            MountMode::Overlay => RootEntry::ShareScratch { source, target },
+        };
         // Before the workspace overlay, which must stay the last entry.
         let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
-        root.insert(at, RootEntry::Share { source, target: target.to_string() });
+        root.insert(at, entry);
     }
     skipped
 }

@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 pub struct ShareConfig {
     pub guest_path: String,
     pub host_path: PathBuf,
+    /// Served by the writable filesystem (tag `FS_TAG_RW`): a policy mount
+    /// the guest may change on the host.
+    #[serde(default)]
+    pub writable: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,3 +43,5 @@ pub struct VmConfig {
 
 /// The virtio-fs tag the guest mounts.
 pub const FS_TAG: &str = "host";
+/// The tag of the writable shares, when a policy mounts directories "rw".
+pub const FS_TAG_RW: &str = "host-rw";

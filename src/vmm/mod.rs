@@ -203,14 +203,23 @@ fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn Virtio
         .map_err(|source| VmmError::Device { device: "virtio-vsock", source })?;
     let mut devices: Vec<(&'static str, Box<dyn VirtioDevice>)> =
         vec![("virtio-vsock", Box::new(vsock)), ("virtio-rng", Box::new(rng))];
-    if !config.shares.is_empty() {
-        let shares: Vec<devices::virtio::fs::Share> = config
+    let shares = |writable: bool| -> Vec<devices::virtio::fs::Share> {
+        config
             .shares
             .iter()
+            .filter(|s| s.writable == writable)
             .map(|s| devices::virtio::fs::Share { guest_path: s.guest_path.clone(), host_path: s.host_path.clone() })
-            .collect();
-        let fs = devices::virtio::fs::Fs::new(config::FS_TAG, &shares).map_err(VmmError::Fs)?;
+            .collect()
+    };
+    let read_only = shares(false);
+    if !read_only.is_empty() {
+        let fs = devices::virtio::fs::Fs::new(config::FS_TAG, &read_only).map_err(VmmError::Fs)?;
         devices.push(("virtio-fs", Box::new(fs)));
+    }
+    let writable = shares(true);
+    if !writable.is_empty() {
+        let fs = devices::virtio::fs::Fs::writable(config::FS_TAG_RW, &writable).map_err(VmmError::Fs)?;
+        devices.push(("virtio-fs (rw)", Box::new(fs)));
     }
     if let Some(disk) = &config.disk {
         let blk = devices::virtio::blk::Block::open(disk).map_err(VmmError::Disk)?;

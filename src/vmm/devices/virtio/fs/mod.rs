@@ -21,7 +21,7 @@
 // Nothing outside this module constructs the device until the VMM wires it
 // up; remove this once it does.
 
-mod readonly;
+pub mod readonly;
 mod worker;
 
 #[cfg(test)]
@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::FsOptions;
+use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::api::{Vfs, VfsOptions};
 use fuse_backend_rs::passthrough::{CachePolicy, Config, PassthroughFs};
@@ -86,36 +87,57 @@ pub enum FsError {
     Mount { path: PathBuf, guest_path: String, source: fuse_backend_rs::api::vfs::VfsError },
 }
 
-type FsServer = Server<ReadOnlyFs<Vfs>>;
-
-/// The virtio-fs device.
-pub struct Fs {
+/// The virtio-fs device, serving the filesystem `F`.
+pub struct Fs<F: FileSystem + Send + Sync + 'static> {
     config: [u8; CONFIG_LEN],
-    server: Arc<FsServer>,
+    server: Arc<Server<F>>,
+    access: worker::Access,
 }
 
-impl Fs {
+impl Fs<ReadOnlyFs<Vfs>> {
     /// A device whose guest-visible mount tag is `tag`, serving `shares`
     /// read-only, each under its guest path inside one filesystem.
-    pub fn new(tag: &str, shares: &[Share]) -> Result<Fs, FsError> {
+    pub fn new(tag: &str, shares: &[Share]) -> Result<Self, FsError> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
 
-        let vfs = Vfs::new(vfs_options());
-        for (share, guest_path) in shares.iter().zip(&guest_paths) {
-            let fs = open_share(&share.host_path)?;
-            vfs.mount(Box::new(fs), guest_path).map_err(|source| FsError::Mount {
-                path: share.host_path.clone(),
-                guest_path: guest_path.clone(),
-                source,
-            })?;
-        }
-        Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))) })
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always)?;
+        Ok(Fs {
+            config,
+            server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))),
+            access: worker::Access::ReadOnly,
+        })
     }
 }
 
-impl VirtioDevice for Fs {
+impl Fs<Vfs> {
+    /// A device serving `shares` writable: what a policy mounts "rw". The
+    /// guest's writes reach the host directories directly, so the guest may
+    /// not cache what the host could change under it.
+    pub fn writable(tag: &str, shares: &[Share]) -> Result<Fs<Vfs>, FsError> {
+        let config = config_space(tag)?;
+        let guest_paths = check_guest_paths(shares)?;
+        raise_fd_limit();
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto)?;
+        Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: worker::Access::Writable })
+    }
+}
+
+fn mount_shares(shares: &[Share], guest_paths: &[String], cache: CachePolicy) -> Result<Vfs, FsError> {
+    let vfs = Vfs::new(vfs_options());
+    for (share, guest_path) in shares.iter().zip(guest_paths) {
+        let fs = open_share(&share.host_path, cache.clone())?;
+        vfs.mount(Box::new(fs), guest_path).map_err(|source| FsError::Mount {
+            path: share.host_path.clone(),
+            guest_path: guest_path.clone(),
+            source,
+        })?;
+    }
+    Ok(vfs)
+}
+
+impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
     fn device_type(&self) -> u32 {
         TYPE_FS
     }
@@ -134,9 +156,10 @@ impl VirtioDevice for Fs {
             return Err(ActivateError::QueueCount { got: queues.len(), want: QUEUE_SIZES.len() });
         }
         let server = Arc::clone(&self.server);
+        let access = self.access;
         std::thread::Builder::new()
             .name("virtio-fs".into())
-            .spawn(move || worker::run(mem, queues, interrupt, server))
+            .spawn(move || worker::run(mem, queues, interrupt, server, access))
             .map_err(ActivateError::Thread)?;
         Ok(())
     }
@@ -209,14 +232,15 @@ fn vfs_options() -> VfsOptions {
 }
 
 /// The passthrough configuration of one share.
-fn passthrough_config(root_dir: String) -> Config {
+fn passthrough_config(root_dir: String, cache_policy: CachePolicy) -> Config {
     Config {
         root_dir,
         // Inodes are O_PATH descriptors: name_to_handle_at is not available
         // on every filesystem a share may live on (overlayfs on 9p).
         inode_file_handles: false,
-        // The guest cannot change the shares, so it may keep what it read.
-        cache_policy: CachePolicy::Always,
+        // Always for read-only shares: the guest cannot change them, so it
+        // may keep what it read.
+        cache_policy,
         entry_timeout: CACHE_TIMEOUT,
         attr_timeout: CACHE_TIMEOUT,
         dir_entry_timeout: None,
@@ -240,14 +264,14 @@ fn passthrough_config(root_dir: String) -> Config {
 }
 
 /// A passthrough filesystem for the host directory `path`, its root imported.
-fn open_share(path: &Path) -> Result<PassthroughFs, FsError> {
+fn open_share(path: &Path, cache: CachePolicy) -> Result<PassthroughFs, FsError> {
     let root = std::fs::canonicalize(path).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
     let meta = std::fs::metadata(&root).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
     if !meta.is_dir() {
         return Err(FsError::NotADirectory { path: path.to_owned() });
     }
     let root = root.into_os_string().into_string().map_err(|_| FsError::NotUtf8 { path: path.to_owned() })?;
-    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root))
+    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root, cache))
         .map_err(|source| FsError::Backend { path: path.to_owned(), source })?;
     readonly::keeping_umask(|| fs.import()).map_err(|source| FsError::Import { path: path.to_owned(), source })?;
     Ok(fs)

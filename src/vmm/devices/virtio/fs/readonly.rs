@@ -124,7 +124,7 @@ pub(super) fn keeping_umask<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// A filesystem that serves `F` read-only.
-pub(super) struct ReadOnlyFs<F> {
+pub struct ReadOnlyFs<F> {
     inner: F,
     /// How long the guest may remember that a name does not exist.
     negative_timeout: Duration,

@@ -208,7 +208,7 @@ impl Client {
     /// Offers a chain and lets the device process the queue.
     fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         let head = self.driver.offer(descs);
-        process_queue(&self.server, self.driver.mem, &mut self.driver.queue);
+        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, super::worker::Access::ReadOnly);
         self.driver.take_used(head)
     }
 

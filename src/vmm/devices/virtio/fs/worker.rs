@@ -28,12 +28,21 @@ const REPLY_HEADER_LEN: usize = size_of::<OutHeader>();
 const REPLY_HEADER_LEN_U32: u32 = 16;
 const _: () = assert!(REPLY_HEADER_LEN_U32 as usize == REPLY_HEADER_LEN);
 
+/// Whether the device refuses every mutating request (read-only shares) or
+/// passes them to the server (a policy's writable mounts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Access {
+    ReadOnly,
+    Writable,
+}
+
 /// Serves `queues` (hiprio, then requests) until the process exits.
 pub(super) fn run<F: FileSystem + Sync>(
     mem: GuestMemoryMmap,
     mut queues: Vec<DeviceQueue>,
     interrupt: Interrupt,
     server: Arc<Server<F>>,
+    access: Access,
 ) {
     let epoll = match Epoll::new() {
         Ok(e) => e,
@@ -58,7 +67,7 @@ pub(super) fn run<F: FileSystem + Sync>(
                 continue;
             };
             let _ = dq.kick.read();
-            notify |= process_queue(&server, &mem, &mut dq.queue);
+            notify |= process_queue(&server, &mem, &mut dq.queue, access);
         }
         if notify {
             interrupt.signal_used_queue();
@@ -72,11 +81,12 @@ pub(super) fn process_queue<F: FileSystem + Sync>(
     server: &Server<F>,
     mem: &GuestMemoryMmap,
     queue: &mut Queue,
+    access: Access,
 ) -> bool {
     let mut used_any = false;
     while let Some(chain) = queue.pop_descriptor_chain(mem) {
         let head = chain.head_index();
-        let written = handle_chain(server, mem, chain);
+        let written = handle_chain(server, mem, chain, access);
         if let Err(e) = queue.add_used(mem, head, written) {
             tracing::warn!("virtio-fs: cannot return a request: {e:?}");
         }
@@ -90,6 +100,7 @@ fn handle_chain<F: FileSystem + Sync>(
     server: &Server<F>,
     mem: &GuestMemoryMmap,
     chain: DescriptorChain<&GuestMemoryMmap>,
+    access: Access,
 ) -> u32 {
     let reader = match Reader::from_descriptor_chain(mem, chain.clone()) {
         Ok(r) => r,
@@ -113,7 +124,11 @@ fn handle_chain<F: FileSystem + Sync>(
         }
     };
     let room = writer.available_bytes();
-    let written = match gate(header.opcode) {
+    let verdict = match (gate(header.opcode), access) {
+        (Verdict::Refuse(libc::EROFS), Access::Writable) => Verdict::Dispatch,
+        (verdict, _) => verdict,
+    };
+    let written = match verdict {
         Verdict::Refuse(errno) => reply_error(writer, header.unique, errno),
         Verdict::Dispatch => {
             // The server must not take the device down whatever the request
