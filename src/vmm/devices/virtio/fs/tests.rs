@@ -43,7 +43,7 @@ const CONTENT: &[u8] = b"hello from the host\n";
 /// hold this lock so no other test creates a device meanwhile.
 static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn new_fs(tag: &str, shares: &[Share]) -> Result<Fs, FsError> {
+fn new_fs(tag: &str, shares: &[Share]) -> Result<Fs<ReadOnlyFs<Vfs>>, FsError> {
     let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
     Fs::new(tag, shares)
 }
@@ -142,7 +142,7 @@ impl Reply {
 /// A FUSE client speaking to the device through one queue.
 struct Client {
     driver: Driver,
-    server: Arc<FsServer>,
+    server: Arc<Server<ReadOnlyFs<Vfs>>>,
     unique: u64,
 }
 
