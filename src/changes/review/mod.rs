@@ -27,6 +27,7 @@ mod view;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+use std::collections::HashSet;
 use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 
@@ -201,14 +202,15 @@ pub fn review(
         Choice::All => Selection::all(),
         Choice::Paths(paths) => Selection::exact(paths),
     };
+    let implied = implied_dirs(store)?;
     let report = apply(store, workspace, &ApplyOptions { selection, force: Selection::none() })?;
-    write_apply_report(console.out, p, &report, session_id, workspace)?;
+    write_apply_report(console.out, p, &report, &implied, session_id, workspace)?;
     let left = change_counts(store)?.staged;
     if left > 0 {
         writeln!(console.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
         write_hint(console.out, p, session_id)?;
     }
-    Ok(outcome(&report, left))
+    Ok(outcome(&report, &implied, left))
 }
 
 /// Staged entries in `selection` that run code by themselves, each with
@@ -228,21 +230,32 @@ pub fn sensitive_paths(
         .collect())
 }
 
-/// Entries per review state as people count changes: a new directory that
-/// holds other entries is shown through them, not counted itself (so the
-/// numbers agree with the summary).
+/// New directories that hold other entries: shown and counted through
+/// their contents, so that the numbers people see agree everywhere.
+pub fn implied_dirs(store: &Store) -> Result<HashSet<RelPath>, ChangesError> {
+    if !store.is_staged() {
+        return Ok(HashSet::new());
+    }
+    let entries = store.entries()?;
+    Ok(entries
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            matches!((&e.entry.kind, &e.entry.base), (Kind::Dir { .. }, Base::Absent))
+                && entries.get(i + 1).is_some_and(|next| next.entry.path.starts_with(&e.entry.path))
+        })
+        .map(|(_, e)| e.entry.path.clone())
+        .collect())
+}
+
+/// Entries per review state, implied directories left out.
 pub fn change_counts(store: &Store) -> Result<Counts, ChangesError> {
     let mut counts = Counts::default();
     if !store.is_staged() {
         return Ok(counts);
     }
-    let entries = store.entries()?;
-    for (i, e) in entries.iter().enumerate() {
-        let implied = matches!((&e.entry.kind, &e.entry.base), (Kind::Dir { .. }, Base::Absent))
-            && entries.get(i + 1).is_some_and(|next| next.entry.path.starts_with(&e.entry.path));
-        if implied {
-            continue;
-        }
+    let implied = implied_dirs(store)?;
+    for e in store.entries()?.iter().filter(|e| !implied.contains(&e.entry.path)) {
         match e.state {
             EntryState::Staged => counts.staged += 1,
             EntryState::Applied => counts.applied += 1,
@@ -252,8 +265,8 @@ pub fn change_counts(store: &Store) -> Result<Counts, ChangesError> {
     Ok(counts)
 }
 
-fn outcome(report: &ApplyReport, staged: usize) -> ReviewOutcome {
-    let applied = report.applied.len() + report.already.len();
+fn outcome(report: &ApplyReport, implied: &HashSet<RelPath>, staged: usize) -> ReviewOutcome {
+    let applied = report.applied.iter().chain(&report.already).filter(|p| !implied.contains(*p)).count();
     let decision = match (applied, staged) {
         (0, _) => Decision::KeptStaged,
         (_, 0) => Decision::AppliedAll,

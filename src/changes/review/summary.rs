@@ -510,17 +510,24 @@ impl Summary {
         Ok(())
     }
 
+    /// The width of the path column: the widest path or directory name
+    /// that is shown (collapsed groups show only their root).
     fn path_column(&self, list_items: bool) -> usize {
+        let width = |text: String| text.chars().count();
         let widest = self
             .groups
             .iter()
-            .flat_map(|g| {
-                let own = match &g.key {
-                    GroupKey::Dir(Some(d)) => d.to_string().chars().count() - 1,
-                    _ => 0,
-                };
-                let items = g.items.iter().filter(|_| list_items || matches!(g.key, GroupKey::Danger(_)));
-                items.map(|&i| self.items[i].entry.path.to_string().chars().count()).chain([own])
+            .flat_map(|g| -> Vec<usize> {
+                match &g.key {
+                    GroupKey::Dir(dir) => {
+                        let own = dir.as_ref().map_or(0, |d| width(d.to_string()));
+                        let items = g.items.iter().filter(|_| list_items);
+                        items.map(|&i| width(self.items[i].path().to_string())).chain([own]).collect()
+                    }
+                    GroupKey::Danger(i) => vec![width(self.items[*i].path().to_string())],
+                    GroupKey::Ignored(root) => vec![width(root.to_string())],
+                    GroupKey::Git(_) => vec![],
+                }
             })
             .max()
             .unwrap_or(0);
