@@ -38,7 +38,7 @@ use super::apply::{ApplyOptions, ApplyReport, apply};
 use super::model::{Base, EntryState, Kind};
 use super::path::RelPath;
 use super::selection::Selection;
-use super::store::{Counts, Store};
+use super::store::{Counts, Store, StoredEntry};
 
 pub use diff::Format;
 pub use host::Host;
@@ -236,8 +236,11 @@ pub fn implied_dirs(store: &Store) -> Result<HashSet<RelPath>, ChangesError> {
     if !store.is_staged() {
         return Ok(HashSet::new());
     }
-    let entries = store.entries()?;
-    Ok(entries
+    Ok(implied_in(&store.entries()?))
+}
+
+fn implied_in(entries: &[StoredEntry]) -> HashSet<RelPath> {
+    entries
         .iter()
         .enumerate()
         .filter(|(i, e)| {
@@ -245,24 +248,28 @@ pub fn implied_dirs(store: &Store) -> Result<HashSet<RelPath>, ChangesError> {
                 && entries.get(i + 1).is_some_and(|next| next.entry.path.starts_with(&e.entry.path))
         })
         .map(|(_, e)| e.entry.path.clone())
-        .collect())
+        .collect()
 }
 
 /// Entries per review state, implied directories left out.
 pub fn change_counts(store: &Store) -> Result<Counts, ChangesError> {
-    let mut counts = Counts::default();
     if !store.is_staged() {
-        return Ok(counts);
+        return Ok(Counts::default());
     }
-    let implied = implied_dirs(store)?;
-    for e in store.entries()?.iter().filter(|e| !implied.contains(&e.entry.path)) {
+    Ok(counts_of(&store.entries()?))
+}
+
+fn counts_of(entries: &[StoredEntry]) -> Counts {
+    let implied = implied_in(entries);
+    let mut counts = Counts::default();
+    for e in entries.iter().filter(|e| !implied.contains(&e.entry.path)) {
         match e.state {
             EntryState::Staged => counts.staged += 1,
             EntryState::Applied => counts.applied += 1,
             EntryState::Discarded => counts.discarded += 1,
         }
     }
-    Ok(counts)
+    counts
 }
 
 fn outcome(report: &ApplyReport, implied: &HashSet<RelPath>, staged: usize) -> ReviewOutcome {

@@ -157,7 +157,7 @@ fn git_changes_are_all_or_nothing() {
         .file(".git/index", b"DIRC", 0o644)
         .stage(&f.store);
     let (_, out) = run(&f, ApplyMode::Ask, Some("c\nf\nn\n"));
-    assert!(out.contains("git .git: main moved (2 files, applied together)"), "{out}");
+    assert!(out.contains("git: main moved (2 files, applied together)"), "{out}");
     assert!(out.contains("please answer y, n, d, s or q"), "no file-by-file for git: {out}");
 }
 

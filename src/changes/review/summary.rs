@@ -231,7 +231,7 @@ impl Summary {
         let started = Instant::now();
         let stored = store.entries()?;
         let report = store.report()?;
-        let counts = super::change_counts(store)?;
+        let counts = super::counts_of(&stored);
         let entries: Vec<Entry> = stored
             .into_iter()
             .filter(|e| e.state == EntryState::Staged && options.selection.matches(&e.entry.path))
