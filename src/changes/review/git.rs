@@ -173,8 +173,10 @@ pub fn short_ref(name: &str) -> String {
     }
 }
 
+/// The first seven characters, as git abbreviates ids (char-safe: a
+/// detached HEAD's text is whatever the guest wrote).
 pub fn short_id(id: &str) -> &str {
-    &id[..id.len().min(7)]
+    id.char_indices().nth(7).map_or(id, |(end, _)| &id[..end])
 }
 
 struct Reader<'a> {
@@ -357,5 +359,8 @@ mod tests {
         assert_eq!(short_ref("refs/tags/v1"), "tag v1");
         assert_eq!(short_ref("refs/remotes/origin/main"), "origin/main");
         assert_eq!(object_id("ref: refs/heads/main"), None);
+        assert_eq!(short_id("0123456789abcdef"), "0123456");
+        assert_eq!(short_id("ééééééééé"), "ééééééé", "never splits a character");
+        assert_eq!(short_id("ab"), "ab");
     }
 }

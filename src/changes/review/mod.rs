@@ -6,7 +6,8 @@
 //! paths), `git` (commits and refs from a staged `.git/`), `host` (reading
 //! the workspace without following symlinks), `content` (the two sides of a
 //! change), `diff` (one change as a terminal diff or a git patch), `view`
-//! (many changes), `summary` (groups, counts, the summary text), `prompt`
+//! (many changes), `summary` (groups, counts, the summary text), `json`
+//! (the summary for scripts), `prompt`
 //! (the questions), `pager`, `report` (after an apply), `style` (colour).
 //!
 //! All output goes to the `Console` given (stderr after a run: stdout
@@ -17,6 +18,7 @@ mod content;
 mod diff;
 mod git;
 mod host;
+mod json;
 mod pager;
 mod prompt;
 mod report;
