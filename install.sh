@@ -19,8 +19,10 @@ die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
 [[ "$(uname -m)" == x86_64 ]] || die "stockade supports x86_64 Linux hosts only (this is $(uname -m))"
 command -v apt-get >/dev/null || die "this installer needs apt (Debian or Ubuntu); on other systems install the packages listed in install.sh by hand"
 
-# Build dependencies: the kernel build's, and the Debian kernel source.
-packages=(build-essential bc flex bison libelf-dev libssl-dev cpio xz-utils linux-source-6.12)
+# Build dependencies: the kernel build's, and the Debian kernel source;
+# at run time mkfs.ext4 (e2fsprogs) formats the scratch disk and the proxy
+# checks servers against the system CA store.
+packages=(build-essential bc flex bison libelf-dev libssl-dev cpio xz-utils linux-source-6.12 e2fsprogs ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

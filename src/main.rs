@@ -10,7 +10,9 @@ mod guest;
 mod host;
 mod jail;
 mod paths;
+mod policy;
 mod protocol;
+mod proxy;
 mod supervisor;
 mod vmm;
 

@@ -8,11 +8,14 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { printf 'tests: %s\n' "$*" >&2; }
 
-packages=(qemu-system-x86 busybox-static kmod cpio file tmux build-essential bc flex bison libelf-dev libssl-dev xz-utils linux-source-6.12)
+packages=(qemu-system-x86 busybox-static kmod cpio file tmux build-essential bc flex bison libelf-dev libssl-dev xz-utils linux-source-6.12 e2fsprogs git curl python3 ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# The npm end-to-end test needs npm; any install of it will do (NodeSource's
+# nodejs bundles it and conflicts with Debian's npm package).
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
     sudo=(); ((EUID == 0)) || sudo=(sudo)
     say "installing ${missing[*]}"

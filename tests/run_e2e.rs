@@ -7,12 +7,12 @@ use crate::rig;
 use crate::util::stockade_bin;
 
 /// Several VM boots per script on a software CPU: be generous.
-const T: Duration = Duration::from_secs(180);
+pub(crate) const T: Duration = Duration::from_secs(180);
 
 /// A script prelude: `S` runs stockade, `ws` is a fresh workspace and the cwd.
 /// On exit it appends the logs of any session stockade itself failed in
 /// (status 125) to stderr, so a failure explains itself.
-fn script(body: &str) -> String {
+pub(crate) fn script(body: &str) -> String {
     format!("set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{DIAGNOSE}\n{body}\n", bin = stockade_bin())
 }
 
@@ -84,8 +84,8 @@ fn hundred_megabytes_of_output_arrive_intact() {
 }
 
 #[test]
-fn workspace_is_visible_read_only_and_home_is_not() {
-    let Some(rig) = rig::require("workspace_is_visible_read_only_and_home_is_not") else { return };
+fn workspace_is_visible_writes_are_staged_and_home_is_not() {
+    let Some(rig) = rig::require("workspace_is_visible_writes_are_staged_and_home_is_not") else { return };
     let out = rig.sh(
         &script(
             "git init -q; echo workspace-content > file.txt; mkdir -p sub; touch \"$HOME/host-secret\"
@@ -99,8 +99,9 @@ fn workspace_is_visible_read_only_and_home_is_not() {
         T,
     );
     assert!(out.stdout.contains("workspace-content\nread=0"), "{out}");
-    assert!(!out.stdout.contains("write=0"), "a guest write to the workspace succeeded\n{out}");
-    assert!(out.stdout.contains("not-leaked"), "{out}");
+    assert!(out.stdout.contains("write=0"), "the guest writes to its copy-on-write workspace\n{out}");
+    assert!(out.stdout.contains("not-leaked"), "a guest write reached the host before review\n{out}");
+    assert!(out.stderr.contains("staged"), "the run must say its changes are staged\n{out}");
     assert!(out.stdout.contains("/sub\n0\n"), "cwd must follow and $HOME must be empty\n{out}");
     assert!(out.stdout.contains("6.12."), "uname -r must show the guest kernel\n{out}");
 }

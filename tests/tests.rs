@@ -3,8 +3,11 @@
 mod rig;
 mod util;
 
+mod changes_e2e;
 mod cli;
 mod doctor;
+mod network_e2e;
+mod policy_cli;
 mod rig_selftest;
 mod run_e2e;
 mod run_input;

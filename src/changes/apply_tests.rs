@@ -632,8 +632,9 @@ fn an_apply_killed_at_any_point_is_completed_by_the_next() {
     const ROUNDS: usize = 40;
     let scenario = kill_scenario();
     let exe = std::env::current_exe().unwrap();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    let mut rng = XorShift(seed | 1);
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    eprintln!("kill -9 loop seed {seed}");
+    let mut rng = XorShift(u64::from(seed) | 1);
     let (mut window, mut journaled) = (Duration::ZERO, Duration::ZERO);
     let (mut interrupted, mut before_journal, mut finished) = (0, 0, 0);
     for round in 0..=ROUNDS {

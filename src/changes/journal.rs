@@ -79,8 +79,10 @@ impl Journal {
     pub fn begin(store_dir: &Path, plan: &Plan) -> Result<Journal, ChangesError> {
         let path = journal_path(store_dir);
         write_atomically(&path, |out| {
-            serde_json::to_writer(&mut *out, plan)?;
-            out.write_all(b"\n")
+            let mut out = io::BufWriter::new(out);
+            serde_json::to_writer(&mut out, plan)?;
+            out.write_all(b"\n")?;
+            out.flush()
         })
         .map_err(ChangesError::io("write the apply journal", &path))?;
         Journal::reopen(path)
@@ -164,7 +166,8 @@ fn random_id() -> String {
     let filled = File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes)).is_ok();
     if !filled {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        bytes = ((nanos as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+        let low = u64::try_from(nanos & u128::from(u64::MAX)).unwrap_or(0);
+        bytes = (low ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

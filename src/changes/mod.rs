@@ -21,6 +21,8 @@
 #![allow(dead_code, unused_imports)]
 
 mod apply;
+#[cfg(test)]
+mod bench;
 mod conflict;
 mod dirfd;
 mod journal;

@@ -70,7 +70,7 @@ impl RelPath {
         RelPath::new(name)
     }
 
-    /// `base` joined with an optional parent, as the exporter and walkers build paths.
+    /// `name` below `parent`, or at the top when there is none (as walkers build paths).
     pub fn child(parent: Option<&RelPath>, name: &[u8]) -> Result<RelPath, PathError> {
         match parent {
             Some(p) => p.join(name),

@@ -176,7 +176,9 @@ impl Snapshot {
         out.write_all(&self.unreadable.to_le_bytes())?;
         for (path, key) in &self.entries {
             let bytes = path.as_bytes();
-            out.write_all(&(bytes.len() as u16).to_le_bytes())?;
+            // Paths are at most MAX_PATH bytes, well within u16.
+            let len = u16::try_from(bytes.len()).map_err(|_| io::Error::other("path too long for a snapshot"))?;
+            out.write_all(&len.to_le_bytes())?;
             out.write_all(bytes)?;
             out.write_all(&[key.kind_code()])?;
             out.write_all(&key.size.to_le_bytes())?;

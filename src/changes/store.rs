@@ -270,6 +270,12 @@ impl Store {
         self.set_states(&paths, EntryState::Discarded)
     }
 
+    /// Sets the review state of exactly these paths; returns how many changed.
+    pub fn mark(&self, paths: &[RelPath], state: EntryState) -> Result<usize, ChangesError> {
+        let _lock = self.lock()?;
+        self.set_states(paths, state)
+    }
+
     /// Sets the state of exactly these paths (the caller holds the lock).
     pub(crate) fn set_states(&self, paths: &[RelPath], state: EntryState) -> Result<usize, ChangesError> {
         if paths.is_empty() {

@@ -40,7 +40,9 @@ const MAX_META_FRAME: usize = 64 << 10;
 const MAX_DATA_FRAME: usize = 1 << 20;
 const WRITE_CHUNK: usize = 256 << 10;
 
-/// Caps on what one change set may make the host store.
+/// Caps on what one change set may make the host store. Staging holds
+/// each entry's metadata (not content) in memory, a few hundred bytes each,
+/// so `max_entries` also bounds the host's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_entries: u64,

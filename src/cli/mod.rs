@@ -6,6 +6,8 @@ mod apply;
 mod diff;
 mod discard;
 mod doctor;
+mod log;
+mod policy;
 mod run;
 mod sessions;
 mod shell;
@@ -41,6 +43,8 @@ enum Command {
     Apply(apply::ApplyArgs),
     Discard(discard::DiscardArgs),
     Sessions(sessions::SessionsArgs),
+    Policy(policy::PolicyArgs),
+    Log(log::LogArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
     #[command(hide = true)]
     Vmm(vmm::VmmArgs),
@@ -64,6 +68,8 @@ pub fn main() -> ExitCode {
         Command::Apply(args) => apply::run(args),
         Command::Discard(args) => discard::run(args),
         Command::Sessions(args) => sessions::run(args),
+        Command::Policy(args) => policy::run(args),
+        Command::Log(args) => log::run(args),
         Command::Vmm(args) => vmm::run(args),
     };
     match result {

@@ -7,11 +7,15 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Args;
 
+use crate::changes::review::ApplyMode;
 use crate::supervisor::{self, RunConfig};
 use crate::vmm::layout::MAX_VCPUS;
 
 /// Smallest guest memory that boots our kernel and a shell with room to work.
 const MIN_MEMORY: u64 = 128 << 20;
+/// Smallest scratch disk worth formatting: room for the filesystem's own
+/// metadata and a few changes.
+const MIN_DISK: u64 = 64 << 20;
 
 /// Options shared by `run` and `shell`: the VM's size, the environment and
 /// the terminal.
@@ -24,6 +28,27 @@ pub struct VmOptions {
     /// Guest memory, e.g. 512M or 2G (memory is only used as the guest touches it).
     #[arg(long, default_value = "2G", value_name = "SIZE")]
     memory: String,
+
+    /// Room for the guest's changes to the workspace: the size of the sparse
+    /// scratch disk holding them (only what the guest writes takes space).
+    #[arg(long, default_value = "8G", value_name = "SIZE")]
+    disk: String,
+
+    /// What to do with the command's changes to the workspace: ask (on a
+    /// terminal; otherwise keep them staged), all (apply what does not
+    /// conflict), none (keep them staged for `stockade apply`).
+    #[arg(long, value_enum, default_value_t = ApplyMode::Ask, value_name = "MODE")]
+    apply: ApplyMode,
+
+    /// Network and credential policy: a preset (npm, cargo, pypi, github,
+    /// claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
+    /// Repeat to merge; deny rules always win. Without one, nothing is allowed.
+    #[arg(long = "policy", value_name = "NAME|PATH")]
+    policies: Vec<String>,
+
+    /// Also allow this host (optionally :PORT; 80 and 443 by default).
+    #[arg(long = "allow", value_name = "HOST[:PORT]")]
+    allows: Vec<String>,
 
     /// Pass the host's VAR to the command, or set VAR=VALUE. Only TERM, LANG
     /// and LC_* are passed by default, plus PATH, HOME, USER and LOGNAME.
@@ -95,16 +120,25 @@ pub fn validate(
     if memory_bytes < MIN_MEMORY {
         bail!("--memory {} is too small: the guest needs at least 128M (e.g. --memory 512M)", vm.memory);
     }
+    let disk_bytes = parse_size(&vm.disk).with_context(|| format!("--disk {}", vm.disk))?;
+    if disk_bytes < MIN_DISK {
+        bail!("--disk {} is too small: give at least 64M (e.g. --disk 1G)", vm.disk);
+    }
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
+    let policy = crate::policy::resolve(&vm.policies, &vm.allows)?;
     let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
+    requested.extend(policy.env_pass.iter().cloned());
     requested.extend(vm.env.iter().cloned());
     Ok(RunConfig {
         argv,
         env: guest_env(&requested, getenv, all_env)?,
         cpus: vm.cpus,
         memory_bytes,
+        disk_bytes,
+        apply: vm.apply,
+        policy,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,
@@ -232,6 +266,13 @@ mod tests {
     fn zero_memory_is_refused_with_a_hint() {
         let err = check(&["--memory", "0"]).unwrap_err();
         assert!(format!("{err:#}").contains("at least 128M"), "{err:#}");
+    }
+
+    #[test]
+    fn tiny_disk_is_refused_with_a_hint() {
+        let err = check(&["--disk", "1M"]).unwrap_err();
+        assert!(format!("{err:#}").contains("at least 64M"), "{err:#}");
+        assert_eq!(check(&[]).unwrap().disk_bytes, 8 << 30);
     }
 
     #[test]

@@ -26,6 +26,9 @@
 //! and a metacopy file has no content in the upper. Both are detected; a
 //! redirect is an error, a metacopy file is treated as unchanged content.
 
+// Init calls this once the workspace overlay is wired in; until then only tests do.
+#![allow(dead_code)]
+
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{self, File, Metadata};
@@ -39,6 +42,11 @@ use thiserror::Error;
 use crate::changes::{
     Base, Hasher, Mode, RelPath, Sha256, SpecialKind, SymlinkTarget, WireError, Writer, display_bytes, skipped,
 };
+
+/// Mount options the workspace overlay needs for `export` to be exact:
+/// renamed directories copied rather than redirected, no metadata-only
+/// copy-ups, no index, no inode-number mixing.
+pub const OVERLAY_OPTIONS: &str = "redirect_dir=off,index=off,metacopy=off,xino=off";
 
 /// How overlayfs marks whiteouts and opaque directories: by a device node,
 /// or by extended attributes that need CAP_SYS_ADMIN to read (`trusted.*`)

@@ -194,6 +194,9 @@ fn exports_a_fake_overlay_and_applies_to_the_merged_view() {
 
     let result = changes::apply(&store, &l, &ApplyOptions::all()).unwrap();
     assert_eq!(result.skipped(), 0, "{result:?}");
+    // Hard links arrive as independent copies.
+    let ino = |n: &str| std::os::unix::fs::MetadataExt::ino(&fs::metadata(l.join(n)).unwrap());
+    assert_ne!(ino("h1"), ino("h2"));
     let node = |s: &str, mode| Node::File(s.as_bytes().to_vec(), mode);
     let expected: BTreeMap<String, Node> = [
         ("a.txt", node("a", 0o644)),
@@ -312,7 +315,7 @@ fn exports_a_real_overlayfs_upper_layer() {
     let (l, u, w, m, e) = (dir("lower"), dir("upper"), dir("work"), dir("merged"), dir("expected"));
     lower_tree(&l);
     let script = r#"set -e
-mount -t overlay overlay -o "lowerdir=$L,upperdir=$U,workdir=$W,redirect_dir=off,metacopy=off,index=off" "$M"
+mount -t overlay overlay -o "lowerdir=$L,upperdir=$U,workdir=$W,$OPTIONS" "$M"
 cd "$M"
 printf 'b new!' > b.txt
 rm c.txt
@@ -341,6 +344,7 @@ umount "$M"
         .env("W", &w)
         .env("M", &m)
         .env("E", &e)
+        .env("OPTIONS", OVERLAY_OPTIONS)
         .output();
     let out = match out {
         Ok(out) if out.status.success() => out,

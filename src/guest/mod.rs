@@ -6,10 +6,12 @@
 //! its stdio bridged to the host; report how it ended; wait for the host to
 //! take everything; sync and reset the VM.
 
+mod changes;
 mod channel;
 mod command;
 pub mod export;
 mod mounts;
+mod net;
 mod tty;
 
 use std::io::Write;
@@ -37,7 +39,16 @@ fn run() -> anyhow::Result<()> {
         other => anyhow::bail!("expected a command from the host, got {other:?}"),
     };
     let report = match mounts::assemble_root(&spec.root) {
-        Ok(()) => command::run(&spec, &control)?,
+        Ok(layers) => match if spec.network { net::start() } else { Ok(()) } {
+            Ok(()) => {
+                let report = command::run(&spec, &control)?;
+                if let Some(layers) = layers {
+                    changes::send(&layers, &control)?;
+                }
+                report
+            }
+            Err(e) => ExitReport::SetupFailed { message: format!("{e:#}") },
+        },
         Err(e) => ExitReport::SetupFailed { message: format!("{e:#}") },
     };
     control.send(&GuestMsg::Exit(report))?;

@@ -2,8 +2,9 @@
 //! described it (read-only host directories, tmpfs where the guest writes).
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, symlink};
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use nix::mount::{MsFlags, mount};
@@ -13,6 +14,16 @@ use crate::vmm::config::FS_TAG;
 
 /// Where the virtio-fs share is mounted before its parts are bound into place.
 const SHARE_MOUNT: &str = "/.stockade/host";
+/// Where the scratch disk is mounted; it holds the overlay's upper and work
+/// directories.
+const SCRATCH_MOUNT: &str = "/.stockade/scratch";
+
+/// The two layers of the workspace overlay, for the export at the end.
+#[derive(Debug, Clone)]
+pub struct Layers {
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+}
 
 /// Creates `target` (and its parents) unless it exists; an existing target
 /// may sit on a read-only mount, where mkdir would fail.
@@ -59,14 +70,18 @@ pub fn kernel_filesystems() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the root from the host's description, entry by entry.
-pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<()> {
-    if entries.iter().any(|e| matches!(e, RootEntry::Share { .. })) {
+/// Builds the root from the host's description, entry by entry. Returns the
+/// workspace overlay's layers when there is one.
+pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
+    if entries.iter().any(|e| matches!(e, RootEntry::Share { .. } | RootEntry::Overlay { .. })) {
         mount_fs(FS_TAG, SHARE_MOUNT, "virtiofs", MsFlags::MS_RDONLY | MsFlags::MS_NODEV, None)?;
     }
+    let mut layers = None;
     for entry in entries {
         match entry {
             RootEntry::Share { source, target } => bind_read_only(source, target)?,
+            RootEntry::Overlay { source, target, disk } => layers = Some(overlay(source, target, disk)?),
+            RootEntry::File { target, content, mode } => place_file(target, content, *mode)?,
             RootEntry::Symlink { link, target } => {
                 symlink(target, link).with_context(|| format!("cannot link {link} to {target}"))?
             }
@@ -79,7 +94,90 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<()> {
             )?,
         }
     }
+    Ok(layers)
+}
+
+/// Where generated files are written before they are bound into place (the
+/// initramfs root, which is writable).
+const FILES_DIR: &str = "/.stockade/files";
+
+/// Puts a generated file at `target`. A target reached through symlinks
+/// (resolv.conf often points into /run) is placed where they lead; an
+/// existing file is covered by a read-only bind mount, a missing one is
+/// created (its directory must be writable, e.g. a tmpfs).
+fn place_file(target: &str, content: &str, mode: u32) -> anyhow::Result<()> {
+    let resolved = follow_links(Path::new(target));
+    if resolved.is_file() {
+        create_mount_point(FILES_DIR)?;
+        let source = Path::new(FILES_DIR).join(target.trim_start_matches('/').replace('/', "_"));
+        fs::write(&source, content).with_context(|| format!("cannot write {}", source.display()))?;
+        fs::set_permissions(&source, fs::Permissions::from_mode(mode))?;
+        mount(Some(&source), &resolved, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .with_context(|| format!("cannot place {target}"))?;
+        mount(
+            None::<&str>,
+            &resolved,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .with_context(|| format!("cannot make {target} read-only"))?;
+    } else {
+        if let Some(parent) = resolved.parent() {
+            create_mount_point(&parent.to_string_lossy())?;
+        }
+        fs::write(&resolved, content).with_context(|| format!("cannot create {target}"))?;
+        fs::set_permissions(&resolved, fs::Permissions::from_mode(mode))?;
+    }
     Ok(())
+}
+
+/// Where `path` leads through symlinks (a few hops at most); the path itself
+/// when it is not a link or a link goes nowhere readable.
+fn follow_links(path: &Path) -> PathBuf {
+    let mut current = path.to_path_buf();
+    for _ in 0..8 {
+        let Ok(target) = fs::read_link(&current) else { break };
+        current = match current.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+    }
+    current
+}
+
+/// Mounts the scratch disk and the workspace overlay on it.
+fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
+    let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
+    // The disk is formatted without zeroed inode tables; the kernel must not
+    // spend the session zeroing them in the background.
+    mount_fs(disk, SCRATCH_MOUNT, "ext4", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("noinit_itable"))?;
+    let upper = Path::new(SCRATCH_MOUNT).join("upper");
+    let work = Path::new(SCRATCH_MOUNT).join("work");
+    // The merged root takes its owner and mode from the upper directory:
+    // make it look like the workspace itself.
+    let root = fs::metadata(&lower).with_context(|| format!("cannot read the workspace at {}", lower.display()))?;
+    fs::DirBuilder::new()
+        .mode(root.mode() & 0o7777)
+        .create(&upper)
+        .context("cannot create the overlay's upper layer")?;
+    fs::set_permissions(&upper, fs::Permissions::from_mode(root.mode() & 0o7777))
+        .context("cannot set the upper layer's mode")?;
+    nix::unistd::chown(&upper, Some(root.uid().into()), Some(root.gid().into()))
+        .context("cannot set the upper layer's owner")?;
+    fs::DirBuilder::new().mode(0o700).create(&work).context("cannot create the overlay's work directory")?;
+    // No redirects, index or metacopy: every change is then plain files and
+    // whiteouts in the upper layer, which is what the export reads (a
+    // directory rename becomes copy and delete, as on filesystems without
+    // rename support).
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mount_fs("overlay", target, "overlay", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(&options))?;
+    Ok(Layers { lower, upper })
 }
 
 fn bind_read_only(source: &str, target: &str) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@ use std::io::{self, Read, Write};
 
 use thiserror::Error;
 
-use super::{ExitReport, GuestMsg, HostMsg};
+use super::{ExitReport, ExportOutcome, GuestMsg, HostMsg};
 
 /// No frame may be larger: the reader allocates the payload, and the guest
 /// is not trusted to be reasonable.
@@ -16,6 +16,7 @@ const KIND_READY: u8 = 10;
 const KIND_STDOUT: u8 = 11;
 const KIND_STDERR: u8 = 12;
 const KIND_EXIT: u8 = 13;
+const KIND_CHANGES: u8 = 14;
 
 #[derive(Debug, Error)]
 pub enum FrameError {
@@ -84,6 +85,7 @@ impl Frame for GuestMsg {
             GuestMsg::Stdout(data) => write_raw(w, KIND_STDOUT, data),
             GuestMsg::Stderr(data) => write_raw(w, KIND_STDERR, data),
             GuestMsg::Exit(report) => write_raw(w, KIND_EXIT, &serde_json::to_vec(report)?),
+            GuestMsg::Changes(outcome) => write_raw(w, KIND_CHANGES, &serde_json::to_vec(outcome)?),
         }
     }
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Self, FrameError> {
@@ -92,6 +94,7 @@ impl Frame for GuestMsg {
             KIND_STDOUT => GuestMsg::Stdout(payload),
             KIND_STDERR => GuestMsg::Stderr(payload),
             KIND_EXIT => GuestMsg::Exit(serde_json::from_slice::<ExitReport>(&payload)?),
+            KIND_CHANGES => GuestMsg::Changes(serde_json::from_slice::<ExportOutcome>(&payload)?),
             other => return Err(FrameError::UnknownKind(other)),
         })
     }
@@ -121,6 +124,7 @@ mod tests {
             gid: 1000,
             root: vec![RootEntry::Tmpfs { target: "/tmp".into(), mode: 0o1777, uid: 0, gid: 0 }],
             tty: Some(WindowSize { rows: 24, cols: 80 }),
+            network: true,
         };
         let host = [
             HostMsg::Run(spec),

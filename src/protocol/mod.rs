@@ -22,6 +22,12 @@ pub const GUEST_CID: u64 = 3;
 pub const CONTROL_PORT: u32 = 1024;
 /// The command's stdin, host to guest.
 pub const STDIN_PORT: u32 = 1025;
+/// The workspace change set, guest to host, once the command has ended.
+pub const CHANGES_PORT: u32 = 1026;
+/// One HTTP proxy connection per stream, guest to the host's egress proxy.
+pub const PROXY_PORT: u32 = 1027;
+/// DNS messages framed as over TCP (2-byte length), answered by the host.
+pub const DNS_PORT: u32 = 1028;
 
 /// How the guest root is put together, entry by entry, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +39,14 @@ pub enum RootEntry {
     Symlink { link: String, target: String },
     /// A fresh tmpfs at `target` owned by `uid`:`gid` with `mode`.
     Tmpfs { target: String, mode: u32, uid: u32, gid: u32 },
+    /// The workspace, copy-on-write: the read-only share `source` as the
+    /// lower layer and an upper layer on the scratch disk `disk`, merged at
+    /// `target`. What the command changes stays in the upper layer, which
+    /// the guest exports as a change set when the command ends.
+    Overlay { source: String, target: String, disk: String },
+    /// A file the host generated for the guest (resolv.conf, the proxy CA),
+    /// placed read-only at `target`, over whatever the shared /etc has there.
+    File { target: String, content: String, mode: u32 },
 }
 
 /// A terminal's size in character cells.
@@ -55,6 +69,9 @@ pub struct RunSpec {
     /// on any terminal); `None` keeps separate pipes.
     #[serde(default)]
     pub tty: Option<WindowSize>,
+    /// Start the proxy and DNS forwarders to the host's egress proxy.
+    #[serde(default)]
+    pub network: bool,
 }
 
 /// How the command ended.
@@ -87,11 +104,21 @@ pub enum HostMsg {
     Finish,
 }
 
+/// How the export of the workspace changes went; sent after the change set
+/// itself has gone out on `CHANGES_PORT`, before `Exit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ExportOutcome {
+    Sent { entries: u64, files: u64, bytes: u64, skipped: u64 },
+    Failed { message: String },
+}
+
 /// Guest to host. Output travels as raw frames (see `frame`), not JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuestMsg {
     Ready { kernel: String },
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
+    Changes(ExportOutcome),
     Exit(ExitReport),
 }

@@ -3,10 +3,13 @@
 //! output, and turns its end into our exit status.
 #![forbid(unsafe_code)]
 
+mod network;
 mod outcome;
 mod root;
+mod scratch;
 pub mod session;
 mod signals;
+mod staging;
 mod terminal;
 mod vm;
 
@@ -18,11 +21,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
 use crate::protocol::{
-    CONTROL_PORT, ExitReport, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize, read_frame, write_frame,
+    CHANGES_PORT, CONTROL_PORT, ExitReport, ExportOutcome, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize,
+    read_frame, write_frame,
 };
 use crate::vmm::config::VmConfig;
 
@@ -41,6 +46,13 @@ pub struct RunConfig {
     pub env: Vec<(String, String)>,
     pub cpus: u8,
     pub memory_bytes: u64,
+    /// Size of the sparse scratch disk for the workspace's upper layer.
+    pub disk_bytes: u64,
+    /// What happens to the guest's workspace changes after the command.
+    pub apply: changes::review::ApplyMode,
+    /// What the guest may reach on the network, and the credentials the
+    /// proxy adds on its behalf.
+    pub policy: crate::policy::Policy,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
@@ -62,7 +74,10 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         home: std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/")),
     };
     let workspace = root::find_workspace(&cwd, &user.home)?;
-    let (shares, root_layout) = root::host_layout(&workspace, &user)?;
+    let (mut shares, mut root_layout) = root::host_layout(&workspace, &user)?;
+    for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {
+        eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
+    }
 
     let session = session::Session::create(&dirs.data)?;
     let mut record = session::RunRecord {
@@ -76,9 +91,16 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     };
     session.write_record(&record)?;
 
+    let store = changes::Store::open(&session.dir)?;
+    let snapshot = staging::snapshot(&workspace, &store)?;
+    let disk = session.dir.join("scratch.img");
+    let formatting = scratch::create(&disk, config.disk_bytes)?;
     let vsock_base = session.dir.join("v.sock");
     let (control_listener, control_path) = vm::listen(&vsock_base, CONTROL_PORT)?;
     let (stdin_listener, stdin_path) = vm::listen(&vsock_base, STDIN_PORT)?;
+    let (changes_listener, changes_path) = vm::listen(&vsock_base, CHANGES_PORT)?;
+    let receiver = staging::receive(changes_listener, changes_path, &store)?;
+    let (network, guest_net) = network::start(&config.policy, &dirs.data, &session.dir, &vsock_base)?;
     let vm_config = VmConfig {
         kernel,
         init: std::env::current_exe().context("cannot find the stockade binary")?,
@@ -87,15 +109,22 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         kernel_log: session.kernel_log(),
         vsock_uds: vsock_base,
         shares,
+        disk: Some(disk.clone()),
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
     };
     let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log())?;
     tracing::info!("session {} in {}", session.id, session.dir.display());
 
+    let mut env = config.env.clone();
+    for (name, value) in guest_net.env.into_iter().chain(guest_net.placeholders) {
+        env.retain(|(k, _)| *k != name);
+        env.push((name, value));
+    }
+    root_layout.extend(guest_net.files);
     let spec = RunSpec {
         argv: config.argv.clone(),
-        env: config.env.clone(),
+        env,
         cwd: cwd.to_str().context("the current directory is not valid UTF-8")?.to_string(),
         uid: user.uid,
         gid: user.gid,
@@ -104,19 +133,36 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             .tty
             .unwrap_or_else(terminal::interactive)
             .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
+        network: true,
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
-    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session);
+    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting, receiver);
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
+    network.stop();
+    // The guest's changes were exported; the disk that held them is spent.
+    let _ = std::fs::remove_file(&disk);
     let _ = std::fs::remove_file(control_path);
     let _ = std::fs::remove_file(stdin_path);
 
+    snapshot.wait();
     let (status, outcome_text) = match &result {
-        Ok(Conversation::Ended(report)) => {
+        Ok(Conversation::Ended { report, staged }) => {
             let (status, message) = outcome::exit_status(report);
             if let Some(message) = message {
                 eprintln!("stockade: {message}");
+            }
+            match staged {
+                Some(Ok(_)) => {
+                    if let Err(e) = changes::review::after_run(&store, &workspace, &session.id, config.apply) {
+                        eprintln!(
+                            "stockade: error: {e:#}; the changes stay staged: see `stockade diff {}`",
+                            session.id
+                        );
+                    }
+                }
+                Some(Err(e)) => eprintln!("stockade: warning: {e:#}; the workspace was not changed"),
+                None => {}
             }
             (status, outcome::describe(report))
         }
@@ -164,7 +210,8 @@ fn check_host(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 enum Conversation {
-    Ended(ExitReport),
+    /// The command ended; with an overlay, the guest also sent its changes.
+    Ended { report: ExitReport, staged: Option<anyhow::Result<changes::StageReport>> },
     /// The user stopped the VM with a second interrupt.
     Stopped,
     /// The VM went away without reporting an end (kernel panic, VMM failure).
@@ -177,7 +224,11 @@ fn converse(
     stdin_listener: std::os::unix::net::UnixListener,
     spec: RunSpec,
     session: &session::Session,
+    formatting: scratch::Formatting,
+    receiver: staging::Receiver,
 ) -> anyhow::Result<Conversation> {
+    let mut receiver = Some(receiver);
+    let mut staged = None;
     let started = Instant::now();
     let Some(control) = vm::accept(control_listener, vmm, BOOT_TIMEOUT)? else {
         if vmm.is_running() {
@@ -199,6 +250,7 @@ fn converse(
         Ok(other) => bail!("the guest said {other:?} before it was ready"),
         Err(_) => return Ok(Conversation::VmEnded),
     }
+    formatting.wait()?;
     send(&writer, &HostMsg::Run(spec))?;
 
     let interrupts = Arc::new(signals::Interrupts::default());
@@ -247,9 +299,25 @@ fn converse(
             GuestMsg::Stderr(data) => {
                 let _ = stderr.write_all(&data);
             }
+            GuestMsg::Changes(outcome) => {
+                let Some(receiver) = receiver.take() else {
+                    tracing::warn!("the guest sent its changes twice");
+                    continue;
+                };
+                staged = Some(match outcome {
+                    ExportOutcome::Sent { .. } => receiver.finish(),
+                    ExportOutcome::Failed { message } => {
+                        receiver.abandon();
+                        Err(anyhow::anyhow!("the guest could not export its changes: {message}"))
+                    }
+                });
+            }
             GuestMsg::Exit(report) => {
                 let _ = send(&writer, &HostMsg::Finish);
-                return Ok(Conversation::Ended(report));
+                if let Some(receiver) = receiver.take() {
+                    receiver.abandon();
+                }
+                return Ok(Conversation::Ended { report, staged });
             }
             GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
         }
@@ -283,7 +351,9 @@ fn vm_ended_message(session: &session::Session) -> String {
         let what = line.split_once("] ").map_or(line, |(_, rest)| rest);
         format!("the guest kernel panicked ({}); the kernel log is {}", what.trim(), log.display())
     } else if let Some(line) = vmm_log.lines().rev().find(|l| !l.trim().is_empty()) {
-        format!("the VM stopped before the command finished: {}; the kernel log is {}", line.trim(), log.display())
+        // The VMM's own error line repeats our prefix.
+        let line = line.trim().trim_start_matches("stockade: error: ");
+        format!("the VM stopped before the command finished: {line}; the kernel log is {}", log.display())
     } else {
         format!("the VM stopped before the command finished; the kernel log is {}", log.display())
     }

@@ -14,6 +14,8 @@ use crate::vmm::config::ShareConfig;
 const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc", "/opt"];
 /// Inside the virtio-fs filesystem, the workspace lives under this name.
 const WORKSPACE_SHARE: &str = "/workspace";
+/// The scratch disk as the guest sees it: the only virtio-blk device.
+const SCRATCH_DISK: &str = "/dev/vda";
 
 /// Who runs the command in the guest.
 #[derive(Debug, Clone)]
@@ -67,8 +69,46 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
     }
     let ws = workspace.to_str().context("the workspace path is not valid UTF-8")?;
     shares.push(ShareConfig { guest_path: WORKSPACE_SHARE.to_string(), host_path: workspace.to_path_buf() });
-    root.push(RootEntry::Share { source: WORKSPACE_SHARE.to_string(), target: ws.to_string() });
+    root.push(RootEntry::Overlay {
+        source: WORKSPACE_SHARE.to_string(),
+        target: ws.to_string(),
+        disk: SCRATCH_DISK.to_string(),
+    });
     Ok((shares, root))
+}
+
+/// Adds the policy's read-only mounts of host directories (`~/.cargo/bin`
+/// = "ro") at their own paths. Returns the mounts it could not place, with
+/// why, for the caller to report: writable and overlay mounts, and mounts
+/// of single files, are not supported yet.
+pub fn policy_mounts(
+    mounts: &[crate::policy::Mount],
+    home: &Path,
+    shares: &mut Vec<ShareConfig>,
+    root: &mut Vec<RootEntry>,
+) -> Vec<String> {
+    let mut skipped = Vec::new();
+    for (index, mount) in mounts.iter().enumerate() {
+        let path = mount.host_path(home);
+        let Some(target) = path.to_str() else {
+            skipped.push(format!("{} (the path is not valid UTF-8)", mount.path));
+            continue;
+        };
+        if mount.mode != crate::policy::MountMode::Ro {
+            skipped.push(format!("{} = {:?} (only read-only mounts are supported so far)", mount.path, mount.mode));
+            continue;
+        }
+        if !path.is_dir() {
+            skipped.push(format!("{} (not a directory on this host)", mount.path));
+            continue;
+        }
+        let source = format!("/mounts/{index}");
+        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone() });
+        // Before the workspace overlay, which must stay the last entry.
+        let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
+        root.insert(at, RootEntry::Share { source, target: target.to_string() });
+    }
+    skipped
 }
 
 #[cfg(test)]
@@ -105,7 +145,14 @@ mod tests {
         assert!(shares.iter().any(|s| s.guest_path == "/usr"));
         assert!(!shares.iter().any(|s| s.host_path == Path::new("/home/alice")));
         let last = root.last().unwrap();
-        assert_eq!(last, &RootEntry::Share { source: "/workspace".into(), target: "/home/alice/proj".into() });
+        assert_eq!(
+            last,
+            &RootEntry::Overlay {
+                source: "/workspace".into(),
+                target: "/home/alice/proj".into(),
+                disk: "/dev/vda".into()
+            }
+        );
         let home_pos =
             root.iter().position(|e| matches!(e, RootEntry::Tmpfs { target, .. } if target == "/home/alice"));
         assert!(home_pos.is_some(), "home must be a fresh tmpfs");

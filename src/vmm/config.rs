@@ -27,6 +27,9 @@ pub struct VmConfig {
     /// "<vsock_uds>_P".
     pub vsock_uds: PathBuf,
     pub shares: Vec<ShareConfig>,
+    /// The scratch disk image (virtio-blk, /dev/vda in the guest).
+    #[serde(default)]
+    pub disk: Option<PathBuf>,
     /// Print the whole kernel log instead of warnings and errors only.
     pub verbose_kernel: bool,
     /// Extra kernel command-line arguments (debugging).

@@ -19,6 +19,7 @@ pub mod vcpu;
 
 use std::fs::File;
 use std::io::LineWriter;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::{KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
@@ -31,7 +32,7 @@ use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
 use devices::mmio::{MMIO_LEN, MmioTransport, NOTIFY_OFFSET};
 use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort};
-use devices::virtio::VirtioDevice;
+use devices::virtio::{Interrupt, REASSERT_AFTER, VirtioDevice};
 use vcpu::{Vcpu, VcpuStop};
 
 #[derive(Debug, Error)]
@@ -72,6 +73,8 @@ pub enum VmmError {
     },
     #[error(transparent)]
     Fs(#[from] devices::virtio::fs::FsError),
+    #[error(transparent)]
+    Disk(devices::virtio::blk::BlockError),
     #[error("too many devices for the interrupt lines")]
     TooManyDevices,
     #[error("the VM stopped: {0}")]
@@ -107,7 +110,8 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let serial = Arc::new(Mutex::new(SerialPort::new(serial_irq, LineWriter::new(log))));
     pio.insert(COM1_BASE, COM1_LEN, serial.clone());
     let reset = exit.try_clone().map_err(|source| VmmError::Device { device: "i8042", source })?;
-    pio.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(reset))));
+    let reset_requested = Arc::new(AtomicBool::new(false));
+    pio.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(reset, reset_requested.clone()))));
 
     let mut cmdline = vec![
         "console=ttyS0".to_string(),
@@ -122,6 +126,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     cmdline.extend(config.kernel_args.iter().cloned());
 
     let devices: Vec<(&'static str, Box<dyn VirtioDevice>)> = virtio_devices(config)?;
+    let mut interrupts = Vec::new();
     for (slot, (name, device)) in devices.into_iter().enumerate() {
         let slot = u32::try_from(slot).map_err(|_| VmmError::TooManyDevices)?;
         let irq = layout::VIRTIO_IRQ_BASE + slot;
@@ -137,9 +142,12 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
             vm.register_ioevent(kick, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), index as u32)
                 .map_err(setup("register virtio ioeventfd"))?;
         }
+        interrupts.push((name, transport.interrupt()));
         mmio.insert(base, MMIO_LEN, Arc::new(Mutex::new(transport)));
         cmdline.push(format!("virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
+
+    watch_interrupts(interrupts).map_err(|source| VmmError::Device { device: "interrupt watchdog", source })?;
 
     let init = std::fs::read(&config.init)
         .map_err(|source| VmmError::Init { path: config.init.display().to_string(), source })?;
@@ -165,8 +173,28 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let why = stop.lock().unwrap_or_else(|p| p.into_inner()).take();
     match why {
         None | Some(VcpuStop::GuestReset) => Ok(()),
+        Some(VcpuStop::TripleFault) if reset_requested.load(Ordering::SeqCst) => Ok(()),
+        Some(VcpuStop::TripleFault) => {
+            Err(VmmError::Stopped("the guest kernel crashed (a triple fault, before it could log anything)".into()))
+        }
         Some(VcpuStop::Failed(reason)) => Err(VmmError::Stopped(reason)),
     }
+}
+
+/// Re-raises device interrupts the guest has left unacknowledged too long
+/// (see `REASSERT_AFTER`), so one lost edge cannot stall a device forever.
+fn watch_interrupts(lines: Vec<(&'static str, Interrupt)>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("irq-watch".into()).spawn(move || {
+        loop {
+            std::thread::sleep(REASSERT_AFTER / 2);
+            for (name, line) in &lines {
+                if line.reassert_if_stale() {
+                    tracing::debug!("{name}: interrupt not acknowledged for {REASSERT_AFTER:?}; raised again");
+                }
+            }
+        }
+    })?;
+    Ok(())
 }
 
 fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
@@ -183,6 +211,10 @@ fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn Virtio
             .collect();
         let fs = devices::virtio::fs::Fs::new(config::FS_TAG, &shares).map_err(VmmError::Fs)?;
         devices.push(("virtio-fs", Box::new(fs)));
+    }
+    if let Some(disk) = &config.disk {
+        let blk = devices::virtio::blk::Block::open(disk).map_err(VmmError::Disk)?;
+        devices.push(("virtio-blk", Box::new(blk)));
     }
     Ok(devices)
 }

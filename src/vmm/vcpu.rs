@@ -34,8 +34,12 @@ pub enum VcpuError {
 /// Why a vCPU stopped running.
 #[derive(Debug)]
 pub enum VcpuStop {
-    /// The guest asked to reset or power off (triple fault, system event).
+    /// The guest asked to reset or power off (system event, halt for good).
     GuestReset,
+    /// The CPU shut down: a triple fault, which is how a kernel crashes too
+    /// early or too badly to print anything, unless the guest had already
+    /// asked for a reset (Linux falls back to one after the i8042 pulse).
+    TripleFault,
     /// KVM reported something the VMM cannot continue from.
     Failed(String),
 }
@@ -106,7 +110,8 @@ impl Vcpu {
                     // vCPU can never wake again.
                     return VcpuStop::GuestReset;
                 }
-                Ok(VcpuExit::Shutdown) | Ok(VcpuExit::SystemEvent(..)) => return VcpuStop::GuestReset,
+                Ok(VcpuExit::Shutdown) => return VcpuStop::TripleFault,
+                Ok(VcpuExit::SystemEvent(..)) => return VcpuStop::GuestReset,
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
                     return VcpuStop::Failed(format!("KVM could not enter the guest (reason {reason:#x}, cpu {cpu})"));
                 }

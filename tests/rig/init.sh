@@ -33,6 +33,15 @@ mount -t tmpfs tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 xfer /newroot/rig || fail "mount xfer"
+# QEMU's user-mode network (10.0.2.0/24), so proxy tests can reach real
+# registries through the host's connection.
+ip link set lo up
+if ip link set eth0 up 2>/dev/null; then
+    ip addr add 10.0.2.15/24 dev eth0
+    ip route add default via 10.0.2.2
+    rm -f /newroot/etc/resolv.conf
+    echo "nameserver 10.0.2.3" >/newroot/etc/resolv.conf
+fi
 cp /agent.sh /newroot/run/rig-agent.sh
 umount /proc /sys
 exec switch_root /newroot /bin/sh /run/rig-agent.sh

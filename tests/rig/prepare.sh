@@ -12,7 +12,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache_root=${STOCKADE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/stockade}/rig
 meta=${RIG_KERNEL_PACKAGE:-linux-image-amd64}
 # Modules L1 needs, in any order; their dependencies are resolved from modules.dep.
-wanted=(virtio_pci 9pnet_virtio 9p overlay kvm_amd)
+wanted=(virtio_pci 9pnet_virtio 9p overlay kvm_amd virtio_net)
 
 say() { printf 'rig: %s\n' "$*" >&2; }
 die() { printf 'rig: error: %s\n' "$*" >&2; exit 1; }

@@ -23,6 +23,7 @@ setpriv --pdeathsig KILL -- qemu-system-x86_64 -M q35 -accel tcg -cpu EPYC-v3,+s
     -kernel "$artifacts/vmlinuz" -initrd "$artifacts/initramfs.cpio.gz" -append "console=ttyS0 panic=-1 quiet" \
     -serial "file:$dir/console.log" \
     -chardev "socket,id=agent,path=$dir/agent.sock,server=on,wait=off" -serial chardev:agent \
+    -netdev user,id=net0 -device virtio-net-pci,netdev=net0 \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$dir/xfer,mount_tag=xfer,security_model=none,multidevs=remap" 2>"$dir/qemu.log" &
 qemu=$!

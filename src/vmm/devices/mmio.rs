@@ -68,6 +68,11 @@ impl MmioTransport {
         })
     }
 
+    /// The device's interrupt line, for the VMM's lost-interrupt watchdog.
+    pub fn interrupt(&self) -> Interrupt {
+        self.interrupt.clone()
+    }
+
     /// The eventfd each queue's notification signals, in queue order; the VMM
     /// registers them as KVM ioeventfds on QueueNotify.
     pub fn kick_fds(&self) -> &[EventFd] {

@@ -6,12 +6,14 @@
 //! then `activate` hands it guest memory, its queues and its interrupt, and
 //! the device processes queues on its own worker thread from then on.
 
+pub mod blk;
 pub mod fs;
 pub mod rng;
 pub mod vsock;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use virtio_queue::Queue;
@@ -22,6 +24,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 
 /// Device type ids (virtio spec 5).
+pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_RNG: u32 = 4;
 pub const TYPE_VSOCK: u32 = 19;
 pub const TYPE_FS: u32 = 26;
@@ -35,11 +38,25 @@ pub const INT_USED_RING: u32 = 0x1;
 pub struct Interrupt {
     status: Arc<AtomicU32>,
     irqfd: Arc<EventFd>,
+    /// When the line was last raised, in milliseconds since `epoch`.
+    raised_ms: Arc<AtomicU64>,
+    epoch: Instant,
 }
+
+/// An interrupt the driver has not acknowledged for this long is raised
+/// again. Edge-triggered lines can lose a pulse (seen under nested
+/// virtualization); the status bit is still set, so the repeat is never
+/// spurious for the driver.
+pub const REASSERT_AFTER: Duration = Duration::from_millis(200);
 
 impl Interrupt {
     pub fn new(irqfd: EventFd) -> Interrupt {
-        Interrupt { status: Arc::new(AtomicU32::new(0)), irqfd: Arc::new(irqfd) }
+        Interrupt {
+            status: Arc::new(AtomicU32::new(0)),
+            irqfd: Arc::new(irqfd),
+            raised_ms: Arc::new(AtomicU64::new(0)),
+            epoch: Instant::now(),
+        }
     }
 
     /// Tells the driver that a used ring has new entries.
@@ -49,9 +66,32 @@ impl Interrupt {
 
     fn raise(&self, bit: u32) {
         self.status.fetch_or(bit, Ordering::SeqCst);
+        self.pulse();
+    }
+
+    fn pulse(&self) {
+        self.raised_ms.store(self.now_ms(), Ordering::SeqCst);
         if let Err(e) = self.irqfd.write(1) {
             tracing::warn!("cannot raise virtio interrupt: {e}");
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Raises the line again if the driver has left it unacknowledged for
+    /// REASSERT_AFTER; returns whether it did.
+    pub fn reassert_if_stale(&self) -> bool {
+        if self.status.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let since = self.now_ms().saturating_sub(self.raised_ms.load(Ordering::SeqCst));
+        if u128::from(since) < REASSERT_AFTER.as_millis() {
+            return false;
+        }
+        self.pulse();
+        true
     }
 
     /// InterruptStatus as the driver reads it.

@@ -1,0 +1,359 @@
+//! `stockade policy`: list, show and check network policies.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use crate::paths::Dirs;
+use crate::policy::{self, Policy, presets};
+use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
+
+/// List, show or check network policies
+///
+/// A policy says which hosts the command may reach, which credentials the
+/// proxy writes for it, and which host directories and variables it gets.
+/// `--policy NAME` looks for ~/.config/stockade/policies/NAME.toml, then
+/// for a preset of that name; a path names a file. Several policies merge;
+/// a deny rule always wins over an allow rule.
+///
+/// The format (TOML; unknown keys are errors):
+///
+///   description = "one line for `stockade policy list`"
+///
+///   [network]
+///   allow = ["registry.npmjs.org", "*.crates.io", "github.com:443", "10.0.0.5:8080"]
+///   deny = ["gist.github.com"]
+///   allow_private = ["localhost:4873"]
+///
+///   [network.hosts]
+///   "registry.test" = "192.168.1.20"
+///
+///   [[credential]]
+///   host = "api.anthropic.com"
+///   header = "x-api-key"
+///   value = { env = "ANTHROPIC_API_KEY" }
+///   format = "{}"
+///
+///   [mounts]
+///   "~/.claude" = "rw"
+///
+///   [env]
+///   pass = ["NODE_OPTIONS"]
+///
+/// Rules are HOST[:PORT]: `*.example.com` matches subdomains (not
+/// example.com itself), `*` any name. Without a port an allow rule means 80
+/// and 443, a deny rule every port. IP addresses are only reached through a
+/// rule that names them. A name that resolves to a loopback, private,
+/// link-local or metadata address is refused unless it is in allow_private
+/// (for a registry on this machine or your network). [network.hosts] gives
+/// names a fixed address instead of asking DNS.
+///
+/// A credential rule (host, port 443 unless given) makes the proxy end TLS
+/// for that host with its own CA, check the real server's certificate, drop
+/// the Authorization header and the rule's header sent from the guest, and
+/// write the rule's header with the value from `env`, `file`, or `command`
+/// (re-run after `ttl`, e.g. { command = "gh auth token", ttl = "55m" }).
+/// The guest sees only a placeholder in `guest_env` (by default the `env`
+/// variable). `optional = true` skips a rule whose value is missing.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// List your policies and the presets.
+    List,
+    /// Show what policies allow, merged as `stockade run` would merge them.
+    Show {
+        /// Policy names or paths (none: the default policy).
+        #[arg(value_name = "NAME|PATH")]
+        names: Vec<String>,
+        /// Extra hosts, as with `stockade run --allow`.
+        #[arg(long, value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
+        /// Print the policy file itself instead (one name).
+        #[arg(long)]
+        toml: bool,
+    },
+    /// Check policy files for errors.
+    Check {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Debugging aid: run the proxy on this host with these policies until
+    /// SIGINT/SIGTERM, and print the variables to point a shell's tools at
+    /// it. Host programs are not sandboxed: this only shows what the policy
+    /// allows and what the proxy writes.
+    #[command(hide = true)]
+    Serve {
+        #[arg(value_name = "NAME|PATH")]
+        names: Vec<String>,
+        #[arg(long, value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
+        /// Proxy address (host:port) or Unix socket path.
+        #[arg(long, default_value = "127.0.0.1:3128")]
+        listen: String,
+        /// Also answer DNS: over UDP at HOST:PORT, or over a Unix socket
+        /// PATH (TCP framing).
+        #[arg(long, value_name = "HOST:PORT|PATH")]
+        dns: Option<String>,
+        /// Write the audit log here.
+        #[arg(long, value_name = "FILE")]
+        audit: Option<PathBuf>,
+    },
+}
+
+pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        PolicyCommand::List => print!("{}", list()),
+        PolicyCommand::Show { names, toml: true, .. } => {
+            let [name] = names.as_slice() else { anyhow::bail!("--toml shows one policy: give one name or path") };
+            print!("{}", source_text(name)?);
+        }
+        PolicyCommand::Show { names, allow, toml: false } => {
+            print!("{}", describe(&policy::resolve(&names, &allow)?));
+        }
+        PolicyCommand::Check { files } => {
+            for file in files {
+                let policy = policy::load_file(&file)?;
+                println!("{}: ok ({})", file.display(), counts(&policy));
+            }
+        }
+        PolicyCommand::Serve { names, allow, listen, dns, audit } => serve(&names, &allow, &listen, dns, audit)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(
+    names: &[String],
+    allow: &[String],
+    listen: &str,
+    dns: Option<String>,
+    audit: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let policy = policy::resolve(names, allow)?;
+    let sources = policy.sources.join(" + ");
+    let dirs = Dirs::resolve()?;
+    // Blocked before the proxy's threads start, so they inherit the mask
+    // and the signal reaches the wait below.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals.thread_block().context("cannot block SIGINT and SIGTERM")?;
+    let proxy = Proxy::start(ProxyConfig::new(policy, &dirs.data, audit.clone()))?;
+    let url = if listen.contains('/') {
+        let _ = std::fs::remove_file(listen);
+        let listener =
+            std::os::unix::net::UnixListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+        proxy.serve_unix(listener)?;
+        listen.to_string()
+    } else {
+        let listener = std::net::TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+        let url = format!("http://{}", listener.local_addr()?);
+        proxy.serve_tcp(listener)?;
+        url
+    };
+    eprintln!("stockade: proxy for {sources} at {url}; SIGINT or SIGTERM stops it");
+    if let Some(path) = &audit {
+        eprintln!("stockade: audit log {}", path.display());
+    }
+    let mut env = vec![("HTTPS_PROXY".to_string(), url.clone()), ("HTTP_PROXY".to_string(), url)];
+    env.extend(proxy.placeholder_env());
+    if let Some(trust) = proxy.guest_trust() {
+        let dir = dirs.data.join("ca");
+        let (ca, bundle) = trust.write_to(&dir).with_context(|| format!("cannot write to {}", dir.display()))?;
+        env.extend(GuestTrust::env(&ca.display().to_string(), &bundle.display().to_string()));
+    }
+    for (name, value) in env {
+        println!("export {name}='{value}'");
+    }
+
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        if let Some(path) = dns.as_deref().filter(|d| d.contains('/')) {
+            let _ = std::fs::remove_file(path);
+            let listener =
+                std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path}"))?;
+            proxy.serve_dns_unix(listener)?;
+            eprintln!("stockade: DNS on {path}");
+        } else if let Some(addr) = dns {
+            let socket = std::net::UdpSocket::bind(&addr).with_context(|| format!("cannot answer DNS on {addr}"))?;
+            socket.set_read_timeout(Some(std::time::Duration::from_millis(200)))?;
+            eprintln!("stockade: DNS on udp://{}", socket.local_addr()?);
+            let (proxy, stop) = (&proxy, &stop);
+            scope.spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, peer)) = socket.recv_from(&mut buf) {
+                        let _ = socket.send_to(&proxy.answer_dns(&buf[..n]), peer);
+                    }
+                }
+            });
+        }
+        let signal = signals.wait().context("cannot wait for a signal")?;
+        eprintln!("stockade: {signal}, stopping");
+        stop.store(true, Ordering::Relaxed);
+        Ok(())
+    })?;
+    proxy.stop();
+    Ok(())
+}
+
+fn list() -> String {
+    let mut out = String::new();
+    let mut shadowing = Vec::new();
+    if let Some(dir) = policy::user_policy_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        if !files.is_empty() {
+            let _ = writeln!(out, "Your policies ({}):", dir.display());
+        }
+        for path in files {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let about = match policy::load_file(&path) {
+                Ok(p) => p.description.unwrap_or_default(),
+                Err(e) => format!("ERROR: {e}"),
+            };
+            let _ = writeln!(out, "  {name:<10} {about}");
+            shadowing.push(name);
+        }
+        if !out.is_empty() {
+            out.push('\n');
+        }
+    }
+    out.push_str("Presets:\n");
+    for name in presets::NAMES {
+        let text = presets::get(name).unwrap_or_default();
+        let about = policy::parse(text, name).ok().and_then(|p| p.description).unwrap_or_default();
+        let note = if shadowing.iter().any(|s| s == name) { " (yours is used instead)" } else { "" };
+        let _ = writeln!(out, "  {name:<10} {about}{note}");
+    }
+    out
+}
+
+fn source_text(name: &str) -> anyhow::Result<String> {
+    if !policy::is_path(name) {
+        if let Some(dir) = policy::user_policy_dir() {
+            let path = dir.join(format!("{name}.toml"));
+            if path.exists() {
+                return std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()));
+            }
+        }
+        if let Some(text) = presets::get(name) {
+            return Ok(text.to_string());
+        }
+    }
+    std::fs::read_to_string(name).with_context(|| format!("cannot read the policy {name}"))
+}
+
+fn counts(policy: &Policy) -> String {
+    format!(
+        "{} allow, {} allow_private, {} deny, {} credential, {} mount rules",
+        policy.allow.len(),
+        policy.allow_private.len(),
+        policy.deny.len(),
+        policy.credentials.len(),
+        policy.mounts.len()
+    )
+}
+
+/// The merged policy for people: each rule with the policy it came from.
+fn describe(policy: &Policy) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Policy: {}", policy.sources.join(" + "));
+    let section = |out: &mut String, title: &str, lines: Vec<String>| {
+        if lines.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "{title}:");
+        for line in lines {
+            let _ = writeln!(out, "  {line}");
+        }
+    };
+    if policy.allow.is_empty() && policy.allow_private.is_empty() && policy.credentials.is_empty() {
+        out.push_str("Network: nothing allowed\n");
+    }
+    section(&mut out, "Allow (no port: 80 and 443)", policy.allow.iter().map(|r| r.to_string()).collect());
+    section(&mut out, "Allow, also to private addresses", policy.allow_private.iter().map(|r| r.to_string()).collect());
+    section(
+        &mut out,
+        "Deny (wins over allow; no port: all ports)",
+        policy.deny.iter().map(|r| r.to_string()).collect(),
+    );
+    section(
+        &mut out,
+        "Pinned names",
+        policy.hosts.iter().map(|p| format!("{} = {} ({})", p.name, p.addr, p.origin)).collect(),
+    );
+    section(
+        &mut out,
+        "Credentials (written by the proxy; the guest sees a placeholder)",
+        policy
+            .credentials
+            .iter()
+            .map(|c| {
+                let optional = if c.optional { ", optional" } else { "" };
+                let guest = c.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
+                format!("{} from {}{guest}{optional}", c.name(), c.value)
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
+        "Mounts",
+        policy
+            .mounts
+            .iter()
+            .map(|m| match std::env::var_os("HOME") {
+                Some(home) if m.path.starts_with('~') => {
+                    let path = m.host_path(std::path::Path::new(&home));
+                    format!("{} {} ({}; {})", m.path, m.mode.as_str(), m.origin, path.display())
+                }
+                _ => format!("{} {} ({})", m.path, m.mode.as_str(), m.origin),
+            })
+            .collect(),
+    );
+    section(&mut out, "Variables passed", policy.env_pass.clone());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_merged_rules_with_their_origin() {
+        let policy = policy::resolve_in(None, &["npm".into(), "claude".into()], &["example.com:8443".into()]).unwrap();
+        let text = describe(&policy);
+        assert!(text.starts_with("Policy: preset npm + preset claude + --allow\n"), "{text}");
+        assert!(text.contains("  registry.npmjs.org (preset npm)"), "{text}");
+        assert!(text.contains("  example.com:8443 (--allow)"), "{text}");
+        assert!(
+            text.contains("x-api-key for api.anthropic.com:443 (preset claude) from env ANTHROPIC_API_KEY"),
+            "{text}"
+        );
+        assert!(text.contains("  ~/.claude rw (preset claude"), "{text}");
+        assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
+    }
+
+    #[test]
+    fn lists_every_preset() {
+        let text = list();
+        for name in presets::NAMES {
+            assert!(text.contains(&format!("  {name:<10} ")), "{name} missing from {text}");
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Sends the workspace changes to the host when the command has ended: the
+//! overlay's upper layer, exported as a change set on its own vsock stream,
+//! then a short report on the control connection.
+
+use std::io::{BufWriter, Write};
+use std::os::fd::AsRawFd;
+
+use anyhow::Context;
+
+use super::channel::{self, Control};
+use super::export::{self, Overlayfs};
+use super::mounts::Layers;
+use crate::changes::Writer;
+use crate::protocol::{CHANGES_PORT, ExportOutcome, GuestMsg};
+
+/// Big writes: a change set can be hundreds of megabytes.
+const BUFFER: usize = 256 * 1024;
+
+/// Exports and reports; a failure is reported to the host, never fatal to
+/// the exit report that follows.
+pub fn send(layers: &Layers, control: &Control) -> anyhow::Result<()> {
+    let outcome = match export_to_host(layers) {
+        Ok(report) => ExportOutcome::Sent {
+            entries: report.entries,
+            files: report.files,
+            bytes: report.bytes,
+            skipped: report.skipped,
+        },
+        Err(e) => ExportOutcome::Failed { message: format!("{e:#}") },
+    };
+    control.send(&GuestMsg::Changes(outcome))
+}
+
+fn export_to_host(layers: &Layers) -> anyhow::Result<export::ExportReport> {
+    let stream = channel::connect_host(CHANGES_PORT)?;
+    let socket = stream.try_clone().context("cannot duplicate the change stream")?;
+    let mut writer = Writer::new(BufWriter::with_capacity(BUFFER, stream)).context("cannot start the change set")?;
+    let report = export::export(&layers.upper, &layers.lower, &Overlayfs, &mut writer)?;
+    let (mut out, _) = writer.finish().context("cannot finish the change set")?;
+    out.flush().context("cannot send the change set")?;
+    drop(out);
+    // The end of the stream is how the host knows it has everything.
+    let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+    Ok(report)
+}

@@ -1,0 +1,307 @@
+//! Reading one policy (a file, a preset or `--allow` flags) into a validated
+//! [`Policy`], and finding a policy by name.
+
+use std::net::IpAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use toml::Spanned;
+
+use super::credential::{CredentialRule, ValueSource};
+use super::pattern::{Host, HostRule, Port, PortSpec};
+use super::schema::{self, PolicyFile};
+use super::{Mount, NetworkRule, PinnedHost, Policy, PolicyError, presets};
+
+/// Where `--policy NAME` looks before the presets.
+pub fn user_policy_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("STOCKADE_CONFIG_DIR") {
+        return Some(PathBuf::from(dir).join("policies"));
+    }
+    directories::ProjectDirs::from("", "", "stockade").map(|p| p.config_dir().join("policies"))
+}
+
+/// Whether a `--policy` argument is a path rather than a name.
+pub fn is_path(arg: &str) -> bool {
+    arg.contains('/') || arg.ends_with(".toml")
+}
+
+/// Loads `--policy ARG`: a path, else `DIR/ARG.toml` in the user's policy
+/// directory, else the preset of that name.
+pub fn load(arg: &str, user_dir: Option<&Path>) -> Result<Policy, PolicyError> {
+    if is_path(arg) {
+        return load_file(Path::new(arg));
+    }
+    if let Some(dir) = user_dir {
+        let path = dir.join(format!("{arg}.toml"));
+        if path.exists() {
+            return load_file(&path);
+        }
+    }
+    match presets::get(arg) {
+        Some(text) => parse(text, &format!("preset {arg}")),
+        None => Err(PolicyError::UnknownName {
+            name: arg.to_string(),
+            dir: user_dir.map(|d| d.display().to_string()).unwrap_or_else(|| "(no home directory)".into()),
+            presets: presets::NAMES.join(", "),
+        }),
+    }
+}
+
+pub fn load_file(path: &Path) -> Result<Policy, PolicyError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| PolicyError::Read { path: path.to_path_buf(), source })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses and validates one policy's text; `origin` names it in errors and
+/// in the rules it yields.
+pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+    let at = |span: Option<Range<usize>>, message: String| {
+        let (line, column) = span.map(|s| line_column(text, s.start)).unwrap_or((1, 1));
+        PolicyError::Invalid { origin: origin.to_string(), line, column, message }
+    };
+    let file: PolicyFile = toml::from_str(text).map_err(|err| at(err.span(), err.message().to_string()))?;
+    let origin: Arc<str> = Arc::from(origin);
+
+    let rules = |list: &[Spanned<String>], default_ports: PortSpec| -> Result<Vec<NetworkRule>, PolicyError> {
+        list.iter()
+            .map(|item| {
+                HostRule::parse(item.get_ref(), default_ports)
+                    .map(|rule| NetworkRule { rule, origin: origin.clone() })
+                    .map_err(|err| at(Some(item.span()), err.to_string()))
+            })
+            .collect()
+    };
+    let mut policy = Policy {
+        sources: vec![origin.to_string()],
+        description: file.description.clone(),
+        allow: rules(&file.network.allow, PortSpec::Web)?,
+        allow_private: rules(&file.network.allow_private, PortSpec::Web)?,
+        deny: rules(&file.network.deny, PortSpec::Any)?,
+        ..Policy::default()
+    };
+
+    for (name, addr) in &file.network.hosts {
+        let host = match Host::parse(name.get_ref()) {
+            Ok(Host::Name(host)) => host,
+            Ok(Host::Ip(_)) => return Err(at(Some(name.span()), format!("{name} is an address, not a name"))),
+            Err(err) => return Err(at(Some(name.span()), err.to_string())),
+        };
+        let ip: IpAddr = addr
+            .get_ref()
+            .parse()
+            .map_err(|_| at(Some(addr.span()), format!("{:?} is not an IP address", addr.get_ref())))?;
+        policy.hosts.push(PinnedHost { name: host, addr: ip, origin: origin.clone() });
+    }
+
+    for cred in &file.credentials {
+        policy.credentials.push(credential(cred, &origin, &at)?);
+    }
+
+    for (path, mode) in &file.mounts {
+        let p = path.get_ref();
+        if !(p.starts_with('/') || p == "~" || p.starts_with("~/")) || p.split('/').any(|c| c == "..") {
+            return Err(at(
+                Some(path.span()),
+                format!("mount {p:?}: give an absolute path or one under ~/, without .."),
+            ));
+        }
+        policy.mounts.push(Mount { path: p.clone(), mode: *mode.get_ref(), origin: origin.clone() });
+    }
+
+    for name in &file.env.pass {
+        if !is_var_name(name.get_ref()) {
+            return Err(at(Some(name.span()), format!("{:?} is not a variable name", name.get_ref())));
+        }
+        policy.env_pass.push(name.get_ref().clone());
+    }
+    Ok(policy)
+}
+
+fn credential(
+    cred: &schema::Credential,
+    origin: &Arc<str>,
+    at: &impl Fn(Option<Range<usize>>, String) -> PolicyError,
+) -> Result<CredentialRule, PolicyError> {
+    // Without a port a credential rule means HTTPS: secrets only travel over
+    // TLS that the proxy has verified.
+    let host = HostRule::parse(cred.host.get_ref(), PortSpec::One(Port::HTTPS))
+        .map_err(|err| at(Some(cred.host.span()), err.to_string()))?;
+    let header = HeaderName::from_bytes(cred.header.get_ref().as_bytes())
+        .map_err(|_| at(Some(cred.header.span()), format!("{:?} is not an HTTP header name", cred.header.get_ref())))?;
+    let format = match &cred.format {
+        Some(f) if f.get_ref().matches("{}").count() != 1 => {
+            return Err(at(Some(f.span()), "format must contain {} exactly once, as in \"Bearer {}\"".into()));
+        }
+        Some(f) => f.get_ref().clone(),
+        None => "{}".to_string(),
+    };
+    let v = cred.value.get_ref();
+    let value_at = |message: &str| at(Some(cred.value.span()), message.to_string());
+    let value = match (&v.env, &v.file, &v.command) {
+        (Some(env), None, None) if v.ttl.is_none() => {
+            if !is_var_name(env) {
+                return Err(value_at(&format!("{env:?} is not a variable name")));
+            }
+            ValueSource::Env(env.clone())
+        }
+        (None, Some(file), None) if v.ttl.is_none() => ValueSource::File(PathBuf::from(file)),
+        (None, None, Some(command)) => {
+            let ttl = match &v.ttl {
+                Some(text) => Some(parse_ttl(text).map_err(|m| value_at(&m))?),
+                None => None,
+            };
+            ValueSource::Command { command: command.clone(), ttl }
+        }
+        (None, None, None) => return Err(value_at("value needs one of env, file or command")),
+        _ if v.ttl.is_some() && v.command.is_none() => return Err(value_at("ttl only applies to a command")),
+        _ => return Err(value_at("value takes only one of env, file or command")),
+    };
+    let guest_env = match &cred.guest_env {
+        Some(name) if !is_var_name(name.get_ref()) => {
+            return Err(at(Some(name.span()), format!("{:?} is not a variable name", name.get_ref())));
+        }
+        Some(name) => Some(name.get_ref().clone()),
+        None => match &value {
+            ValueSource::Env(name) => Some(name.clone()),
+            _ => None,
+        },
+    };
+    Ok(CredentialRule { host, header, value, format, guest_env, optional: cred.optional, origin: origin.clone() })
+}
+
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(ttl) if ttl >= Duration::from_secs(1) => Ok(ttl),
+        Ok(_) => Err(format!("ttl {text:?} is too short: give at least 1s")),
+        Err(_) => Err(format!("ttl {text:?} is not a duration: write e.g. \"55m\" or \"1h\"")),
+    }
+}
+
+/// `--allow HOST[:PORT]` flags as one policy.
+pub fn allow_flags(allows: &[String]) -> Result<Policy, PolicyError> {
+    let origin: Arc<str> = Arc::from("--allow");
+    let mut policy = Policy { sources: vec!["--allow".into()], ..Policy::default() };
+    for text in allows {
+        let rule = HostRule::parse(text, PortSpec::Web)
+            .map_err(|reason| PolicyError::BadAllow { text: text.clone(), reason })?;
+        policy.allow.push(NetworkRule { rule, origin: origin.clone() });
+    }
+    Ok(policy)
+}
+
+pub fn is_var_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::MountMode;
+
+    fn error_of(text: &str) -> String {
+        parse(text, "test.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_the_issue_example() {
+        let text = r#"
+[network]
+allow = ["registry.npmjs.org", "*.crates.io", "github.com:443"]
+deny  = ["gist.github.com"]
+
+[[credential]]
+host   = "api.anthropic.com"
+header = "x-api-key"
+value  = { env = "ANTHROPIC_API_KEY" }
+format = "{}"
+
+[mounts]
+"~/.claude" = "rw"
+
+[env]
+pass = ["NODE_OPTIONS"]
+"#;
+        let policy = parse(text, "example.toml").unwrap();
+        assert_eq!(policy.allow.len(), 3);
+        assert_eq!(policy.deny[0].rule.to_string(), "gist.github.com:*");
+        let cred = &policy.credentials[0];
+        assert_eq!(cred.header.as_str(), "x-api-key");
+        assert_eq!(cred.host.to_string(), "api.anthropic.com:443");
+        assert_eq!(cred.guest_env.as_deref(), Some("ANTHROPIC_API_KEY"));
+        assert_eq!(policy.mounts[0].mode, MountMode::Rw);
+        assert_eq!(policy.env_pass, ["NODE_OPTIONS"]);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_file_and_line() {
+        let err = error_of("[network]\nallow = []\nalow = [\"x.com\"]\n");
+        assert!(err.starts_with("test.toml:3:"), "{err}");
+        assert!(err.contains("alow"), "{err}");
+        let err = error_of("[netwrok]\n");
+        assert!(err.starts_with("test.toml:1:"), "{err}");
+    }
+
+    #[test]
+    fn bad_patterns_are_errors_naming_the_line_and_column() {
+        let err = error_of("[network]\nallow = [\n  \"ok.com\",\n  \"bad host\",\n]\n");
+        assert!(err.starts_with("test.toml:4:3:"), "{err}");
+        assert!(err.contains("bad host"), "{err}");
+    }
+
+    #[test]
+    fn credential_values_take_exactly_one_source() {
+        let base = "[[credential]]\nhost = \"a.com\"\nheader = \"authorization\"\n";
+        let both = format!("{base}value = {{ env = \"A\", file = \"/x\" }}\n");
+        assert!(error_of(&both).contains("only one of"), "{}", error_of(&both));
+        let none = format!("{base}value = {{}}\n");
+        assert!(error_of(&none).contains("one of env, file or command"));
+        let ttl = format!("{base}value = {{ env = \"A\", ttl = \"5m\" }}\n");
+        assert!(error_of(&ttl).contains("ttl only applies"));
+        let bad_ttl = format!("{base}value = {{ command = \"true\", ttl = \"soon\" }}\n");
+        assert!(error_of(&bad_ttl).contains("not a duration"));
+        let fmt = format!("{base}value = {{ env = \"A\" }}\nformat = \"Bearer\"\n");
+        assert!(error_of(&fmt).starts_with("test.toml:5:"), "{}", error_of(&fmt));
+        let cmd = format!("{base}value = {{ command = \"gh auth token\", ttl = \"55m\" }}\nguest_env = \"GH_TOKEN\"\n");
+        let policy = parse(&cmd, "t").unwrap();
+        assert_eq!(
+            policy.credentials[0].value,
+            ValueSource::Command { command: "gh auth token".into(), ttl: Some(Duration::from_secs(55 * 60)) }
+        );
+        assert_eq!(policy.credentials[0].render("s"), "s");
+    }
+
+    #[test]
+    fn bad_mount_modes_and_paths_are_refused() {
+        assert!(error_of("[mounts]\n\"~/.x\" = \"rx\"\n").starts_with("test.toml:2:"));
+        assert!(error_of("[mounts]\n\"rel/dir\" = \"ro\"\n").contains("absolute path"));
+        assert!(error_of("[mounts]\n\"~/../etc\" = \"ro\"\n").contains("without .."));
+    }
+
+    #[test]
+    fn hosts_entries_need_a_name_and_an_address() {
+        let policy = parse("[network.hosts]\n\"api.test\" = \"127.0.0.1\"\n", "t").unwrap();
+        assert_eq!(policy.hosts[0].name, "api.test");
+        assert!(error_of("[network.hosts]\n\"api.test\" = \"localhost\"\n").contains("not an IP address"));
+        assert!(error_of("[network.hosts]\n\"10.0.0.1\" = \"10.0.0.2\"\n").contains("not a name"));
+    }
+
+    #[test]
+    fn bad_allow_flags_name_the_flag() {
+        let err = allow_flags(&["ok.com".into(), "bad host".into()]).unwrap_err().to_string();
+        assert!(err.starts_with("--allow bad host"), "{err}");
+    }
+}

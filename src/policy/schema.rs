@@ -1,0 +1,94 @@
+//! The policy file as TOML: the raw shape serde reads, with spans so that
+//! validation errors can name the line. Unknown keys are errors, so a typo
+//! never silently weakens a policy.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// One line shown by `stockade policy list`.
+    pub description: Option<String>,
+    #[serde(default)]
+    pub network: Network,
+    #[serde(default, rename = "credential")]
+    pub credentials: Vec<Credential>,
+    #[serde(default)]
+    pub mounts: BTreeMap<Spanned<String>, Spanned<MountMode>>,
+    #[serde(default)]
+    pub env: Env,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
+    /// Allow rules whose destinations may resolve to loopback or private
+    /// addresses (a registry on this machine or the LAN).
+    #[serde(default)]
+    pub allow_private: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub deny: Vec<Spanned<String>>,
+    /// Names answered with a fixed address instead of asking DNS.
+    #[serde(default)]
+    pub hosts: BTreeMap<Spanned<String>, Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    pub host: Spanned<String>,
+    pub header: Spanned<String>,
+    pub value: Spanned<Value>,
+    pub format: Option<Spanned<String>>,
+    /// The guest variable that holds the placeholder; defaults to the
+    /// variable named by `value.env`.
+    pub guest_env: Option<Spanned<String>>,
+    /// Skip the rule, with a warning, when its value cannot be had.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+/// Where a credential's value comes from: exactly one of the three.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Value {
+    pub env: Option<String>,
+    pub file: Option<String>,
+    pub command: Option<String>,
+    pub ttl: Option<String>,
+}
+
+/// Declared from most to least restrictive: merging keeps the smaller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountMode {
+    /// Read-only.
+    Ro,
+    /// Copy-on-write: the guest may write, the host copy stays as it was.
+    Overlay,
+    /// Read-write: the guest writes the host directory.
+    Rw,
+}
+
+impl MountMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountMode::Ro => "ro",
+            MountMode::Overlay => "overlay",
+            MountMode::Rw => "rw",
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Env {
+    /// Host variables passed to the command.
+    #[serde(default)]
+    pub pass: Vec<Spanned<String>>,
+}

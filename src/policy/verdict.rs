@@ -1,0 +1,166 @@
+//! The allow/deny decision for a destination, before any DNS: deny rules
+//! first (so they win across merged policies), then allow rules; IP literals
+//! only match rules that name the address. Also the words the guest reads
+//! when it is refused.
+
+use std::net::IpAddr;
+
+use super::Policy;
+use super::pattern::{Host, HostPattern, Port, PortSpec};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// `rule` names the rule and its policy (for the audit log);
+    /// `private_ok` lets the destination be a loopback or private address.
+    Allow {
+        rule: String,
+        private_ok: bool,
+    },
+    Deny(Denial),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// A deny rule matched (named with its policy).
+    DeniedBy(String),
+    /// No rule allows it.
+    NotAllowed,
+    /// An IP literal that no rule names.
+    IpNeedsRule,
+    /// Allowed by name, but every address it resolves to is loopback,
+    /// private, link-local or otherwise internal.
+    PrivateAddress(IpAddr),
+}
+
+impl Denial {
+    /// The reason in a few words, for the audit log.
+    pub fn reason(&self) -> String {
+        match self {
+            Denial::DeniedBy(rule) => format!("denied by {rule}"),
+            Denial::NotAllowed => "not in the policy".into(),
+            Denial::IpNeedsRule => "an IP address needs an explicit rule".into(),
+            Denial::PrivateAddress(addr) => format!("resolves to the internal address {addr}"),
+        }
+    }
+
+    /// What the guest is told: what was blocked, why, and how to allow it.
+    pub fn message(&self, host: &Host, port: Port) -> String {
+        let target = format!("{host}:{port}");
+        // The rule to suggest: the bare host for the web ports, which is what
+        // an allow rule without a port covers.
+        let rule = if PortSpec::Web.matches(port) { host.to_string() } else { target.clone() };
+        let how = match self {
+            Denial::DeniedBy(_) => "Deny rules win over allow rules: remove that rule to reach it.".to_string(),
+            Denial::NotAllowed => format!("Allow it with --allow {rule} or a [network] allow rule."),
+            Denial::IpNeedsRule => {
+                format!("Allow it with --allow {target} or a [network] allow rule naming the address.")
+            }
+            Denial::PrivateAddress(_) => format!(
+                "To reach a service on this machine or your network, put \"{rule}\" in [network] allow_private."
+            ),
+        };
+        format!("stockade: blocked {target} ({}). {how}", self.reason())
+    }
+}
+
+impl Policy {
+    /// Whether the guest may connect to `host:port`, before resolution.
+    pub fn verdict(&self, host: &Host, port: Port) -> Verdict {
+        if let Some(rule) = self.deny.iter().find(|r| r.rule.matches(host, port)) {
+            return Verdict::Deny(Denial::DeniedBy(rule.to_string()));
+        }
+        if let Some(rule) = self.allow_private.iter().find(|r| r.rule.matches(host, port)) {
+            return Verdict::Allow { rule: rule.to_string(), private_ok: true };
+        }
+        if let Some(rule) = self.allow.iter().find(|r| r.rule.matches(host, port)) {
+            // A rule that spells out the address is as explicit as
+            // allow_private: no DNS answer can surprise it.
+            let private_ok = matches!(rule.rule.host, HostPattern::Ip(_));
+            return Verdict::Allow { rule: rule.to_string(), private_ok };
+        }
+        // A credential rule is a request to reach its host.
+        if let Some(cred) = self.credential_for(host, port) {
+            let private_ok = matches!(cred.host.host, HostPattern::Ip(_));
+            return Verdict::Allow { rule: format!("credential rule {}", cred.name()), private_ok };
+        }
+        Verdict::Deny(match host {
+            Host::Ip(_) => Denial::IpNeedsRule,
+            Host::Name(_) => Denial::NotAllowed,
+        })
+    }
+
+    /// Whether the DNS answer for a name may be real: some rule allows the
+    /// name on some port and no deny rule covers it on every port.
+    pub fn allows_name(&self, host: &Host) -> bool {
+        let denied = self.deny.iter().any(|r| r.rule.ports == PortSpec::Any && r.rule.host.matches(host));
+        let allowed = self.allow.iter().chain(&self.allow_private).any(|r| r.rule.host.matches(host))
+            || self.credentials.iter().any(|c| c.host.host.matches(host));
+        allowed && !denied
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::parse;
+
+    fn policy(text: &str) -> Policy {
+        parse(text, "p.toml").unwrap()
+    }
+
+    fn host(text: &str) -> Host {
+        Host::parse(text).unwrap()
+    }
+
+    #[test]
+    fn denial_messages_name_the_host_and_the_fix() {
+        let p = policy("");
+        let Verdict::Deny(denial) = p.verdict(&host("example.com"), Port::HTTPS) else { panic!() };
+        assert_eq!(
+            denial.message(&host("example.com"), Port::HTTPS),
+            "stockade: blocked example.com:443 (not in the policy). \
+             Allow it with --allow example.com or a [network] allow rule."
+        );
+        let port = Port::new(8443).unwrap();
+        assert!(denial.message(&host("example.com"), port).contains("--allow example.com:8443 "));
+    }
+
+    #[test]
+    fn ip_literals_need_a_rule_naming_the_address() {
+        let p = policy("[network]\nallow = [\"*\", \"10.0.0.5:8080\"]\n");
+        assert_eq!(p.verdict(&host("1.2.3.4"), Port::HTTPS), Verdict::Deny(Denial::IpNeedsRule));
+        assert!(matches!(
+            p.verdict(&host("10.0.0.5"), Port::new(8080).unwrap()),
+            Verdict::Allow { private_ok: true, .. }
+        ));
+    }
+
+    #[test]
+    fn deny_beats_allow_private_and_credentials() {
+        let p = policy(
+            "[network]\nallow_private = [\"a.test\"]\ndeny = [\"a.test\", \"b.test\"]\n\
+             [[credential]]\nhost = \"b.test\"\nheader = \"x-k\"\nvalue = { env = \"K\" }\n",
+        );
+        assert!(matches!(p.verdict(&host("a.test"), Port::HTTPS), Verdict::Deny(Denial::DeniedBy(_))));
+        assert!(matches!(p.verdict(&host("b.test"), Port::HTTPS), Verdict::Deny(Denial::DeniedBy(_))));
+    }
+
+    #[test]
+    fn a_credential_rule_allows_its_host_on_its_port() {
+        let p = policy("[[credential]]\nhost = \"api.x.com\"\nheader = \"x-k\"\nvalue = { env = \"K\" }\n");
+        assert!(matches!(p.verdict(&host("api.x.com"), Port::HTTPS), Verdict::Allow { private_ok: false, .. }));
+        assert!(matches!(p.verdict(&host("api.x.com"), Port::HTTP), Verdict::Deny(_)));
+        assert!(p.allows_name(&host("api.x.com")));
+    }
+
+    #[test]
+    fn dns_answers_follow_the_rules_on_any_port() {
+        let p = policy("[network]\nallow = [\"*.example.com\", \"git.example.com:22\"]\ndeny = [\"x.example.com\"]\n");
+        assert!(p.allows_name(&host("www.example.com")));
+        assert!(!p.allows_name(&host("x.example.com")));
+        assert!(!p.allows_name(&host("example.org")));
+        // Denied on one port only: the name still resolves for the others.
+        let p = policy("[network]\nallow = [\"a.com:*\"]\ndeny = [\"a.com:25\"]\n");
+        assert!(p.allows_name(&host("a.com")));
+    }
+}

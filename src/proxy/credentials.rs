@@ -1,0 +1,246 @@
+//! The secrets behind credential rules: fetched at start (so a missing one
+//! is reported before the guest boots), kept only in this process, re-fetched
+//! when a command's ttl runs out. Values never reach logs or Debug output.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use http::HeaderValue;
+use tokio::sync::Mutex;
+
+use super::ProxyError;
+use crate::policy::{CredentialRule, Host, PLACEHOLDER, Port, ValueSource};
+
+/// How long a credential command may run.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most a credential file or command output may hold.
+const MAX_VALUE: usize = 64 * 1024;
+
+/// A secret: Debug and Display never show it.
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+struct Active {
+    rule: CredentialRule,
+    value: Mutex<(Secret, Instant)>,
+}
+
+/// The credential rules in force, with their values.
+pub struct Credentials {
+    active: Vec<Active>,
+    home: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.active.iter().map(|a| a.rule.name())).finish()
+    }
+}
+
+impl Credentials {
+    /// Fetches every rule's value. A rule whose value cannot be had is an
+    /// error naming it, unless it is `optional`: then it is left out (its
+    /// host is not intercepted and gets no placeholder), with a warning.
+    pub async fn load(rules: &[CredentialRule], home: Option<&Path>) -> Result<Credentials, ProxyError> {
+        let mut active = Vec::new();
+        for rule in rules {
+            match fetch(rule, home).await {
+                Ok(secret) => active.push(Active { rule: rule.clone(), value: Mutex::new((secret, Instant::now())) }),
+                Err(reason) if rule.optional => {
+                    tracing::warn!("credential rule {} is skipped: {reason}", rule.name());
+                }
+                Err(reason) => return Err(ProxyError::Credential { rule: rule.name(), reason }),
+            }
+        }
+        Ok(Credentials { active, home: home.map(Path::to_path_buf) })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// The index of the rule in force for a destination.
+    pub fn rule_for(&self, host: &Host, port: Port) -> Option<usize> {
+        self.active.iter().position(|a| a.rule.host.matches(host, port))
+    }
+
+    pub fn rule(&self, index: usize) -> Option<&CredentialRule> {
+        self.active.get(index).map(|a| &a.rule)
+    }
+
+    /// The header value to write for rule `index`, re-fetching the secret
+    /// if its ttl ran out. The error names the rule and what failed.
+    pub async fn header_value(&self, index: usize) -> Result<HeaderValue, String> {
+        let active = self.active.get(index).ok_or("no such credential rule")?;
+        let mut value = active.value.lock().await;
+        if let ValueSource::Command { ttl: Some(ttl), .. } = &active.rule.value {
+            if value.1.elapsed() >= *ttl {
+                let secret = fetch(&active.rule, self.home.as_deref())
+                    .await
+                    .map_err(|reason| format!("credential rule {}: {reason}", active.rule.name()))?;
+                *value = (secret, Instant::now());
+            }
+        }
+        let mut header = HeaderValue::from_str(&active.rule.render(&value.0.0))
+            .map_err(|_| format!("credential rule {}: the value is not a valid header value", active.rule.name()))?;
+        header.set_sensitive(true);
+        Ok(header)
+    }
+
+    /// The guest variables that stand in for the secrets, and their values.
+    pub fn placeholders(&self) -> Vec<(String, String)> {
+        let mut vars: Vec<(String, String)> = Vec::new();
+        for active in &self.active {
+            if let Some(name) = &active.rule.guest_env {
+                if !vars.iter().any(|(n, _)| n == name) {
+                    vars.push((name.clone(), PLACEHOLDER.to_string()));
+                }
+            }
+        }
+        vars
+    }
+}
+
+async fn fetch(rule: &CredentialRule, home: Option<&Path>) -> Result<Secret, String> {
+    let text = match &rule.value {
+        ValueSource::Env(name) => match std::env::var(name) {
+            Ok(value) => value,
+            Err(std::env::VarError::NotPresent) => return Err(format!("{name} is not set")),
+            Err(std::env::VarError::NotUnicode(_)) => return Err(format!("{name} is not valid UTF-8")),
+        },
+        ValueSource::File(path) => {
+            let path = expand_home(path, home);
+            let bytes = tokio::fs::read(&path).await.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if bytes.len() > MAX_VALUE {
+                return Err(format!("{} is larger than {MAX_VALUE} bytes", path.display()));
+            }
+            String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?
+        }
+        ValueSource::Command { command, .. } => run(command).await?,
+    };
+    let value = text.trim().to_string();
+    if value.is_empty() {
+        return Err(format!("{} gave an empty value", rule.value));
+    }
+    if HeaderValue::from_str(&rule.render(&value)).is_err() {
+        return Err(format!("{} gave a value with characters an HTTP header cannot hold", rule.value));
+    }
+    Ok(Secret(value))
+}
+
+async fn run(command: &str) -> Result<String, String> {
+    let child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot run `{command}`: {e}"))?;
+    let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| format!("`{command}` did not finish within {}s", COMMAND_TIMEOUT.as_secs()))?
+        .map_err(|e| format!("`{command}` failed: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = stderr.trim();
+        let detail = if stderr.is_empty() { String::new() } else { format!(": {stderr}") };
+        return Err(format!("`{command}` exited with {}{detail}", output.status));
+    }
+    if output.stdout.len() > MAX_VALUE {
+        return Err(format!("`{command}` printed more than {MAX_VALUE} bytes"));
+    }
+    String::from_utf8(output.stdout).map_err(|_| format!("`{command}` printed something that is not UTF-8"))
+}
+
+fn expand_home(path: &Path, home: Option<&Path>) -> PathBuf {
+    match (path.strip_prefix("~"), home) {
+        (Ok(rest), Some(home)) => home.join(rest),
+        _ => path.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::parse;
+
+    fn rules(value: &str, optional: bool) -> Vec<CredentialRule> {
+        let text = format!(
+            "[[credential]]\nhost = \"api.test\"\nheader = \"authorization\"\nformat = \"Bearer {{}}\"\n\
+             guest_env = \"TOKEN\"\noptional = {optional}\nvalue = {value}\n"
+        );
+        parse(&text, "t.toml").unwrap().credentials
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn command_values_are_formatted_and_sensitive() {
+        let creds = block_on(Credentials::load(&rules("{ command = \"echo s3cret\" }", false), None)).unwrap();
+        let index = creds.rule_for(&Host::parse("api.test").unwrap(), Port::HTTPS).unwrap();
+        let value = block_on(creds.header_value(index)).unwrap();
+        assert_eq!(value.to_str().unwrap(), "Bearer s3cret");
+        assert!(value.is_sensitive());
+        assert_eq!(creds.placeholders(), [("TOKEN".to_string(), PLACEHOLDER.to_string())]);
+        assert!(!format!("{creds:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_failing_source_is_an_error_naming_the_rule() {
+        let err = block_on(Credentials::load(&rules("{ env = \"STOCKADE_TEST_SURELY_UNSET\" }", false), None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("authorization for api.test:443 (t.toml)"), "{err}");
+        assert!(err.contains("STOCKADE_TEST_SURELY_UNSET is not set"), "{err}");
+        let err = block_on(Credentials::load(&rules("{ file = \"/nonexistent/token\" }", false), None)).unwrap_err();
+        assert!(err.to_string().contains("cannot read /nonexistent/token"), "{err}");
+        let err = block_on(Credentials::load(&rules("{ command = \"echo oops >&2; exit 3\" }", false), None))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exited with") && err.contains("oops"), "{err}");
+    }
+
+    #[test]
+    fn optional_rules_that_fail_are_left_out() {
+        let creds =
+            block_on(Credentials::load(&rules("{ env = \"STOCKADE_TEST_SURELY_UNSET\" }", true), None)).unwrap();
+        assert!(creds.is_empty());
+        assert!(creds.placeholders().is_empty());
+    }
+
+    #[test]
+    fn command_values_are_refreshed_after_their_ttl() {
+        let dir = std::env::temp_dir().join(format!("stockade-cred-ttl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let counter = dir.join("n");
+        let command = format!("echo x >> {0}; wc -l < {0}", counter.display());
+        let creds =
+            block_on(Credentials::load(&rules(&format!("{{ command = \"{command}\", ttl = \"1s\" }}"), false), None))
+                .unwrap();
+        let first = block_on(creds.header_value(0)).unwrap();
+        assert_eq!(block_on(creds.header_value(0)).unwrap(), first, "cached within the ttl");
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(block_on(creds.header_value(0)).unwrap().to_str().unwrap(), "Bearer 2");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn file_values_expand_home_and_lose_the_newline() {
+        let dir = std::env::temp_dir().join(format!("stockade-cred-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tok"), "abc\n").unwrap();
+        let creds = block_on(Credentials::load(&rules("{ file = \"~/tok\" }", false), Some(&dir))).unwrap();
+        assert_eq!(block_on(creds.header_value(0)).unwrap().to_str().unwrap(), "Bearer abc");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,167 @@
+//! Intercepted CONNECT tunnels, for hosts with a credential rule: the proxy
+//! ends the guest's TLS with a leaf from its CA, and sends each request on
+//! over TLS it has verified itself, with the guest's auth headers removed
+//! and the real credential written in. Requests for any other authority on
+//! that connection are refused, so the secret only goes where its rule says.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::header;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio_rustls::TlsAcceptor;
+
+use super::Shared;
+use super::audit::{Decision, Kind, Record};
+use super::body::{self, Counted, Direction, Flow, ProxyBody};
+use super::upstream::TlsUpstream;
+use crate::policy::{Host, Port};
+
+/// One intercepted guest connection.
+pub struct Interception {
+    pub shared: Arc<Shared>,
+    pub host: Host,
+    pub port: Port,
+    /// The credential rule (index into `shared.credentials`).
+    pub credential: usize,
+    /// The rule that allowed the host, for the audit log.
+    pub rule: String,
+    pub upstream: TlsUpstream,
+}
+
+/// Serves the guest's requests inside the intercepted TLS connection.
+pub async fn serve(this: Interception, upgraded: Upgraded) {
+    let Some(ca) = this.shared.ca.as_ref() else { return };
+    let config = match ca.server_config(&this.host) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::warn!("cannot intercept {}: {e}", this.host);
+            return;
+        }
+    };
+    let tls = match TlsAcceptor::from(config).accept(TokioIo::new(upgraded)).await {
+        Ok(tls) => tls,
+        Err(e) => {
+            // Most often the guest does not trust the CA (SSL_CERT_FILE unset).
+            let mut record = Record::new(Kind::Https, this.host.to_string(), this.port.get(), Decision::Fail);
+            record.reason = Some(format!("the guest's TLS handshake with the proxy failed: {e}"));
+            this.shared.audit.record(&record);
+            return;
+        }
+    };
+    if let Some(sni) = tls.get_ref().1.server_name() {
+        if Host::parse(sni).ok().as_ref() != Some(&this.host) {
+            let mut record = Record::new(Kind::Https, this.host.to_string(), this.port.get(), Decision::Deny);
+            record.reason = Some(format!("TLS server name {sni:?} does not match the CONNECT host {}", this.host));
+            this.shared.audit.record(&record);
+            return;
+        }
+    }
+    let this = Arc::new(this);
+    let service = service_fn(move |req| {
+        let this = this.clone();
+        async move { Ok::<_, Infallible>(handle(&this, req).await) }
+    });
+    if let Err(e) = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(tls), service).await {
+        tracing::debug!("intercepted connection ended: {e}");
+    }
+}
+
+async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBody> {
+    let shared = &this.shared;
+    let mut record = Record::new(Kind::Https, this.host.to_string(), this.port.get(), Decision::Allow);
+    record.method = Some(req.method().to_string());
+    record.path = Some(req.uri().path().to_string());
+    record.rule = Some(this.rule.clone());
+
+    // HTTP/2 names the authority in the URI, HTTP/1.1 in Host.
+    let named = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string));
+    if !names_destination(named.as_deref(), &this.host, this.port) {
+        let message = format!(
+            "stockade: refused a request for {} on the connection to {}:{}; \
+             the credential for {} is only sent to it",
+            named.as_deref().unwrap_or("(no host)"),
+            this.host,
+            this.port,
+            this.host
+        );
+        record.decision = Decision::Deny;
+        record.reason = Some(format!("request for {} on a connection to {}", named.unwrap_or_default(), this.host));
+        shared.audit.record(&record);
+        return body::text(StatusCode::MISDIRECTED_REQUEST, message);
+    }
+    let Some(rule) = shared.credentials.rule(this.credential) else {
+        return body::text(StatusCode::INTERNAL_SERVER_ERROR, "stockade: credential rule missing".into());
+    };
+    record.credential = Some(rule.name());
+    let flow = Flow::new(shared.audit.clone(), record);
+    let value = match shared.credentials.header_value(this.credential).await {
+        Ok(value) => value,
+        Err(reason) => {
+            flow.fail(reason.clone());
+            return body::text(StatusCode::BAD_GATEWAY, format!("stockade: {reason}"));
+        }
+    };
+
+    let (mut parts, incoming) = req.into_parts();
+    body::strip_hop_by_hop(&mut parts.headers);
+    // Whatever the guest holds (a placeholder, or a key of its own) never
+    // reaches the server: only the rule's credential does.
+    parts.headers.remove(header::AUTHORIZATION);
+    parts.headers.remove(&rule.header);
+    parts.headers.insert(rule.header.clone(), value);
+    let upstream_req = Request::from_parts(parts, Counted::boxed(incoming, flow.clone(), Direction::Up));
+
+    match this.upstream.send(upstream_req).await {
+        Ok(response) => {
+            flow.update(|r| r.status = Some(response.status().as_u16()));
+            let (mut parts, incoming) = response.into_parts();
+            body::strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down))
+        }
+        Err(reason) => {
+            flow.fail(reason.clone());
+            let message = format!(
+                "stockade: {}:{} could not be reached safely ({reason}); the credential was not sent",
+                this.host, this.port
+            );
+            body::text(StatusCode::BAD_GATEWAY, message)
+        }
+    }
+}
+
+/// Whether a request's authority is the intercepted destination.
+fn names_destination(authority: Option<&str>, host: &Host, port: Port) -> bool {
+    let Some(authority) = authority else { return false };
+    let Ok(parsed) = authority.parse::<http::uri::Authority>() else { return false };
+    let named_port = match parsed.port_u16() {
+        Some(p) => Port::new(p),
+        None => Some(Port::HTTPS),
+    };
+    Host::parse(parsed.host()).ok().as_ref() == Some(host) && named_port == Some(port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_intercepted_authority_is_served() {
+        let host = Host::parse("api.example.com").unwrap();
+        assert!(names_destination(Some("api.example.com"), &host, Port::HTTPS));
+        assert!(names_destination(Some("API.example.com:443"), &host, Port::HTTPS));
+        assert!(!names_destination(Some("api.example.com:8443"), &host, Port::HTTPS));
+        assert!(!names_destination(Some("evil.example.net"), &host, Port::HTTPS));
+        assert!(!names_destination(None, &host, Port::HTTPS));
+        assert!(!names_destination(Some("api.example.com@evil"), &host, Port::HTTPS));
+    }
+}

@@ -1,0 +1,730 @@
+//! The proxy end to end on loopback: real servers (plain HTTP, and HTTPS
+//! with certificates from a test CA), the proxy on its own runtime, and
+//! clients that speak to it as a guest's tools would. No VM, no network.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::audit::{self, Decision, Kind};
+use super::{Proxy, ProxyConfig, tls};
+use crate::policy;
+
+const SECRET: &str = "s3cret-value-0123";
+
+/// A CA for the test servers, standing in for the public roots.
+struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    der: CertificateDer<'static>,
+}
+
+impl TestCa {
+    fn new() -> TestCa {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        TestCa { der: cert.der().clone(), issuer: Issuer::new(params, key) }
+    }
+
+    fn server_config(&self, name: &str, alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()]).unwrap().signed_by(&key, &self.issuer).unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let mut config = (*tls::server_config(vec![cert.der().clone()], key).unwrap()).clone();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+/// What a test server received: one entry per request, "METHOD URI VERSION"
+/// then "name: value" lines.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+fn seen_text(seen: &Seen) -> String {
+    seen.lock().unwrap().join("\n---\n")
+}
+
+async fn echo(seen: Seen, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let mut text = format!("{} {} {:?}\n", req.method(), req.uri(), req.version());
+    for (name, value) in req.headers() {
+        text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+    }
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    text.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
+    seen.lock().unwrap().push(text.clone());
+    Ok(Response::new(Full::new(Bytes::from(text))))
+}
+
+/// An echo server on loopback; TLS when given a configuration.
+async fn echo_server(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let (seen, tls) = (record.clone(), tls.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |req| echo(seen.clone(), req));
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                match tls {
+                    Some(config) => {
+                        if let Ok(stream) = TlsAcceptor::from(config).accept(tcp).await {
+                            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(tcp), service).await;
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+struct Setup {
+    proxy: Proxy,
+    addr: SocketAddr,
+    audit: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_proxy(name: &str, policy_text: &str, roots: Vec<CertificateDer<'static>>) -> Result<Setup, super::ProxyError> {
+    let dir = std::env::temp_dir().join(format!("stockade-proxy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = policy::parse(policy_text, "test.toml").unwrap();
+    let audit = dir.join("network.jsonl");
+    let mut config = ProxyConfig::new(policy, &dir, Some(audit.clone()));
+    config.upstream_roots = Some(roots);
+    let proxy = Proxy::start(config)?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    proxy.serve_tcp(listener).unwrap();
+    Ok(Setup { proxy, addr, audit, dir })
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Sends CONNECT; returns the status, the body of a refusal, and the
+/// stream (the tunnel, when it was opened).
+async fn connect(proxy: SocketAddr, target: &str) -> (u16, String, TcpStream) {
+    let mut tcp = TcpStream::connect(proxy).await.unwrap();
+    tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if tcp.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut body = String::new();
+    if status != 200 {
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse().unwrap()))
+            .unwrap_or(0);
+        let mut buf = vec![0u8; len];
+        tcp.read_exact(&mut buf).await.unwrap();
+        body = String::from_utf8_lossy(&buf).to_string();
+    }
+    (status, body, tcp)
+}
+
+/// TLS over a tunnel to `name`, trusting `ca`, offering `alpn`.
+async fn tls_over(
+    tcp: TcpStream,
+    sni: &str,
+    ca: &CertificateDer<'static>,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let mut config = (*tls::client_config(Arc::new(roots)).unwrap()).clone();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(config)).connect(ServerName::try_from(sni.to_string()).unwrap(), tcp).await
+}
+
+/// One GET over an established stream, HTTP/2 when ALPN said so.
+async fn get<S>(stream: S, h2: bool, uri: &str, headers: &[(&str, &str)]) -> (u16, String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut req = Request::get(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Empty::<Bytes>::new()).unwrap();
+    let response = if h2 {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    };
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).to_string())
+}
+
+fn audit_records(setup: &Setup) -> Vec<audit::Record> {
+    // Records are written as flows end; give the proxy's threads a moment.
+    std::thread::sleep(Duration::from_millis(100));
+    audit::read(&setup.audit).map(|(r, _)| r).unwrap_or_default()
+}
+
+fn policy_for(hosts: &[(&str, u16)], credential: Option<&str>, extra: &str) -> String {
+    let mut text = String::from("[network]\n");
+    let rules: Vec<String> = hosts.iter().map(|(h, p)| format!("\"{h}:{p}\"")).collect();
+    text.push_str(&format!("allow_private = [{}]\n{extra}\n[network.hosts]\n", rules.join(", ")));
+    for (host, _) in hosts {
+        text.push_str(&format!("\"{host}\" = \"127.0.0.1\"\n"));
+    }
+    if let Some(host) = credential {
+        text.push_str(&format!(
+            "[[credential]]\nhost = \"{host}\"\nheader = \"x-api-key\"\nvalue = {{ command = \"echo {SECRET}\" }}\n\
+             guest_env = \"TEST_API_KEY\"\n"
+        ));
+    }
+    text
+}
+
+#[test]
+fn allowed_tunnel_carries_tls_to_the_server_and_is_audited() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (port, seen) = rt.block_on(echo_server(Some(ca.server_config("other.test", &[b"http/1.1"]))));
+    let setup = start_proxy("tunnel", &policy_for(&[("other.test", port)], None, ""), vec![]).unwrap();
+    let (status, body) = rt.block_on(async {
+        let (status, body, tcp) = connect(setup.addr, &format!("other.test:{port}")).await;
+        assert_eq!(status, 200, "{body}");
+        let tls = tls_over(tcp, "other.test", &ca.der, &[b"http/1.1"]).await.unwrap();
+        get(tls, false, "/hello", &[("host", "other.test")]).await
+    });
+    assert_eq!(status, 200);
+    assert!(body.starts_with("GET /hello"), "{body}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let records = audit_records(&setup);
+    let tunnel = records.iter().find(|r| r.kind == Kind::Connect).expect("a connect record");
+    assert_eq!((tunnel.decision, tunnel.host.as_str(), tunnel.port), (Decision::Allow, "other.test", port));
+    assert!(tunnel.rule.as_deref().unwrap().contains("test.toml"), "{tunnel:?}");
+    assert!(tunnel.bytes_up > 100 && tunnel.bytes_down > 100, "{tunnel:?}");
+}
+
+#[test]
+fn denied_host_gets_403_saying_how_to_allow_it() {
+    let rt = runtime();
+    let setup = start_proxy("deny", "[network]\nallow = [\"allowed.test\"]\n", vec![]).unwrap();
+    let (status, body, _) = rt.block_on(connect(setup.addr, "example.com:443"));
+    assert_eq!(status, 403);
+    assert_eq!(
+        body.trim(),
+        "stockade: blocked example.com:443 (not in the policy). \
+         Allow it with --allow example.com or a [network] allow rule."
+    );
+    let (status, body, _) = rt.block_on(connect(setup.addr, "example.com:8443"));
+    assert_eq!(status, 403);
+    assert!(body.contains("--allow example.com:8443 "), "{body}");
+    let records = audit_records(&setup);
+    assert_eq!(records.len(), 2);
+    assert!(records.iter().all(|r| r.decision == Decision::Deny && r.reason.as_deref() == Some("not in the policy")));
+}
+
+#[test]
+fn deny_rules_win_over_allow_rules() {
+    let rt = runtime();
+    let setup =
+        start_proxy("denywins", "[network]\nallow = [\"*.github.com\"]\ndeny = [\"gist.github.com\"]\n", vec![])
+            .unwrap();
+    let (status, body, _) = rt.block_on(connect(setup.addr, "gist.github.com:443"));
+    assert_eq!(status, 403);
+    assert!(body.contains("denied by gist.github.com:* (test.toml)"), "{body}");
+}
+
+#[test]
+fn plain_http_is_forwarded_with_its_host_checked() {
+    let rt = runtime();
+    let (port, seen) = rt.block_on(echo_server(None));
+    let setup = start_proxy("plain", &policy_for(&[("plain.test", port)], None, ""), vec![]).unwrap();
+    let url = format!("http://plain.test:{port}/path?q=1");
+    let host = format!("plain.test:{port}");
+    let (status, body) = rt.block_on(async {
+        let tcp = TcpStream::connect(setup.addr).await.unwrap();
+        get(tcp, false, &url, &[("host", &host), ("proxy-authorization", "Basic eDp5"), ("x-keep", "1")]).await
+    });
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("GET /path?q=1 HTTP/1.1"), "origin form upstream: {body}");
+    assert!(body.contains("x-keep: 1") && !body.contains("proxy-authorization"), "{body}");
+    // A Host header naming another site is refused before anything is sent.
+    let (status, body) = rt.block_on(async {
+        let tcp = TcpStream::connect(setup.addr).await.unwrap();
+        get(tcp, false, &url, &[("host", "elsewhere.example")]).await
+    });
+    assert_eq!(status, 400);
+    assert!(body.contains("does not match"), "{body}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    // A denied host over plain HTTP gets the same message as over CONNECT.
+    let (status, body) = rt.block_on(async {
+        let tcp = TcpStream::connect(setup.addr).await.unwrap();
+        get(tcp, false, "http://example.com/", &[("host", "example.com")]).await
+    });
+    assert_eq!(status, 403);
+    assert!(body.starts_with("stockade: blocked example.com:80 (not in the policy)"), "{body}");
+    let records = audit_records(&setup);
+    let http = records.iter().find(|r| r.kind == Kind::Http && r.decision == Decision::Allow).unwrap();
+    assert_eq!((http.method.as_deref(), http.path.as_deref(), http.status), (Some("GET"), Some("/path"), Some(200)));
+    assert!(http.bytes_down > 0);
+}
+
+/// Three servers: api.test (credential rule), other.test (HTTPS, tunnel) and
+/// plain.test (HTTP). The secret must reach api.test only.
+#[test]
+fn credential_is_written_only_for_its_host_and_guest_auth_is_stripped() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, api_seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let (other, other_seen) = rt.block_on(echo_server(Some(ca.server_config("other.test", &[b"http/1.1"]))));
+    let (plain, plain_seen) = rt.block_on(echo_server(None));
+    let policy = policy_for(
+        &[("api.test", api), ("other.test", other), ("plain.test", plain)],
+        Some(&format!("api.test:{api}")),
+        "",
+    );
+    let setup = start_proxy("inject", &policy, vec![ca.der.clone()]).unwrap();
+    let trust = setup.proxy.guest_trust().expect("a credential rule means interception");
+    let proxy_ca = rustls::pki_types::pem::PemObject::from_pem_slice(trust.ca_pem.as_bytes()).unwrap();
+    assert!(trust.bundle_pem.starts_with(&trust.ca_pem));
+    assert_eq!(setup.proxy.placeholder_env(), [("TEST_API_KEY".to_string(), policy::PLACEHOLDER.to_string())]);
+
+    let guest_headers =
+        [("authorization", "Bearer guest-own-token"), ("x-api-key", policy::PLACEHOLDER), ("x-other", "kept")];
+    rt.block_on(async {
+        // The intercepted host: the guest trusts the proxy CA, not the test CA.
+        let (status, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
+        assert_eq!(status, 200);
+        let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let host = format!("api.test:{api}");
+        let mut headers = guest_headers.to_vec();
+        headers.push(("host", &host));
+        let (status, body) = get(tls, false, "/v1/messages", &headers).await;
+        assert_eq!(status, 200, "{body}");
+
+        // A tunnelled host and a plain one get what the guest sent, no more.
+        let (_, _, tcp) = connect(setup.addr, &format!("other.test:{other}")).await;
+        let tls = tls_over(tcp, "other.test", &ca.der, &[b"http/1.1"]).await.unwrap();
+        let (status, _) = get(tls, false, "/", &guest_headers).await;
+        assert_eq!(status, 200);
+        let tcp = TcpStream::connect(setup.addr).await.unwrap();
+        let url = format!("http://plain.test:{plain}/");
+        let (status, _) = get(tcp, false, &url, &guest_headers).await;
+        assert_eq!(status, 200);
+    });
+    let api_text = seen_text(&api_seen);
+    assert!(api_text.contains(&format!("x-api-key: {SECRET}")), "{api_text}");
+    assert!(!api_text.contains("authorization"), "guest's Authorization reached the server: {api_text}");
+    assert!(!api_text.contains(policy::PLACEHOLDER) && api_text.contains("x-other: kept"), "{api_text}");
+    for (name, seen) in [("other.test", &other_seen), ("plain.test", &plain_seen)] {
+        let text = seen_text(seen);
+        assert!(!text.is_empty(), "{name} got no request");
+        assert!(!text.contains(SECRET), "the secret reached {name}: {text}");
+    }
+    let records = audit_records(&setup);
+    let https = records.iter().find(|r| r.kind == Kind::Https).expect("an https record");
+    assert_eq!(https.path.as_deref(), Some("/v1/messages"));
+    assert!(https.credential.as_deref().unwrap().starts_with("x-api-key for api.test"), "{https:?}");
+    let log = std::fs::read_to_string(&setup.audit).unwrap();
+    assert!(!log.contains(SECRET), "the secret is in the audit log");
+}
+
+#[test]
+fn intercepted_connections_speak_http2_both_ways() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"h2", b"http/1.1"]))));
+    let setup = start_proxy(
+        "h2",
+        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
+        vec![ca.der.clone()],
+    )
+    .unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    let (status, body) = rt.block_on(async {
+        let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
+        let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"h2"]).await.unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        get(tls, true, &format!("https://api.test:{api}/h2"), &[("authorization", "Bearer x")]).await
+    });
+    assert_eq!(status, 200, "{body}");
+    let text = seen_text(&seen);
+    assert!(text.contains("HTTP/2.0") && text.contains(&format!("x-api-key: {SECRET}")), "{text}");
+    assert!(!text.contains("authorization"), "{text}");
+}
+
+#[test]
+fn intercepted_connection_refuses_requests_for_another_host() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let setup = start_proxy(
+        "misdirect",
+        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
+        vec![ca.der.clone()],
+    )
+    .unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    let (status, body) = rt.block_on(async {
+        let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
+        let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
+        get(tls, false, "/", &[("host", "evil.example")]).await
+    });
+    assert_eq!(status, 421);
+    assert!(body.contains("refused a request for evil.example"), "{body}");
+    assert!(seen.lock().unwrap().is_empty(), "the server got {}", seen_text(&seen));
+}
+
+#[test]
+fn upstream_certificate_is_verified_before_the_credential_is_sent() {
+    let rt = runtime();
+    let trusted = TestCa::new();
+    let impostor = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(impostor.server_config("api.test", &[b"http/1.1"]))));
+    let setup = start_proxy(
+        "verify",
+        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
+        vec![trusted.der.clone()],
+    )
+    .unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    let (status, body) = rt.block_on(async {
+        let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
+        let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
+        get(tls, false, "/", &[("host", &format!("api.test:{api}"))]).await
+    });
+    assert_eq!(status, 502);
+    assert!(body.contains("the credential was not sent") && body.contains("TLS with api.test failed"), "{body}");
+    assert!(seen.lock().unwrap().is_empty());
+    let records = audit_records(&setup);
+    assert!(records.iter().any(|r| r.kind == Kind::Https && r.decision == Decision::Fail), "{records:?}");
+}
+
+#[test]
+fn tunnel_with_a_different_tls_server_name_is_refused() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (port, seen) = rt.block_on(echo_server(Some(ca.server_config("evil.test", &[b"http/1.1"]))));
+    let setup = start_proxy("sni", &policy_for(&[("other.test", port)], None, ""), vec![]).unwrap();
+    let result = rt.block_on(async {
+        let (status, _, tcp) = connect(setup.addr, &format!("other.test:{port}")).await;
+        assert_eq!(status, 200);
+        // Fronting: a tunnel opened for other.test carrying TLS for evil.test.
+        tls_over(tcp, "evil.test", &ca.der, &[b"http/1.1"]).await
+    });
+    assert!(result.is_err(), "the handshake for evil.test went through");
+    assert!(seen.lock().unwrap().is_empty());
+    let records = audit_records(&setup);
+    let denied = records.iter().find(|r| r.kind == Kind::Connect).unwrap();
+    assert_eq!(denied.decision, Decision::Deny);
+    assert!(denied.reason.as_deref().unwrap().contains("\"evil.test\" does not match"), "{denied:?}");
+}
+
+#[test]
+fn ip_literals_need_an_explicit_rule() {
+    let rt = runtime();
+    let (port, _seen) = rt.block_on(echo_server(None));
+    let setup = start_proxy("iplit", "[network]\nallow = [\"*:*\"]\n", vec![]).unwrap();
+    let (status, body, _) = rt.block_on(connect(setup.addr, &format!("127.0.0.1:{port}")));
+    assert_eq!(status, 403);
+    assert!(body.contains("an IP address needs an explicit rule"), "{body}");
+    assert!(body.contains(&format!("--allow 127.0.0.1:{port}")), "{body}");
+    drop(setup);
+    let setup = start_proxy("iplit2", &format!("[network]\nallow = [\"127.0.0.1:{port}\"]\n"), vec![]).unwrap();
+    let (status, body, _) = rt.block_on(connect(setup.addr, &format!("127.0.0.1:{port}")));
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn names_resolving_to_loopback_or_private_addresses_are_refused() {
+    let rt = runtime();
+    let (port, seen) = rt.block_on(echo_server(None));
+    // Allowed by name, but pinned to internal addresses, without allow_private.
+    let text = format!(
+        "[network]\nallow = [\"loop.test:{port}\", \"lan.test:{port}\"]\n\
+         [network.hosts]\n\"loop.test\" = \"127.0.0.1\"\n\"lan.test\" = \"10.255.0.1\"\n"
+    );
+    let setup = start_proxy("private", &text, vec![]).unwrap();
+    for (host, addr) in [("loop.test", "127.0.0.1"), ("lan.test", "10.255.0.1")] {
+        let (status, body, _) = rt.block_on(connect(setup.addr, &format!("{host}:{port}")));
+        assert_eq!(status, 403, "{host}: {body}");
+        assert!(body.contains(&format!("resolves to the internal address {addr}")), "{body}");
+        assert!(body.contains("allow_private"), "{body}");
+    }
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+fn dns_query(name: &str, kind: RecordType) -> Vec<u8> {
+    let mut message = Message::new();
+    message.set_id(4242).set_recursion_desired(true).add_query(Query::query(Name::from_str(name).unwrap(), kind));
+    message.to_vec().unwrap()
+}
+
+#[test]
+fn dns_answers_follow_the_policy() {
+    let text = "[network]\nallow_private = [\"api.test\"]\nallow = [\"pub.test\"]\ndeny = [\"no.api.test\"]\n\
+                [network.hosts]\n\"api.test\" = \"127.0.0.1\"\n\"pub.test\" = \"10.0.0.7\"\n";
+    let setup = start_proxy("dns", text, vec![]).unwrap();
+    let ask = |name: &str, kind| Message::from_vec(&setup.proxy.answer_dns(&dns_query(name, kind))).unwrap();
+
+    let denied = ask("example.com.", RecordType::A);
+    assert_eq!((denied.id(), denied.response_code()), (4242, ResponseCode::NXDomain));
+    assert!(denied.answers().is_empty());
+    assert_eq!(ask("no.api.test.", RecordType::A).response_code(), ResponseCode::NXDomain);
+
+    let allowed = ask("api.test.", RecordType::A);
+    assert_eq!(allowed.response_code(), ResponseCode::NoError);
+    let addrs: Vec<_> = allowed.answers().iter().map(|r| r.data().clone()).collect();
+    assert_eq!(addrs, [RData::A("127.0.0.1".parse::<std::net::Ipv4Addr>().unwrap().into())]);
+    // Internal addresses are dropped for names without allow_private.
+    let public = ask("pub.test.", RecordType::A);
+    assert_eq!((public.response_code(), public.answers().len()), (ResponseCode::NoError, 0));
+    // Allowed names get addresses only: no TXT to carry data.
+    let txt = ask("api.test.", RecordType::TXT);
+    assert_eq!((txt.response_code(), txt.answers().len()), (ResponseCode::NoError, 0));
+    // Garbage gets FORMERR when it has an id, and no panic either way.
+    let formerr = Message::from_vec(&setup.proxy.answer_dns(&[0x12, 0x34, 0xff])).unwrap();
+    assert_eq!((formerr.id(), formerr.response_code()), (0x1234, ResponseCode::FormErr));
+    assert!(setup.proxy.answer_dns(&[1]).is_empty());
+    let records = audit_records(&setup);
+    assert!(records.iter().any(|r| r.kind == Kind::Dns && r.host == "example.com" && r.decision == Decision::Deny));
+}
+
+#[test]
+fn dns_over_a_unix_stream_is_framed_like_tcp() {
+    use std::io::{Read, Write};
+    let setup = start_proxy("dnsunix", "[network]\nallow = [\"ok.test\"]\n", vec![]).unwrap();
+    let path = setup.dir.join("dns.sock");
+    setup.proxy.serve_dns_unix(std::os::unix::net::UnixListener::bind(&path).unwrap()).unwrap();
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for _ in 0..2 {
+        let query = dns_query("denied.test.", RecordType::AAAA);
+        stream.write_all(&u16::try_from(query.len()).unwrap().to_be_bytes()).unwrap();
+        stream.write_all(&query).unwrap();
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).unwrap();
+        let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(Message::from_vec(&answer).unwrap().response_code(), ResponseCode::NXDomain);
+    }
+}
+
+#[test]
+fn proxy_connections_over_a_unix_socket_work_like_tcp() {
+    use std::io::{Read, Write};
+    let setup = start_proxy("unix", "", vec![]).unwrap();
+    let path = setup.dir.join("proxy.sock");
+    setup.proxy.serve_unix(std::os::unix::net::UnixListener::bind(&path).unwrap()).unwrap();
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n").unwrap();
+    let mut buf = [0u8; 512];
+    let n = stream.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 403"));
+}
+
+#[test]
+fn a_credential_that_cannot_be_had_stops_the_start_naming_the_rule() {
+    let text =
+        "[[credential]]\nhost = \"api.test\"\nheader = \"x-api-key\"\nvalue = { env = \"STOCKADE_TEST_NOT_SET_X\" }\n";
+    let err = start_proxy("credfail", text, vec![]).err().expect("the start failed").to_string();
+    assert_eq!(err, "credential rule x-api-key for api.test:443 (test.toml): STOCKADE_TEST_NOT_SET_X is not set");
+}
+
+#[test]
+fn without_credential_rules_nothing_is_intercepted_and_no_ca_is_made() {
+    let setup = start_proxy("noca", "[network]\nallow = [\"a.test\"]\n", vec![]).unwrap();
+    assert!(setup.proxy.guest_trust().is_none());
+    assert!(setup.proxy.placeholder_env().is_empty());
+    assert!(!setup.dir.join("ca").exists());
+}
+
+/// Latency and throughput on loopback; run with benches/proxy.sh.
+#[test]
+#[ignore = "benchmark: run benches/proxy.sh"]
+fn bench() {
+    let rt = runtime();
+    let requests: usize = std::env::var("BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let megabytes: usize = std::env::var("BENCH_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(2048);
+    let ca = TestCa::new();
+    let (port, _) = rt.block_on(echo_server(None));
+    let (tls_port, _) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let sink_port = rt.block_on(sink_server());
+    let api = format!("api.test:{tls_port}");
+    let text = policy_for(&[("echo.test", port), ("sink.test", sink_port), ("api.test", tls_port)], Some(&api), "");
+    let setup = start_proxy("bench", &text, vec![ca.der.clone()]).unwrap();
+    let pem = setup.proxy.guest_trust().unwrap().ca_pem;
+    let proxy_ca: CertificateDer<'static> = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes()).unwrap();
+    let echo = format!("echo.test:{port}");
+    let n = requests / 4;
+
+    // Rounds alternate the cases so that load from elsewhere on the machine
+    // falls on all of them alike.
+    let mut samples: [Vec<Duration>; 5] = Default::default();
+    for _ in 0..4 {
+        rt.block_on(async {
+            let direct = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            samples[0].extend(time_requests(direct, "/", &echo, n).await);
+            let proxied = TcpStream::connect(setup.addr).await.unwrap();
+            samples[1].extend(time_requests(proxied, &format!("http://{echo}/"), &echo, n).await);
+            let (_, _, tunnel) = connect(setup.addr, &echo).await;
+            samples[2].extend(time_requests(tunnel, "/", &echo, n).await);
+            let tcp = TcpStream::connect(("127.0.0.1", tls_port)).await.unwrap();
+            let direct_tls = tls_over(tcp, "api.test", &ca.der, &[b"http/1.1"]).await.unwrap();
+            samples[3].extend(time_requests(direct_tls, "/", &api, n).await);
+            let (_, _, tunnel) = connect(setup.addr, &api).await;
+            let intercepted = tls_over(tunnel, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
+            samples[4].extend(time_requests(intercepted, "/", &api, n).await);
+        });
+    }
+    let [direct, proxied, tunnel, direct_tls, intercepted] = samples.map(|s| percentiles(&s));
+    println!("{requests} requests per case, keep-alive HTTP/1.1, one client, loopback (microseconds)");
+    println!("{:<36} {:>7} {:>7} {:>12}", "", "p50", "p99", "added p50");
+    let line = |name: &str, (p50, p99): (f64, f64), base: (f64, f64)| {
+        println!("{name:<36} {p50:>7.1} {p99:>7.1} {:>12.1}", p50 - base.0);
+    };
+    line("direct http", direct, direct);
+    line("via proxy, absolute-URI http://", proxied, direct);
+    line("via proxy, CONNECT tunnel", tunnel, direct);
+    line("direct https", direct_tls, direct_tls);
+    line("via proxy, intercepted https", intercepted, direct_tls);
+
+    let total = megabytes << 20;
+    let (tunnel_mbps, direct_mbps) = rt.block_on(async {
+        let mut best = (0f64, 0f64);
+        for _ in 0..3 {
+            // The best of three: the run least disturbed by other work.
+            best.0 = best.0.max(throughput(Some(setup.addr), sink_port, total).await);
+            best.1 = best.1.max(throughput(None, sink_port, total).await);
+        }
+        best
+    });
+    println!(
+        "CONNECT tunnel throughput, {megabytes} MiB, best of 3: {tunnel_mbps:.0} MB/s (direct {direct_mbps:.0} MB/s)"
+    );
+}
+
+fn percentiles(samples: &[Duration]) -> (f64, f64) {
+    let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    let at = |percent: usize| us[(us.len() - 1) * percent / 100];
+    (at(50), at(99))
+}
+
+/// Times `n` GETs (after a warm-up) on one keep-alive HTTP/1.1 connection.
+async fn time_requests<S>(stream: S, uri: &str, host: &str, n: usize) -> Vec<Duration>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let req = Request::get(uri).header("host", host).body(Empty::<Bytes>::new()).unwrap();
+        let start = Instant::now();
+        sender.ready().await.unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await.unwrap();
+        if i >= 20 {
+            out.push(start.elapsed());
+        }
+    }
+    out
+}
+
+/// A server that reads everything and answers with the byte count.
+async fn sink_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut total = 0u64;
+                loop {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => total += n as u64,
+                    }
+                }
+                let _ = tcp.write_all(&total.to_be_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+/// MB/s of `total` bytes sent to the sink, through a tunnel or directly.
+async fn throughput(proxy: Option<SocketAddr>, port: u16, total: usize) -> f64 {
+    let mut tcp = match proxy {
+        Some(proxy) => {
+            let (status, _, tcp) = connect(proxy, &format!("sink.test:{port}")).await;
+            assert_eq!(status, 200);
+            tcp
+        }
+        None => TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
+    };
+    let chunk = vec![0x5au8; 256 * 1024];
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        tcp.write_all(&chunk).await.unwrap();
+        sent += chunk.len();
+    }
+    tcp.shutdown().await.unwrap();
+    let mut count = [0u8; 8];
+    tcp.read_exact(&mut count).await.unwrap();
+    let elapsed = start.elapsed().as_secs_f64();
+    assert_eq!(u64::from_be_bytes(count), sent as u64);
+    sent as f64 / elapsed / 1e6
+}

@@ -1,0 +1,90 @@
+//! The host's side of the workspace changes during a run: a snapshot of the
+//! workspace taken while the VM boots (so that host edits made during the
+//! session show up as conflicts), and the change set the guest exports at
+//! the end, staged into the session's change store.
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+
+use crate::changes::{Limits, Snapshot, StageReport, Store};
+
+/// Takes the snapshot in the background; `wait` stores it.
+pub struct SnapshotJob(JoinHandle<anyhow::Result<()>>);
+
+pub fn snapshot(workspace: &Path, store: &Store) -> anyhow::Result<SnapshotJob> {
+    let workspace = workspace.to_path_buf();
+    let store = store.clone();
+    let job = std::thread::Builder::new()
+        .name("snapshot".into())
+        .spawn(move || {
+            let started = Instant::now();
+            let snapshot = Snapshot::capture(&workspace)
+                .with_context(|| format!("cannot take a snapshot of the workspace {}", workspace.display()))?;
+            tracing::info!("workspace snapshot: {} paths in {:.0?}", snapshot.len(), started.elapsed());
+            store.save_snapshot(&snapshot)?;
+            Ok(())
+        })
+        .context("cannot start the workspace snapshot")?;
+    Ok(SnapshotJob(job))
+}
+
+impl SnapshotJob {
+    /// Without a snapshot, conflicts are still detected against what the
+    /// guest saw; host edits during the session may then go unnoticed.
+    pub fn wait(self) {
+        match self.0.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("stockade: warning: {e:#}; host edits made during this session will not count as conflicts")
+            }
+            Err(_) => eprintln!("stockade: warning: the workspace snapshot failed"),
+        }
+    }
+}
+
+/// Receives the guest's change set in the background.
+pub struct Receiver {
+    job: JoinHandle<anyhow::Result<StageReport>>,
+    path: PathBuf,
+}
+
+/// Accepts the guest's change stream on `listener` and stages it.
+pub fn receive(listener: UnixListener, path: PathBuf, store: &Store) -> anyhow::Result<Receiver> {
+    let store = store.clone();
+    let job = std::thread::Builder::new()
+        .name("changes".into())
+        .spawn(move || {
+            listener.set_nonblocking(false).context("cannot wait for the change set")?;
+            let (stream, _) = listener.accept().context("cannot accept the change set")?;
+            let started = Instant::now();
+            let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, stream), Limits::default())?;
+            tracing::info!(
+                "staged {} changes ({} bytes of content) in {:.0?}",
+                report.summary.entries,
+                report.summary.bytes,
+                started.elapsed()
+            );
+            Ok(report)
+        })
+        .context("cannot start receiving the change set")?;
+    Ok(Receiver { job, path })
+}
+
+impl Receiver {
+    /// The guest has sent everything: waits for staging to finish.
+    pub fn finish(self) -> anyhow::Result<StageReport> {
+        let result = self.job.join().map_err(|_| anyhow!("staging the workspace changes failed"))?;
+        let _ = std::fs::remove_file(&self.path);
+        result.context("the guest's workspace changes were not staged")
+    }
+
+    /// The guest never sent changes: stop listening. The accepting thread
+    /// ends with the process.
+    pub fn abandon(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,93 @@
+//! virtio-blk: the session's scratch disk, where the guest keeps the upper
+//! layer of the workspace overlay. It is backed by a sparse file in the
+//! session directory that lives only as long as the session's VM.
+
+mod request;
+mod worker;
+
+use std::fs::File;
+use std::path::Path;
+
+use thiserror::Error;
+
+use super::{ActivateError, Activation, TYPE_BLOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
+
+pub use request::SECTOR_SIZE;
+
+const QUEUE_SIZE: u16 = 256;
+/// Data segments per request; with the header and the status byte a chain
+/// then still fits the queue without indirect descriptors.
+const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
+
+/// Feature bits (virtio spec 5.2.3).
+const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
+const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
+
+#[derive(Debug, Error)]
+pub enum BlockError {
+    #[error("cannot open the disk image {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the disk image {path} is {len} bytes, not a whole number of {SECTOR_SIZE}-byte sectors")]
+    Size { path: String, len: u64 },
+}
+
+/// A writable disk backed by a host file. No flush feature is offered: the
+/// scratch disk needs no durability beyond the VM's life, so the guest
+/// treats it as write-through and never waits on host fsyncs.
+pub struct Block {
+    file: Option<File>,
+    sectors: u64,
+}
+
+impl Block {
+    pub fn open(path: &Path) -> Result<Block, BlockError> {
+        let open_err = |source| BlockError::Open { path: path.display().to_string(), source };
+        let file = File::options().read(true).write(true).open(path).map_err(open_err)?;
+        let len = file.metadata().map_err(open_err)?.len();
+        if len % SECTOR_SIZE != 0 {
+            return Err(BlockError::Size { path: path.display().to_string(), len });
+        }
+        Ok(Block { file: Some(file), sectors: len / SECTOR_SIZE })
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        TYPE_BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_SEG_MAX | VIRTIO_RING_F_INDIRECT_DESC
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // capacity (le64 sectors), size_max (le32, not offered), seg_max (le32).
+        let mut config = [0u8; 16];
+        config[..8].copy_from_slice(&self.sectors.to_le_bytes());
+        config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
+        read_config_bytes(&config, offset, data);
+    }
+
+    fn activate(&mut self, activation: Activation) -> Result<(), ActivateError> {
+        let Activation { mem, mut queues, interrupt, .. } = activation;
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount { got: queues.len(), want: 1 });
+        }
+        let file = self.file.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
+        let disk = request::Disk::new(file, self.sectors);
+        let queue = queues.remove(0);
+        std::thread::Builder::new()
+            .name("virtio-blk".into())
+            .spawn(move || worker::run(mem, queue, interrupt, disk))
+            .map_err(ActivateError::Thread)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,93 @@
+//! The workspace overlay end to end: what the guest changes is staged, shown
+//! and applied only on request, conflicts with host edits are kept apart.
+
+use crate::rig;
+use crate::run_e2e::{T, script};
+
+#[test]
+fn guest_changes_are_staged_then_applied_on_request() {
+    let Some(rig) = rig::require("guest_changes_are_staged_then_applied_on_request") else { return };
+    let out = rig.sh(
+        &script(
+            "git init -q; git config user.email t@example.com; git config user.name t
+             echo original > f; mkdir gone; echo x > gone/x; echo keep > k; ln -s f link
+             git add -A; git commit -qm init
+             $S run -- sh -c 'echo changed > f; echo new > g; mkdir -p d/e; echo deep > d/e/h; rm -rf gone
+                 chmod +x k; ln -sf g link; mkfifo pipe; git commit -qam guest-commit'
+             echo \"run=$?\"
+             echo \"host-f=$(cat f)\"; test -e g && echo g-leaked || echo g-absent
+             $S diff --stat; echo \"stat=$?\"
+             $S diff --patch > changes.patch; echo \"patch=$?\"
+             $S apply; echo \"apply=$?\"
+             echo \"after-f=$(cat f) g=$(cat g) h=$(cat d/e/h) link=$(readlink link)\"
+             test -e gone && echo gone-still || echo gone-removed
+             test -x k && echo k-executable
+             test -e pipe && echo fifo-applied || echo no-fifo
+             git log --format=%s | head -n 2 | tr '\\n' ' '; echo
+             git status --porcelain --untracked-files=no | wc -l
+             $S sessions",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("host-f=original\ng-absent"), "nothing may land before apply\n{out}");
+    assert!(out.stdout.contains("stat=0") && out.stdout.contains("patch=0"), "{out}");
+    assert!(out.stdout.contains("apply=0"), "{out}");
+    assert!(out.stdout.contains("after-f=changed g=new h=deep link=g"), "{out}");
+    assert!(out.stdout.contains("gone-removed") && out.stdout.contains("k-executable"), "{out}");
+    assert!(out.stdout.contains("no-fifo"), "special files are never applied\n{out}");
+    assert!(out.stdout.contains("guest-commit init"), "the guest's commit must land as a commit\n{out}");
+    assert!(out.stdout.contains("\n0\n"), "the work tree matches the guest's commit\n{out}");
+    assert!(out.stderr.to_lowercase().contains("git"), "the summary must show the git change\n{out}");
+}
+
+#[test]
+fn host_edits_during_a_session_are_conflicts_never_overwritten() {
+    let Some(rig) = rig::require("host_edits_during_a_session_are_conflicts") else { return };
+    let out = rig.sh(
+        &script(
+            "echo base > c; echo base > other
+             $S run -- sh -c 'echo guest > c; echo guest > other; sleep 12' &
+             sleep 4; echo host > c
+             wait; echo \"run=$?\"
+             $S apply; echo \"apply=$?\"
+             echo \"c=$(cat c) other=$(cat other)\"
+             $S apply --force c; echo \"forced=$?\"
+             echo \"c=$(cat c)\"",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("apply=1"), "a conflict makes apply fail\n{out}");
+    assert!(out.stdout.contains("c=host other=guest"), "the host edit is kept, the rest applied\n{out}");
+    assert!(out.stdout.contains("forced=0\nc=guest"), "--force applies the named path\n{out}");
+    assert!(out.stderr.contains("changed on the host"), "{out}");
+}
+
+#[test]
+fn a_ten_thousand_file_change_set_round_trips() {
+    let Some(rig) = rig::require("a_ten_thousand_file_change_set_round_trips") else { return };
+    let out = rig.sh(
+        &script(
+            "echo seed > seed
+             start=$(date +%s)
+             $S run -- python3 -c '
+import os
+for i in range(100):
+    d = \"node_modules/pkg%d/lib\" % i
+    os.makedirs(d)
+    for j in range(100):
+        open(\"%s/f%d.js\" % (d, j), \"w\").write(\"module.exports = %d;\\n\" % j)
+'
+             echo \"run=$? in $(( $(date +%s) - start ))s\"
+             start=$(date +%s)
+             $S apply; echo \"apply=$? in $(( $(date +%s) - start ))s\"
+             find node_modules -type f | wc -l
+             cat node_modules/pkg99/lib/f99.js",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("apply=0"), "{out}");
+    assert!(out.stdout.contains("\n10000\nmodule.exports = 99;"), "{out}");
+}

@@ -1,0 +1,74 @@
+//! `stockade policy` and `stockade log` as a user runs them: no VM needed.
+
+use crate::util::{TempDir, stockade_bin, text};
+
+fn run(dir: &TempDir, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(stockade_bin())
+        .args(args)
+        .env("STOCKADE_DATA_DIR", dir.path().join("data"))
+        .env("STOCKADE_CONFIG_DIR", dir.path().join("config"))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run stockade")
+}
+
+#[test]
+fn policy_check_names_the_file_and_line_of_a_mistake() {
+    let dir = TempDir::new("policy-check");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[network]\nallow = [\"registry.npmjs.org\"]\nalow = [\"x.com\"]\n").unwrap();
+    let out = run(&dir, &["policy", "check", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("{}:3:1: unknown field `alow`", bad.display())), "{err}");
+
+    std::fs::write(&bad, "[network]\nallow = [\"registry.npmjs.org\"]\n").unwrap();
+    let out = run(&dir, &["policy", "check", bad.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("ok (1 allow"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn policy_list_shows_presets_and_user_policies() {
+    let dir = TempDir::new("policy-list");
+    let policies = dir.path().join("config/policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("npm.toml"), "description = \"my mirror\"\n").unwrap();
+    let out = run(&dir, &["policy", "list"]);
+    assert!(out.status.success());
+    let list = text(&out.stdout);
+    assert!(list.contains("npm        my mirror"), "{list}");
+    assert!(list.contains("(yours is used instead)") && list.contains("claude"), "{list}");
+}
+
+#[test]
+fn policy_show_merges_with_deny_winning() {
+    let dir = TempDir::new("policy-show");
+    let out = run(&dir, &["policy", "show", "github", "--allow", "gist.github.com"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("gist.github.com (--allow)") && shown.contains("gist.github.com:* (preset github)"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn log_prints_the_latest_session() {
+    let dir = TempDir::new("log");
+    let out = run(&dir, &["log"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("no sessions yet"), "{}", text(&out.stderr));
+    let session = dir.path().join("data/sessions/20260102-030405-abcd");
+    std::fs::create_dir_all(&session).unwrap();
+    std::fs::write(
+        session.join("network.jsonl"),
+        "{\"time\":\"2026-01-02T03:04:06.000Z\",\"kind\":\"connect\",\"host\":\"example.com\",\"port\":443,\
+         \"decision\":\"deny\",\"reason\":\"not in the policy\"}\n",
+    )
+    .unwrap();
+    let out = run(&dir, &["log"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = text(&out.stdout);
+    assert!(log.contains("03:04:06  DENY  connect  example.com:443  not in the policy"), "{log}");
+}
