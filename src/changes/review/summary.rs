@@ -401,6 +401,8 @@ pub struct RenderOptions<'a> {
 const MAX_LISTED_DIRS: usize = 40;
 /// Execution-sensitive entries and blocked paths listed at most.
 const MAX_ATTENTION: usize = 50;
+/// Ref changes listed per repository.
+const MAX_GIT_EVENTS: usize = 20;
 /// Widest path column before paths stop being aligned.
 const MAX_PATH_COLUMN: usize = 56;
 
@@ -620,7 +622,7 @@ impl Summary {
     fn render_git(&self, out: &mut dyn Write, p: Painter, git_dir: &RelPath, activity: &GitActivity) -> io::Result<()> {
         let tag = p.paint(Role::Git, "git:");
         let repo = if git_dir.as_bytes() == b".git" { String::new() } else { format!(" (in {git_dir})") };
-        for event in &activity.events {
+        for event in activity.events.iter().take(MAX_GIT_EVENTS) {
             match event {
                 GitEvent::Head { from, to } => {
                     writeln!(out, "  {tag} HEAD switched from {} to {}{repo}", clean(from), clean(to))?
@@ -670,6 +672,9 @@ impl Summary {
                     }
                 }
             }
+        }
+        if activity.events.len() > MAX_GIT_EVENTS {
+            writeln!(out, "  {tag} … and {} more ref changes", thousands(activity.events.len() - MAX_GIT_EVENTS))?;
         }
         let internals = format!(
             "{git_dir}/: {}, {} (applied together)",
