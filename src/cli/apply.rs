@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::changes::review::{
-    ColorChoice, Painter, Role, change_counts, plural, sensitive_paths, write_apply_report, write_hint,
+    ColorChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report, write_hint,
 };
 use crate::changes::{ApplyOptions, RelPath, Selection, apply};
 
@@ -61,13 +61,14 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         None => Selection::all(),
     };
     let sensitive = sensitive_paths(&target.store, &target.workspace, &selection).unwrap_or_default();
+    let implied = implied_dirs(&target.store)?;
     let report = apply(&target.store, &target.workspace, &ApplyOptions { selection, force }).with_context(|| {
         format!("cannot apply the changes of session {} to {}", target.id, target.workspace.display())
     })?;
 
     let painter = Painter::new(args.color.enabled(here.terminal));
     let out = &mut *here.out;
-    write_apply_report(out, painter, &report, &target.id, &target.workspace)?;
+    write_apply_report(out, painter, &report, &implied, &target.id, &target.workspace)?;
     let written: Vec<&(RelPath, &str)> = sensitive.iter().filter(|(path, _)| report.applied.contains(path)).collect();
     if !written.is_empty() {
         writeln!(out, "stockade: {}", painter.paint(Role::Danger, "applied files that run code by themselves:"))?;

@@ -40,6 +40,11 @@ pub struct DiffArgs {
     #[arg(long, conflicts_with = "patch")]
     stat: bool,
 
+    /// With --stat: the summary as JSON (paths escaped: non-UTF-8 bytes and
+    /// `%` as %XX), for scripts and CI.
+    #[arg(long, requires = "stat")]
+    json: bool,
+
     /// A plain git-style patch (for `git apply`), without colour or pager.
     /// Changes inside .git/ are left out: git cannot apply them.
     #[arg(long)]
@@ -70,6 +75,11 @@ pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<Exi
             "stockade: session {} has no staged changes ({} applied, {} discarded)",
             target.id, counts.applied, counts.discarded
         )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.json {
+        serde_json::to_writer_pretty(&mut *here.out, &summary.to_json(&target.id, &target.workspace))?;
+        writeln!(here.out)?;
         return Ok(ExitCode::SUCCESS);
     }
     let host = Host::open(&target.workspace);
@@ -161,6 +171,12 @@ mod tests {
         assert!(out.contains("src/main.rs") && !out.contains("notes.txt") && !out.contains("@@"), "{out}");
         let (_, colored, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["--stat", "--color", "always"]), execute);
         assert!(colored.contains('\x1b'), "{colored}");
+        let (_, json, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["--stat", "--json"]), execute);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["staged"], 2);
+        assert_eq!(v["changes"][1]["path"], "src/main.rs");
+        assert_eq!(v["changes"][1]["status"], "modified");
+        assert_eq!(v["changes"][1]["lines"]["added"], 1);
     }
 
     #[test]

@@ -193,6 +193,11 @@ impl<'h> Classifier<'h> {
     }
 
     pub fn danger(&self, entry: &Entry) -> Option<Danger> {
+        // What runs is a file or a link to one; a directory or a deletion
+        // runs nothing (its files, if any, are judged themselves).
+        if entry.kind.holds_children() || entry.kind == Kind::Delete {
+            return None;
+        }
         let path = &entry.path;
         if let Some(hooks) = &self.hooks_path
             && path.starts_with(hooks)
@@ -488,6 +493,14 @@ mod tests {
         assert_eq!(danger_of("build.rs"), None);
         assert_eq!(danger_of("package.json"), None);
         assert_eq!(danger_of("src/main.rs"), None);
+        let tmp = tempfile::tempdir().unwrap();
+        let host = Host::open(tmp.path());
+        let c = Classifier::new(&host, tmp.path(), false);
+        let dir =
+            Entry { path: p(".github/workflows"), kind: Kind::Dir { mode: Mode::from_raw(0o755) }, base: Base::Absent };
+        assert_eq!(c.danger(&dir), None, "a new directory runs nothing by itself");
+        let gone = Entry { path: p(".envrc"), kind: Kind::Delete, base: Base::Absent };
+        assert_eq!(c.danger(&gone), None);
     }
 
     #[test]

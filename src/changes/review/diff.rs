@@ -166,7 +166,9 @@ fn write_section(out: &mut dyn Write, format: Format, change: &Change<'_>, old: 
     };
     let meta = |text: String| painter.paint(Role::Meta, text);
     writeln!(out, "{}", meta(format!("diff --git {a} {b}")))?;
-    write_notes(out, painter, change.notes)?;
+    if !patch {
+        write_notes(out, painter, change.notes)?;
+    }
     let (old_bytes, new_bytes) = (bytes_of(old), bytes_of(new));
     let (had, has) = (old.has_content(), new.has_content());
     if !had {
@@ -306,20 +308,16 @@ fn write_line(out: &mut dyn Write, format: Format, sign: u8, line: &[u8]) -> io:
                 b'-' => Some(Role::Minus),
                 _ => None,
             };
-            let mut text = String::with_capacity(body.len() + 1);
-            text.push(sign as char);
+            let mut text = match role {
+                Some(role) => painter.paint(role, sign as char).to_string(),
+                None => (sign as char).to_string(),
+            };
             for (escaped, piece) in escape_content(body) {
                 match (escaped, role) {
                     (true, _) => text.push_str(&painter.paint(Role::Escaped, piece).to_string()),
                     (false, Some(role)) => text.push_str(&painter.paint(role, piece).to_string()),
                     (false, None) => text.push_str(&piece),
                 }
-            }
-            if let Some(role) = role
-                && body.is_empty()
-            {
-                // Colour the sign alone of an empty line.
-                text = painter.paint(role, sign as char).to_string();
             }
             writeln!(out, "{text}")?;
         }

@@ -212,6 +212,9 @@ fn patches_apply_with_git_and_give_the_guests_tree() {
     fs::remove_file(guest.join("becomes-link")).unwrap();
     symlink("noeol.txt", guest.join("becomes-link")).unwrap();
     write(&guest.join("deep/er/file.txt"), b"deep\n");
+    // Flagged paths carry notes on the terminal, never in a patch.
+    write(&guest.join(".envrc"), b"use nix\n");
+    symlink("/etc/passwd", guest.join("outside")).unwrap();
     stage_difference(ws, &guest, &f.store);
 
     let summary = Summary::build(&f.store, ws, &options()).unwrap();

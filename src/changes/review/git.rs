@@ -20,6 +20,9 @@ use super::host::Host;
 
 /// Commits followed from a moved ref before giving up.
 const MAX_WALK: usize = 200;
+/// Moved refs whose commits are looked up; a guest that makes thousands of
+/// tags gets them listed without commits rather than a slow review.
+const MAX_WALKED_REFS: usize = 50;
 /// Bytes of a commit object inflated (headers and the start of the message).
 const MAX_COMMIT_BYTES: u64 = 64 << 10;
 /// Ref, HEAD and reflog files larger than this are not parsed.
@@ -143,13 +146,14 @@ impl GitActivity {
         {
             activity.events.push(event);
         }
-        for (reference, (old, new)) in moves {
+        for (n, (reference, (old, new))) in moves.into_iter().enumerate() {
             let reflog = logs.get(&reference).and_then(|e| reader.new_reflog_message(e));
             let Some(new) = new.or_else(|| reader.packed_value_after(&reference, packed)) else {
                 activity.events.push(GitEvent::Deleted { reference, old });
                 continue;
             };
-            let (commits, fast_forward) = reader.walk(&new, old.as_deref());
+            let (commits, fast_forward) =
+                if n < MAX_WALKED_REFS { reader.walk(&new, old.as_deref()) } else { (Vec::new(), false) };
             activity.events.push(GitEvent::Moved { reference, old, new, commits, fast_forward, reflog });
         }
         activity
@@ -173,8 +177,10 @@ pub fn short_ref(name: &str) -> String {
     }
 }
 
+/// The first seven characters, as git abbreviates ids (char-safe: a
+/// detached HEAD's text is whatever the guest wrote).
 pub fn short_id(id: &str) -> &str {
-    &id[..id.len().min(7)]
+    id.char_indices().nth(7).map_or(id, |(end, _)| &id[..end])
 }
 
 struct Reader<'a> {
@@ -357,5 +363,8 @@ mod tests {
         assert_eq!(short_ref("refs/tags/v1"), "tag v1");
         assert_eq!(short_ref("refs/remotes/origin/main"), "origin/main");
         assert_eq!(object_id("ref: refs/heads/main"), None);
+        assert_eq!(short_id("0123456789abcdef"), "0123456");
+        assert_eq!(short_id("ééééééééé"), "ééééééé", "never splits a character");
+        assert_eq!(short_id("ab"), "ab");
     }
 }

@@ -6,7 +6,8 @@
 //! paths), `git` (commits and refs from a staged `.git/`), `host` (reading
 //! the workspace without following symlinks), `content` (the two sides of a
 //! change), `diff` (one change as a terminal diff or a git patch), `view`
-//! (many changes), `summary` (groups, counts, the summary text), `prompt`
+//! (many changes), `summary` (groups, counts, the summary text), `json`
+//! (the summary for scripts), `prompt`
 //! (the questions), `pager`, `report` (after an apply), `style` (colour).
 //!
 //! All output goes to the `Console` given (stderr after a run: stdout
@@ -17,6 +18,7 @@ mod content;
 mod diff;
 mod git;
 mod host;
+mod json;
 mod pager;
 mod prompt;
 mod report;
@@ -27,6 +29,7 @@ mod view;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+use std::collections::HashSet;
 use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 
@@ -37,7 +40,7 @@ use super::apply::{ApplyOptions, ApplyReport, apply};
 use super::model::{Base, EntryState, Kind};
 use super::path::RelPath;
 use super::selection::Selection;
-use super::store::{Counts, Store};
+use super::store::{Counts, Store, StoredEntry};
 
 pub use diff::Format;
 pub use host::Host;
@@ -201,14 +204,15 @@ pub fn review(
         Choice::All => Selection::all(),
         Choice::Paths(paths) => Selection::exact(paths),
     };
+    let implied = implied_dirs(store)?;
     let report = apply(store, workspace, &ApplyOptions { selection, force: Selection::none() })?;
-    write_apply_report(console.out, p, &report, session_id, workspace)?;
+    write_apply_report(console.out, p, &report, &implied, session_id, workspace)?;
     let left = change_counts(store)?.staged;
     if left > 0 {
         writeln!(console.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
         write_hint(console.out, p, session_id)?;
     }
-    Ok(outcome(&report, left))
+    Ok(outcome(&report, &implied, left))
 }
 
 /// Staged entries in `selection` that run code by themselves, each with
@@ -228,32 +232,50 @@ pub fn sensitive_paths(
         .collect())
 }
 
-/// Entries per review state as people count changes: a new directory that
-/// holds other entries is shown through them, not counted itself (so the
-/// numbers agree with the summary).
-pub fn change_counts(store: &Store) -> Result<Counts, ChangesError> {
-    let mut counts = Counts::default();
+/// New directories that hold other entries: shown and counted through
+/// their contents, so that the numbers people see agree everywhere.
+pub fn implied_dirs(store: &Store) -> Result<HashSet<RelPath>, ChangesError> {
     if !store.is_staged() {
-        return Ok(counts);
+        return Ok(HashSet::new());
     }
-    let entries = store.entries()?;
-    for (i, e) in entries.iter().enumerate() {
-        let implied = matches!((&e.entry.kind, &e.entry.base), (Kind::Dir { .. }, Base::Absent))
-            && entries.get(i + 1).is_some_and(|next| next.entry.path.starts_with(&e.entry.path));
-        if implied {
-            continue;
-        }
+    Ok(implied_in(&store.entries()?))
+}
+
+fn implied_in(entries: &[StoredEntry]) -> HashSet<RelPath> {
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            matches!((&e.entry.kind, &e.entry.base), (Kind::Dir { .. }, Base::Absent))
+                && entries.get(i + 1).is_some_and(|next| next.entry.path.starts_with(&e.entry.path))
+        })
+        .map(|(_, e)| e.entry.path.clone())
+        .collect()
+}
+
+/// Entries per review state, implied directories left out.
+pub fn change_counts(store: &Store) -> Result<Counts, ChangesError> {
+    if !store.is_staged() {
+        return Ok(Counts::default());
+    }
+    Ok(counts_of(&store.entries()?))
+}
+
+fn counts_of(entries: &[StoredEntry]) -> Counts {
+    let implied = implied_in(entries);
+    let mut counts = Counts::default();
+    for e in entries.iter().filter(|e| !implied.contains(&e.entry.path)) {
         match e.state {
             EntryState::Staged => counts.staged += 1,
             EntryState::Applied => counts.applied += 1,
             EntryState::Discarded => counts.discarded += 1,
         }
     }
-    Ok(counts)
+    counts
 }
 
-fn outcome(report: &ApplyReport, staged: usize) -> ReviewOutcome {
-    let applied = report.applied.len() + report.already.len();
+fn outcome(report: &ApplyReport, implied: &HashSet<RelPath>, staged: usize) -> ReviewOutcome {
+    let applied = report.applied.iter().chain(&report.already).filter(|p| !implied.contains(*p)).count();
     let decision = match (applied, staged) {
         (0, _) => Decision::KeptStaged,
         (_, 0) => Decision::AppliedAll,

@@ -1,6 +1,7 @@
 //! Showing long output through a pager, as git does: `$STOCKADE_PAGER`,
-//! else `$PAGER`, else `less` with `LESS=FRX` (quit if one screen, keep
-//! colours, leave the text on screen) when it exists, else plain output.
+//! else `$PAGER`, else `less -R` with `LESS=FRX` when unset (quit if one
+//! screen, keep colours, leave the text on screen) when it exists, else
+//! plain output.
 //! An empty pager or `cat` means no pager.
 
 use std::io::{self, BufWriter, Write};
@@ -54,7 +55,12 @@ impl Pager {
                 c.arg("-c").arg(cmd);
                 (c, *target)
             }
-            Pager::Less(target) => (Command::new("less"), *target),
+            Pager::Less(target) => {
+                // -R even when the user's LESS lacks it: our output is coloured.
+                let mut c = Command::new("less");
+                c.arg("-R");
+                (c, *target)
+            }
         };
         if std::env::var_os("LESS").is_none() {
             command.env("LESS", "FRX");

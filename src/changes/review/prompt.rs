@@ -303,10 +303,11 @@ impl Prompt<'_> {
         } else {
             String::new()
         };
-        let lines = if group.tally.lines.added + group.tally.lines.removed > 0 {
-            format!(" +{} -{}", group.tally.lines.added, group.tally.lines.removed)
-        } else {
-            String::new()
+        let lines = match (group.tally.lines.added, group.tally.lines.removed) {
+            (0, 0) => String::new(),
+            (a, 0) => format!(" +{a}"),
+            (0, r) => format!(" -{r}"),
+            (a, r) => format!(" +{a} -{r}"),
         };
         match &group.key {
             GroupKey::Dir(dir) => {
@@ -320,9 +321,11 @@ impl Prompt<'_> {
                 let events = self.summary.git.get(git_dir).map(|a| a.events.as_slice()).unwrap_or_default();
                 let what: Vec<String> = events.iter().map(describe_event).collect();
                 let what = if what.is_empty() { "repository files changed".to_string() } else { what.join("; ") };
+                let label =
+                    if git_dir.as_bytes() == b".git" { "git:".to_string() } else { format!("git ({git_dir}):") };
                 format!(
                     "{} {what} ({}, applied together){conflicts}",
-                    p.paint(Role::Git, format!("git {git_dir}:")),
+                    p.paint(Role::Git, label),
                     plural(group.items.len(), "file", "files")
                 )
             }

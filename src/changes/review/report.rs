@@ -1,10 +1,12 @@
 //! Messages after an apply, and the hint that tells how to act on staged
 //! changes later. Shared by the review after a run and `stockade apply`.
 
+use std::collections::HashSet;
 use std::io::{self, Write};
 use std::path::Path;
 
 use crate::changes::apply::ApplyReport;
+use crate::changes::path::RelPath;
 
 use super::style::{Painter, Role};
 use super::summary::{plural, thousands};
@@ -30,18 +32,20 @@ pub fn write_apply_report(
     out: &mut dyn Write,
     p: Painter,
     report: &ApplyReport,
+    implied: &HashSet<RelPath>,
     session: &str,
     workspace: &Path,
 ) -> io::Result<()> {
+    // New directories were chosen through their contents; count those.
+    let count = |paths: &[RelPath]| paths.iter().filter(|p| !implied.contains(*p)).count();
     if let Some(recovered) = &report.recovered {
         writeln!(
             out,
             "stockade: first completed an interrupted apply ({} written)",
-            plural(recovered.applied.len(), "change", "changes")
+            plural(count(&recovered.applied), "change", "changes")
         )?;
     }
-    let applied = report.applied.len();
-    let already = report.already.len();
+    let (applied, already) = (count(&report.applied), count(&report.already));
     if applied > 0 || already > 0 {
         let extra = if already > 0 { format!(" ({} already in place)", thousands(already)) } else { String::new() };
         writeln!(

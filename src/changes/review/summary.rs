@@ -231,7 +231,7 @@ impl Summary {
         let started = Instant::now();
         let stored = store.entries()?;
         let report = store.report()?;
-        let counts = super::change_counts(store)?;
+        let counts = super::counts_of(&stored);
         let entries: Vec<Entry> = stored
             .into_iter()
             .filter(|e| e.state == EntryState::Staged && options.selection.matches(&e.entry.path))
@@ -401,6 +401,8 @@ pub struct RenderOptions<'a> {
 const MAX_LISTED_DIRS: usize = 40;
 /// Execution-sensitive entries and blocked paths listed at most.
 const MAX_ATTENTION: usize = 50;
+/// Ref changes listed per repository.
+const MAX_GIT_EVENTS: usize = 20;
 /// Widest path column before paths stop being aligned.
 const MAX_PATH_COLUMN: usize = 56;
 
@@ -510,17 +512,24 @@ impl Summary {
         Ok(())
     }
 
+    /// The width of the path column: the widest path or directory name
+    /// that is shown (collapsed groups show only their root).
     fn path_column(&self, list_items: bool) -> usize {
+        let width = |text: String| text.chars().count();
         let widest = self
             .groups
             .iter()
-            .flat_map(|g| {
-                let own = match &g.key {
-                    GroupKey::Dir(Some(d)) => d.to_string().chars().count() - 1,
-                    _ => 0,
-                };
-                let items = g.items.iter().filter(|_| list_items || matches!(g.key, GroupKey::Danger(_)));
-                items.map(|&i| self.items[i].entry.path.to_string().chars().count()).chain([own])
+            .flat_map(|g| -> Vec<usize> {
+                match &g.key {
+                    GroupKey::Dir(dir) => {
+                        let own = dir.as_ref().map_or(0, |d| width(d.to_string()));
+                        let items = g.items.iter().filter(|_| list_items);
+                        items.map(|&i| width(self.items[i].path().to_string())).chain([own]).collect()
+                    }
+                    GroupKey::Danger(i) => vec![width(self.items[*i].path().to_string())],
+                    GroupKey::Ignored(root) => vec![width(root.to_string())],
+                    GroupKey::Git(_) => vec![],
+                }
             })
             .max()
             .unwrap_or(0);
@@ -613,7 +622,7 @@ impl Summary {
     fn render_git(&self, out: &mut dyn Write, p: Painter, git_dir: &RelPath, activity: &GitActivity) -> io::Result<()> {
         let tag = p.paint(Role::Git, "git:");
         let repo = if git_dir.as_bytes() == b".git" { String::new() } else { format!(" (in {git_dir})") };
-        for event in &activity.events {
+        for event in activity.events.iter().take(MAX_GIT_EVENTS) {
             match event {
                 GitEvent::Head { from, to } => {
                     writeln!(out, "  {tag} HEAD switched from {} to {}{repo}", clean(from), clean(to))?
@@ -663,6 +672,9 @@ impl Summary {
                     }
                 }
             }
+        }
+        if activity.events.len() > MAX_GIT_EVENTS {
+            writeln!(out, "  {tag} … and {} more ref changes", thousands(activity.events.len() - MAX_GIT_EVENTS))?;
         }
         let internals = format!(
             "{git_dir}/: {}, {} (applied together)",

@@ -261,6 +261,10 @@ fn ten_thousand_files_summarize_in_well_under_a_second() {
     }
     set.stage(&f.store);
     let started = Instant::now();
+    let checked = crate::changes::check(&f.store, &f.ws, &crate::changes::ApplyOptions::all()).unwrap();
+    assert!(checked.conflicts.is_empty());
+    eprintln!("conflict check of 10,000 changes alone: {:?}", started.elapsed());
+    let started = Instant::now();
     let s = summary(&f);
     let built = started.elapsed();
     let out = text(&s, Some(40));
@@ -275,4 +279,22 @@ fn ten_thousand_files_summarize_in_well_under_a_second() {
     assert!(out.contains("… and 60 more directories"), "{out}");
     let bound = if cfg!(debug_assertions) { 10.0 } else { 1.0 };
     assert!(total.as_secs_f64() < bound, "took {total:?}");
+}
+
+#[test]
+fn thousands_of_new_refs_are_listed_briefly() {
+    let f = fx();
+    write(&f.ws.join(".git/HEAD"), b"ref: refs/heads/main\n");
+    let mut set = Set::new(&f.ws).dir(".git/refs", 0o755).dir(".git/refs/tags", 0o755);
+    for i in 0..2000 {
+        set = set.file(&format!(".git/refs/tags/v{i}"), format!("{:040x}\n", i + 1).as_bytes(), 0o644);
+    }
+    set.stage(&f.store);
+    let started = Instant::now();
+    let s = summary(&f);
+    assert_eq!(s.git[&p(".git")].events.len(), 2000);
+    let out = text(&s, Some(40));
+    assert!(started.elapsed().as_secs_f64() < 5.0);
+    assert!(out.contains("git: … and 1,980 more ref changes"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.contains("created at")).count(), 20, "{out}");
 }
