@@ -136,9 +136,12 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         network: true,
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
-    let result = converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting, receiver);
+    let interrupts = Arc::new(signals::Interrupts::default());
+    let result =
+        converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting, receiver, interrupts.clone());
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
+    interrupts.vm_gone();
     network.stop();
     // The guest's changes were exported; the disk that held them is spent.
     let _ = std::fs::remove_file(&disk);
@@ -226,6 +229,7 @@ fn converse(
     session: &session::Session,
     formatting: scratch::Formatting,
     receiver: staging::Receiver,
+    interrupts: Arc<signals::Interrupts>,
 ) -> anyhow::Result<Conversation> {
     let mut receiver = Some(receiver);
     let mut staged = None;
@@ -253,7 +257,6 @@ fn converse(
     formatting.wait()?;
     send(&writer, &HostMsg::Run(spec))?;
 
-    let interrupts = Arc::new(signals::Interrupts::default());
     let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
     let forward_writer = writer.clone();
     let resize_writer = writer.clone();
@@ -271,7 +274,8 @@ fn converse(
             let _ = nix::sys::signal::kill(vmm_pid, nix::sys::signal::Signal::SIGKILL);
         },
     )?;
-    spawn_stdin_pump(stdin_listener)?;
+    let stdin_pump = StdinPump::spawn(stdin_listener)?;
+    let _stop_pump = StopOnDrop(stdin_pump);
 
     let mut stdout = std::io::stdout().lock();
     let mut stdout_open = true;
@@ -331,15 +335,52 @@ fn send(writer: &Mutex<UnixStream>, msg: &HostMsg) -> anyhow::Result<()> {
 }
 
 /// Copies our stdin to the guest once it connects for it; our EOF becomes the
-/// command's EOF. The guest connects only if the command starts.
-fn spawn_stdin_pump(listener: std::os::unix::net::UnixListener) -> anyhow::Result<()> {
-    std::thread::Builder::new().name("stdin".into()).spawn(move || {
-        let _ = listener.set_nonblocking(false);
-        let Ok((mut conn, _)) = listener.accept() else { return };
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut conn);
-        let _ = conn.shutdown(std::net::Shutdown::Write);
-    })?;
-    Ok(())
+/// command's EOF. The guest connects only if the command starts. Stopped
+/// when the conversation ends, so that it cannot swallow the first key of
+/// the review that follows.
+struct StdinPump {
+    stop: std::os::fd::OwnedFd,
+}
+
+impl StdinPump {
+    fn spawn(listener: std::os::unix::net::UnixListener) -> anyhow::Result<StdinPump> {
+        let (stop_rx, stop) = nix::unistd::pipe().context("cannot create a pipe")?;
+        std::thread::Builder::new().name("stdin".into()).spawn(move || {
+            let _ = listener.set_nonblocking(false);
+            let Ok((mut conn, _)) = listener.accept() else { return };
+            let stdin = std::io::stdin();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+                use std::os::fd::AsFd;
+                let mut fds =
+                    [PollFd::new(stdin.as_fd(), PollFlags::POLLIN), PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN)];
+                if poll(&mut fds, PollTimeout::NONE).is_err() {
+                    continue;
+                }
+                if fds[1].any().unwrap_or(false) {
+                    return;
+                }
+                let n = match nix::unistd::read(&stdin, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if conn.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+        })?;
+        Ok(StdinPump { stop })
+    }
+}
+
+struct StopOnDrop(StdinPump);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::unistd::write(&self.0.stop, &[1]);
+    }
 }
 
 /// What to tell the user when the VM ended without a report.

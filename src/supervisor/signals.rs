@@ -28,12 +28,20 @@ pub fn block() -> anyhow::Result<()> {
 pub struct Interrupts {
     count: AtomicU32,
     stopped: AtomicBool,
+    /// The VM is gone: signals no longer concern the guest.
+    vm_gone: AtomicBool,
 }
 
 impl Interrupts {
     /// Whether the user stopped the VM with a second signal.
     pub fn stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// From now on an interrupt ends stockade itself (the review of the
+    /// changes): nothing is forwarded, no stale VMM pid is killed.
+    pub fn vm_gone(&self) {
+        self.vm_gone.store(true, Ordering::SeqCst);
     }
 }
 
@@ -49,8 +57,17 @@ pub fn spawn(
         let set = handled();
         while let Ok(sig) = set.wait() {
             if sig == Signal::SIGWINCH {
-                resized();
+                if !interrupts.vm_gone.load(Ordering::SeqCst) {
+                    resized();
+                }
                 continue;
+            }
+            if interrupts.vm_gone.load(Ordering::SeqCst) {
+                // Staged changes stay staged; an apply in progress is
+                // journaled and the next `stockade apply` completes it.
+                super::terminal::restore();
+                eprintln!("\nstockade: interrupted; the changes stay staged (see `stockade sessions`)");
+                std::process::exit(128 + sig as i32);
             }
             if interrupts.count.fetch_add(1, Ordering::SeqCst) == 0 {
                 forward(sig);
