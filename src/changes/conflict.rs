@@ -74,22 +74,13 @@ impl<D: AsFd> HostPath<'_, D> {
     }
 
     fn hash(&self) -> io::Result<Sha256> {
-        let mut file = dirfd::open_file(self.dir, self.name)?;
+        let file = dirfd::open_file(self.dir, self.name)?;
         // The name may have been replaced since the stat; hash what we stat'ed.
         let meta = std::os::unix::fs::MetadataExt::ino(&file.metadata()?);
         if Some(meta) != self.stat.as_ref().map(|s| s.st_ino) {
             return Err(io::Error::other("replaced while being read"));
         }
-        let mut hasher = Hasher::default();
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match file.read(&mut buf) {
-                Ok(0) => return Ok(hasher.finish()),
-                Ok(n) => hasher.update(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        Hasher::of_reader(file)
     }
 
     fn link_target(&self) -> io::Result<Vec<u8>> {

@@ -137,6 +137,20 @@ impl Hasher {
     pub fn finish(self) -> Sha256 {
         Sha256(self.0.finalize().into())
     }
+
+    /// The hash of everything `reader` yields.
+    pub fn of_reader(mut reader: impl std::io::Read) -> std::io::Result<Sha256> {
+        let mut hasher = Hasher::default();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => return Ok(hasher.finish()),
+                Ok(n) => hasher.update(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// Why bytes are not an acceptable symlink target.

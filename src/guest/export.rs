@@ -366,17 +366,7 @@ impl<W: Write> Walk<'_, W> {
 }
 
 fn hash_file(path: &Path) -> io::Result<Sha256> {
-    let mut file = open_nofollow(path)?;
-    let mut hasher = Hasher::default();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => return Ok(hasher.finish()),
-            Ok(n) => hasher.update(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    Hasher::of_reader(open_nofollow(path)?)
 }
 
 /// Compares two files of equal size; returns the lower's hash if their
