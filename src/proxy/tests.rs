@@ -396,6 +396,58 @@ fn intercepted_connections_speak_http2_both_ways() {
     assert!(!text.contains("authorization"), "{text}");
 }
 
+/// A server that ends a close-delimited HTTP/1.0 body by dropping the
+/// connection without TLS close_notify, as Python's http.server does.
+async fn abrupt_close_server(config: Arc<rustls::ServerConfig>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = TlsAcceptor::from(config.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                let mut buf = vec![0u8; 4096];
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = tls.write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nok\n").await;
+                let _ = tls.flush().await;
+                // Dropped without shutdown: the TCP FIN comes with no close_notify.
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_body_ended_by_an_abrupt_close_reaches_the_guest_whole() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let api = rt.block_on(abrupt_close_server(ca.server_config("api.test", &[b"http/1.1"])));
+    let setup = start_proxy(
+        "abrupt",
+        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
+        vec![ca.der.clone()],
+    )
+    .unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    for h2 in [true, false] {
+        let (status, body) = rt.block_on(async {
+            let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
+            let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+            let tls = tls_over(tcp, "api.test", &proxy_ca, alpn).await.unwrap();
+            get(tls, h2, &format!("https://api.test:{api}/x"), &[("host", &format!("api.test:{api}"))]).await
+        });
+        assert_eq!((status, body.as_str()), (200, "ok\n"), "h2={h2}");
+    }
+}
+
 #[test]
 fn intercepted_connection_refuses_requests_for_another_host() {
     let rt = runtime();

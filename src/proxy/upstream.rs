@@ -2,8 +2,11 @@
 //! intercepted hosts TLS verified against the host's trust store, speaking
 //! HTTP/2 when the server offers it and HTTP/1.1 otherwise.
 
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
@@ -14,8 +17,10 @@ use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
 use super::body::ProxyBody;
 use crate::policy::{Host, Port};
@@ -157,7 +162,7 @@ impl TlsUpstream {
             .map_err(|_| format!("TLS with {} did not finish within {}s", self.host, CONNECT_TIMEOUT.as_secs()))?
             .map_err(|e| format!("TLS with {} failed: {e}", self.host))?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-        let io = TokioIo::new(tls);
+        let io = TokioIo::new(EofWithoutCloseNotify(tls));
         if h2 {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
@@ -181,5 +186,47 @@ impl TlsUpstream {
             });
             Ok(Sender::H1(sender))
         }
+    }
+}
+
+/// A server's TLS stream on which a TCP close without close_notify reads as
+/// the end of the stream. Many servers (Python's http.server among them) end
+/// a close-delimited HTTP/1.0 body that way, and curl and browsers accept it;
+/// bodies with a length are still checked by hyper, so truncation of those
+/// is still an error.
+struct EofWithoutCloseNotify(TlsStream<TcpStream>);
+
+impl AsyncRead for EofWithoutCloseNotify {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.get_mut().0).poll_read(cx, buf) {
+            Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for EofWithoutCloseNotify {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
     }
 }
