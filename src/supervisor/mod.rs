@@ -107,13 +107,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         vcpus: config.cpus,
         memory_bytes: config.memory_bytes,
         kernel_log: session.kernel_log(),
-        vsock_uds: vsock_base,
+        vsock_broker: session.dir.join("broker.sock"),
         shares,
         disk: Some(disk.clone()),
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
     };
-    let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log())?;
+    let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &vsock_base)?;
     tracing::info!("session {} in {}", session.id, session.dir.display());
 
     let mut env = config.env.clone();

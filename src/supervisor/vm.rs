@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::vmm::config::VmConfig;
+use crate::vmm::devices::virtio::vsock;
 
 /// Longest Unix socket path the kernel accepts (sun_path less the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -20,8 +21,11 @@ pub struct VmProcess {
 }
 
 impl VmProcess {
-    /// Writes the VM description into the session and starts the VMM.
-    pub fn start(config: &VmConfig, session_dir: &Path, log: &Path) -> anyhow::Result<VmProcess> {
+    /// Writes the VM description into the session, starts the VMM, and
+    /// brokers its connections to the listeners under `vsock_base`.
+    pub fn start(config: &VmConfig, session_dir: &Path, log: &Path, vsock_base: &Path) -> anyhow::Result<VmProcess> {
+        let broker = UnixListener::bind(&config.vsock_broker)
+            .with_context(|| format!("cannot listen on {}", config.vsock_broker.display()))?;
         let config_path = session_dir.join("vmm.json");
         std::fs::write(&config_path, serde_json::to_vec_pretty(config)?)
             .with_context(|| format!("cannot write {}", config_path.display()))?;
@@ -39,6 +43,11 @@ impl VmProcess {
             cmd.env("RUST_LOG", filter);
         }
         let child = cmd.spawn().context("cannot start the VMM process")?;
+        let (pid, base) = (child.id(), vsock_base.to_path_buf());
+        std::thread::Builder::new()
+            .name("vsock-broker".into())
+            .spawn(move || serve_broker(&broker, pid, &base))
+            .context("cannot start the vsock broker thread")?;
         Ok(VmProcess { child })
     }
 
@@ -72,6 +81,21 @@ impl Drop for VmProcess {
     fn drop(&mut self) {
         if self.is_running() {
             self.kill();
+        }
+    }
+}
+
+/// Serves the dial requests of the VMM `pid`: the first connection to the
+/// broker socket from that process, no other.
+fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path) {
+    loop {
+        let Ok((stream, _)) = listener.accept() else { return };
+        let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials);
+        match peer {
+            Ok(cred) if u32::try_from(cred.pid()).ok() == Some(pid) => {
+                return vsock::broker::serve(stream, vsock_base);
+            }
+            _ => tracing::warn!("refused a broker connection that is not from the VMM"),
         }
     }
 }

@@ -27,9 +27,9 @@ pub struct VmConfig {
     pub memory_bytes: u64,
     /// Where the guest's serial console (its kernel log) is written.
     pub kernel_log: PathBuf,
-    /// Guest connections to host port P are bridged to the Unix socket
-    /// "<vsock_uds>_P".
-    pub vsock_uds: PathBuf,
+    /// The supervisor's broker socket: guest connections to host port P
+    /// get their host end from it (see `vsock::broker`).
+    pub vsock_broker: PathBuf,
     pub shares: Vec<ShareConfig>,
     /// The scratch disk image (virtio-blk, /dev/vda in the guest).
     #[serde(default)]

@@ -199,8 +199,9 @@ fn watch_interrupts(lines: Vec<(&'static str, Interrupt)>) -> std::io::Result<()
 
 fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
     let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
-    let vsock = devices::virtio::vsock::Vsock::new(crate::protocol::GUEST_CID, config.vsock_uds.clone())
-        .map_err(|source| VmmError::Device { device: "virtio-vsock", source })?;
+    let vsock_error = |source| VmmError::Device { device: "virtio-vsock", source };
+    let dialer = devices::virtio::vsock::broker::Dialer::connect(&config.vsock_broker).map_err(vsock_error)?;
+    let vsock = devices::virtio::vsock::Vsock::new(crate::protocol::GUEST_CID, dialer).map_err(vsock_error)?;
     let mut devices: Vec<(&'static str, Box<dyn VirtioDevice>)> =
         vec![("virtio-vsock", Box::new(vsock)), ("virtio-rng", Box::new(rng))];
     let shares = |writable: bool| -> Vec<devices::virtio::fs::Share> {

@@ -7,10 +7,9 @@ use std::io::{self, ErrorKind, Read};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 
 use nix::errno::Errno;
-use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{self, MsgFlags};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::error::VsockError;
@@ -77,20 +76,11 @@ pub(super) struct Connection {
 }
 
 impl Connection {
-    /// Connects to the Unix socket at `path` for the guest's OP_REQUEST
-    /// `request`. The connect does not block: a listener whose backlog is
-    /// full refuses (EAGAIN) instead of stalling every other connection.
-    pub fn connect(path: &Path, request: &PacketHeader, guest_cid: u64, token: u64) -> io::Result<Connection> {
-        let fd = socket::socket(
-            AddressFamily::Unix,
-            SockType::Stream,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            None,
-        )?;
-        let addr = UnixAddr::new(path)?;
-        socket::connect(fd.as_raw_fd(), &addr)?;
-        Ok(Connection {
-            stream: UnixStream::from(fd),
+    /// Bridges the connected host `stream` (non-blocking, from the broker)
+    /// for the guest's OP_REQUEST `request`.
+    pub fn new(stream: UnixStream, request: &PacketHeader, guest_cid: u64, token: u64) -> Connection {
+        Connection {
+            stream,
             key: ConnKey { guest_port: request.src_port, host_port: request.dst_port },
             guest_cid,
             token,
@@ -112,7 +102,7 @@ impl Connection {
             response_pending: true,
             credit_update_pending: false,
             credit_request_pending: false,
-        })
+        }
     }
 
     pub fn token(&self) -> u64 {

@@ -2,9 +2,9 @@
 //! config space, and activation, which hands the queues to the worker.
 
 use std::io;
-use std::path::PathBuf;
 
 use super::super::{ActivateError, Activation, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
+use super::broker::Dialer;
 use super::muxer::Muxer;
 use super::worker;
 
@@ -21,8 +21,8 @@ const MIN_GUEST_CID: u64 = 3;
 const MAX_GUEST_CID: u64 = u32::MAX as u64 - 1;
 
 /// A virtio-vsock device in the Firecracker "hybrid" style: the guest dials
-/// the host (CID 2) on port P, and the device connects a Unix stream to
-/// "{uds_base}_{P}" and bridges the two.
+/// the host (CID 2) on port P, the dialer gets a Unix stream to the host's
+/// listener for P, and the device bridges the two.
 pub struct Vsock {
     guest_cid: u64,
     /// Taken by the worker thread on activation.
@@ -30,16 +30,15 @@ pub struct Vsock {
 }
 
 impl Vsock {
-    /// guest_cid: the guest's context id. uds_base: the path prefix of the
-    /// host's Unix sockets, one per port.
-    pub fn new(guest_cid: u64, uds_base: PathBuf) -> io::Result<Vsock> {
+    /// guest_cid: the guest's context id; dialer: how host ports are reached.
+    pub fn new(guest_cid: u64, dialer: Dialer) -> io::Result<Vsock> {
         if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&guest_cid) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("guest CID {guest_cid} is reserved or out of range"),
             ));
         }
-        Ok(Vsock { guest_cid, muxer: Some(Muxer::new(guest_cid, uds_base)?) })
+        Ok(Vsock { guest_cid, muxer: Some(Muxer::new(guest_cid, dialer)?) })
     }
 }
 

@@ -4,15 +4,14 @@
 //! directly.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::path::PathBuf;
 
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 
+use super::broker::Dialer;
 use super::connection::{ConnKey, Connection};
 use super::error::VsockError;
 use super::packet::{
@@ -39,7 +38,7 @@ pub(super) struct QueueOutcome {
 
 pub(super) struct Muxer {
     guest_cid: u64,
-    uds_base: PathBuf,
+    dialer: Dialer,
     /// Readiness of every connection's Unix stream; its own fd is pollable,
     /// so the worker nests it in its epoll.
     epoll: Epoll,
@@ -58,10 +57,10 @@ pub(super) struct Muxer {
 }
 
 impl Muxer {
-    pub fn new(guest_cid: u64, uds_base: PathBuf) -> io::Result<Muxer> {
+    pub fn new(guest_cid: u64, dialer: Dialer) -> io::Result<Muxer> {
         Ok(Muxer {
             guest_cid,
-            uds_base,
+            dialer,
             epoll: Epoll::new()?,
             conns: HashMap::new(),
             by_token: HashMap::new(),
@@ -198,27 +197,19 @@ impl Muxer {
             self.push_rst(key);
             return;
         }
-        let path = self.socket_path(key.host_port);
         let token = self.next_token;
         self.next_token += 1;
-        match Connection::connect(&path, hdr, self.guest_cid, token) {
-            Ok(conn) => {
-                self.conns.insert(key, conn);
+        match self.dialer.dial(key.host_port) {
+            Ok(stream) => {
+                self.conns.insert(key, Connection::new(stream, hdr, self.guest_cid, token));
                 self.by_token.insert(token, key);
                 self.refresh(key);
             }
             Err(e) => {
-                tracing::debug!("virtio-vsock: cannot connect to {}: {e}", path.display());
+                tracing::debug!("virtio-vsock: cannot connect to host port {}: {e}", key.host_port);
                 self.push_rst(key);
             }
         }
-    }
-
-    /// "{uds_base}_{port}", the Firecracker hybrid-vsock convention.
-    fn socket_path(&self, port: u32) -> PathBuf {
-        let mut path = OsString::from(self.uds_base.as_os_str());
-        path.push(format!("_{port}"));
-        PathBuf::from(path)
     }
 
     /// The guest shut both directions: answer with RST, as Linux expects,

@@ -16,6 +16,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::Vsock;
+use super::broker::{self, Dialer};
 use super::connection::BUF_ALLOC;
 use super::muxer::{MAX_PENDING_CONTROL, Muxer};
 use super::packet::{
@@ -53,6 +54,14 @@ impl TempDir {
 
     fn base(&self) -> PathBuf {
         self.0.join("vsock")
+    }
+
+    /// A dialer served by the supervisor's broker code on a thread.
+    fn dialer(&self) -> Dialer {
+        let (vmm, supervisor) = UnixStream::pair().unwrap();
+        let base = self.base();
+        std::thread::spawn(move || broker::serve(supervisor, &base));
+        Dialer::from_stream(vmm)
     }
 
     fn listen(&self, port: u32) -> UnixListener {
@@ -154,7 +163,7 @@ impl<'m> Guest<'m> {
             tx,
             rxq,
             txq,
-            muxer: Muxer::new(GUEST_CID, dir.base()).unwrap(),
+            muxer: Muxer::new(GUEST_CID, dir.dialer()).unwrap(),
             rx_bufs: HashMap::new(),
             next_buf: BUF_START,
             buf_alloc: 64 * 1024,
@@ -717,7 +726,7 @@ fn replies_waiting_for_rx_buffers_hold_back_tx() {
 #[test]
 fn device_reports_identity_and_config() {
     let dir = TempDir::new();
-    let dev = Vsock::new(GUEST_CID, dir.base()).unwrap();
+    let dev = Vsock::new(GUEST_CID, dir.dialer()).unwrap();
     assert_eq!(dev.device_type(), TYPE_VSOCK);
     assert_eq!(dev.queue_max_sizes(), [256, 256, 256]);
     assert_eq!(dev.features(), VIRTIO_F_VERSION_1);
@@ -727,8 +736,8 @@ fn device_reports_identity_and_config() {
     let mut tail = [0xffu8; 4];
     dev.read_config(6, &mut tail);
     assert_eq!(tail, [0; 4]);
-    assert!(Vsock::new(2, dir.base()).is_err());
-    assert!(Vsock::new(u64::from(u32::MAX), dir.base()).is_err());
+    assert!(Vsock::new(2, dir.dialer()).is_err());
+    assert!(Vsock::new(u64::from(u32::MAX), dir.dialer()).is_err());
 }
 
 #[test]
@@ -745,7 +754,7 @@ fn activated_device_serves_the_queues_from_its_worker() {
         .zip(&kicks)
         .map(|(dq, kick)| DeviceQueue { queue: dq.queue(), kick: kick.try_clone().unwrap() })
         .collect();
-    let mut dev = Vsock::new(GUEST_CID, dir.base()).unwrap();
+    let mut dev = Vsock::new(GUEST_CID, dir.dialer()).unwrap();
     dev.activate(Activation {
         mem: mem.clone(),
         queues,
