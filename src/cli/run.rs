@@ -64,6 +64,23 @@ pub struct VmOptions {
     #[arg(short = 'T', long = "no-tty")]
     no_tty: bool,
 
+    /// Stop the command after DURATION (e.g. 90s, 10m, 1h; plain numbers
+    /// are seconds): it gets SIGTERM, then SIGKILL 10s later, its changes
+    /// are kept, and stockade exits with 124, as timeout(1) does.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+
+    /// Most processes and threads the command may have at once (a cgroup
+    /// limit in the guest; fork bombs fail with EAGAIN).
+    #[arg(long, value_name = "N")]
+    pids: Option<u32>,
+
+    /// Run the VMM without its Landlock and seccomp jail. Only for hosts
+    /// whose kernel lacks them (`stockade doctor` tells); the VM boundary
+    /// remains, but a VMM bug would expose your files.
+    #[arg(long)]
+    no_jail: bool,
+
     /// Boot this guest kernel (a PVH vmlinux) instead of the installed one.
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -124,6 +141,11 @@ pub fn validate(
     if disk_bytes < MIN_DISK {
         bail!("--disk {} is too small: give at least 64M (e.g. --disk 1G)", vm.disk);
     }
+    let timeout =
+        vm.timeout.as_deref().map(|t| parse_duration(t).with_context(|| format!("--timeout {t}"))).transpose()?;
+    if vm.pids == Some(0) {
+        bail!("--pids 0 would not even let the command start: give at least 1 (e.g. --pids 512)");
+    }
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
@@ -139,6 +161,9 @@ pub fn validate(
         disk_bytes,
         apply: vm.apply,
         policy,
+        timeout,
+        pids: vm.pids,
+        jail: !vm.no_jail,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,
@@ -228,6 +253,28 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
     Ok(bytes as u64)
 }
 
+/// A duration as timeout(1) takes it: a number, optionally fractional,
+/// with s (the default), m, h or d.
+pub fn parse_duration(text: &str) -> anyhow::Result<std::time::Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 =
+        num.parse().map_err(|_| anyhow::anyhow!("not a duration; use a number with a unit, like 90s or 10m"))?;
+    let seconds = match unit {
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        other => bail!("unknown duration unit {other:?}; use s, m, h or d"),
+    };
+    let total = value * seconds;
+    if !total.is_finite() || total <= 0.0 || total > 365.0 * 86400.0 {
+        bail!("the duration must be more than 0 and at most a year");
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +307,21 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("lots").is_err());
         assert!(parse_size("2X").is_err());
+    }
+
+    #[test]
+    fn durations_read_like_timeout_1() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        for bad in ["", "0", "-1", "5x", "s", "1e9d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        let err = check(&["--timeout", "soon"]).unwrap_err();
+        assert!(format!("{err:#}").contains("--timeout soon"), "{err:#}");
+        assert!(check(&["--pids", "0"]).is_err());
     }
 
     #[test]

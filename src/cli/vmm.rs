@@ -15,13 +15,23 @@ pub struct VmmArgs {
     /// The VM description written by the supervisor (JSON).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
+
+    /// Test aid: close the jail, attempt one forbidden operation (open:PATH,
+    /// write:PATH, exec:PATH, socket, fds) and print the result.
+    #[arg(long, value_name = "PROBE", hide = true)]
+    jail_probe: Option<crate::jail::probe::Probe>,
 }
 
 pub fn run(args: VmmArgs) -> anyhow::Result<ExitCode> {
+    crate::jail::close_inherited_fds().context("cannot close inherited descriptors")?;
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read VM config {}", args.config.display()))?;
     let config: VmConfig =
         serde_json::from_str(&text).with_context(|| format!("malformed VM config {}", args.config.display()))?;
+    if let Some(probe) = args.jail_probe {
+        println!("{}", crate::jail::probe::run(&vmm::jail_rules(&config), probe)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     vmm::run(&config)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -148,17 +148,24 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
     });
 
     checks.push(match &facts.landlock {
-        Ok(abi) => Check::ok("landlock", format!("ABI {abi}")),
-        Err(e) => Check::fail("landlock", format!("unavailable ({e})"), jail::landlock::unavailable_fix(e)),
+        Ok(abi) => Check::ok(
+            "landlock",
+            format!("ABI {abi}: the VMM sees only the shared directories (read-only unless a policy says rw)"),
+        ),
+        Err(e) => Check::fail(
+            "landlock",
+            format!("unavailable ({e}); `run` refuses without --no-jail"),
+            jail::landlock::unavailable_fix(e),
+        ),
     });
 
     checks.push(match &facts.seccomp {
         Some(actions) if jail::seccomp::filters_usable(actions) => {
-            Check::ok("seccomp", format!("filters available ({})", actions.join(" ")))
+            Check::ok("seccomp", "the VMM's threads are held to per-kind system call allowlists; no sockets, no exec")
         }
         Some(actions) => Check::fail(
             "seccomp",
-            format!("filters lack needed actions (have: {})", actions.join(" ")),
+            format!("filters lack the trap action (have: {}); `run` refuses without --no-jail", actions.join(" ")),
             "use a kernel with CONFIG_SECCOMP_FILTER=y",
         ),
         None => Check::fail("seccomp", "no seccomp filter support", "use a kernel with CONFIG_SECCOMP_FILTER=y"),
@@ -241,7 +248,7 @@ mod tests {
             }),
             probe: Some(Ok(probe::ProbeOutcome { elapsed: Duration::from_millis(2), exits: 2 })),
             landlock: Ok(7),
-            seccomp: Some(vec!["kill_process".into(), "errno".into(), "allow".into()]),
+            seccomp: Some(vec!["kill_process".into(), "trap".into(), "errno".into(), "allow".into()]),
             space: Ok(("/data".into(), 10 << 30)),
         }
     }

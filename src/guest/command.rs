@@ -16,6 +16,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::channel::{self, Control, Event};
+use super::limits;
 use super::tty;
 use crate::protocol::{ExitReport, GuestMsg, RunSpec, STDIN_PORT, write_frame};
 
@@ -40,6 +41,13 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
         .current_dir(&spec.cwd)
         .uid(spec.uid)
         .gid(spec.gid);
+    let group = match spec.pids {
+        Some(max) => Some(limits::CommandGroup::with_pids_max(max)?),
+        None => None,
+    };
+    if let Some(group) = &group {
+        group.enter_on_spawn(&mut cmd);
+    }
     let terminal = match spec.tty {
         Some(size) => Some(tty::open(size)?.attach(&mut cmd)?),
         None => {

@@ -10,6 +10,7 @@ mod changes;
 mod channel;
 mod command;
 pub mod export;
+mod limits;
 mod mounts;
 mod net;
 mod tty;

@@ -125,6 +125,7 @@ mod tests {
             root: vec![RootEntry::Tmpfs { target: "/tmp".into(), mode: 0o1777, uid: 0, gid: 0 }],
             tty: Some(WindowSize { rows: 24, cols: 80 }),
             network: true,
+            pids: None,
         };
         let host = [
             HostMsg::Run(spec),

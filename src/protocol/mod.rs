@@ -79,6 +79,9 @@ pub struct RunSpec {
     /// Start the proxy and DNS forwarders to the host's egress proxy.
     #[serde(default)]
     pub network: bool,
+    /// The command's cgroup pids.max.
+    #[serde(default)]
+    pub pids: Option<u32>,
 }
 
 /// How the command ended.

@@ -3,6 +3,7 @@
 //! output, and turns its end into our exit status.
 #![forbid(unsafe_code)]
 
+mod deadline;
 mod network;
 mod outcome;
 mod root;
@@ -53,6 +54,12 @@ pub struct RunConfig {
     /// What the guest may reach on the network, and the credentials the
     /// proxy adds on its behalf.
     pub policy: crate::policy::Policy,
+    /// Stop the command after this long (exit 124).
+    pub timeout: Option<Duration>,
+    /// The guest cgroup's pids.max for the command.
+    pub pids: Option<u32>,
+    /// Jail the VMM (Landlock, seccomp); false with --no-jail.
+    pub jail: bool,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
@@ -66,6 +73,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     signals::block()?;
     let dirs = Dirs::resolve()?;
     let kernel = check_host(&dirs, config.kernel.as_deref())?;
+    if config.jail {
+        if let Err(why) = crate::jail::check_available() {
+            bail!(
+                "the VMM cannot be jailed on this host: {why}. Fix that, or run with --no-jail \
+                 (the VM boundary stays; a VMM bug would no longer be contained)"
+            );
+        }
+    }
 
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let user = root::User {
@@ -110,6 +125,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         vsock_broker: session.dir.join("broker.sock"),
         shares,
         disk: Some(disk.clone()),
+        jail: config.jail,
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
     };
@@ -134,11 +150,23 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             .unwrap_or_else(terminal::interactive)
             .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
         network: true,
+        pids: config.pids,
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
     let interrupts = Arc::new(signals::Interrupts::default());
-    let result =
-        converse(&mut vmm, &control_listener, stdin_listener, spec, &session, formatting, receiver, interrupts.clone());
+    let expired = deadline::Expired::default();
+    let limits = Limits { timeout: config.timeout, expired: expired.clone() };
+    let result = converse(
+        &mut vmm,
+        &control_listener,
+        stdin_listener,
+        spec,
+        &session,
+        formatting,
+        receiver,
+        interrupts.clone(),
+        limits,
+    );
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
     interrupts.vm_gone();
@@ -179,6 +207,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             (EXIT_STOCKADE, format!("stockade failed: {e:#}"))
         }
     };
+    let status = if expired.get() {
+        let limit = config.timeout.map(deadline::describe).unwrap_or_default();
+        eprintln!("stockade: stopped after --timeout {limit}; exit status 124");
+        deadline::EXIT_TIMEOUT
+    } else {
+        status
+    };
     record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
     record.status = Some(i32::from(status));
     record.outcome = Some(outcome_text);
@@ -212,6 +247,12 @@ fn check_host(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(kernel.path)
 }
 
+/// Limits the conversation enforces.
+struct Limits {
+    timeout: Option<Duration>,
+    expired: deadline::Expired,
+}
+
 enum Conversation {
     /// The command ended; with an overlay, the guest also sent its changes.
     Ended { report: ExitReport, staged: Option<anyhow::Result<changes::StageReport>> },
@@ -230,6 +271,7 @@ fn converse(
     formatting: scratch::Formatting,
     receiver: staging::Receiver,
     interrupts: Arc<signals::Interrupts>,
+    limits: Limits,
 ) -> anyhow::Result<Conversation> {
     let mut receiver = Some(receiver);
     let mut staged = None;
@@ -274,6 +316,22 @@ fn converse(
             let _ = nix::sys::signal::kill(vmm_pid, nix::sys::signal::Signal::SIGKILL);
         },
     )?;
+    let _watch = match limits.timeout {
+        Some(limit) => {
+            let signal_writer = writer.clone();
+            Some(deadline::watch(
+                limit,
+                limits.expired,
+                move |signal| {
+                    let _ = send(&signal_writer, &HostMsg::Signal { signal });
+                },
+                move || {
+                    let _ = nix::sys::signal::kill(vmm_pid, nix::sys::signal::Signal::SIGKILL);
+                },
+            )?)
+        }
+        None => None,
+    };
     let stdin_pump = StdinPump::spawn(stdin_listener)?;
     let _stop_pump = StopOnDrop(stdin_pump);
 

@@ -34,6 +34,9 @@ pub struct VmConfig {
     /// The scratch disk image (virtio-blk, /dev/vda in the guest).
     #[serde(default)]
     pub disk: Option<PathBuf>,
+    /// Close the jail (Landlock and seccomp, see `jail`) before the guest
+    /// runs; false only with `--no-jail`.
+    pub jail: bool,
     /// Print the whole kernel log instead of warnings and errors only.
     pub verbose_kernel: bool,
     /// Extra kernel command-line arguments (debugging).

@@ -27,6 +27,7 @@ use kvm_ioctls::{IoEventAddress, Kvm};
 use thiserror::Error;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::jail::{self, FsRules, ThreadKind};
 use config::VmConfig;
 use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
@@ -77,6 +78,8 @@ pub enum VmmError {
     Disk(devices::virtio::blk::BlockError),
     #[error("too many devices for the interrupt lines")]
     TooManyDevices,
+    #[error("cannot close the VMM's jail (run `stockade doctor`; --no-jail runs without it)")]
+    Jail(#[source] jail::JailError),
     #[error("the VM stopped: {0}")]
     Stopped(String),
 }
@@ -147,8 +150,6 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         cmdline.push(format!("virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
 
-    watch_interrupts(interrupts).map_err(|source| VmmError::Device { device: "interrupt watchdog", source })?;
-
     let init = std::fs::read(&config.init)
         .map_err(|source| VmmError::Init { path: config.init.display().to_string(), source })?;
     let initrd = initramfs::build(&init);
@@ -156,6 +157,13 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &initrd, &ram)?;
     drop(initrd);
     mptable::write(&mem, config.vcpus)?;
+
+    // Everything the VM needs is open: nothing more is reachable from here.
+    if config.jail {
+        let closed = jail::enter(&jail_rules(config)).map_err(VmmError::Jail)?;
+        tracing::debug!("jail closed (Landlock ABI {})", closed.landlock_abi);
+    }
+    watch_interrupts(interrupts).map_err(|source| VmmError::Device { device: "interrupt watchdog", source })?;
 
     let pio = Arc::new(pio);
     let mmio = Arc::new(mmio);
@@ -166,6 +174,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
             .map_err(|source| VmmError::Device { device: "vcpu thread", source })?;
     }
 
+    jail::thread::confine_current(ThreadKind::Main);
     let _ = exit.read();
     if let Ok(mut serial) = serial.lock() {
         serial.flush();
@@ -184,7 +193,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
 /// Re-raises device interrupts the guest has left unacknowledged too long
 /// (see `REASSERT_AFTER`), so one lost edge cannot stall a device forever.
 fn watch_interrupts(lines: Vec<(&'static str, Interrupt)>) -> std::io::Result<()> {
-    std::thread::Builder::new().name("irq-watch".into()).spawn(move || {
+    jail::thread::spawn("irq-watch", ThreadKind::IrqWatch, move || {
         loop {
             std::thread::sleep(REASSERT_AFTER / 2);
             for (name, line) in &lines {
@@ -195,6 +204,16 @@ fn watch_interrupts(lines: Vec<(&'static str, Interrupt)>) -> std::io::Result<()
         }
     })?;
     Ok(())
+}
+
+/// The files the jailed VMM may still reach: the shares, read-only unless a
+/// policy made them writable. Everything else it needs is already open.
+pub fn jail_rules(config: &VmConfig) -> FsRules {
+    let (writable, read_only): (Vec<_>, Vec<_>) = config.shares.iter().partition(|s| s.writable);
+    FsRules {
+        read_only: read_only.into_iter().map(|s| s.host_path.clone()).collect(),
+        read_write: writable.into_iter().map(|s| s.host_path.clone()).collect(),
+    }
 }
 
 fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {

@@ -87,7 +87,7 @@ impl Vcpu {
         exit: Arc<EventFd>,
         stop: Arc<std::sync::Mutex<Option<VcpuStop>>>,
     ) -> std::io::Result<()> {
-        std::thread::Builder::new().name(format!("vcpu{}", self.id)).spawn(move || {
+        crate::jail::thread::spawn(format!("vcpu{}", self.id), crate::jail::ThreadKind::Vcpu, move || {
             let why = self.run(&pio, &mmio);
             tracing::debug!("vcpu{} stopped: {why:?}", self.id);
             let mut slot = stop.lock().unwrap_or_else(|p| p.into_inner());

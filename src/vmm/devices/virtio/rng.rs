@@ -45,10 +45,10 @@ impl VirtioDevice for Rng {
         }
         let source = self.source.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
         let queue = queues.remove(0);
-        std::thread::Builder::new()
-            .name("virtio-rng".into())
-            .spawn(move || worker(mem, queue, interrupt, source))
-            .map_err(ActivateError::Thread)?;
+        crate::jail::thread::spawn("virtio-rng", crate::jail::ThreadKind::Rng, move || {
+            worker(mem, queue, interrupt, source)
+        })
+        .map_err(ActivateError::Thread)?;
         Ok(())
     }
 }

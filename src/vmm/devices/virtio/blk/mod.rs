@@ -84,10 +84,10 @@ impl VirtioDevice for Block {
         let file = self.file.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
         let disk = request::Disk::new(file, self.sectors);
         let queue = queues.remove(0);
-        std::thread::Builder::new()
-            .name("virtio-blk".into())
-            .spawn(move || worker::run(mem, queue, interrupt, disk))
-            .map_err(ActivateError::Thread)?;
+        crate::jail::thread::spawn("virtio-blk", crate::jail::ThreadKind::Block, move || {
+            worker::run(mem, queue, interrupt, disk)
+        })
+        .map_err(ActivateError::Thread)?;
         Ok(())
     }
 }

@@ -27,6 +27,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
+use crate::jail::ThreadKind;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -157,9 +158,11 @@ impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
         }
         let server = Arc::clone(&self.server);
         let access = self.access;
-        std::thread::Builder::new()
-            .name("virtio-fs".into())
-            .spawn(move || worker::run(mem, queues, interrupt, server, access))
+        let kind = match access {
+            worker::Access::ReadOnly => ThreadKind::FsReadOnly,
+            worker::Access::Writable => ThreadKind::FsWritable,
+        };
+        crate::jail::thread::spawn(kind.name(), kind, move || worker::run(mem, queues, interrupt, server, access))
             .map_err(ActivateError::Thread)?;
         Ok(())
     }

@@ -576,6 +576,12 @@ fn lookups_cannot_step_out_of_a_share() {
         let reply = client.call_ungated(Opcode::Lookup as u32, parent, &cstr(name));
         assert_ne!(reply.errno(), 0, "lookup {name:?} past the gate");
     }
+    // Names longer than any filesystem allows are refused, not truncated.
+    for len in [256, 4096, 60_000] {
+        let name = "a".repeat(len);
+        assert_ne!(client.lookup(ws, &name).errno(), 0, "lookup of a {len}-byte name");
+        assert_ne!(client.call_ungated(Opcode::Lookup as u32, ws, &cstr(&name)).errno(), 0, "{len} bytes");
+    }
 
     // A symlink pointing out of the share is a symlink for the guest to
     // resolve in its own tree; the host never follows it.

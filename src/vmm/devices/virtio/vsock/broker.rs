@@ -117,12 +117,8 @@ pub fn socket_path(uds_base: &Path, port: u32) -> PathBuf {
 /// A non-blocking connect: a listener whose backlog is full refuses (EAGAIN)
 /// instead of stalling the VMM's device thread waiting on the reply.
 fn connect_nonblocking(path: &Path) -> io::Result<OwnedFd> {
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    let fd =
+        socket::socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)?;
     socket::connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
     Ok(fd)
 }

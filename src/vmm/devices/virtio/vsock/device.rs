@@ -66,10 +66,10 @@ impl VirtioDevice for Vsock {
             return Err(ActivateError::QueueCount { got: queues.len(), want: NUM_QUEUES });
         }
         let muxer = self.muxer.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        std::thread::Builder::new()
-            .name("virtio-vsock".into())
-            .spawn(move || worker::run(mem, queues, interrupt, muxer))
-            .map_err(ActivateError::Thread)?;
+        crate::jail::thread::spawn("virtio-vsock", crate::jail::ThreadKind::Vsock, move || {
+            worker::run(mem, queues, interrupt, muxer)
+        })
+        .map_err(ActivateError::Thread)?;
         Ok(())
     }
 }

@@ -1,0 +1,65 @@
+//! Limits on the command inside the guest: a cgroup v2 group whose
+//! pids.max caps how many processes and threads it may have at once.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::Context;
+use nix::mount::{MsFlags, mount};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// The command's cgroup; its `cgroup.procs` is written by the child itself
+/// between fork and exec, so nothing it starts escapes the limit.
+pub struct CommandGroup {
+    procs: File,
+}
+
+impl CommandGroup {
+    pub fn with_pids_max(max: u32) -> anyhow::Result<CommandGroup> {
+        let root = Path::new(CGROUP_ROOT);
+        if !root.join("cgroup.controllers").exists() {
+            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+            mount(Some("cgroup2"), root, Some("cgroup2"), flags, None::<&str>)
+                .with_context(|| format!("cannot mount cgroup2 on {CGROUP_ROOT}"))?;
+        }
+        write(&root.join("cgroup.subtree_control"), "+pids")?;
+        let group = root.join("command");
+        fs::create_dir_all(&group).with_context(|| format!("cannot create {}", group.display()))?;
+        write(&group.join("pids.max"), &max.to_string())?;
+        let procs_path = group.join("cgroup.procs");
+        let procs = OpenOptions::new()
+            .write(true)
+            .open(&procs_path)
+            .with_context(|| format!("cannot open {}", procs_path.display()))?;
+        Ok(CommandGroup { procs })
+    }
+
+    /// Makes the child of `cmd` join the group before it runs the command.
+    pub fn enter_on_spawn(&self, cmd: &mut Command) {
+        let fd: RawFd = self.procs.as_raw_fd();
+        // SAFETY: between fork and exec the closure calls only write(2), which
+        // is async-signal-safe, on a descriptor the group keeps open; the
+        // group outlives the spawn (both happen in `command::run`).
+        unsafe {
+            cmd.pre_exec(move || {
+                // "0" moves the writing process, here the child itself.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+}
+
+fn write(path: &Path, value: &str) -> anyhow::Result<()> {
+    let mut file =
+        OpenOptions::new().write(true).open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    file.write_all(value.as_bytes()).with_context(|| format!("cannot write {value:?} to {}", path.display()))
+}

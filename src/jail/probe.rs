@@ -1,0 +1,94 @@
+//! A test aid (`stockade vmm --jail-probe`): closes the same jail the VMM
+//! closes, then attempts one forbidden operation from a device worker
+//! thread and prints what happened. Operations that seccomp forbids never
+//! return: the SIGSYS report ends the process.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::mpsc;
+
+use super::{FsRules, JailError, ThreadKind, thread};
+
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// Open a file for reading.
+    Open(PathBuf),
+    /// Open a file for writing.
+    Write(PathBuf),
+    /// Make a TCP socket.
+    Socket,
+    /// Run a program.
+    Exec(PathBuf),
+    /// List inherited descriptors that would survive an exec.
+    Fds,
+}
+
+impl FromStr for Probe {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Probe, String> {
+        match s.split_once(':') {
+            Some(("open", path)) => Ok(Probe::Open(path.into())),
+            Some(("write", path)) => Ok(Probe::Write(path.into())),
+            Some(("exec", path)) => Ok(Probe::Exec(path.into())),
+            None if s == "socket" => Ok(Probe::Socket),
+            None if s == "fds" => Ok(Probe::Fds),
+            _ => Err("use open:PATH, write:PATH, exec:PATH, socket or fds".into()),
+        }
+    }
+}
+
+/// Closes the jail with `rules`, runs `probe` on a virtio-fs worker thread
+/// and returns its one-line result.
+pub fn run(rules: &FsRules, probe: Probe) -> Result<String, JailError> {
+    super::enter(rules)?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn("probe", ThreadKind::FsReadOnly, move || {
+        let _ = tx.send(attempt(&probe));
+    })
+    .map_err(JailError::Launcher)?;
+    thread::confine_current(ThreadKind::Main);
+    Ok(rx.recv().unwrap_or_else(|_| "the probe thread ended without a result".into()))
+}
+
+fn attempt(probe: &Probe) -> String {
+    let outcome = |r: std::io::Result<()>| match r {
+        Ok(()) => "allowed".to_string(),
+        Err(e) => format!("denied: {e}"),
+    };
+    match probe {
+        Probe::Open(path) => outcome(std::fs::File::open(path).map(drop)),
+        Probe::Write(path) => outcome(std::fs::OpenOptions::new().write(true).open(path).map(drop)),
+        Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
+        Probe::Exec(path) => {
+            let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+                return "denied: the path has a NUL byte".into();
+            };
+            let argv = [program.as_ptr(), std::ptr::null()];
+            let envp = [std::ptr::null()];
+            // SAFETY: NUL-terminated argv and envp arrays of valid C strings
+            // that outlive the call; execve only returns on failure.
+            unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+            outcome(Err(std::io::Error::last_os_error()))
+        }
+        Probe::Fds => inheritable_fds(),
+    }
+}
+
+/// Descriptors without close-on-exec, beyond stdin, stdout and stderr.
+fn inheritable_fds() -> String {
+    let leaky: Vec<String> = (3..4096)
+        .filter(|fd| {
+            // SAFETY: F_GETFD only reads a descriptor's flags (EBADF if none).
+            let flags = unsafe { libc::fcntl(*fd, libc::F_GETFD) };
+            flags >= 0 && flags & libc::FD_CLOEXEC == 0
+        })
+        .map(|fd| fd.to_string())
+        .collect();
+    if leaky.is_empty() {
+        "fds: all close-on-exec".into()
+    } else {
+        format!("fds without close-on-exec: {}", leaky.join(" "))
+    }
+}

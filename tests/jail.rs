@@ -1,0 +1,149 @@
+//! The VMM's jail, natively: `stockade vmm --jail-probe` closes the very jail
+//! the VMM closes (from a VM description like the supervisor writes) and
+//! then attempts one forbidden operation from a device worker thread.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::util::{TempDir, stockade_bin};
+
+/// Landlock and seccomp are present, or why the test cannot run.
+fn jail_available() -> Result<(), String> {
+    let actions = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
+        .map_err(|_| "this kernel has no seccomp filters".to_string())?;
+    if !actions.split_whitespace().any(|a| a == "trap") {
+        return Err("this kernel's seccomp has no trap action".into());
+    }
+    // SAFETY: the version query reads no memory.
+    let abi = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    if abi < 1 {
+        return Err("this kernel has no Landlock".into());
+    }
+    Ok(())
+}
+
+fn require(test: &str) -> bool {
+    match jail_available() {
+        Ok(()) => true,
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => panic!("{test}: required under CI but {why}"),
+        Err(why) => {
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
+struct Setup {
+    dir: TempDir,
+}
+
+impl Setup {
+    /// A read-only share, a writable share, and a "home" with an ssh key
+    /// that is shared with nobody.
+    fn new(name: &str) -> Setup {
+        let dir = TempDir::new(name);
+        for sub in ["share", "rw", "home/.ssh"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        std::fs::write(dir.path().join("share/file"), "shared\n").unwrap();
+        std::fs::write(dir.path().join("rw/file"), "writable\n").unwrap();
+        std::fs::write(dir.path().join("home/.ssh/id_ed25519"), "secret\n").unwrap();
+        let p = |s: &str| dir.path().join(s).display().to_string();
+        let config = serde_json::json!({
+            "kernel": "/nonexistent/vmlinux",
+            "init": stockade_bin(),
+            "vcpus": 1,
+            "memory_bytes": 256u64 << 20,
+            "kernel_log": p("kernel.log"),
+            "vsock_broker": p("broker.sock"),
+            "shares": [
+                { "guest_path": "/w", "host_path": p("share"), "writable": false },
+                { "guest_path": "/rw", "host_path": p("rw"), "writable": true },
+            ],
+            "disk": null,
+            "jail": true,
+            "verbose_kernel": false,
+        });
+        std::fs::write(dir.path().join("vmm.json"), config.to_string()).unwrap();
+        Setup { dir }
+    }
+
+    fn path(&self, sub: &str) -> String {
+        self.dir.path().join(sub).display().to_string()
+    }
+
+    fn probe(&self, probe: &str) -> Output {
+        let config = self.dir.path().join("vmm.json");
+        Command::new(stockade_bin())
+            .args(["vmm", "--config", &config.display().to_string(), "--jail-probe", probe])
+            .env_clear()
+            .output()
+            .expect("run stockade vmm")
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn assert_result(out: &Output, want: &str) {
+    assert_eq!(out.status.code(), Some(0), "{}", text(out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want, "{}", text(out));
+}
+
+#[test]
+fn files_outside_the_shares_cannot_be_opened() {
+    if !require("files_outside_the_shares_cannot_be_opened") {
+        return;
+    }
+    let s = Setup::new("jail-open");
+    assert_result(&s.probe(&format!("open:{}", s.path("share/file"))), "allowed");
+    assert_result(
+        &s.probe(&format!("open:{}", s.path("home/.ssh/id_ed25519"))),
+        "denied: Permission denied (os error 13)",
+    );
+    assert_result(&s.probe("open:/etc/passwd"), "denied: Permission denied (os error 13)");
+}
+
+#[test]
+fn read_only_shares_cannot_be_written_and_writable_ones_can() {
+    if !require("read_only_shares_cannot_be_written_and_writable_ones_can") {
+        return;
+    }
+    let s = Setup::new("jail-write");
+    assert_result(&s.probe(&format!("write:{}", s.path("share/file"))), "denied: Permission denied (os error 13)");
+    assert_result(&s.probe(&format!("write:{}", s.path("rw/file"))), "allowed");
+    assert_eq!(std::fs::read_to_string(Path::new(&s.path("share/file"))).unwrap(), "shared\n");
+}
+
+#[test]
+fn sockets_and_programs_stop_the_vmm() {
+    if !require("sockets_and_programs_stop_the_vmm") {
+        return;
+    }
+    let s = Setup::new("jail-sys");
+    for (probe, nr) in [("socket", libc::SYS_socket), ("exec:/bin/true", libc::SYS_execve)] {
+        let out = s.probe(probe);
+        assert_eq!(out.status.code(), Some(159), "{probe}: {}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("virtio-fs thread made system call {nr}, which its seccomp allowlist forbids")),
+            "{probe}: {}",
+            text(&out)
+        );
+        assert!(out.stdout.is_empty(), "{probe}: the operation returned: {}", text(&out));
+    }
+}
+
+#[test]
+fn no_descriptor_survives_an_exec() {
+    if !require("no_descriptor_survives_an_exec") {
+        return;
+    }
+    assert_result(&Setup::new("jail-fds").probe("fds"), "fds: all close-on-exec");
+}
