@@ -11,6 +11,7 @@ mod limits_e2e;
 mod network_e2e;
 mod policy_cli;
 mod rig_selftest;
+mod rootfs_e2e;
 mod run_e2e;
 mod run_input;
 mod terminal_e2e;

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod deadline;
+mod identity;
 mod network;
 mod outcome;
 mod root;
@@ -83,11 +84,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     }
 
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
-    let user = root::User {
-        uid: nix::unistd::getuid().as_raw(),
-        gid: nix::unistd::getgid().as_raw(),
-        home: std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/")),
-    };
+    let user = root::User::current();
     let workspace = root::find_workspace(&cwd, &user.home)?;
     let (mut shares, mut root_layout) = root::host_layout(&workspace, &user)?;
     for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {

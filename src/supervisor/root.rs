@@ -1,17 +1,67 @@
-//! The guest's view of the host in host mode: which host directories are
-//! shared read-only, where tmpfs goes, and where the workspace appears.
+//! The guest's view of the host in host mode, built from rootfs/host.toml:
+//! which host directories are shared read-only, where tmpfs goes, which
+//! files are generated or hidden, and where the workspace appears.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use serde::Deserialize;
 
+use super::identity;
 use crate::protocol::RootEntry;
 use crate::vmm::config::ShareConfig;
 
-/// Host directories the guest sees at the same paths, read-only: the user's
-/// toolchain runs as-is.
-const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc", "/opt"];
+/// The definition of the host-mode root (see the file for what each part is).
+const HOST_ROOT: &str = include_str!("../../rootfs/host.toml");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostRoot {
+    share: Vec<String>,
+    tmpfs: Vec<TmpfsDir>,
+    generate: Vec<Generated>,
+    hide: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TmpfsDir {
+    path: String,
+    /// Octal, as chmod takes it.
+    mode: String,
+    #[serde(default)]
+    owner: Owner,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Owner {
+    #[default]
+    Root,
+    User,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Generated {
+    path: String,
+    from: Generator,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Generator {
+    MachineId,
+    Hostname,
+    Hosts,
+    Passwd,
+    Group,
+}
+
+fn host_root() -> anyhow::Result<HostRoot> {
+    toml::from_str(HOST_ROOT).context("the built-in rootfs/host.toml is malformed (a bug in this build)")
+}
 /// Inside the virtio-fs filesystem, the workspace lives under this name.
 const WORKSPACE_SHARE: &str = "/workspace";
 /// The scratch disk as the guest sees it: the only virtio-blk device.
@@ -23,6 +73,34 @@ pub struct User {
     pub uid: u32,
     pub gid: u32,
     pub home: PathBuf,
+    pub name: String,
+    pub group: String,
+    pub shell: String,
+}
+
+impl User {
+    /// The user running stockade, as the host's account database has them.
+    pub fn current() -> User {
+        let uid = nix::unistd::getuid();
+        let gid = nix::unistd::getgid();
+        let account = nix::unistd::User::from_uid(uid).ok().flatten();
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .or_else(|| account.as_ref().map(|a| a.dir.clone()))
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let name = account
+            .as_ref()
+            .map(|a| a.name.clone())
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| format!("user{uid}"));
+        let shell = account
+            .as_ref()
+            .map(|a| a.shell.to_string_lossy().into_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "/bin/sh".into());
+        let group = nix::unistd::Group::from_gid(gid).ok().flatten().map(|g| g.name).unwrap_or_else(|| name.clone());
+        User { uid: uid.as_raw(), gid: gid.as_raw(), home, name, group, shell }
+    }
 }
 
 /// The workspace: the git root above `cwd`, or `cwd` itself.
@@ -42,9 +120,10 @@ pub fn find_workspace(cwd: &Path, home: &Path) -> anyhow::Result<PathBuf> {
 
 /// The virtio-fs shares and the ordered root layout for the guest.
 pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareConfig>, Vec<RootEntry>)> {
+    let spec = host_root()?;
     let mut shares = Vec::new();
     let mut root = Vec::new();
-    for dir in SYSTEM_DIRS {
+    for dir in &spec.share {
         let path = Path::new(dir);
         let Ok(meta) = fs::symlink_metadata(path) else { continue };
         if meta.file_type().is_symlink() {
@@ -56,16 +135,35 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
             root.push(RootEntry::Share { source: dir.to_string(), target: dir.to_string() });
         }
     }
-    let tmpfs =
-        |target: &str, mode: u32, uid: u32, gid: u32| RootEntry::Tmpfs { target: target.to_string(), mode, uid, gid };
-    root.push(tmpfs("/tmp", 0o1777, 0, 0));
-    root.push(tmpfs("/var/tmp", 0o1777, 0, 0));
-    root.push(tmpfs("/run", 0o755, 0, 0));
-    root.push(tmpfs("/home", 0o755, 0, 0));
-    // The user's home exists and is writable, but holds none of the host's files.
     let home = user.home.to_string_lossy().into_owned();
-    if !SYSTEM_DIRS.iter().any(|d| user.home.starts_with(d)) {
-        root.push(tmpfs(&home, 0o700, user.uid, user.gid));
+    for dir in &spec.tmpfs {
+        let target = if dir.path == "~" { home.clone() } else { dir.path.clone() };
+        if dir.path == "~" && spec.share.iter().any(|s| user.home.starts_with(s)) {
+            // A home inside a shared system directory (root's /root is not one).
+            continue;
+        }
+        let mode = u32::from_str_radix(&dir.mode, 8)
+            .with_context(|| format!("rootfs/host.toml: tmpfs {} has a bad mode {:?}", dir.path, dir.mode))?;
+        let (uid, gid) = if dir.owner == Owner::User { (user.uid, user.gid) } else { (0, 0) };
+        root.push(RootEntry::Tmpfs { target, mode, uid, gid });
+    }
+    for file in &spec.generate {
+        // Generated files cover the host's; where the host has none, the
+        // read-only share leaves nowhere to create one.
+        if !Path::new(&file.path).exists() {
+            continue;
+        }
+        let content = match file.from {
+            Generator::MachineId => identity::machine_id().context("cannot make a machine id")?,
+            Generator::Hostname => identity::hostname(),
+            Generator::Hosts => identity::hosts(),
+            Generator::Passwd => identity::passwd(user),
+            Generator::Group => identity::group(user),
+        };
+        root.push(RootEntry::File { target: file.path.clone(), content, mode: 0o644 });
+    }
+    for target in spec.hide.iter().flat_map(|pattern| expand(pattern)) {
+        root.push(RootEntry::File { target, content: String::new(), mode: 0 });
     }
     let ws = workspace.to_str().context("the workspace path is not valid UTF-8")?;
     shares.push(ShareConfig {
@@ -79,6 +177,39 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
         disk: SCRATCH_DISK.to_string(),
     });
     Ok((shares, root))
+}
+
+/// The existing files a `hide` pattern names: a path, or a directory and a
+/// file name with `*` wildcards. Unreadable directories hide nothing more
+/// (the jailed VMM could not read them either).
+fn expand(pattern: &str) -> Vec<String> {
+    let path = Path::new(pattern);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    if !name.contains('*') {
+        return if path.is_file() { vec![pattern.to_string()] } else { Vec::new() };
+    }
+    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let mut found: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| wildcard_match(name, n)))
+        .filter(|e| e.path().is_file())
+        .filter_map(|e| e.path().to_str().map(str::to_owned))
+        .collect();
+    found.sort();
+    found
+}
+
+/// `*` matches any run of characters, everything else itself.
+fn wildcard_match(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(tail) = name.strip_prefix(head) else { return false };
+            (0..=tail.len()).filter(|i| tail.is_char_boundary(*i)).any(|i| wildcard_match(rest, &tail[i..]))
+        }
+    }
 }
 
 /// Adds the policy's mounts of host directories at their own paths: "ro"
@@ -128,7 +259,48 @@ mod tests {
     use super::*;
 
     fn user() -> User {
-        User { uid: 1000, gid: 1000, home: PathBuf::from("/home/alice") }
+        User {
+            uid: 1000,
+            gid: 1000,
+            home: PathBuf::from("/home/alice"),
+            name: "alice".into(),
+            group: "alice".into(),
+            shell: "/bin/sh".into(),
+        }
+    }
+
+    #[test]
+    fn the_built_in_definition_parses() {
+        let spec = host_root().unwrap();
+        assert!(spec.share.contains(&"/usr".to_string()));
+        assert!(spec.tmpfs.iter().any(|t| t.path == "~" && t.owner == Owner::User));
+        assert!(spec.hide.iter().any(|h| h.starts_with("/etc/ssh/ssh_host_")));
+    }
+
+    #[test]
+    fn wildcards_match_within_a_name() {
+        assert!(wildcard_match("ssh_host_*", "ssh_host_ed25519_key"));
+        assert!(wildcard_match("ssh_host_*_key", "ssh_host_rsa_key"));
+        assert!(!wildcard_match("ssh_host_*_key", "ssh_host_rsa_key.pub"));
+        assert!(!wildcard_match("ssh_host_*", "ssh_config"));
+        assert!(wildcard_match("*", "anything"));
+        assert!(wildcard_match("exact", "exact") && !wildcard_match("exact", "exactly"));
+    }
+
+    #[test]
+    fn hide_patterns_expand_to_existing_files_only() {
+        let dir = std::env::temp_dir().join(format!("stockade-hide-{}", std::process::id()));
+        fs::create_dir_all(dir.join("sub")).unwrap();
+        for f in ["ssh_host_rsa_key", "ssh_host_rsa_key.pub", "ssh_config"] {
+            fs::write(dir.join(f), "x").unwrap();
+        }
+        let found = expand(&format!("{}/ssh_host_*", dir.display()));
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|f| f.contains("ssh_host_")));
+        assert!(expand(&format!("{}/missing", dir.display())).is_empty());
+        assert!(expand(&format!("{}/sub", dir.display())).is_empty(), "directories are not hidden");
+        assert!(expand("/nonexistent-dir/*").is_empty());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

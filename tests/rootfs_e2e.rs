@@ -1,0 +1,39 @@
+//! The guest's root in host mode (rootfs/host.toml): generated identity
+//! files cover the host's, and the host's secrets under shared directories
+//! are hidden.
+
+use crate::rig;
+use crate::run_e2e::{T, script};
+
+#[test]
+fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
+    let Some(rig) = rig::require("the_guest_has_its_own_identity_and_not_the_hosts_secrets") else { return };
+    let out = rig.sh(
+        &script(
+            r#"mkdir -p /etc/ssh && echo HOST-PRIVATE-KEY > /etc/ssh/ssh_host_test_key && touch /etc/ssh/ssh_config
+             $S run -- sh -c 'cat /etc/hostname; hostname
+                 echo "guest-id=$(cat /etc/machine-id)"
+                 echo "key=$(cat /etc/ssh/ssh_host_test_key 2>&1)"
+                 echo "shadow=$(cat /etc/shadow 2>&1 | head -c 40)"
+                 echo "me=$(id -un)"
+                 echo "accounts=$(cut -d: -f1 /etc/passwd | tr "\n" " ")"
+                 test -e /etc/ssh/ssh_config && echo "ssh-config=kept"'
+             echo "run=$?"
+             echo "host-id=$(cat /etc/machine-id)"
+             rm -f /etc/ssh/ssh_host_test_key"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.starts_with("stockade\nstockade\n"), "hostname file and kernel hostname\n{out}");
+    let field = |key: &str| out.stdout.split(key).nth(1).and_then(|s| s.lines().next()).unwrap_or("").to_string();
+    let (guest_id, host_id) = (field("guest-id="), field("host-id="));
+    assert_eq!(guest_id.len(), 32, "{out}");
+    assert_ne!(guest_id, host_id, "the guest must not carry the host's machine id\n{out}");
+    assert!(!out.stdout.contains("HOST-PRIVATE-KEY"), "an ssh host key reached the guest\n{out}");
+    assert!(!field("shadow=").contains("root:"), "/etc/shadow reached the guest\n{out}");
+    assert!(out.stdout.contains("ssh-config=kept"), "only the secrets are hidden\n{out}");
+    let me = field("me=");
+    let accounts = field("accounts=");
+    assert!(accounts.starts_with("root ") && accounts.contains("nobody") && accounts.contains(&me), "{out}");
+}
