@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub disk_bytes: u64,
     /// What happens to the guest's workspace changes after the command.
     pub apply: changes::review::ApplyMode,
+    /// Colour for the review on stderr.
+    pub color: changes::review::ColorChoice,
     /// What the guest may reach on the network, and the credentials the
     /// proxy adds on its behalf.
     pub policy: crate::policy::Policy,
@@ -157,7 +159,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             }
             match staged {
                 Some(Ok(_)) => {
-                    if let Err(e) = changes::review::after_run(&store, &workspace, &session.id, config.apply) {
+                    if let Err(e) =
+                        changes::review::after_run(&store, &workspace, &session.id, config.apply, config.color)
+                    {
                         eprintln!(
                             "stockade: error: {e:#}; the changes stay staged: see `stockade diff {}`",
                             session.id

@@ -118,6 +118,7 @@ pub fn after_run(
     workspace: &Path,
     session_id: &str,
     mode: ApplyMode,
+    color: ColorChoice,
 ) -> Result<ReviewOutcome, ReviewError> {
     let interactive = io::stdin().is_terminal() && io::stderr().is_terminal();
     let mut keys = match (interactive, mode) {
@@ -134,7 +135,7 @@ pub fn after_run(
     let mut console = Console {
         out: &mut stderr,
         answers: keys.as_mut().map(|k| k as &mut dyn Answers),
-        painter: Painter::new(ColorChoice::Auto.for_stderr()),
+        painter: Painter::new(color.for_stderr()),
         pager: if interactive { Pager::from_env(Target::Stderr) } else { Pager::Off },
     };
     review(store, workspace, session_id, mode, &mut console, &SummaryOptions::default())

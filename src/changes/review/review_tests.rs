@@ -223,7 +223,7 @@ fn review_demo() {
     write(&ws.join("README.md"), b"# Demo, edited on the host meanwhile\n");
     eprintln!("demo session {id} in {}", root.display());
     if std::env::var_os("STOCKADE_REVIEW_DEMO_ASK").is_some() {
-        let outcome = after_run(&store, &ws, id, ApplyMode::Ask).unwrap();
+        let outcome = after_run(&store, &ws, id, ApplyMode::Ask, ColorChoice::Auto).unwrap();
         eprintln!("{outcome:?}");
     }
 }
