@@ -6,6 +6,8 @@ mod util;
 mod changes_e2e;
 mod cli;
 mod doctor;
+mod help;
+mod man_pages;
 mod network_e2e;
 mod policy_cli;
 mod rig_selftest;

@@ -3,11 +3,13 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+mod completions;
 mod config;
 mod diff;
 mod discard;
 mod doctor;
 mod log;
+mod man;
 mod policy;
 mod run;
 mod sessions;
@@ -17,7 +19,7 @@ mod vmm;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::changes::review::ColorChoice;
 
@@ -62,6 +64,10 @@ enum Command {
     Policy(policy::PolicyArgs),
     Log(log::LogArgs),
     Config(config::ConfigArgs),
+    Completions(completions::CompletionsArgs),
+    /// Internal: write the manual pages (regenerates man/).
+    #[command(hide = true)]
+    Man(man::ManArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
     #[command(hide = true)]
     Vmm(vmm::VmmArgs),
@@ -89,6 +95,8 @@ pub fn main() -> ExitCode {
         Command::Policy(args) => policy::run(args),
         Command::Log(args) => log::run(args),
         Command::Config(args) => config::run(args, global),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => man::run(args),
         Command::Vmm(args) => vmm::run(args),
     };
     match result {
@@ -98,6 +106,12 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_STOCKADE_FAILED)
         }
     }
+}
+
+/// The whole command-line definition (completions and manual pages are
+/// generated from it).
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 fn init_logging(verbose: u8) {
