@@ -10,7 +10,8 @@ use clap::Args;
 use crate::changes::review::{
     Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report, write_hint,
 };
-use crate::changes::{ApplyOptions, RelPath, Selection, apply};
+use crate::changes::{ApplyOptions, RelPath, Selection, apply_with_progress};
+use crate::progress::Meter;
 
 use super::Global;
 use super::sessions::{self, Here};
@@ -59,7 +60,9 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     };
     let sensitive = sensitive_paths(&target.store, &target.workspace, &selection).unwrap_or_default();
     let implied = implied_dirs(&target.store)?;
-    let report = apply(&target.store, &target.workspace, &ApplyOptions { selection, force }).with_context(|| {
+    let mut meter = Meter::stderr("applying the changes", "writes");
+    let options = ApplyOptions { selection, force };
+    let report = apply_with_progress(&target.store, &target.workspace, &options, &mut meter).with_context(|| {
         format!("cannot apply the changes of session {} to {}", target.id, target.workspace.display())
     })?;
 

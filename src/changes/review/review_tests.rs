@@ -16,6 +16,7 @@ fn run(f: &Fx, mode: ApplyMode, script: Option<&str>) -> (ReviewOutcome, String)
         answers: lines.as_mut().map(|a| a as &mut dyn Answers),
         painter: Painter::plain(),
         pager: Pager::Off,
+        progress: &mut crate::progress::Silent,
     };
     let outcome = review(&f.store, &f.ws, ID, mode, &mut console, &options()).unwrap();
     (outcome, String::from_utf8(out).unwrap())
