@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+mod ci;
 mod completions;
 mod config;
 mod diff;

@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -10,8 +11,8 @@ use clap::Args;
 use crate::changes::review::ApplyMode;
 use crate::supervisor::{self, RunConfig};
 
-use super::Global;
 use super::settings::{Flags, Settings};
+use super::{Global, ci};
 
 /// Options shared by `run` and `shell`: the VM's size, the environment and
 /// the terminal. Where a flag is left out, the config file's setting or the
@@ -76,14 +77,27 @@ pub struct VmOptions {
 /// Run a command inside a fresh microVM
 ///
 /// The workspace (the git root of the current directory, or the directory
-/// itself) appears read-only at its own path; the host's system directories are shared read-only; $HOME, /tmp and
-/// /run are empty and writable. The exit status is the command's own; 125
-/// means stockade failed, 126 the command is not executable, 127 not found,
+/// itself) appears at its own path as a copy-on-write overlay: the
+/// command's changes are staged for review, never written directly. The
+/// host's system directories are shared read-only; $HOME, /tmp and /run are
+/// empty and writable. The exit status is the command's own; 125 means
+/// stockade failed, 126 the command is not executable, 127 not found,
 /// 128+n it was killed by signal n.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     vm: VmOptions,
+
+    /// For CI: never ask (changes stay staged unless --apply all) and print
+    /// a JSON summary of the run as the last line of stdout, or to
+    /// --summary FILE.
+    #[arg(long)]
+    ci: bool,
+
+    /// Write the JSON summary of the run to FILE (replaced atomically)
+    /// rather than stdout; also without --ci.
+    #[arg(long, value_name = "FILE")]
+    summary: Option<PathBuf>,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -91,6 +105,18 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let (report, summary_file) = (args.ci || args.summary.is_some(), args.summary.clone());
+    let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let result = prepare(args, global).and_then(supervisor::run);
+    if report {
+        ci::write(&ci::RunSummary::of(&command, &result, started.elapsed()), summary_file.as_deref())?;
+    }
+    Ok(ExitCode::from(result?.status))
+}
+
+/// The validated run: the command line over the config file.
+fn prepare(args: RunArgs, global: Global) -> anyhow::Result<RunConfig> {
     let argv = args
         .command
         .iter()
@@ -100,9 +126,13 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let settings = Settings::load()?.with_flags(Flags { color: global.color, ..Flags::default() })?;
-    let config =
+    let apply_flag = args.vm.apply;
+    let mut config =
         validate(args.vm, settings, argv, &[], global.verbose, |name| std::env::var_os(name), std::env::vars_os())?;
-    Ok(ExitCode::from(supervisor::run(config)?))
+    if args.ci {
+        config.apply = ci::apply_mode(apply_flag)?;
+    }
+    Ok(config)
 }
 
 /// Turns what the user typed into a RunConfig without touching the system.

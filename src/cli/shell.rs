@@ -32,5 +32,5 @@ pub fn run(args: ShellArgs, global: Global) -> anyhow::Result<ExitCode> {
         |name| std::env::var_os(name),
         std::env::vars_os(),
     )?;
-    Ok(ExitCode::from(supervisor::run(config)?))
+    Ok(ExitCode::from(supervisor::run(config)?.status))
 }

@@ -63,8 +63,20 @@ pub struct RunConfig {
     pub tty: Option<bool>,
 }
 
-/// Runs the command in a fresh VM and returns stockade's exit status.
-pub fn run(config: RunConfig) -> anyhow::Result<u8> {
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// stockade's exit status: the command's own, or 125 and the like.
+    pub status: u8,
+    pub session_id: String,
+    pub session_dir: PathBuf,
+    /// What went wrong when stockade or the VM failed, rather than the
+    /// command (whose own status may be 125 too).
+    pub failure: Option<String>,
+}
+
+/// Runs the command in a fresh VM and says how it ended.
+pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     signals::block()?;
     let dirs = Dirs::resolve()?;
     let kernel = check_host(&dirs, config.kernel.as_deref())?;
@@ -183,13 +195,19 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             (EXIT_STOCKADE, format!("stockade failed: {e:#}"))
         }
     };
+    let failure = match &result {
+        Ok(Conversation::Ended { report: ExitReport::SetupFailed { .. }, .. }) | Ok(Conversation::VmEnded) | Err(_) => {
+            Some(outcome_text.clone())
+        }
+        _ => None,
+    };
     record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
     record.status = Some(i32::from(status));
     record.outcome = Some(outcome_text);
     if let Err(e) = session.write_record(&record) {
         tracing::warn!("cannot update the run record: {e:#}");
     }
-    Ok(status)
+    Ok(Finished { status, session_id: session.id.clone(), session_dir: session.dir.clone(), failure })
 }
 
 /// Refuses early, with the fix, when this host cannot run the VM.
