@@ -5,6 +5,7 @@ mod util;
 
 mod changes_e2e;
 mod cli;
+mod config_cli;
 mod doctor;
 mod help;
 mod man_pages;

@@ -9,6 +9,7 @@ mod config;
 mod diff;
 mod discard;
 mod doctor;
+mod first_run;
 mod log;
 mod man;
 mod policy;

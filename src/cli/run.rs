@@ -12,7 +12,7 @@ use crate::changes::review::ApplyMode;
 use crate::supervisor::{self, RunConfig};
 
 use super::settings::{Flags, Settings};
-use super::{Global, ci};
+use super::{Global, ci, first_run};
 
 /// Options shared by `run` and `shell`: the VM's size, the environment and
 /// the terminal. Where a flag is left out, the config file's setting or the
@@ -131,6 +131,8 @@ fn prepare(args: RunArgs, global: Global) -> anyhow::Result<RunConfig> {
         validate(args.vm, settings, argv, &[], global.verbose, |name| std::env::var_os(name), std::env::vars_os())?;
     if args.ci {
         config.apply = ci::apply_mode(apply_flag)?;
+    } else {
+        first_run::show_once();
     }
     Ok(config)
 }

@@ -32,5 +32,6 @@ pub fn run(args: ShellArgs, global: Global) -> anyhow::Result<ExitCode> {
         |name| std::env::var_os(name),
         std::env::vars_os(),
     )?;
+    super::first_run::show_once();
     Ok(ExitCode::from(supervisor::run(config)?.status))
 }

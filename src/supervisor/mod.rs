@@ -32,6 +32,7 @@ use crate::protocol::{
 use crate::vmm::config::VmConfig;
 
 pub use outcome::EXIT_STOCKADE;
+pub use root::find_workspace;
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
 /// the software-CPU test rig needs the margin.
