@@ -10,6 +10,7 @@ mod doctor;
 mod help;
 mod man_pages;
 mod network_e2e;
+mod new_user_e2e;
 mod policy_cli;
 mod rig_selftest;
 mod run_e2e;
