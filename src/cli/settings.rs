@@ -62,10 +62,10 @@ pub enum SettingsError {
         path: PathBuf,
         line: usize,
         #[source]
-        source: PolicyError,
+        source: Box<PolicyError>,
     },
     #[error(transparent)]
-    PolicyFlags(PolicyError),
+    PolicyFlags(Box<PolicyError>),
 }
 
 /// Where an effective setting came from.
@@ -304,9 +304,9 @@ impl Settings {
     pub fn resolve_policy(&self, allows: &[String]) -> Result<Policy, SettingsError> {
         crate::policy::resolve(&self.policy.value, allows).map_err(|source| match (self.policy.source, &source) {
             (Source::File { line }, e) if !matches!(e, PolicyError::BadAllow { .. }) => {
-                SettingsError::Policy { path: self.path.clone(), line, source }
+                SettingsError::Policy { path: self.path.clone(), line, source: Box::new(source) }
             }
-            _ => SettingsError::PolicyFlags(source),
+            _ => SettingsError::PolicyFlags(Box::new(source)),
         })
     }
 }
@@ -399,7 +399,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
         return Err("is out of range".to_string());
     }
-    Ok(bytes as u64)
+    // In range (checked above); a fraction of a byte is dropped on purpose.
+    #[allow(clippy::cast_possible_truncation)]
+    let bytes = bytes as u64;
+    Ok(bytes)
 }
 
 #[cfg(test)]
