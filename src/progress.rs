@@ -67,7 +67,8 @@ impl Meter {
     }
 
     fn new_bar(&self) -> ProgressBar {
-        let bar = ProgressBar::with_draw_target(self.total, ProgressDrawTarget::stderr());
+        // Hidden until fully set up, so that no half-made frame is drawn.
+        let bar = ProgressBar::with_draw_target(self.total, ProgressDrawTarget::hidden());
         let template = if self.total.is_some() { BAR } else { COUNTER };
         // A template that does not parse only costs the bar its looks.
         if let Ok(style) = ProgressStyle::with_template(template) {
@@ -75,6 +76,7 @@ impl Meter {
         }
         bar.set_message(self.what);
         bar.set_prefix(self.unit);
+        bar.set_draw_target(ProgressDrawTarget::stderr());
         bar
     }
 
