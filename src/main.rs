@@ -11,6 +11,7 @@ mod host;
 mod jail;
 mod paths;
 mod policy;
+mod progress;
 mod protocol;
 mod proxy;
 mod supervisor;

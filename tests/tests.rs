@@ -5,10 +5,14 @@ mod util;
 
 mod changes_e2e;
 mod cli;
+mod config_cli;
 mod doctor;
+mod help;
 mod jail;
 mod limits_e2e;
+mod man_pages;
 mod network_e2e;
+mod new_user_e2e;
 mod policy_cli;
 mod rig_selftest;
 mod rootfs_e2e;

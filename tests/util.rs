@@ -42,3 +42,32 @@ pub fn stockade(data: &Path, args: &[&str]) -> Output {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// Set to 1 to rewrite the checked-in snapshots instead of comparing them.
+pub const UPDATE_SNAPSHOTS: &str = "UPDATE_SNAPSHOTS";
+
+pub fn updating_snapshots() -> bool {
+    std::env::var(UPDATE_SNAPSHOTS).is_ok_and(|v| v == "1")
+}
+
+/// The crate root, where checked-in snapshots live.
+pub fn crate_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A line diff of two texts: the lines they share at the start and end
+/// are left out, the rest shown as -expected / +actual.
+pub fn line_diff(expected: &str, actual: &str) -> String {
+    let old: Vec<&str> = expected.lines().collect();
+    let new: Vec<&str> = actual.lines().collect();
+    let head = old.iter().zip(&new).take_while(|(a, b)| a == b).count();
+    let tail = old[head..].iter().rev().zip(new[head..].iter().rev()).take_while(|(a, b)| a == b).count();
+    let mut out = format!("@@ line {} @@\n", head + 1);
+    for line in &old[head..old.len() - tail] {
+        out.push_str(&format!("-{line}\n"));
+    }
+    for line in &new[head..new.len() - tail] {
+        out.push_str(&format!("+{line}\n"));
+    }
+    out
+}

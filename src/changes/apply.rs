@@ -39,6 +39,7 @@ use super::path::{RelPath, escape};
 use super::selection::Selection;
 use super::snapshot::{Snapshot, StatKey};
 use super::store::{self, Store, StoredEntry};
+use crate::progress::{Progress, Silent};
 
 /// What to apply.
 #[derive(Debug, Clone, Default)]
@@ -159,7 +160,17 @@ pub fn check(store: &Store, workspace: &Path, options: &ApplyOptions) -> Result<
 
 /// Applies the selected staged changes to the workspace.
 pub fn apply(store: &Store, workspace: &Path, options: &ApplyOptions) -> Result<ApplyReport, ChangesError> {
-    apply_with_hook(store, workspace, options, &mut |_| {})
+    apply_with_hook(store, workspace, options, &mut |_| {}, &mut Silent)
+}
+
+/// [`apply`], reporting the operations written as it goes.
+pub fn apply_with_progress(
+    store: &Store,
+    workspace: &Path,
+    options: &ApplyOptions,
+    progress: &mut dyn Progress,
+) -> Result<ApplyReport, ChangesError> {
+    apply_with_hook(store, workspace, options, &mut |_| {}, progress)
 }
 
 /// Completes an interrupted apply, if the session has one.
@@ -175,6 +186,7 @@ pub(crate) fn apply_with_hook(
     workspace: &Path,
     options: &ApplyOptions,
     before_write: &mut dyn FnMut(&RelPath),
+    progress: &mut dyn Progress,
 ) -> Result<ApplyReport, ChangesError> {
     let _lock = store.lock()?;
     let recovered = recover_locked(store, workspace)?;
@@ -203,6 +215,7 @@ pub(crate) fn apply_with_hook(
     tracing::info!(operations = plan.ops.len(), journal = %journal::journal_path(store.dir()).display(), "applying changes");
     let mut run = Run::default();
     let started = Instant::now();
+    progress.start(Some(plan.ops.len() as u64));
     for (i, op) in plan.ops.iter().enumerate() {
         let check = match seen[i] {
             _ if op.forced => Check::Trusted,
@@ -212,9 +225,12 @@ pub(crate) fn apply_with_hook(
         let outcome = session.execute(&plan, i, check, &run, before_write);
         let ok = run.record(op, outcome, &mut report);
         journal.done(i, ok)?;
+        progress.set(i as u64 + 1);
     }
     tracing::debug!(ms = started.elapsed().as_millis(), "wrote the workspace");
-    session.finish(Some(journal), &mut report)?;
+    let finished = session.finish(Some(journal), &mut report);
+    progress.finish();
+    finished?;
     Ok(report)
 }
 

@@ -14,6 +14,7 @@ use crate::changes::snapshot::Snapshot;
 use crate::changes::store::SetState;
 use crate::changes::tree;
 use crate::changes::wire::{Limits, Writer};
+use crate::progress::Silent;
 
 fn p(s: &str) -> RelPath {
     RelPath::new(s.as_bytes()).unwrap()
@@ -338,7 +339,7 @@ fn a_symlink_swapped_in_between_check_and_write_is_not_followed() {
             }
             _ => {}
         };
-        let mut run = || apply_with_hook(&f.store, &f.ws, &all(), &mut hook).unwrap();
+        let mut run = || apply_with_hook(&f.store, &f.ws, &all(), &mut hook, &mut Silent).unwrap();
         let report = if fallback { without_openat2(&mut run) } else { run() };
 
         // Nothing outside changed: not through the parent, the target, or the tree.
@@ -476,10 +477,11 @@ fn an_interrupted_apply_is_completed_and_its_temps_removed() {
     // Interrupt before the 8th write (a panic stands in for the crash).
     let mut n = 0;
     let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        apply_with_hook(&f.store, &f.ws, &all(), &mut |_| {
+        let mut hook = |_: &RelPath| {
             n += 1;
             assert!(n < 8, "simulated crash");
-        })
+        };
+        apply_with_hook(&f.store, &f.ws, &all(), &mut hook, &mut Silent)
     }));
     assert!(crashed.is_err());
     let interrupted = journal::load(f.store.dir()).unwrap().expect("the journal stays");
@@ -504,7 +506,7 @@ fn an_interrupted_apply_belongs_to_its_workspace() {
     let f = fx();
     Set::new(&f.ws).file("a", b"x", 0o644).stage(&f.store);
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        apply_with_hook(&f.store, &f.ws, &all(), &mut |_| panic!("simulated crash"))
+        apply_with_hook(&f.store, &f.ws, &all(), &mut |_| panic!("simulated crash"), &mut Silent)
     }));
     assert!(matches!(recover(&f.store, &f.outside), Err(ChangesError::OtherWorkspace { .. })));
     assert!(recover(&f.store, &f.ws).unwrap().is_some());

@@ -41,7 +41,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-pub use apply::{ApplyOptions, ApplyReport, Conflict, Failure, Refusal, RefusalReason, apply, check, recover};
+pub use apply::{
+    ApplyOptions, ApplyReport, Conflict, Failure, Refusal, RefusalReason, apply, apply_with_progress, check, recover,
+};
 pub use conflict::ConflictReason;
 pub use model::{Base, Entry, EntryState, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget, TreeDigest};
 pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes};

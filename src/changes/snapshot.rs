@@ -13,6 +13,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::ops::Bound;
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::stat::FileStat;
 
@@ -82,11 +83,17 @@ pub struct Snapshot {
 impl Snapshot {
     /// Walks the workspace without following symlinks.
     pub fn capture(workspace: &Path) -> io::Result<Snapshot> {
+        Snapshot::capture_counting(workspace, &AtomicU64::new(0))
+    }
+
+    /// [`Snapshot::capture`], counting the paths seen in `seen` as it goes
+    /// (another thread may show how far it got).
+    pub fn capture_counting(workspace: &Path, seen: &AtomicU64) -> io::Result<Snapshot> {
         let root = File::open(workspace)?;
         let mut found = Vec::new();
         let mut unreadable = 0;
         let mut dir = nix::dir::Dir::from_fd(root.into())?;
-        walk(&mut dir, None, &mut found, &mut unreadable)?;
+        walk(&mut dir, None, &mut found, &mut unreadable, seen)?;
         found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(Snapshot { entries: found.into_iter().collect(), unreadable })
     }
@@ -244,6 +251,7 @@ fn walk(
     prefix: Option<&RelPath>,
     found: &mut Vec<(RelPath, StatKey)>,
     unreadable: &mut u64,
+    seen: &AtomicU64,
 ) -> io::Result<()> {
     for name in dirfd::list(dir)? {
         // Paths a change set cannot name (over-long) cannot conflict either.
@@ -251,9 +259,10 @@ fn walk(
         let Some(stat) = dirfd::stat_at(dir, &name)? else { continue };
         let key = StatKey::of(&stat);
         found.push((path.clone(), key));
+        seen.fetch_add(1, Ordering::Relaxed);
         if key.kind == FileType::Dir {
             match dirfd::open_dir(dir, &name) {
-                Ok(mut sub) => walk(&mut sub, Some(&path), found, unreadable)?,
+                Ok(mut sub) => walk(&mut sub, Some(&path), found, unreadable, seen)?,
                 Err(e) => {
                     tracing::warn!("workspace snapshot: cannot list {path}: {e}");
                     *unreadable += 1;

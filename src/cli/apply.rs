@@ -8,10 +8,12 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::changes::review::{
-    ColorChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report, write_hint,
+    Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report, write_hint,
 };
-use crate::changes::{ApplyOptions, RelPath, Selection, apply};
+use crate::changes::{ApplyOptions, RelPath, Selection, apply_with_progress};
+use crate::progress::Meter;
 
+use super::Global;
 use super::sessions::{self, Here};
 
 /// Apply a session's staged changes to its workspace
@@ -40,14 +42,10 @@ pub struct ApplyArgs {
     /// Repeatable. Symlinks on the host are never written through.
     #[arg(long, value_name = "PATH")]
     force: Vec<PathBuf>,
-
-    /// When to colour the output.
-    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
-    color: ColorChoice,
 }
 
-pub fn run(args: ApplyArgs) -> anyhow::Result<ExitCode> {
-    Here::with_process(|here| execute(args, here))
+pub fn run(args: ApplyArgs, global: Global) -> anyhow::Result<ExitCode> {
+    Here::with_process(global, |here| execute(args, here))
 }
 
 pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
@@ -62,11 +60,13 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     };
     let sensitive = sensitive_paths(&target.store, &target.workspace, &selection).unwrap_or_default();
     let implied = implied_dirs(&target.store)?;
-    let report = apply(&target.store, &target.workspace, &ApplyOptions { selection, force }).with_context(|| {
+    let mut meter = Meter::stderr("applying the changes", "writes");
+    let options = ApplyOptions { selection, force };
+    let report = apply_with_progress(&target.store, &target.workspace, &options, &mut meter).with_context(|| {
         format!("cannot apply the changes of session {} to {}", target.id, target.workspace.display())
     })?;
 
-    let painter = Painter::new(args.color.enabled(here.terminal));
+    let painter = Painter::new(here.color.enabled(here.terminal));
     let out = &mut *here.out;
     write_apply_report(out, painter, &report, &implied, &target.id, &target.workspace)?;
     let written: Vec<&(RelPath, &str)> = sensitive.iter().filter(|(path, _)| report.applied.contains(path)).collect();

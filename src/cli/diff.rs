@@ -9,9 +9,10 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::changes::review::{
-    ColorChoice, Format, Host, Pager, Painter, RenderOptions, Role, Summary, SummaryOptions, Target, View, plural,
+    Format, Host, Pager, Painter, RenderOptions, Role, Summary, SummaryOptions, Target, View, plural,
 };
 
+use super::Global;
 use super::sessions::{self, Here};
 
 /// Show a session's staged changes
@@ -49,14 +50,10 @@ pub struct DiffArgs {
     /// Changes inside .git/ are left out: git cannot apply them.
     #[arg(long)]
     patch: bool,
-
-    /// When to colour the output.
-    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
-    color: ColorChoice,
 }
 
-pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
-    Here::with_process(|here| execute(args, here))
+pub fn run(args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
+    Here::with_process(global, |here| execute(args, here))
 }
 
 pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
@@ -100,7 +97,7 @@ pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<Exi
         return Ok(ExitCode::SUCCESS);
     }
 
-    let painter = Painter::new(args.color.enabled(here.terminal));
+    let painter = Painter::new(here.color.enabled(here.terminal));
     let mut header = format!(
         "session {}: {} to {}",
         target.id,
@@ -139,6 +136,7 @@ fn quiet_pipe<T: Default>(result: io::Result<T>) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::review::ColorChoice;
     use crate::changes::review::testutil::{Set, write};
     use crate::cli::sessions::fixture::*;
 
@@ -169,7 +167,7 @@ mod tests {
         staged(&f);
         let (_, out, _) = run_in(&f, &f.ws.join("src"), parse::<DiffArgs>(&["--stat", "main.rs"]), execute);
         assert!(out.contains("src/main.rs") && !out.contains("notes.txt") && !out.contains("@@"), "{out}");
-        let (_, colored, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["--stat", "--color", "always"]), execute);
+        let (_, colored, _) = run_colored(&f, &f.ws, ColorChoice::Always, parse::<DiffArgs>(&["--stat"]), execute);
         assert!(colored.contains('\x1b'), "{colored}");
         let (_, json, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["--stat", "--json"]), execute);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -184,7 +182,7 @@ mod tests {
         let f = fixture();
         staged(&f);
         let (code, out, err) =
-            run_in(&f, &f.ws, parse::<DiffArgs>(&["20250301", "--patch", "--color=always"]), execute);
+            run_colored(&f, &f.ws, ColorChoice::Always, parse::<DiffArgs>(&["20250301", "--patch"]), execute);
         assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{err}");
         assert!(out.starts_with("diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n"), "{out}");
         assert!(!out.contains('\x1b') && !out.contains("session"), "{out}");

@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::changes::review::{change_counts, plural};
 
+use super::Global;
 use super::sessions::{self, Here};
 
 /// Drop a session's staged changes without applying them
@@ -28,8 +29,8 @@ pub struct DiscardArgs {
     paths: Vec<PathBuf>,
 }
 
-pub fn run(args: DiscardArgs) -> anyhow::Result<ExitCode> {
-    Here::with_process(|here| execute(args, here))
+pub fn run(args: DiscardArgs, global: Global) -> anyhow::Result<ExitCode> {
+    Here::with_process(global, |here| execute(args, here))
 }
 
 pub(super) fn execute(args: DiscardArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {

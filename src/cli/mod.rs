@@ -3,19 +3,27 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+mod ci;
+mod completions;
+mod config;
 mod diff;
 mod discard;
 mod doctor;
+mod first_run;
 mod log;
+mod man;
 mod policy;
 mod run;
 mod sessions;
+mod settings;
 mod shell;
 mod vmm;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+use crate::changes::review::ColorChoice;
 
 /// Exit status when stockade itself fails, as `docker run` and `env` do.
 pub const EXIT_STOCKADE_FAILED: u8 = 125;
@@ -30,8 +38,20 @@ struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
 
+    /// When to colour output; overrides `color` in the config file.
+    #[arg(long, global = true, value_enum, value_name = "WHEN")]
+    color: Option<ColorChoice>,
+
     #[command(subcommand)]
     command: Command,
+}
+
+/// The options every subcommand sees.
+#[derive(Debug, Clone, Copy)]
+pub struct Global {
+    pub verbose: u8,
+    /// `--color`, when given.
+    pub color: Option<ColorChoice>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -45,6 +65,11 @@ enum Command {
     Sessions(sessions::SessionsArgs),
     Policy(policy::PolicyArgs),
     Log(log::LogArgs),
+    Config(config::ConfigArgs),
+    Completions(completions::CompletionsArgs),
+    /// Internal: write the manual pages (regenerates man/).
+    #[command(hide = true)]
+    Man(man::ManArgs),
     /// Internal: the VMM process of one session, started by `stockade run`.
     #[command(hide = true)]
     Vmm(vmm::VmmArgs),
@@ -60,16 +85,20 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.verbose);
+    let global = Global { verbose: cli.verbose, color: cli.color };
     let result = match cli.command {
-        Command::Run(args) => run::run(args, cli.verbose),
-        Command::Shell(args) => shell::run(args, cli.verbose),
+        Command::Run(args) => run::run(args, global),
+        Command::Shell(args) => shell::run(args, global),
         Command::Doctor(args) => doctor::run(args),
-        Command::Diff(args) => diff::run(args),
-        Command::Apply(args) => apply::run(args),
-        Command::Discard(args) => discard::run(args),
-        Command::Sessions(args) => sessions::run(args),
+        Command::Diff(args) => diff::run(args, global),
+        Command::Apply(args) => apply::run(args, global),
+        Command::Discard(args) => discard::run(args, global),
+        Command::Sessions(args) => sessions::run(args, global),
         Command::Policy(args) => policy::run(args),
         Command::Log(args) => log::run(args),
+        Command::Config(args) => config::run(args, global),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => man::run(args),
         Command::Vmm(args) => vmm::run(args),
     };
     match result {
@@ -79,6 +108,12 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_STOCKADE_FAILED)
         }
     }
+}
+
+/// The whole command-line definition (completions and manual pages are
+/// generated from it).
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 fn init_logging(verbose: u8) {

@@ -3,46 +3,47 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::changes::review::ApplyMode;
 use crate::supervisor::{self, RunConfig};
-use crate::vmm::layout::MAX_VCPUS;
 
-/// Smallest guest memory that boots our kernel and a shell with room to work.
-const MIN_MEMORY: u64 = 128 << 20;
-/// Smallest scratch disk worth formatting: room for the filesystem's own
-/// metadata and a few changes.
-const MIN_DISK: u64 = 64 << 20;
+use super::settings::{Flags, Settings};
+use super::{Global, ci, first_run};
 
 /// Options shared by `run` and `shell`: the VM's size, the environment and
-/// the terminal.
+/// the terminal. Where a flag is left out, the config file's setting or the
+/// default applies (`stockade config show`).
 #[derive(Debug, Args)]
 pub struct VmOptions {
-    /// Virtual CPUs for the guest.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    cpus: u8,
+    /// Virtual CPUs for the guest [default: 2].
+    #[arg(long, value_name = "N")]
+    cpus: Option<u8>,
 
-    /// Guest memory, e.g. 512M or 2G (memory is only used as the guest touches it).
-    #[arg(long, default_value = "2G", value_name = "SIZE")]
-    memory: String,
+    /// Guest memory, e.g. 512M or 2G (memory is only used as the guest
+    /// touches it) [default: 2G].
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
 
     /// Room for the guest's changes to the workspace: the size of the sparse
-    /// scratch disk holding them (only what the guest writes takes space).
-    #[arg(long, default_value = "8G", value_name = "SIZE")]
-    disk: String,
+    /// scratch disk holding them (only what the guest writes takes space)
+    /// [default: 8G].
+    #[arg(long, value_name = "SIZE")]
+    disk: Option<String>,
 
     /// What to do with the command's changes to the workspace: ask (on a
     /// terminal; otherwise keep them staged), all (apply what does not
-    /// conflict), none (keep them staged for `stockade apply`).
-    #[arg(long, value_enum, default_value_t = ApplyMode::Ask, value_name = "MODE")]
-    apply: ApplyMode,
+    /// conflict), none (keep them staged for `stockade apply`) [default: ask].
+    #[arg(long, value_enum, value_name = "MODE")]
+    apply: Option<ApplyMode>,
 
     /// Network and credential policy: a preset (npm, cargo, pypi, github,
     /// claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
-    /// Repeat to merge; deny rules always win. Without one, nothing is allowed.
+    /// Repeat to merge; deny rules always win. Without one, the config
+    /// file's `policy` list; without that, nothing is allowed.
     #[arg(long = "policy", value_name = "NAME|PATH")]
     policies: Vec<String>,
 
@@ -93,21 +94,46 @@ pub struct VmOptions {
 /// Run a command inside a fresh microVM
 ///
 /// The workspace (the git root of the current directory, or the directory
-/// itself) appears read-only at its own path; the host's system directories are shared read-only; $HOME, /tmp and
-/// /run are empty and writable. The exit status is the command's own; 125
-/// means stockade failed, 126 the command is not executable, 127 not found,
+/// itself) appears at its own path as a copy-on-write overlay: the
+/// command's changes are staged for review, never written directly. The
+/// host's system directories are shared read-only; $HOME, /tmp and /run are
+/// empty and writable. The exit status is the command's own; 125 means
+/// stockade failed, 126 the command is not executable, 127 not found,
 /// 128+n it was killed by signal n.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     vm: VmOptions,
 
+    /// For CI: never ask (changes stay staged unless --apply all) and print
+    /// a JSON summary of the run as the last line of stdout, or to
+    /// --summary FILE.
+    #[arg(long)]
+    ci: bool,
+
+    /// Write the JSON summary of the run to FILE (replaced atomically)
+    /// rather than stdout; also without --ci.
+    #[arg(long, value_name = "FILE")]
+    summary: Option<PathBuf>,
+
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
-pub fn run(args: RunArgs, verbose: u8) -> anyhow::Result<ExitCode> {
+pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let (report, summary_file) = (args.ci || args.summary.is_some(), args.summary.clone());
+    let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let result = prepare(args, global).and_then(supervisor::run);
+    if report {
+        ci::write(&ci::RunSummary::of(&command, &result, started.elapsed()), summary_file.as_deref())?;
+    }
+    Ok(ExitCode::from(result?.status))
+}
+
+/// The validated run: the command line over the config file.
+fn prepare(args: RunArgs, global: Global) -> anyhow::Result<RunConfig> {
     let argv = args
         .command
         .iter()
@@ -116,31 +142,38 @@ pub fn run(args: RunArgs, verbose: u8) -> anyhow::Result<ExitCode> {
             a.to_str().map(str::to_owned).with_context(|| format!("command argument {} is not valid UTF-8", i + 1))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let config = validate(args.vm, argv, &[], verbose, |name| std::env::var_os(name), std::env::vars_os())?;
-    Ok(ExitCode::from(supervisor::run(config)?))
+    let settings = Settings::load()?.with_flags(Flags { color: global.color, ..Flags::default() })?;
+    let apply_flag = args.vm.apply;
+    let mut config =
+        validate(args.vm, settings, argv, &[], global.verbose, |name| std::env::var_os(name), std::env::vars_os())?;
+    if args.ci {
+        config.apply = ci::apply_mode(apply_flag)?;
+    } else {
+        first_run::show_once();
+    }
+    Ok(config)
 }
 
 /// Turns what the user typed into a RunConfig without touching the system.
-/// `extra_env` names host variables the subcommand itself passes (SHELL).
+/// `settings` are the config file's (flags override them); `extra_env`
+/// names host variables the subcommand itself passes (SHELL).
 pub fn validate(
     vm: VmOptions,
+    settings: Settings,
     argv: Vec<String>,
     extra_env: &[&str],
     verbose: u8,
     getenv: impl Fn(&str) -> Option<OsString>,
     all_env: impl Iterator<Item = (OsString, OsString)>,
 ) -> anyhow::Result<RunConfig> {
-    if vm.cpus == 0 || vm.cpus > MAX_VCPUS {
-        bail!("--cpus {} is out of range: give 1 to {MAX_VCPUS}", vm.cpus);
-    }
-    let memory_bytes = parse_size(&vm.memory).with_context(|| format!("--memory {}", vm.memory))?;
-    if memory_bytes < MIN_MEMORY {
-        bail!("--memory {} is too small: the guest needs at least 128M (e.g. --memory 512M)", vm.memory);
-    }
-    let disk_bytes = parse_size(&vm.disk).with_context(|| format!("--disk {}", vm.disk))?;
-    if disk_bytes < MIN_DISK {
-        bail!("--disk {} is too small: give at least 64M (e.g. --disk 1G)", vm.disk);
-    }
+    let settings = settings.with_flags(Flags {
+        policy: &vm.policies,
+        cpus: vm.cpus,
+        memory: vm.memory.as_deref(),
+        disk: vm.disk.as_deref(),
+        apply: vm.apply,
+        color: None,
+    })?;
     let timeout =
         vm.timeout.as_deref().map(|t| parse_duration(t).with_context(|| format!("--timeout {t}"))).transpose()?;
     if vm.pids == Some(0) {
@@ -149,17 +182,18 @@ pub fn validate(
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
-    let policy = crate::policy::resolve(&vm.policies, &vm.allows)?;
+    let policy = settings.resolve_policy(&vm.allows)?;
     let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
     requested.extend(policy.env_pass.iter().cloned());
     requested.extend(vm.env.iter().cloned());
     Ok(RunConfig {
         argv,
         env: guest_env(&requested, getenv, all_env)?,
-        cpus: vm.cpus,
-        memory_bytes,
-        disk_bytes,
-        apply: vm.apply,
+        cpus: settings.cpus.value,
+        memory_bytes: settings.memory.value.bytes,
+        disk_bytes: settings.disk.value.bytes,
+        apply: settings.apply.value,
+        color: settings.color.value,
         policy,
         timeout,
         pids: vm.pids,
@@ -231,28 +265,6 @@ fn check_var_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses sizes like 512M, 2G, 1.5G, 2GiB or a plain number of bytes.
-pub fn parse_size(text: &str) -> anyhow::Result<u64> {
-    let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 =
-        num.parse().map_err(|_| anyhow::anyhow!("not a size; use a number with a unit, like 512M or 2G"))?;
-    let mult: u64 = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        other => bail!("unknown size unit {other:?}; use K, M, G or T"),
-    };
-    let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        bail!("size out of range");
-    }
-    Ok(bytes as u64)
-}
-
 /// A duration as timeout(1) takes it: a number, optionally fractional,
 /// with s (the default), m, h or d.
 pub fn parse_duration(text: &str) -> anyhow::Result<std::time::Duration> {
@@ -292,21 +304,12 @@ mod tests {
     }
 
     fn check(extra: &[&str]) -> anyhow::Result<RunConfig> {
-        validate(args(extra), vec!["true".into()], &[], 0, |_| None, std::iter::empty())
+        let settings = Settings::defaults(PathBuf::from("/nonexistent/config.toml"));
+        validate(args(extra), settings, vec!["true".into()], &[], 0, |_| None, std::iter::empty())
     }
 
     fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
         move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
-    }
-
-    #[test]
-    fn parses_sizes() {
-        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("2X").is_err());
     }
 
     #[test]

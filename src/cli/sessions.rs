@@ -18,6 +18,8 @@ use crate::changes::{Counts, RelPath, Selection, SetState, Store};
 use crate::paths::Dirs;
 use crate::supervisor::session::{self, SessionInfo};
 
+use super::Global;
+
 /// List sessions: when, what ran, and what became of its changes
 ///
 /// Newest first. STATE is where the staged changes are: staged (awaiting
@@ -29,14 +31,10 @@ pub struct SessionsArgs {
     /// Print JSON (one array of objects) for scripts.
     #[arg(long)]
     json: bool,
-
-    /// When to colour the output.
-    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
-    color: ColorChoice,
 }
 
-pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
-    Here::with_process(|here| execute(args, here))
+pub fn run(args: SessionsArgs, global: Global) -> anyhow::Result<ExitCode> {
+    Here::with_process(global, |here| execute(args, here))
 }
 
 /// What a review command works with: the data directory, the current
@@ -48,17 +46,23 @@ pub struct Here<'a> {
     pub err: &'a mut dyn Write,
     /// Whether `out` is a terminal (colour, pager, table width).
     pub terminal: bool,
+    /// `--color` or the config file's `color`.
+    pub color: ColorChoice,
 }
 
 impl Here<'_> {
     /// The process's own: `Dirs`, the current directory, stdout and stderr.
-    pub fn with_process(f: impl FnOnce(&mut Here<'_>) -> anyhow::Result<ExitCode>) -> anyhow::Result<ExitCode> {
+    pub fn with_process(
+        global: Global,
+        f: impl FnOnce(&mut Here<'_>) -> anyhow::Result<ExitCode>,
+    ) -> anyhow::Result<ExitCode> {
+        let color = super::settings::color(global.color)?;
         let data = Dirs::resolve()?.data;
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
         let (stdout, stderr) = (io::stdout(), io::stderr());
         let (mut out, mut err) = (stdout.lock(), stderr.lock());
         let terminal = io::stdout().is_terminal();
-        f(&mut Here { data, cwd, out: &mut out, err: &mut err, terminal })
+        f(&mut Here { data, cwd, out: &mut out, err: &mut err, terminal, color })
     }
 }
 
@@ -80,7 +84,7 @@ pub(super) fn execute(args: SessionsArgs, here: &mut Here<'_>) -> anyhow::Result
     } else {
         120
     };
-    let painter = Painter::new(args.color.enabled(here.terminal));
+    let painter = Painter::new(here.color.enabled(here.terminal));
     write_table(here.out, &rows, width, painter)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -363,6 +367,7 @@ pub(super) mod fixture {
 
     use super::Here;
     use crate::changes::Store;
+    use crate::changes::review::ColorChoice;
     use crate::supervisor::session::{RunRecord, sessions_dir};
 
     pub struct Fixture {
@@ -415,9 +420,20 @@ pub(super) mod fixture {
         args: T,
         execute: impl FnOnce(T, &mut Here<'_>) -> anyhow::Result<std::process::ExitCode>,
     ) -> (anyhow::Result<std::process::ExitCode>, String, String) {
+        run_colored(f, cwd, ColorChoice::Auto, args, execute)
+    }
+
+    /// [`run_in`] as with `--color`.
+    pub fn run_colored<T>(
+        f: &Fixture,
+        cwd: &Path,
+        color: ColorChoice,
+        args: T,
+        execute: impl FnOnce(T, &mut Here<'_>) -> anyhow::Result<std::process::ExitCode>,
+    ) -> (anyhow::Result<std::process::ExitCode>, String, String) {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let mut here =
-            Here { data: f.data.clone(), cwd: cwd.to_path_buf(), out: &mut out, err: &mut err, terminal: false };
+            Here { data: f.data.clone(), cwd: cwd.to_path_buf(), out: &mut out, err: &mut err, terminal: false, color };
         let code = execute(args, &mut here);
         (code, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned())
     }

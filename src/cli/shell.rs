@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use super::Global;
 use super::run::{VmOptions, validate};
+use super::settings::{Flags, Settings};
 use crate::supervisor;
 
 /// Start your login shell in a fresh microVM
@@ -17,9 +19,19 @@ pub struct ShellArgs {
     vm: VmOptions,
 }
 
-pub fn run(args: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
+pub fn run(args: ShellArgs, global: Global) -> anyhow::Result<ExitCode> {
     let shell = std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/sh".into());
     let argv = vec![shell, "-l".to_string()];
-    let config = validate(args.vm, argv, &["SHELL"], verbose, |name| std::env::var_os(name), std::env::vars_os())?;
-    Ok(ExitCode::from(supervisor::run(config)?))
+    let settings = Settings::load()?.with_flags(Flags { color: global.color, ..Flags::default() })?;
+    let config = validate(
+        args.vm,
+        settings,
+        argv,
+        &["SHELL"],
+        global.verbose,
+        |name| std::env::var_os(name),
+        std::env::vars_os(),
+    )?;
+    super::first_run::show_once();
+    Ok(ExitCode::from(supervisor::run(config)?.status))
 }

@@ -200,7 +200,7 @@ pub fn is_var_name(name: &str) -> bool {
 }
 
 /// 1-based line and column (in characters) of a byte offset.
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;

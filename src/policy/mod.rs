@@ -22,7 +22,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
-pub use load::{is_path, load_file, parse, user_policy_dir};
+pub use load::{is_path, line_column, load_file, parse, user_policy_dir};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
 pub use schema::MountMode;
 pub use verdict::{Denial, Verdict};

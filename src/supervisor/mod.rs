@@ -34,6 +34,7 @@ use crate::protocol::{
 use crate::vmm::config::VmConfig;
 
 pub use outcome::EXIT_STOCKADE;
+pub use root::find_workspace;
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
 /// the software-CPU test rig needs the margin.
@@ -52,6 +53,8 @@ pub struct RunConfig {
     pub disk_bytes: u64,
     /// What happens to the guest's workspace changes after the command.
     pub apply: changes::review::ApplyMode,
+    /// Colour for the review on stderr.
+    pub color: changes::review::ColorChoice,
     /// What the guest may reach on the network, and the credentials the
     /// proxy adds on its behalf.
     pub policy: crate::policy::Policy,
@@ -69,8 +72,20 @@ pub struct RunConfig {
     pub tty: Option<bool>,
 }
 
-/// Runs the command in a fresh VM and returns stockade's exit status.
-pub fn run(config: RunConfig) -> anyhow::Result<u8> {
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// stockade's exit status: the command's own, or 125 and the like.
+    pub status: u8,
+    pub session_id: String,
+    pub session_dir: PathBuf,
+    /// What went wrong when stockade or the VM failed, rather than the
+    /// command (whose own status may be 125 too).
+    pub failure: Option<String>,
+}
+
+/// Runs the command in a fresh VM and says how it ended.
+pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     signals::block()?;
     let dirs = Dirs::resolve()?;
     let kernel = check_host(&dirs, config.kernel.as_deref())?;
@@ -182,7 +197,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             }
             match staged {
                 Some(Ok(_)) => {
-                    if let Err(e) = changes::review::after_run(&store, &workspace, &session.id, config.apply) {
+                    if let Err(e) =
+                        changes::review::after_run(&store, &workspace, &session.id, config.apply, config.color)
+                    {
                         eprintln!(
                             "stockade: error: {e:#}; the changes stay staged: see `stockade diff {}`",
                             session.id
@@ -204,6 +221,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
             (EXIT_STOCKADE, format!("stockade failed: {e:#}"))
         }
     };
+    let failure = match &result {
+        _ if expired.get() => None,
+        Ok(Conversation::Ended { report: ExitReport::SetupFailed { .. }, .. }) | Ok(Conversation::VmEnded) | Err(_) => {
+            Some(outcome_text.clone())
+        }
+        _ => None,
+    };
     let status = if expired.get() {
         let limit = config.timeout.map(deadline::describe).unwrap_or_default();
         eprintln!("stockade: stopped after --timeout {limit}; exit status 124");
@@ -217,7 +241,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
     if let Err(e) = session.write_record(&record) {
         tracing::warn!("cannot update the run record: {e:#}");
     }
-    Ok(status)
+    Ok(Finished { status, session_id: session.id.clone(), session_dir: session.dir.clone(), failure })
 }
 
 /// Refuses early, with the fix, when this host cannot run the VM.

@@ -36,11 +36,12 @@ use std::path::Path;
 use thiserror::Error;
 
 use super::ChangesError;
-use super::apply::{ApplyOptions, ApplyReport, apply};
+use super::apply::{ApplyOptions, ApplyReport, apply_with_progress};
 use super::model::{Base, EntryState, Kind};
 use super::path::RelPath;
 use super::selection::Selection;
 use super::store::{Counts, Store, StoredEntry};
+use crate::progress::{Meter, Progress};
 
 pub use diff::Format;
 pub use host::Host;
@@ -97,12 +98,14 @@ pub struct ReviewOutcome {
     pub not_applied: usize,
 }
 
-/// Where the review talks: output, answers (none: never ask), colour, pager.
+/// Where the review talks: output, answers (none: never ask), colour,
+/// pager, and the progress of a long apply.
 pub struct Console<'a> {
     pub out: &'a mut dyn Write,
     pub answers: Option<&'a mut dyn Answers>,
     pub painter: Painter,
     pub pager: Pager,
+    pub progress: &'a mut dyn Progress,
 }
 
 /// Summary lines listed after a run before only directories are shown.
@@ -118,6 +121,7 @@ pub fn after_run(
     workspace: &Path,
     session_id: &str,
     mode: ApplyMode,
+    color: ColorChoice,
 ) -> Result<ReviewOutcome, ReviewError> {
     let interactive = io::stdin().is_terminal() && io::stderr().is_terminal();
     let mut keys = match (interactive, mode) {
@@ -130,12 +134,14 @@ pub fn after_run(
         },
         _ => None,
     };
+    let mut meter = Meter::stderr("applying the changes", "writes");
     let mut stderr = io::stderr().lock();
     let mut console = Console {
         out: &mut stderr,
         answers: keys.as_mut().map(|k| k as &mut dyn Answers),
-        painter: Painter::new(ColorChoice::Auto.for_stderr()),
+        painter: Painter::new(color.for_stderr()),
         pager: if interactive { Pager::from_env(Target::Stderr) } else { Pager::Off },
+        progress: &mut meter,
     };
     review(store, workspace, session_id, mode, &mut console, &SummaryOptions::default())
 }
@@ -205,7 +211,8 @@ pub fn review(
         Choice::Paths(paths) => Selection::exact(paths),
     };
     let implied = implied_dirs(store)?;
-    let report = apply(store, workspace, &ApplyOptions { selection, force: Selection::none() })?;
+    let options = ApplyOptions { selection, force: Selection::none() };
+    let report = apply_with_progress(store, workspace, &options, console.progress)?;
     write_apply_report(console.out, p, &report, &implied, session_id, workspace)?;
     let left = change_counts(store)?.staged;
     if left > 0 {

@@ -16,6 +16,7 @@ fn run(f: &Fx, mode: ApplyMode, script: Option<&str>) -> (ReviewOutcome, String)
         answers: lines.as_mut().map(|a| a as &mut dyn Answers),
         painter: Painter::plain(),
         pager: Pager::Off,
+        progress: &mut crate::progress::Silent,
     };
     let outcome = review(&f.store, &f.ws, ID, mode, &mut console, &options()).unwrap();
     (outcome, String::from_utf8(out).unwrap())
@@ -223,7 +224,7 @@ fn review_demo() {
     write(&ws.join("README.md"), b"# Demo, edited on the host meanwhile\n");
     eprintln!("demo session {id} in {}", root.display());
     if std::env::var_os("STOCKADE_REVIEW_DEMO_ASK").is_some() {
-        let outcome = after_run(&store, &ws, id, ApplyMode::Ask).unwrap();
+        let outcome = after_run(&store, &ws, id, ApplyMode::Ask, ColorChoice::Auto).unwrap();
         eprintln!("{outcome:?}");
     }
 }

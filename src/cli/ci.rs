@@ -1,0 +1,361 @@
+//! `stockade run --ci`: never ask, and report the run as JSON for CI: how it
+//! ended, what it left staged, what it did on the network.
+//!
+//! The summary (schema_version 1) is one JSON object:
+//!
+//! ```json
+//! { "schema_version": 1, "status": "passed" | "failed" | "error",
+//!   "exit_code": 0, "command": ["make", "test"], "workspace": "/src/app",
+//!   "session": "20260301-101500-3fa2", "session_dir": "...", "started": "...",
+//!   "duration_ms": 4210, "error": null,
+//!   "changes": { "staged": 3, "applied": 0, "discarded": 0, "added": 2, "modified": 1,
+//!                "deleted": 0, "other": 0, "conflicts": 0, "runs_code": 0,
+//!                "lines_added": 40, "lines_removed": 2 },
+//!   "network": { "allowed": 12, "denied": 1, "failed": 0, "denied_hosts": ["example.com:443"] } }
+//! ```
+//!
+//! `status` is "passed" when the command exited 0, "failed" when it ended
+//! otherwise (its own status, 126/127 when it could not start, 128+n when
+//! killed), "error" when stockade itself failed (then `error` says why and
+//! `exit_code` is 125). New fields may be added within a version; a change
+//! of meaning bumps it.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use crate::changes::Store;
+use crate::changes::review::{ApplyMode, Summary, SummaryOptions, change_counts};
+use crate::proxy::audit::{self, Decision};
+use crate::supervisor::Finished;
+use crate::supervisor::session::RunRecord;
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// At most this many denied destinations are listed (the counts stay exact).
+const DENIED_HOSTS_LISTED: usize = 50;
+
+/// What `--apply` means under `--ci`: nothing is ever asked, and nothing is
+/// applied unless the flag says so (the config file's `apply` is for people
+/// at a terminal, not for CI runners).
+pub fn apply_mode(flag: Option<ApplyMode>) -> anyhow::Result<ApplyMode> {
+    match flag {
+        Some(ApplyMode::Ask) => bail!("--ci never asks: give --apply all or --apply none (the default with --ci)"),
+        Some(mode) => Ok(mode),
+        None => Ok(ApplyMode::None),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Passed,
+    Failed,
+    Error,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunSummary {
+    pub schema_version: u32,
+    pub status: Status,
+    pub exit_code: u8,
+    pub command: Vec<String>,
+    pub workspace: Option<String>,
+    pub session: Option<String>,
+    pub session_dir: Option<PathBuf>,
+    pub started: Option<String>,
+    pub duration_ms: u64,
+    pub error: Option<String>,
+    pub changes: ChangeCounts,
+    pub network: NetworkCounts,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ChangeCounts {
+    pub staged: usize,
+    pub applied: usize,
+    pub discarded: usize,
+    pub added: usize,
+    pub modified: usize,
+    pub deleted: usize,
+    /// Type, mode and directory-replacing changes.
+    pub other: usize,
+    pub conflicts: usize,
+    /// Staged files that run code by themselves (git hooks, CI files, ...).
+    pub runs_code: usize,
+    pub lines_added: u64,
+    pub lines_removed: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct NetworkCounts {
+    pub allowed: usize,
+    pub denied: usize,
+    /// Allowed, but the connection or lookup failed.
+    pub failed: usize,
+    /// Denied destinations (`host:port`, DNS names as `name:0`), sorted.
+    pub denied_hosts: Vec<String>,
+}
+
+impl RunSummary {
+    /// The summary of a run that ended as `result` after `duration`.
+    pub fn of(command: &[String], result: &anyhow::Result<Finished>, duration: Duration) -> RunSummary {
+        let mut summary = RunSummary {
+            schema_version: SCHEMA_VERSION,
+            status: Status::Error,
+            exit_code: crate::supervisor::EXIT_STOCKADE,
+            command: command.to_vec(),
+            workspace: None,
+            session: None,
+            session_dir: None,
+            started: None,
+            duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            error: None,
+            changes: ChangeCounts::default(),
+            network: NetworkCounts::default(),
+        };
+        let finished = match result {
+            Ok(finished) => finished,
+            Err(e) => {
+                summary.error = Some(format!("{e:#}"));
+                return summary;
+            }
+        };
+        summary.exit_code = finished.status;
+        summary.status = match (&finished.failure, finished.status) {
+            (Some(_), _) => Status::Error,
+            (None, 0) => Status::Passed,
+            (None, _) => Status::Failed,
+        };
+        summary.error = finished.failure.clone();
+        summary.session = Some(finished.session_id.clone());
+        summary.session_dir = Some(finished.session_dir.clone());
+        let record = read_record(&finished.session_dir);
+        if let Some(record) = &record {
+            summary.workspace = Some(record.workspace.clone());
+            summary.started = Some(record.started.clone());
+        }
+        if let Some(workspace) = record.map(|r| PathBuf::from(r.workspace)) {
+            match changes(&finished.session_dir, &workspace) {
+                Ok(counts) => summary.changes = counts,
+                Err(e) => eprintln!("stockade: warning: the summary has no change counts: {e:#}"),
+            }
+        }
+        match network(&finished.session_dir.join(crate::proxy::AUDIT_FILE)) {
+            Ok(counts) => summary.network = counts,
+            Err(e) => eprintln!("stockade: warning: the summary has no network counts: {e:#}"),
+        }
+        summary
+    }
+}
+
+fn read_record(session_dir: &Path) -> Option<RunRecord> {
+    let bytes = std::fs::read(session_dir.join("run.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn changes(session_dir: &Path, workspace: &Path) -> anyhow::Result<ChangeCounts> {
+    if !session_dir.join("changes").is_dir() {
+        return Ok(ChangeCounts::default());
+    }
+    let store = Store::open(session_dir)?;
+    if !store.is_staged() {
+        return Ok(ChangeCounts::default());
+    }
+    let counts = change_counts(&store)?;
+    let summary = Summary::build(&store, workspace, &SummaryOptions::default())?;
+    let tally = summary.tally;
+    Ok(ChangeCounts {
+        staged: counts.staged,
+        applied: counts.applied,
+        discarded: counts.discarded,
+        added: tally.added,
+        modified: tally.modified,
+        deleted: tally.deleted,
+        other: tally.other,
+        conflicts: summary.blocked().count(),
+        runs_code: summary.items.iter().filter(|i| !i.implied && i.danger.is_some()).count(),
+        lines_added: tally.lines.added,
+        lines_removed: tally.lines.removed,
+    })
+}
+
+fn network(log: &Path) -> anyhow::Result<NetworkCounts> {
+    if !log.exists() {
+        return Ok(NetworkCounts::default());
+    }
+    let (records, unreadable) = audit::read(log).with_context(|| format!("cannot read {}", log.display()))?;
+    if unreadable > 0 {
+        eprintln!("stockade: warning: {unreadable} lines of {} could not be read", log.display());
+    }
+    let mut counts = NetworkCounts::default();
+    let mut denied = std::collections::BTreeSet::new();
+    for record in &records {
+        match record.decision {
+            Decision::Allow => counts.allowed += 1,
+            Decision::Fail => counts.failed += 1,
+            Decision::Deny => {
+                counts.denied += 1;
+                denied.insert(format!("{}:{}", record.host, record.port));
+            }
+        }
+    }
+    counts.denied_hosts = denied.into_iter().take(DENIED_HOSTS_LISTED).collect();
+    Ok(counts)
+}
+
+/// Writes the summary to `path` (atomically: a temporary file beside it,
+/// renamed over it) or, without one, as the last line of stdout.
+pub fn write(summary: &RunSummary, path: Option<&Path>) -> anyhow::Result<()> {
+    let json = serde_json::to_string(summary).context("cannot encode the run summary")?;
+    let Some(path) = path else {
+        let mut out = std::io::stdout().lock();
+        // Broken pipes included: the command's output may have ended the reader.
+        let _ = writeln!(out, "{json}").and_then(|()| out.flush());
+        return Ok(());
+    };
+    let name = path.file_name().with_context(|| format!("--summary {}: give a file name", path.display()))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let written = File::create(&tmp)
+        .and_then(|mut file| {
+            file.write_all(json.as_bytes()).and_then(|()| file.write_all(b"\n")).and_then(|()| file.sync_all())
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("--summary {}: cannot write the run summary", path.display()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changes::review::testutil::{Set, write as write_file};
+    use crate::cli::sessions::fixture::{fixture, session};
+    use crate::supervisor::session::sessions_dir;
+
+    const ID: &str = "20250301-101500-aaaa";
+
+    fn finished(f: &crate::cli::sessions::fixture::Fixture, status: u8, failure: Option<&str>) -> Finished {
+        Finished {
+            status,
+            session_id: ID.into(),
+            session_dir: sessions_dir(&f.data).join(ID),
+            failure: failure.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn the_summary_keeps_its_schema() {
+        let f = fixture();
+        write_file(&f.ws.join("src/main.rs"), b"fn main() {}\n");
+        session(&f, ID, |ws, store| {
+            Set::new(ws)
+                .file("src/main.rs", b"fn main() { run() }\n", 0o644)
+                .file("notes.txt", b"new\n", 0o644)
+                .dir(".github", 0o755)
+                .dir(".github/workflows", 0o755)
+                .file(".github/workflows/ci.yml", b"on: push\n", 0o644)
+                .stage(store)
+        });
+        let log = sessions_dir(&f.data).join(ID).join(crate::proxy::AUDIT_FILE);
+        std::fs::write(
+            &log,
+            concat!(
+                r#"{"time":"2025-03-01T10:15:01.000Z","kind":"connect","host":"registry.npmjs.org","port":443,"decision":"allow"}"#,
+                "\n",
+                r#"{"time":"2025-03-01T10:15:02.000Z","kind":"connect","host":"evil.example","port":443,"decision":"deny"}"#,
+                "\n",
+                r#"{"time":"2025-03-01T10:15:03.000Z","kind":"dns","host":"evil.example","port":0,"decision":"deny"}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        let command = vec!["make".to_string(), "test".to_string()];
+        let summary = RunSummary::of(&command, &Ok(finished(&f, 2, None)), Duration::from_millis(1500));
+        let json: serde_json::Value = serde_json::to_value(&summary).unwrap();
+
+        let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "changes",
+                "command",
+                "duration_ms",
+                "error",
+                "exit_code",
+                "network",
+                "schema_version",
+                "session",
+                "session_dir",
+                "started",
+                "status",
+                "workspace"
+            ]
+        );
+        assert_eq!(json["schema_version"], 1);
+        assert_eq!(json["status"], "failed");
+        assert_eq!(json["exit_code"], 2);
+        assert_eq!(json["command"], serde_json::json!(["make", "test"]));
+        assert_eq!(json["session"], ID);
+        assert_eq!(json["started"], "2025-03-01T10:15:00Z");
+        assert_eq!(json["workspace"], f.ws.display().to_string());
+        assert_eq!(json["duration_ms"], 1500);
+        assert!(json["error"].is_null());
+        assert_eq!(
+            json["changes"],
+            serde_json::json!({
+                "staged": 3, "applied": 0, "discarded": 0, "added": 2, "modified": 1, "deleted": 0,
+                "other": 0, "conflicts": 0, "runs_code": 1, "lines_added": 3, "lines_removed": 1
+            })
+        );
+        assert_eq!(
+            json["network"],
+            serde_json::json!({
+                "allowed": 1, "denied": 2, "failed": 0, "denied_hosts": ["evil.example:0", "evil.example:443"]
+            })
+        );
+    }
+
+    #[test]
+    fn stockade_failures_are_errors_not_command_failures() {
+        let f = fixture();
+        session(&f, ID, |_, _| {});
+        let vm_died = RunSummary::of(&[], &Ok(finished(&f, 125, Some("the VM stopped"))), Duration::ZERO);
+        assert_eq!((vm_died.status, vm_died.error.as_deref()), (Status::Error, Some("the VM stopped")));
+        let own_125 = RunSummary::of(&[], &Ok(finished(&f, 125, None)), Duration::ZERO);
+        assert_eq!((own_125.status, own_125.changes.staged), (Status::Failed, 0));
+        assert_eq!(RunSummary::of(&[], &Ok(finished(&f, 0, None)), Duration::ZERO).status, Status::Passed);
+        let early = RunSummary::of(&[], &Err(anyhow::anyhow!("no /dev/kvm")), Duration::ZERO);
+        assert_eq!((early.status, early.exit_code, early.session), (Status::Error, 125, None));
+        assert_eq!(early.error.as_deref(), Some("no /dev/kvm"));
+    }
+
+    #[test]
+    fn ci_never_asks_and_keeps_changes_staged_by_default() {
+        assert_eq!(apply_mode(None).unwrap(), ApplyMode::None);
+        assert_eq!(apply_mode(Some(ApplyMode::All)).unwrap(), ApplyMode::All);
+        assert!(apply_mode(Some(ApplyMode::Ask)).unwrap_err().to_string().contains("--ci never asks"));
+    }
+
+    #[test]
+    fn the_summary_file_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("summary.json");
+        std::fs::write(&path, "old").unwrap();
+        let summary = RunSummary::of(&["true".into()], &Err(anyhow::anyhow!("x")), Duration::ZERO);
+        write(&summary, Some(&path)).unwrap();
+        let back: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back["status"], "error");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file is left");
+        let err = write(&summary, Some(&dir.path().join("missing/s.json"))).unwrap_err();
+        assert!(format!("{err:#}").contains("--summary"), "{err:#}");
+    }
+}

@@ -1,0 +1,519 @@
+//! The user's defaults for `run` and `shell`, from `config.toml` in
+//! stockade's config directory (`$XDG_CONFIG_HOME/stockade`, usually
+//! `~/.config/stockade`), with the flags over them: each effective setting,
+//! validated, and where it came from (`stockade config show`).
+//!
+//! The file is flat TOML:
+//!
+//! ```toml
+//! policy = ["npm", "github"]
+//! cpus = 4
+//! memory = "4G"
+//! disk = "16G"
+//! apply = "ask"     # ask | all | none
+//! color = "auto"    # auto | always | never
+//! ```
+//!
+//! Unknown keys and bad values are errors naming the file, line and key, so
+//! a typo never silently leaves a default in place.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use thiserror::Error;
+use toml::Spanned;
+
+use crate::changes::review::{ApplyMode, ColorChoice};
+use crate::policy::{Policy, PolicyError, line_column};
+use crate::vmm::layout::MAX_VCPUS;
+
+/// The config file's name in the config directory.
+pub const FILE_NAME: &str = "config.toml";
+
+/// Smallest guest memory that boots our kernel and a shell with room to work.
+const MIN_MEMORY: u64 = 128 << 20;
+/// Smallest scratch disk worth formatting: room for the filesystem's own
+/// metadata and a few changes.
+const MIN_DISK: u64 = 64 << 20;
+
+/// The keys the file may hold, in the order `config show` prints them.
+const KEYS: [&str; 6] = ["policy", "cpus", "memory", "disk", "apply", "color"];
+
+#[derive(Debug, Error)]
+pub enum SettingsError {
+    #[error("cannot find stockade's config directory: set HOME or XDG_CONFIG_HOME")]
+    NoConfigDir,
+    #[error("cannot read the config file {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Invalid { path: PathBuf, line: usize, column: usize, message: String },
+    /// A flag's value, named with the flag.
+    #[error("{0}")]
+    Flag(String),
+    /// The config file's policy list names a policy that cannot be used.
+    #[error("{}:{line}: policy", path.display())]
+    Policy {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: Box<PolicyError>,
+    },
+    #[error(transparent)]
+    PolicyFlags(Box<PolicyError>),
+}
+
+/// Where an effective setting came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    /// The config file, at this line.
+    File {
+        line: usize,
+    },
+    Flag(&'static str),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File { line } => write!(f, "config file, line {line}"),
+            Source::Flag(flag) => f.write_str(flag),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting<T> {
+    pub value: T,
+    pub source: Source,
+}
+
+impl<T> Setting<T> {
+    fn default(value: T) -> Setting<T> {
+        Setting { value, source: Source::Default }
+    }
+}
+
+/// A size as written (`2G`) and in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Size {
+    pub text: String,
+    pub bytes: u64,
+}
+
+/// The effective settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The config file, whether or not it exists.
+    pub path: PathBuf,
+    pub exists: bool,
+    /// `--policy` names or paths; empty means the `default` preset.
+    pub policy: Setting<Vec<String>>,
+    pub cpus: Setting<u8>,
+    pub memory: Setting<Size>,
+    pub disk: Setting<Size>,
+    pub apply: Setting<ApplyMode>,
+    pub color: Setting<ColorChoice>,
+}
+
+/// What the command line gave for the settings; `None` or empty keeps the
+/// config file's value or the default.
+#[derive(Debug, Default)]
+pub struct Flags<'a> {
+    pub policy: &'a [String],
+    pub cpus: Option<u8>,
+    pub memory: Option<&'a str>,
+    pub disk: Option<&'a str>,
+    pub apply: Option<ApplyMode>,
+    pub color: Option<ColorChoice>,
+}
+
+/// Where the config file is: `STOCKADE_CONFIG_DIR` (tests, packagers) or
+/// the XDG config directory.
+pub fn config_path() -> Result<PathBuf, SettingsError> {
+    if let Some(dir) = std::env::var_os("STOCKADE_CONFIG_DIR") {
+        return Ok(PathBuf::from(dir).join(FILE_NAME));
+    }
+    directories::ProjectDirs::from("", "", "stockade")
+        .map(|p| p.config_dir().join(FILE_NAME))
+        .ok_or(SettingsError::NoConfigDir)
+}
+
+/// The colour choice alone: the flag when given (the file is then not even
+/// read), else the config file's.
+pub fn color(flag: Option<ColorChoice>) -> Result<ColorChoice, SettingsError> {
+    match flag {
+        Some(choice) => Ok(choice),
+        None => Ok(Settings::load()?.color.value),
+    }
+}
+
+impl Settings {
+    /// Every setting at its default.
+    pub fn defaults(path: PathBuf) -> Settings {
+        let size = |text: &str| Size { text: text.to_string(), bytes: parse_size(text).unwrap_or(0) };
+        Settings {
+            path,
+            exists: false,
+            policy: Setting::default(Vec::new()),
+            cpus: Setting::default(2),
+            memory: Setting::default(size("2G")),
+            disk: Setting::default(size("8G")),
+            apply: Setting::default(ApplyMode::Ask),
+            color: Setting::default(ColorChoice::Auto),
+        }
+    }
+
+    /// Reads the user's config file; a missing file means every default.
+    pub fn load() -> Result<Settings, SettingsError> {
+        Settings::load_from(config_path()?)
+    }
+
+    pub fn load_from(path: PathBuf) -> Result<Settings, SettingsError> {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Settings::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Settings::defaults(path)),
+            Err(source) => Err(SettingsError::Read { path, source }),
+        }
+    }
+
+    /// Parses and validates the file's text; `path` names it in errors.
+    pub fn parse(text: &str, path: PathBuf) -> Result<Settings, SettingsError> {
+        let invalid = |span: Range<usize>, message: String| {
+            let (line, column) = line_column(text, span.start);
+            SettingsError::Invalid { path: path.clone(), line, column, message }
+        };
+        let table: BTreeMap<Spanned<String>, Spanned<toml::Value>> = toml::from_str(text).map_err(|err| {
+            invalid(err.span().unwrap_or(0..0), format!("{}; fix the TOML syntax", err.message().trim_end()))
+        })?;
+        let mut entries: Vec<(Range<usize>, &String, &Spanned<toml::Value>)> =
+            table.iter().map(|(key, value)| (key.span(), key.get_ref(), value)).collect();
+        // Report the first problem in the file, not the first in key order.
+        entries.sort_by_key(|(span, _, _)| span.start);
+
+        let mut settings = Settings::defaults(path.clone());
+        settings.exists = true;
+        for (key_span, key, value) in entries {
+            let line = line_column(text, key_span.start).0;
+            let source = Source::File { line };
+            let written = text.get(value.span()).unwrap_or("").trim();
+            let refuse = |refusal: Refusal| invalid(value.span(), refusal.in_file(key, written));
+            match (key.as_str(), value.get_ref()) {
+                ("policy", toml::Value::Array(items)) => {
+                    let mut names = Vec::with_capacity(items.len());
+                    for item in items {
+                        match item.as_str() {
+                            Some(name) if !name.trim().is_empty() => names.push(name.to_string()),
+                            _ => {
+                                return Err(refuse(Refusal::new(
+                                    "must list policy names or paths as strings",
+                                    Some("[\"npm\", \"github\"]"),
+                                )));
+                            }
+                        }
+                    }
+                    settings.policy = Setting { value: names, source };
+                }
+                ("policy", toml::Value::String(name)) => {
+                    return Err(invalid(
+                        value.span(),
+                        format!("policy = {written} must be a list, even of one: write policy = [{name:?}]"),
+                    ));
+                }
+                ("cpus", toml::Value::Integer(n)) => {
+                    settings.cpus = Setting { value: check_cpus(*n).map_err(refuse)?, source };
+                }
+                ("memory", toml::Value::String(text)) => {
+                    settings.memory = Setting { value: check_memory(text).map_err(refuse)?, source };
+                }
+                ("disk", toml::Value::String(text)) => {
+                    settings.disk = Setting { value: check_disk(text).map_err(refuse)?, source };
+                }
+                ("apply", toml::Value::String(text)) => {
+                    settings.apply = Setting { value: choice(text, "ask, all or none").map_err(refuse)?, source };
+                }
+                ("color", toml::Value::String(text)) => {
+                    settings.color = Setting { value: choice(text, "auto, always or never").map_err(refuse)?, source };
+                }
+                (known, _) if KEYS.contains(&known) => {
+                    return Err(refuse(Refusal::new(&format!("has the wrong type: {}", expected(known)), None)));
+                }
+                (unknown, _) => {
+                    return Err(invalid(
+                        key_span,
+                        format!(
+                            "unknown setting `{unknown}`: the settings are {}; remove it or correct its name",
+                            KEYS.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(settings)
+    }
+
+    /// The settings with the command line's values over them.
+    pub fn with_flags(mut self, flags: Flags<'_>) -> Result<Settings, SettingsError> {
+        if !flags.policy.is_empty() {
+            self.policy = Setting { value: flags.policy.to_vec(), source: Source::Flag("--policy") };
+        }
+        if let Some(n) = flags.cpus {
+            let cpus = check_cpus(i64::from(n)).map_err(|r| r.on_flag("--cpus", &n.to_string()))?;
+            self.cpus = Setting { value: cpus, source: Source::Flag("--cpus") };
+        }
+        if let Some(text) = flags.memory {
+            let memory = check_memory(text).map_err(|r| r.on_flag("--memory", text))?;
+            self.memory = Setting { value: memory, source: Source::Flag("--memory") };
+        }
+        if let Some(text) = flags.disk {
+            let disk = check_disk(text).map_err(|r| r.on_flag("--disk", text))?;
+            self.disk = Setting { value: disk, source: Source::Flag("--disk") };
+        }
+        if let Some(apply) = flags.apply {
+            self.apply = Setting { value: apply, source: Source::Flag("--apply") };
+        }
+        if let Some(color) = flags.color {
+            self.color = Setting { value: color, source: Source::Flag("--color") };
+        }
+        Ok(self)
+    }
+
+    /// Each setting as `key`, its value in TOML, and its source.
+    pub fn entries(&self) -> Vec<(&'static str, String, Source)> {
+        let quoted = |s: &str| format!("{s:?}");
+        let names: Vec<String> = self.policy.value.iter().map(|n| quoted(n)).collect();
+        vec![
+            ("policy", format!("[{}]", names.join(", ")), self.policy.source),
+            ("cpus", self.cpus.value.to_string(), self.cpus.source),
+            ("memory", quoted(&self.memory.value.text), self.memory.source),
+            ("disk", quoted(&self.disk.value.text), self.disk.source),
+            ("apply", quoted(&value_name(self.apply.value)), self.apply.source),
+            ("color", quoted(&value_name(self.color.value)), self.color.source),
+        ]
+    }
+
+    /// The policy `run` enforces: the effective policy list merged with
+    /// the `--allow` flags. Errors from the file's list name its line.
+    pub fn resolve_policy(&self, allows: &[String]) -> Result<Policy, SettingsError> {
+        crate::policy::resolve(&self.policy.value, allows).map_err(|source| match (self.policy.source, &source) {
+            (Source::File { line }, e) if !matches!(e, PolicyError::BadAllow { .. }) => {
+                SettingsError::Policy { path: self.path.clone(), line, source: Box::new(source) }
+            }
+            _ => SettingsError::PolicyFlags(Box::new(source)),
+        })
+    }
+}
+
+/// Why a value was refused, and a good one to show instead.
+#[derive(Debug)]
+struct Refusal {
+    why: String,
+    example: Option<&'static str>,
+}
+
+impl Refusal {
+    fn new(why: &str, example: Option<&'static str>) -> Refusal {
+        Refusal { why: why.to_string(), example }
+    }
+
+    /// `--memory 1K is too small: ... (e.g. --memory 512M)`.
+    fn on_flag(self, flag: &str, given: &str) -> SettingsError {
+        let example = self.example.map(|e| format!(" (e.g. {flag} {})", e.trim_matches('"'))).unwrap_or_default();
+        SettingsError::Flag(format!("{flag} {given} {}{example}", self.why))
+    }
+
+    /// `memory = "1K" is too small: ... (e.g. memory = "512M")`.
+    fn in_file(self, key: &str, written: &str) -> String {
+        let example = self.example.map(|e| format!(" (e.g. {key} = {e})")).unwrap_or_default();
+        format!("{key} = {written} {}{example}", self.why)
+    }
+}
+
+fn check_cpus(n: i64) -> Result<u8, Refusal> {
+    match u8::try_from(n) {
+        Ok(cpus) if (1..=MAX_VCPUS).contains(&cpus) => Ok(cpus),
+        _ => Err(Refusal { why: format!("is out of range: give 1 to {MAX_VCPUS}"), example: None }),
+    }
+}
+
+fn check_memory(text: &str) -> Result<Size, Refusal> {
+    check_size(text, MIN_MEMORY, "is too small: the guest needs at least 128M", "\"512M\"")
+}
+
+fn check_disk(text: &str) -> Result<Size, Refusal> {
+    check_size(text, MIN_DISK, "is too small: give at least 64M", "\"1G\"")
+}
+
+fn check_size(text: &str, min: u64, too_small: &str, example: &'static str) -> Result<Size, Refusal> {
+    let bytes = parse_size(text).map_err(|why| Refusal { why, example: Some(example) })?;
+    if bytes < min {
+        return Err(Refusal::new(too_small, Some(example)));
+    }
+    Ok(Size { text: text.trim().to_string(), bytes })
+}
+
+/// A value-enum setting by its name as on the command line.
+fn choice<T: clap::ValueEnum>(text: &str, allowed: &str) -> Result<T, Refusal> {
+    T::from_str(text, false).map_err(|_| Refusal { why: format!("is not one of {allowed}"), example: None })
+}
+
+/// The name a value-enum value has on the command line and in the file.
+fn value_name<T: clap::ValueEnum>(value: T) -> String {
+    value.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+}
+
+/// What a key takes, for a value of the wrong type.
+fn expected(key: &str) -> &'static str {
+    match key {
+        "policy" => "give a list of policy names or paths, e.g. policy = [\"npm\"]",
+        "cpus" => "give a number, e.g. cpus = 4",
+        "memory" => "give a size in quotes, e.g. memory = \"4G\"",
+        "disk" => "give a size in quotes, e.g. disk = \"16G\"",
+        "apply" => "give \"ask\", \"all\" or \"none\"",
+        _ => "give \"auto\", \"always\" or \"never\"",
+    }
+}
+
+/// Parses sizes like 512M, 2G, 1.5G, 2GiB or a plain number of bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| "is not a size: use a number with a unit".to_string())?;
+    let mult: u64 = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => return Err(format!("has the unknown unit {other:?}: use K, M, G or T")),
+    };
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err("is out of range".to_string());
+    }
+    // In range (checked above); a fraction of a byte is dropped on purpose.
+    #[allow(clippy::cast_possible_truncation)]
+    let bytes = bytes as u64;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Settings, SettingsError> {
+        Settings::parse(text, PathBuf::from("/home/u/.config/stockade/config.toml"))
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("2X").is_err());
+    }
+
+    #[test]
+    fn an_empty_file_is_all_defaults() {
+        let s = parse("").unwrap();
+        assert!(s.exists);
+        assert_eq!((s.cpus.value, s.memory.value.bytes, s.disk.value.bytes), (2, 2 << 30, 8 << 30));
+        assert_eq!(s.apply.value, ApplyMode::Ask);
+        assert!(s.policy.value.is_empty());
+        assert!(s.entries().iter().all(|(_, _, source)| *source == Source::Default));
+    }
+
+    #[test]
+    fn reads_every_key_with_its_line() {
+        let s = parse(
+            "# mine\npolicy = [\"npm\", \"./p.toml\"]\ncpus = 4\nmemory = \"4G\"\ndisk = \"16G\"\napply = \"none\"\ncolor = \"never\"\n",
+        )
+        .unwrap();
+        assert_eq!(s.policy.value, ["npm", "./p.toml"]);
+        assert_eq!(s.policy.source, Source::File { line: 2 });
+        assert_eq!(s.cpus, Setting { value: 4, source: Source::File { line: 3 } });
+        assert_eq!(s.memory.value, Size { text: "4G".into(), bytes: 4 << 30 });
+        assert_eq!(s.disk.value.bytes, 16 << 30);
+        assert_eq!(s.apply.value, ApplyMode::None);
+        assert_eq!(s.color.value, ColorChoice::Never);
+        assert_eq!(s.color.source, Source::File { line: 7 });
+    }
+
+    #[test]
+    fn unknown_keys_name_the_file_line_and_the_known_keys() {
+        let err = error("cpus = 2\ncpu = 4\n");
+        assert!(err.starts_with("/home/u/.config/stockade/config.toml:2:1: unknown setting `cpu`"), "{err}");
+        assert!(err.contains("policy, cpus, memory, disk, apply, color") && err.contains("remove it"), "{err}");
+        let err = error("[run]\ncpus = 2\n");
+        assert!(err.contains(":1:2: unknown setting `run`"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_line_the_key_and_a_fix() {
+        let err = error("\n\nmemory = \"1K\"\n");
+        assert!(
+            err.ends_with(
+                ":3:10: memory = \"1K\" is too small: the guest needs at least 128M (e.g. memory = \"512M\")"
+            ),
+            "{err}"
+        );
+        let err = error("cpus = 99\n");
+        assert!(err.ends_with(":1:8: cpus = 99 is out of range: give 1 to 32"), "{err}");
+        let err = error("cpus = \"4\"\n");
+        assert!(err.contains("cpus = \"4\" has the wrong type: give a number, e.g. cpus = 4"), "{err}");
+        let err = error("apply = \"always\"\n");
+        assert!(err.contains("apply = \"always\" is not one of ask, all or none"), "{err}");
+        let err = error("policy = \"npm\"\n");
+        assert!(err.contains("must be a list, even of one: write policy = [\"npm\"]"), "{err}");
+        let err = error("disk = \"2X\"\n");
+        assert!(
+            err.contains("disk = \"2X\" has the unknown unit \"X\": use K, M, G or T (e.g. disk = \"1G\")"),
+            "{err}"
+        );
+        let err = error("cpus = \n");
+        assert!(
+            err.starts_with("/home/u/.config/stockade/config.toml:1:") && err.contains("fix the TOML syntax"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file_and_are_checked_as_flags() {
+        let file = parse("cpus = 4\nmemory = \"4G\"\npolicy = [\"npm\"]\n").unwrap();
+        let policy = vec!["cargo".to_string()];
+        let s = file
+            .clone()
+            .with_flags(Flags { cpus: Some(8), policy: &policy, color: Some(ColorChoice::Always), ..Flags::default() })
+            .unwrap();
+        assert_eq!(s.cpus, Setting { value: 8, source: Source::Flag("--cpus") });
+        assert_eq!(s.policy.value, ["cargo"]);
+        assert_eq!(s.memory.source, Source::File { line: 2 }, "what no flag names stays the file's");
+        assert_eq!(s.color.value, ColorChoice::Always);
+        let err = file.clone().with_flags(Flags { memory: Some("0"), ..Flags::default() }).unwrap_err();
+        assert_eq!(err.to_string(), "--memory 0 is too small: the guest needs at least 128M (e.g. --memory 512M)");
+        let err = file.with_flags(Flags { cpus: Some(0), ..Flags::default() }).unwrap_err();
+        assert_eq!(err.to_string(), "--cpus 0 is out of range: give 1 to 32");
+    }
+
+    #[test]
+    fn a_missing_file_is_all_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Settings::load_from(dir.path().join(FILE_NAME)).unwrap();
+        assert!(!s.exists);
+        assert_eq!(s, Settings::defaults(dir.path().join(FILE_NAME)));
+    }
+}
