@@ -37,8 +37,9 @@ command -v apt-get >/dev/null || die "this installer needs apt (Debian or Ubuntu
 
 # Build dependencies: the kernel build's, and the Debian kernel source;
 # at run time mkfs.ext4 (e2fsprogs) formats the scratch disk and the proxy
-# checks servers against the system CA store.
-packages=(build-essential bc flex bison libelf-dev libssl-dev cpio xz-utils linux-source-6.12 e2fsprogs ca-certificates)
+# checks servers against the system CA store; mmdebstrap and genext2fs
+# build root images for `run --image` (uidmap lets them run without root).
+packages=(build-essential bc flex bison libelf-dev libssl-dev cpio xz-utils linux-source-6.12 e2fsprogs ca-certificates mmdebstrap genext2fs uidmap)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -8,6 +8,7 @@ mod cli;
 mod doctor;
 mod guest;
 mod host;
+mod image;
 mod jail;
 mod paths;
 mod policy;

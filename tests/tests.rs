@@ -8,6 +8,7 @@ mod cli;
 mod config_cli;
 mod doctor;
 mod help;
+mod image_e2e;
 mod jail;
 mod limits_e2e;
 mod man_pages;

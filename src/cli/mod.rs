@@ -10,6 +10,7 @@ mod diff;
 mod discard;
 mod doctor;
 mod first_run;
+mod image;
 mod log;
 mod man;
 mod policy;
@@ -66,6 +67,7 @@ enum Command {
     Policy(policy::PolicyArgs),
     Log(log::LogArgs),
     Config(config::ConfigArgs),
+    Image(image::ImageArgs),
     Completions(completions::CompletionsArgs),
     /// Internal: write the manual pages (regenerates man/).
     #[command(hide = true)]
@@ -97,6 +99,7 @@ pub fn main() -> ExitCode {
         Command::Policy(args) => policy::run(args),
         Command::Log(args) => log::run(args),
         Command::Config(args) => config::run(args, global),
+        Command::Image(args) => image::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::Vmm(args) => vmm::run(args),

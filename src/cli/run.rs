@@ -82,6 +82,12 @@ pub struct VmOptions {
     #[arg(long)]
     no_jail: bool,
 
+    /// Run on a root filesystem image (`stockade image build NAME` first)
+    /// instead of this host's /usr, /etc and friends: the same tools every
+    /// time, on any host. The workspace is shared as usual.
+    #[arg(long, value_name = "NAME")]
+    image: Option<String>,
+
     /// Boot this guest kernel (a PVH vmlinux) instead of the installed one.
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -198,6 +204,7 @@ pub fn validate(
         timeout,
         pids: vm.pids,
         jail: !vm.no_jail,
+        image: vm.image,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,

@@ -172,6 +172,7 @@ impl Settings {
     }
 
     /// Reads the user's config file; a missing file means every default.
+    /// (See `load_from` for a file we may not even look for.)
     pub fn load() -> Result<Settings, SettingsError> {
         Settings::load_from(config_path()?)
     }
@@ -180,6 +181,14 @@ impl Settings {
         match std::fs::read_to_string(&path) {
             Ok(text) => Settings::parse(&text, path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Settings::defaults(path)),
+            // A directory on the way we may not enter (HOME left pointing at
+            // another user's home, as under sudo -u or setpriv): that is not
+            // our config, so there is none. An unreadable file of ours is
+            // still an error.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && !parent_searchable(&path) => {
+                tracing::debug!("cannot look into the directory of {}: no config file", path.display());
+                Ok(Settings::defaults(path))
+            }
             Err(source) => Err(SettingsError::Read { path, source }),
         }
     }
@@ -403,6 +412,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     #[allow(clippy::cast_possible_truncation)]
     let bytes = bytes as u64;
     Ok(bytes)
+}
+
+/// Whether we may look up names in the directory holding `path`.
+fn parent_searchable(path: &std::path::Path) -> bool {
+    path.parent().is_some_and(|dir| nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_ok())
 }
 
 #[cfg(test)]

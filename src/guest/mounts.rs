@@ -99,6 +99,7 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
             }
             RootEntry::ShareScratch { source, target } => scratch_overlay(source, target)?,
             RootEntry::Overlay { source, target, disk } => layers = Some(overlay(source, target, disk)?),
+            RootEntry::Image { disk } => image_root(disk)?,
             RootEntry::File { target, content, mode } => place_file(target, content, *mode)?,
             RootEntry::Symlink { link, target } => {
                 symlink(target, link).with_context(|| format!("cannot link {link} to {target}"))?
@@ -113,6 +114,48 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
         }
     }
     Ok(layers)
+}
+
+/// Where image mode mounts the image, its tmpfs upper layer, and the merge.
+const IMAGE_LOWER: &str = "/.stockade/image";
+const IMAGE_UPPER: &str = "/.stockade/image-upper";
+const IMAGE_ROOT: &str = "/.stockade/image-root";
+/// Top-level names of an image that the init's own root provides instead.
+const IMAGE_SKIP: &[&str] = &["dev", "proc", "sys", "tmp", "run", "home", "lost+found"];
+
+/// The image on `disk` as the system: mounted read-only, merged with a tmpfs
+/// upper layer (so /etc can take generated files), and each top-level
+/// directory bound at the root, links recreated.
+fn image_root(disk: &str) -> anyhow::Result<()> {
+    create_mount_point(IMAGE_LOWER)?;
+    mount(Some(disk), IMAGE_LOWER, Some("ext4"), MsFlags::MS_RDONLY | MsFlags::MS_NODEV, None::<&str>)
+        .with_context(|| format!("cannot mount the root image {disk}"))?;
+    mount_fs("tmpfs", IMAGE_UPPER, "tmpfs", MsFlags::MS_NODEV, Some("mode=0755"))?;
+    let (upper, work) = (Path::new(IMAGE_UPPER).join("upper"), Path::new(IMAGE_UPPER).join("work"));
+    fs::create_dir(&upper)?;
+    fs::create_dir(&work)?;
+    let options = format!("lowerdir={IMAGE_LOWER},upperdir={},workdir={}", upper.display(), work.display());
+    mount_fs("overlay", IMAGE_ROOT, "overlay", MsFlags::MS_NODEV, Some(&options))?;
+    let entries = fs::read_dir(IMAGE_ROOT).with_context(|| format!("cannot list the root image {disk}"))?;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if IMAGE_SKIP.contains(&name) {
+            continue;
+        }
+        let target = format!("/{name}");
+        let kind = entry.file_type()?;
+        if kind.is_symlink() {
+            let link = fs::read_link(entry.path())?;
+            symlink(&link, &target).with_context(|| format!("cannot link {target} to {}", link.display()))?;
+        } else if kind.is_dir() {
+            create_mount_point(&target)?;
+            mount(Some(&entry.path()), target.as_str(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+                .with_context(|| format!("cannot place the image's {target}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The read-only share `source` at `target`, writable in the guest through

@@ -33,6 +33,10 @@ pub const DNS_PORT: u32 = 1028;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RootEntry {
+    /// Image mode's system: the ext2/ext4 image on the read-only `disk`,
+    /// under a throwaway tmpfs upper layer, with its top-level directories
+    /// and links placed at the root. Comes first.
+    Image { disk: String },
     /// Bind `source` (a path inside the virtio-fs share) read-only at `target`.
     Share { source: String, target: String },
     /// Bind `source`, a path inside the writable virtio-fs share, at

@@ -64,6 +64,8 @@ pub struct RunConfig {
     pub pids: Option<u32>,
     /// Jail the VMM (Landlock, seccomp); false with --no-jail.
     pub jail: bool,
+    /// The root image to run on (`--image`), or the host's own system.
+    pub image: Option<String>,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
@@ -101,7 +103,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let user = root::User::current();
     let workspace = root::find_workspace(&cwd, &user.home)?;
-    let (mut shares, mut root_layout) = root::host_layout(&workspace, &user)?;
+    let image = config.image.as_deref().map(|name| crate::image::find(&dirs.cache, name)).transpose()?;
+    let system = if image.is_some() { root::System::Image } else { root::System::Host };
+    let (mut shares, mut root_layout) = root::layout(&workspace, &user, system)?;
     for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {
         eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
     }
@@ -137,6 +141,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         vsock_broker: session.dir.join("broker.sock"),
         shares,
         disk: Some(disk.clone()),
+        image: image.map(|i| i.path),
         jail: config.jail,
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),

@@ -64,8 +64,19 @@ fn host_root() -> anyhow::Result<HostRoot> {
 }
 /// Inside the virtio-fs filesystem, the workspace lives under this name.
 const WORKSPACE_SHARE: &str = "/workspace";
-/// The scratch disk as the guest sees it: the only virtio-blk device.
+/// The scratch disk as the guest sees it: the first virtio-blk device.
 const SCRATCH_DISK: &str = "/dev/vda";
+/// The root image in image mode: the second.
+const IMAGE_DISK: &str = "/dev/vdb";
+
+/// Where the guest's system comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum System {
+    /// This host's own directories, shared read-only.
+    Host,
+    /// A root image (`run --image`), read-only under a writable overlay.
+    Image,
+}
 
 /// Who runs the command in the guest.
 #[derive(Debug, Clone)]
@@ -119,11 +130,17 @@ pub fn find_workspace(cwd: &Path, home: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// The virtio-fs shares and the ordered root layout for the guest.
-pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareConfig>, Vec<RootEntry>)> {
+/// The shares and root layout for `system`: in image mode nothing of the
+/// host is shared but the workspace (and the policy's mounts, added later).
+pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<(Vec<ShareConfig>, Vec<RootEntry>)> {
     let spec = host_root()?;
     let mut shares = Vec::new();
     let mut root = Vec::new();
-    for dir in &spec.share {
+    if system == System::Image {
+        root.push(RootEntry::Image { disk: IMAGE_DISK.to_string() });
+    }
+    let host_dirs: &[String] = if system == System::Host { &spec.share } else { &[] };
+    for dir in host_dirs {
         let path = Path::new(dir);
         let Ok(meta) = fs::symlink_metadata(path) else { continue };
         if meta.file_type().is_symlink() {
@@ -138,7 +155,7 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
     let home = user.home.to_string_lossy().into_owned();
     for dir in &spec.tmpfs {
         let target = if dir.path == "~" { home.clone() } else { dir.path.clone() };
-        if dir.path == "~" && spec.share.iter().any(|s| user.home.starts_with(s)) {
+        if dir.path == "~" && host_dirs.iter().any(|s| user.home.starts_with(s)) {
             // A home inside a shared system directory (root's /root is not one).
             continue;
         }
@@ -149,8 +166,9 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
     }
     for file in &spec.generate {
         // Generated files cover the host's; where the host has none, the
-        // read-only share leaves nowhere to create one.
-        if !Path::new(&file.path).exists() {
+        // read-only share leaves nowhere to create one. An image's /etc is
+        // writable.
+        if system == System::Host && !Path::new(&file.path).exists() {
             continue;
         }
         let content = match file.from {
@@ -162,7 +180,8 @@ pub fn host_layout(workspace: &Path, user: &User) -> anyhow::Result<(Vec<ShareCo
         };
         root.push(RootEntry::File { target: file.path.clone(), content, mode: 0o644 });
     }
-    for target in spec.hide.iter().flat_map(|pattern| expand(pattern)) {
+    let hidden: &[String] = if system == System::Host { &spec.hide } else { &[] };
+    for target in hidden.iter().flat_map(|pattern| expand(pattern)) {
         root.push(RootEntry::File { target, content: String::new(), mode: 0 });
     }
     let ws = workspace.to_str().context("the workspace path is not valid UTF-8")?;
@@ -278,6 +297,16 @@ mod tests {
     }
 
     #[test]
+    fn image_mode_shares_only_the_workspace() {
+        let (shares, root) = layout(Path::new("/home/alice/proj"), &user(), System::Image).unwrap();
+        assert_eq!(shares.len(), 1, "{shares:?}");
+        assert_eq!(shares[0].guest_path, "/workspace");
+        assert_eq!(root[0], RootEntry::Image { disk: "/dev/vdb".into() });
+        assert!(root.iter().any(|e| matches!(e, RootEntry::File { target, .. } if target == "/etc/passwd")));
+        assert!(matches!(root.last(), Some(RootEntry::Overlay { .. })));
+    }
+
+    #[test]
     fn wildcards_match_within_a_name() {
         assert!(wildcard_match("ssh_host_*", "ssh_host_ed25519_key"));
         assert!(wildcard_match("ssh_host_*_key", "ssh_host_rsa_key"));
@@ -325,7 +354,7 @@ mod tests {
 
     #[test]
     fn layout_mounts_workspace_last_and_hides_home() {
-        let (shares, root) = host_layout(Path::new("/home/alice/proj"), &user()).unwrap();
+        let (shares, root) = layout(Path::new("/home/alice/proj"), &user(), System::Host).unwrap();
         assert!(shares.iter().any(|s| s.guest_path == "/usr"));
         assert!(!shares.iter().any(|s| s.host_path == Path::new("/home/alice")));
         let last = root.last().unwrap();

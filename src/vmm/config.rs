@@ -34,6 +34,9 @@ pub struct VmConfig {
     /// The scratch disk image (virtio-blk, /dev/vda in the guest).
     #[serde(default)]
     pub disk: Option<PathBuf>,
+    /// A root filesystem image (image mode), read-only: /dev/vdb.
+    #[serde(default)]
+    pub image: Option<PathBuf>,
     /// Close the jail (Landlock and seccomp, see `jail`) before the guest
     /// runs; false only with `--no-jail`.
     pub jail: bool,

@@ -242,8 +242,12 @@ fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn Virtio
         devices.push(("virtio-fs (rw)", Box::new(fs)));
     }
     if let Some(disk) = &config.disk {
-        let blk = devices::virtio::blk::Block::open(disk).map_err(VmmError::Disk)?;
+        let blk = devices::virtio::blk::Block::open(disk, false).map_err(VmmError::Disk)?;
         devices.push(("virtio-blk", Box::new(blk)));
+    }
+    if let Some(image) = &config.image {
+        let blk = devices::virtio::blk::Block::open(image, true).map_err(VmmError::Disk)?;
+        devices.push(("virtio-blk (image)", Box::new(blk)));
     }
     Ok(devices)
 }

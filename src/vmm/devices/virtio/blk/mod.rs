@@ -1,6 +1,7 @@
 //! virtio-blk: the session's scratch disk, where the guest keeps the upper
-//! layer of the workspace overlay. It is backed by a sparse file in the
-//! session directory that lives only as long as the session's VM.
+//! layer of the workspace overlay (a sparse file in the session directory
+//! that lives only as long as the session's VM), and in image mode the
+//! read-only root image.
 
 mod request;
 mod worker;
@@ -21,6 +22,7 @@ const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
 
 /// Feature bits (virtio spec 5.2.3).
 const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
+const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 
 #[derive(Debug, Error)]
@@ -41,17 +43,20 @@ pub enum BlockError {
 pub struct Block {
     file: Option<File>,
     sectors: u64,
+    read_only: bool,
 }
 
 impl Block {
-    pub fn open(path: &Path) -> Result<Block, BlockError> {
+    /// A read-only disk is opened read-only on the host, offered with
+    /// VIRTIO_BLK_F_RO, and refuses writes whatever the guest sends.
+    pub fn open(path: &Path, read_only: bool) -> Result<Block, BlockError> {
         let open_err = |source| BlockError::Open { path: path.display().to_string(), source };
-        let file = File::options().read(true).write(true).open(path).map_err(open_err)?;
+        let file = File::options().read(true).write(!read_only).open(path).map_err(open_err)?;
         let len = file.metadata().map_err(open_err)?.len();
         if len % SECTOR_SIZE != 0 {
             return Err(BlockError::Size { path: path.display().to_string(), len });
         }
-        Ok(Block { file: Some(file), sectors: len / SECTOR_SIZE })
+        Ok(Block { file: Some(file), sectors: len / SECTOR_SIZE, read_only })
     }
 }
 
@@ -65,7 +70,8 @@ impl VirtioDevice for Block {
     }
 
     fn features(&self) -> u64 {
-        VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_SEG_MAX | VIRTIO_RING_F_INDIRECT_DESC
+        let ro = if self.read_only { VIRTIO_BLK_F_RO } else { 0 };
+        VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_SEG_MAX | VIRTIO_RING_F_INDIRECT_DESC | ro
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -82,7 +88,7 @@ impl VirtioDevice for Block {
             return Err(ActivateError::QueueCount { got: queues.len(), want: 1 });
         }
         let file = self.file.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        let disk = request::Disk::new(file, self.sectors);
+        let disk = request::Disk::new(file, self.sectors, self.read_only);
         let queue = queues.remove(0);
         crate::jail::thread::spawn("virtio-blk", crate::jail::ThreadKind::Block, move || {
             worker::run(mem, queue, interrupt, disk)

@@ -41,11 +41,12 @@ unsafe impl ByteValued for RequestHeader {}
 pub(super) struct Disk {
     file: File,
     sectors: u64,
+    read_only: bool,
 }
 
 impl Disk {
-    pub fn new(file: File, sectors: u64) -> Disk {
-        Disk { file, sectors }
+    pub fn new(file: File, sectors: u64, read_only: bool) -> Disk {
+        Disk { file, sectors, read_only }
     }
 
     /// The byte offset of `sector` if `len` bytes from there fit the disk.
@@ -107,6 +108,7 @@ fn serve(mem: &GuestMemoryMmap, chain: DescriptorChain<&GuestMemoryMmap>, disk: 
             },
             None => (S_IOERR, 0),
         },
+        T_OUT if disk.read_only => (S_IOERR, 0),
         T_OUT => {
             let len = reader.available_bytes();
             match disk.range(header.sector, len) {
@@ -207,7 +209,7 @@ mod tests {
         let path = TempFile(std::env::temp_dir().join(format!("stockade-blk-{}-{n}", std::process::id())));
         let file = File::options().read(true).write(true).create(true).truncate(true).open(&path.0).unwrap();
         file.set_len(SECTORS * SECTOR_SIZE).unwrap();
-        (Disk::new(file, SECTORS), path)
+        (Disk::new(file, SECTORS, false), path)
     }
 
     /// What the driver sees after one request.
@@ -277,6 +279,19 @@ mod tests {
         let mut back = vec![0u8; 1024];
         disk.file.read_exact_at(&mut back, 7 * SECTOR_SIZE).unwrap();
         assert_eq!(back, payload);
+    }
+
+    #[test]
+    fn a_read_only_disk_refuses_writes_and_serves_reads() {
+        let (disk, _tmp) = disk();
+        disk.file.write_all_at(&[0x77u8; 512], 3 * SECTOR_SIZE).unwrap();
+        let ro = Disk::new(disk.file.try_clone().unwrap(), SECTORS, true);
+        assert_eq!(submit(&ro, T_OUT, 3, &[(512, false)], &[0u8; 512]).status, S_IOERR);
+        let done = submit(&ro, T_IN, 3, &[(512, true)], &[]);
+        assert_eq!(done.status, S_OK);
+        let mut back = vec![0u8; 512];
+        done.mem.read_slice(&mut back, GuestAddress(DATA)).unwrap();
+        assert_eq!(back, vec![0x77u8; 512], "the refused write changed nothing");
     }
 
     #[test]
