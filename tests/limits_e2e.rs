@@ -40,7 +40,10 @@ fn pids_caps_the_commands_processes() {
         T,
     );
     assert!(out.stdout.contains("0::/command\n16\n"), "the command runs in its own cgroup, capped\n{out}");
-    assert!(!out.stdout.contains("all forty started") && out.stderr.contains("fork"), "the cap must refuse forks\n{out}");
+    assert!(
+        !out.stdout.contains("all forty started") && out.stderr.contains("fork"),
+        "the cap must refuse forks\n{out}"
+    );
     assert!(out.stdout.contains("forty=ok"), "without --pids there is no cap\n{out}");
 }
 

@@ -124,6 +124,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<u8> {
         kernel_log: session.kernel_log(),
         vsock_broker: session.dir.join("broker.sock"),
         shares,
+        network: true,
         disk: Some(disk.clone()),
         jail: config.jail,
         verbose_kernel: config.verbose_kernel,

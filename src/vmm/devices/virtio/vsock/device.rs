@@ -4,7 +4,7 @@
 use std::io;
 
 use super::super::{ActivateError, Activation, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
-use super::broker::Dialer;
+use crate::vmm::devices::broker::Dialer;
 use super::muxer::Muxer;
 use super::worker;
 

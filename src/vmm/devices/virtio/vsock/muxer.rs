@@ -11,7 +11,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 
-use super::broker::Dialer;
+use crate::vmm::devices::broker::Dialer;
 use super::connection::{ConnKey, Connection};
 use super::error::VsockError;
 use super::packet::{

@@ -16,7 +16,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::Vsock;
-use super::broker::{self, Dialer};
+use crate::vmm::devices::broker::{self, Dialer};
 use super::connection::BUF_ALLOC;
 use super::muxer::{MAX_PENDING_CONTROL, Muxer};
 use super::packet::{
