@@ -14,3 +14,4 @@ mod rig_selftest;
 mod run_e2e;
 mod run_input;
 mod terminal_e2e;
+mod transparent_e2e;

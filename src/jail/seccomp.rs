@@ -123,7 +123,8 @@ const WORKER: &[i64] =
 /// Streams the supervisor's broker connected: the dial request and its
 /// reply with a descriptor (sendmsg, recvmsg), then plain reads, writes
 /// and half-closes.
-const BROKERED: &[i64] = &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
+const BROKERED: &[i64] =
+    &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
 
 const BLOCK: &[i64] = &[
     libc::SYS_pread64,

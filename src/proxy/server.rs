@@ -229,7 +229,11 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
     Response::new(body::empty())
 }
 
-pub(super) async fn forward(shared: &Shared, plain: &Mutex<PlainConnection>, req: Request<Incoming>) -> Response<ProxyBody> {
+pub(super) async fn forward(
+    shared: &Shared,
+    plain: &Mutex<PlainConnection>,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
     if req.uri().scheme() != Some(&Scheme::HTTP) {
         return body::text(
             StatusCode::BAD_REQUEST,

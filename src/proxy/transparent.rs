@@ -96,7 +96,9 @@ fn named(claimed: Option<&str>, dst: SocketAddr, names: &HashSet<Host>) -> Resul
     match &host {
         Host::Ip(ip) if *ip == dst.ip() => Ok(host),
         _ if names.contains(&host) => Ok(host),
-        _ if names.is_empty() => Err(format!("{dst} was not given by stockade's DNS for any name, so it names no site")),
+        _ if names.is_empty() => {
+            Err(format!("{dst} was not given by stockade's DNS for any name, so it names no site"))
+        }
         _ => Err(format!("{claimed} is not a name stockade's DNS gave {} for", dst.ip())),
     }
 }

@@ -46,9 +46,7 @@ pub fn start(
     proxy.serve_unix(proxy_listener).context("cannot serve the guest's proxy connections")?;
     let (transparent_listener, transparent_socket) = vm::listen(vsock_base, TRANSPARENT_PORT)?;
     proxy.serve_dns_unix(dns_listener).context("cannot serve the guest's DNS")?;
-    proxy
-        .serve_transparent_unix(transparent_listener)
-        .context("cannot serve the guest's transparent connections")?;
+    proxy.serve_transparent_unix(transparent_listener).context("cannot serve the guest's transparent connections")?;
 
     let mut env = Vec::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
@@ -71,7 +69,10 @@ pub fn start(
         env.extend(GuestTrust::env(GUEST_CA, GUEST_BUNDLE));
     }
     let placeholders = proxy.placeholder_env();
-    Ok((Network { proxy, sockets: vec![proxy_socket, dns_socket, transparent_socket] }, GuestSide { env, placeholders, files }))
+    Ok((
+        Network { proxy, sockets: vec![proxy_socket, dns_socket, transparent_socket] },
+        GuestSide { env, placeholders, files },
+    ))
 }
 
 impl Network {

@@ -50,12 +50,8 @@ impl Dialer {
         let mut space = nix::cmsg_space!(RawFd);
         let (got, fd) = {
             let mut iov = [IoSliceMut::new(&mut reply)];
-            let msg = socket::recvmsg::<()>(
-                channel.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )?;
+            let msg =
+                socket::recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
             let mut fd = None;
             for cmsg in msg.cmsgs()? {
                 if let ControlMessageOwned::ScmRights(fds) = cmsg {

@@ -14,8 +14,8 @@ use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{
-    EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress, IpCidr, IpListenEndpoint, IpProtocol,
-    Ipv4Address, Ipv4Packet, TcpPacket,
+    EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress, IpCidr, IpListenEndpoint, IpProtocol, Ipv4Address,
+    Ipv4Packet, TcpPacket,
 };
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 

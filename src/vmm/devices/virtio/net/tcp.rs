@@ -80,7 +80,8 @@ impl TcpConn {
                 Err(_) => break,
             }
         }
-        let guest_finished = matches!(socket.state(), State::CloseWait | State::LastAck | State::Closing | State::TimeWait);
+        let guest_finished =
+            matches!(socket.state(), State::CloseWait | State::LastAck | State::Closing | State::TimeWait);
         if guest_finished && !self.guest_done && socket.recv_queue() == 0 {
             self.guest_done = true;
             let _ = stream.shutdown(Shutdown::Write);
