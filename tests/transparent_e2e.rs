@@ -34,7 +34,7 @@ fn programs_ignoring_proxy_variables_are_governed_by_the_policy() {
                  curl -sS --max-time 30 --noproxy "*" -o /dev/null -w "proxied=%{{http_code}}\n" -x "$HTTP_PROXY" http://local.test:8080/'
              echo "run=$?"
              kill $server
-             cat "$STOCKADE_DATA_DIR"/sessions/*/network.jsonl 2>/dev/null || cat "$HOME"/.local/share/stockade/sessions/*/network.jsonl"#
+             cat "$(ls -dt "$HOME"/.local/share/stockade/sessions/*/ | head -n 1)/network.jsonl""#
         )),
         T,
     );
