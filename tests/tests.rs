@@ -20,3 +20,4 @@ mod rootfs_e2e;
 mod run_e2e;
 mod run_input;
 mod terminal_e2e;
+mod transparent_e2e;

@@ -1,26 +1,29 @@
-//! The guest's only way out: a loopback interface, an HTTP proxy forwarder
-//! on 127.0.0.1:3128 and a DNS forwarder on 127.0.0.1:53, each carrying
-//! its connections over vsock to the host's egress proxy, which applies the
-//! policy. The guest has no other network device.
+//! The guest's network: loopback; eth0, the virtio-net device, with a
+//! static address and a default route via the VMM's gateway, which hands
+//! every TCP connection and DNS question to the host's egress proxy; and an
+//! HTTP proxy forwarder on 127.0.0.1:3128 over vsock to the same proxy, for
+//! programs that honour the proxy variables. Both paths meet one policy.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::thread;
 
 use anyhow::Context;
 
 use super::channel::connect_host;
-use crate::protocol::{DNS_PORT, PROXY_PORT};
+use crate::protocol::PROXY_PORT;
+use crate::protocol::transparent::{GATEWAY_IP, GUEST_IP, PREFIX_LEN};
 
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
-const DNS_ADDR: &str = "127.0.0.1:53";
-/// The largest DNS message over UDP we accept from a client.
-const MAX_DNS_UDP: usize = 4096;
+/// The virtio-net interface: the only NIC, named by the kernel.
+const INTERFACE: &str = "eth0";
 
-/// Brings up loopback and starts the forwarders (they run until power-off).
+/// Brings up the interfaces and starts the forwarder (it runs until
+/// power-off).
 pub fn start() -> anyhow::Result<()> {
-    loopback_up().context("cannot bring up the loopback interface")?;
+    let sock = inet_socket().context("cannot make a socket to configure interfaces")?;
+    interface_up(&sock, "lo").context("cannot bring up the loopback interface")?;
+    configure_ethernet(&sock).with_context(|| format!("cannot configure {INTERFACE} ({GUEST_IP}/{PREFIX_LEN})"))?;
     let proxy = TcpListener::bind(PROXY_ADDR).with_context(|| format!("cannot listen on {PROXY_ADDR}"))?;
     spawn("proxy-fwd", move || {
         for conn in proxy.incoming().flatten() {
@@ -29,17 +32,6 @@ pub fn start() -> anyhow::Result<()> {
             });
         }
     })?;
-    let dns_tcp = TcpListener::bind(DNS_ADDR).with_context(|| format!("cannot listen on {DNS_ADDR} (tcp)"))?;
-    spawn("dns-tcp", move || {
-        // DNS over TCP is framed exactly as the host expects: pass it through.
-        for conn in dns_tcp.incoming().flatten() {
-            let _ = spawn("dns-conn", move || {
-                let _ = bridge(conn, DNS_PORT);
-            });
-        }
-    })?;
-    let dns_udp = UdpSocket::bind(DNS_ADDR).with_context(|| format!("cannot listen on {DNS_ADDR} (udp)"))?;
-    spawn("dns-udp", move || serve_udp(dns_udp))?;
     Ok(())
 }
 
@@ -66,35 +58,15 @@ fn bridge(local: TcpStream, port: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Answers UDP queries by asking the host over a vsock stream, one per
-/// query so that a slow answer never holds up the others.
-fn serve_udp(socket: UdpSocket) {
-    let mut buf = vec![0u8; MAX_DNS_UDP];
-    loop {
-        let Ok((len, client)) = socket.recv_from(&mut buf) else { continue };
-        let query = buf[..len].to_vec();
-        let Ok(reply_socket) = socket.try_clone() else { continue };
-        let _ = spawn("dns-query", move || {
-            if let Ok(answer) = ask_host(&query) {
-                let _ = reply_socket.send_to(&answer, client);
-            }
-        });
-    }
+fn configure_ethernet(sock: &OwnedFd) -> std::io::Result<()> {
+    let mask = Ipv4Addr::from(u32::MAX << (32 - u32::from(PREFIX_LEN)));
+    set_addr(sock, INTERFACE, libc::SIOCSIFADDR, GUEST_IP)?;
+    set_addr(sock, INTERFACE, libc::SIOCSIFNETMASK, mask)?;
+    interface_up(sock, INTERFACE)?;
+    add_default_route(sock, GATEWAY_IP)
 }
 
-fn ask_host(query: &[u8]) -> anyhow::Result<Vec<u8>> {
-    let mut stream = connect_host(DNS_PORT)?;
-    let len = u16::try_from(query.len()).context("DNS query too long")?;
-    stream.write_all(&len.to_be_bytes())?;
-    stream.write_all(query)?;
-    let mut len = [0u8; 2];
-    stream.read_exact(&mut len)?;
-    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    stream.read_exact(&mut answer)?;
-    Ok(answer)
-}
-
-fn loopback_up() -> std::io::Result<()> {
+fn inet_socket() -> std::io::Result<OwnedFd> {
     // SAFETY: socket() has no memory-safety preconditions; the result is
     // checked before use.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
@@ -102,12 +74,33 @@ fn loopback_up() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd is a socket we just created and own exclusively.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain old data; all zeroes is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+    // The last byte stays NUL: names are shorter than IFNAMSIZ.
+    for (dst, src) in req.ifr_name.iter_mut().take(libc::IFNAMSIZ - 1).zip(name.bytes()) {
+        *dst = src as libc::c_char;
     }
+    req
+}
+
+fn sockaddr(ip: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(ip.octets()) },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr are both 16 bytes of plain data;
+    // the kernel reads this sockaddr as the sockaddr_in its family names.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+fn interface_up(sock: &OwnedFd, name: &str) -> std::io::Result<()> {
+    let mut req = ifreq(name);
     // SAFETY: SIOCGIFFLAGS reads the interface named in req and writes its
     // flags into req, which lives for the whole call.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
@@ -119,6 +112,60 @@ fn loopback_up() -> std::io::Result<()> {
     }
     // SAFETY: as above, with the updated flags.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_addr(sock: &OwnedFd, name: &str, request: libc::c_ulong, ip: Ipv4Addr) -> std::io::Result<()> {
+    let mut req = ifreq(name);
+    req.ifr_ifru.ifru_addr = sockaddr(ip);
+    // SAFETY: SIOCSIFADDR and SIOCSIFNETMASK read the name and address
+    // from req, which lives for the whole call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), request, &req) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The kernel's struct rtentry (include/uapi/linux/route.h); libc has it
+/// only for musl.
+#[repr(C)]
+struct RtEntry {
+    rt_pad1: libc::c_ulong,
+    rt_dst: libc::sockaddr,
+    rt_gateway: libc::sockaddr,
+    rt_genmask: libc::sockaddr,
+    rt_flags: libc::c_ushort,
+    rt_pad2: libc::c_short,
+    rt_pad3: libc::c_ulong,
+    rt_pad4: *mut libc::c_void,
+    rt_metric: libc::c_short,
+    rt_dev: *mut libc::c_char,
+    rt_mtu: libc::c_ulong,
+    rt_window: libc::c_ulong,
+    rt_irtt: libc::c_ushort,
+}
+
+fn add_default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> std::io::Result<()> {
+    let route = RtEntry {
+        rt_pad1: 0,
+        rt_dst: sockaddr(Ipv4Addr::UNSPECIFIED),
+        rt_gateway: sockaddr(gateway),
+        rt_genmask: sockaddr(Ipv4Addr::UNSPECIFIED),
+        rt_flags: libc::RTF_UP | libc::RTF_GATEWAY,
+        rt_pad2: 0,
+        rt_pad3: 0,
+        rt_pad4: std::ptr::null_mut(),
+        rt_metric: 0,
+        rt_dev: std::ptr::null_mut(),
+        rt_mtu: 0,
+        rt_window: 0,
+        rt_irtt: 0,
+    };
+    // SAFETY: SIOCADDRT reads a struct rtentry, which RtEntry lays out
+    // exactly; it lives for the whole call and its pointers are null.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT, &route) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

@@ -3,7 +3,7 @@
 //! shares (read-only unless a policy made them writable) and the session
 //! directory; seccomp limits each thread to the system calls of its kind
 //! (`seccomp::ThreadKind`); no_new_privs comes with both. The VMM holds no
-//! credentials and makes no sockets (see `vsock::broker`).
+//! credentials and makes no sockets (see `vmm::devices::broker`).
 
 pub mod landlock;
 pub mod probe;

@@ -27,6 +27,8 @@ pub enum ThreadKind {
     Launcher,
     /// The virtio-vsock worker: Unix streams to the supervisor.
     Vsock,
+    /// The virtio-net worker: its stack's streams to the supervisor.
+    Net,
     /// The virtio-rng worker.
     Rng,
     /// The virtio-blk worker: reads and writes one disk image.
@@ -38,12 +40,13 @@ pub enum ThreadKind {
 }
 
 impl ThreadKind {
-    pub const ALL: [ThreadKind; 9] = [
+    pub const ALL: [ThreadKind; 10] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::IrqWatch,
         ThreadKind::Launcher,
         ThreadKind::Vsock,
+        ThreadKind::Net,
         ThreadKind::Rng,
         ThreadKind::Block,
         ThreadKind::FsReadOnly,
@@ -57,6 +60,7 @@ impl ThreadKind {
             ThreadKind::IrqWatch => "irq-watch",
             ThreadKind::Launcher => "launcher",
             ThreadKind::Vsock => "virtio-vsock",
+            ThreadKind::Net => "virtio-net",
             ThreadKind::Rng => "virtio-rng",
             ThreadKind::Block => "virtio-blk",
             ThreadKind::FsReadOnly => "virtio-fs",
@@ -116,7 +120,11 @@ const COMMON: &[i64] = &[
 const WORKER: &[i64] =
     &[libc::SYS_epoll_create1, libc::SYS_epoll_ctl, libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_fcntl];
 
-const VSOCK: &[i64] = &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
+/// Streams the supervisor's broker connected: the dial request and its
+/// reply with a descriptor (sendmsg, recvmsg), then plain reads, writes
+/// and half-closes.
+const BROKERED: &[i64] =
+    &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
 
 const BLOCK: &[i64] = &[
     libc::SYS_pread64,
@@ -209,7 +217,9 @@ fn plain(kind: ThreadKind) -> Vec<i64> {
                 .chain(LAUNCH.iter().copied())
                 .collect();
         }
-        ThreadKind::Vsock => &[WORKER, VSOCK],
+        ThreadKind::Vsock => &[WORKER, BROKERED],
+        // smoltcp itself asks nothing of the kernel but the clock.
+        ThreadKind::Net => &[WORKER, BROKERED],
         ThreadKind::Rng => &[WORKER],
         ThreadKind::Block => &[WORKER, BLOCK],
         ThreadKind::FsReadOnly => &[WORKER, FS_READ],

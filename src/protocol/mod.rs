@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod frame;
+pub mod transparent;
 
 pub use frame::{read_frame, write_frame};
 
@@ -28,6 +29,10 @@ pub const CHANGES_PORT: u32 = 1026;
 pub const PROXY_PORT: u32 = 1027;
 /// DNS messages framed as over TCP (2-byte length), answered by the host.
 pub const DNS_PORT: u32 = 1028;
+/// One transparent TCP connection per stream, from the VMM's virtio-net
+/// device to the host's egress proxy: a `transparent::Header` naming the
+/// guest's original destination, then the guest's bytes.
+pub const TRANSPARENT_PORT: u32 = 1029;
 
 /// How the guest root is put together, entry by entry, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,7 +85,8 @@ pub struct RunSpec {
     /// on any terminal); `None` keeps separate pipes.
     #[serde(default)]
     pub tty: Option<WindowSize>,
-    /// Start the proxy and DNS forwarders to the host's egress proxy.
+    /// Configure the guest's network (eth0 and the proxy forwarder), both
+    /// leading to the host's egress proxy.
     #[serde(default)]
     pub network: bool,
     /// The command's cgroup pids.max.

@@ -72,9 +72,13 @@ pub async fn answer(shared: &Shared, query: &[u8]) -> Vec<u8> {
         }
     };
     let addrs = resolve::permitted(addrs, private_ok).unwrap_or_default();
+    // Only answers of the asked type reach the guest; learning the others
+    // would name addresses the guest was never given.
+    let addrs: Vec<IpAddr> = addrs.into_iter().filter(|ip| ip.is_ipv4() == (wanted == RecordType::A)).collect();
     let ttl = u32::try_from(ttl.as_secs()).unwrap_or(u32::MAX);
     let owner = Name::from_str(&format!("{name}.")).unwrap_or_else(|_| question.name().clone());
     for ip in addrs {
+        shared.names.learn(ip, &host);
         let rdata = match (ip, wanted) {
             (IpAddr::V4(v4), RecordType::A) => RData::A(A(v4)),
             (IpAddr::V6(v6), RecordType::AAAA) => RData::AAAA(AAAA(v6)),

@@ -11,7 +11,6 @@ use http::header;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio_rustls::TlsAcceptor;
@@ -35,7 +34,10 @@ pub struct Interception {
 }
 
 /// Serves the guest's requests inside the intercepted TLS connection.
-pub async fn serve(this: Interception, upgraded: Upgraded) {
+pub async fn serve<C>(this: Interception, client: C)
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let Some(ca) = this.shared.ca.as_ref() else { return };
     let config = match ca.server_config(&this.host) {
         Ok(config) => config,
@@ -44,7 +46,7 @@ pub async fn serve(this: Interception, upgraded: Upgraded) {
             return;
         }
     };
-    let tls = match TlsAcceptor::from(config).accept(TokioIo::new(upgraded)).await {
+    let tls = match TlsAcceptor::from(config).accept(client).await {
         Ok(tls) => tls,
         Err(e) => {
             // Most often the guest does not trust the CA (SSL_CERT_FILE unset).

@@ -7,7 +7,10 @@
 //! - `intercept` + `upstream`: TLS interception for hosts with a credential
 //!   rule; the upstream certificate is verified before the header is written.
 //! - `resolve` + `address`: DNS via hickory, internal addresses refused.
-//! - `dns`: answers to the guest's DNS questions, from the policy.
+//! - `dns`: answers to the guest's DNS questions, from the policy; `names`
+//!   remembers which names each answered address stands for.
+//! - `transparent`: connections the guest made without the proxy, with
+//!   their original destination, judged by TLS SNI or the Host header.
 //! - `ca` + `tls`: the per-install CA and the rustls configurations.
 //! - `credentials`: the secrets; `audit`: the JSONL log of every flow.
 //!
@@ -34,10 +37,12 @@ mod ca;
 mod credentials;
 mod dns;
 mod intercept;
+mod names;
 mod resolve;
 mod server;
 mod sni;
 mod tls;
+mod transparent;
 mod tunnel;
 mod upstream;
 
@@ -161,6 +166,8 @@ pub(crate) struct Shared {
     upstream_tls: Option<Arc<ClientConfig>>,
     audit: Arc<AuditLog>,
     connections: Arc<Semaphore>,
+    /// Addresses given in DNS answers, for transparent connections.
+    names: names::Names,
 }
 
 /// A running proxy. Dropping it stops the proxy too (without waiting).
@@ -215,6 +222,7 @@ impl Proxy {
             upstream_tls,
             audit: Arc::new(audit),
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            names: names::Names::default(),
         })
     }
 
@@ -225,6 +233,27 @@ impl Proxy {
         let _guard = self.handle.enter();
         let listener = tokio::net::UnixListener::from_std(listener).map_err(ProxyError::Listener)?;
         self.handle.spawn(server::accept_loop(self.shared.clone(), listener, server::serve_connection));
+        Ok(())
+    }
+
+    /// Serves transparent connections accepted on `listener`: each begins
+    /// with the guest's original destination (`protocol::transparent`),
+    /// then the guest's own bytes, judged as a proxied request would be.
+    pub fn serve_transparent_unix(&self, listener: std::os::unix::net::UnixListener) -> Result<(), ProxyError> {
+        listener.set_nonblocking(true).map_err(ProxyError::Listener)?;
+        let _guard = self.handle.enter();
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(ProxyError::Listener)?;
+        self.handle.spawn(server::accept_loop(self.shared.clone(), listener, transparent::serve));
+        Ok(())
+    }
+
+    /// Serves transparent connections on TCP (tests).
+    #[cfg(test)]
+    pub fn serve_transparent_tcp(&self, listener: std::net::TcpListener) -> Result<(), ProxyError> {
+        listener.set_nonblocking(true).map_err(ProxyError::Listener)?;
+        let _guard = self.handle.enter();
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(ProxyError::Listener)?;
+        self.handle.spawn(server::accept_loop(self.shared.clone(), listener, transparent::serve));
         Ok(())
     }
 

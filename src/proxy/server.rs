@@ -84,7 +84,7 @@ where
 
 /// The HTTP/1.1 connection to a plain http:// server last used on this
 /// guest connection, kept for the guest's next request.
-type PlainConnection = Option<(String, SocketAddr, http1::SendRequest<ProxyBody>)>;
+pub(super) type PlainConnection = Option<(String, SocketAddr, http1::SendRequest<ProxyBody>)>;
 
 /// Serves one guest connection.
 pub async fn serve_connection<S>(shared: Arc<Shared>, stream: S)
@@ -125,9 +125,9 @@ async fn handle(
 }
 
 /// A destination the guest asked for.
-struct Target {
-    host: Host,
-    port: Port,
+pub(super) struct Target {
+    pub host: Host,
+    pub port: Port,
 }
 
 fn parse_target(authority: &http::uri::Authority, default_port: Option<Port>) -> Result<Target, String> {
@@ -141,7 +141,7 @@ fn parse_target(authority: &http::uri::Authority, default_port: Option<Port>) ->
 
 /// The policy and the resolver's answer for a target: addresses to connect
 /// to, or the response the guest gets (already audited).
-async fn admit(
+pub(super) async fn admit(
     shared: &Shared,
     target: &Target,
     mut record: Record,
@@ -221,15 +221,19 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
             Some((credential, tls)) => {
                 let upstream = TlsUpstream::new(target.host.clone(), target.port, addrs, tls, server);
                 let this = Interception { shared, host: target.host, port: target.port, credential, rule, upstream };
-                intercept::serve(this, upgraded).await;
+                intercept::serve(this, TokioIo::new(upgraded)).await;
             }
-            None => tunnel::relay(&shared.audit, upgraded, server, &target.host, record).await,
+            None => tunnel::relay(&shared.audit, TokioIo::new(upgraded), server, &target.host, record).await,
         }
     });
     Response::new(body::empty())
 }
 
-async fn forward(shared: &Shared, plain: &Mutex<PlainConnection>, req: Request<Incoming>) -> Response<ProxyBody> {
+pub(super) async fn forward(
+    shared: &Shared,
+    plain: &Mutex<PlainConnection>,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
     if req.uri().scheme() != Some(&Scheme::HTTP) {
         return body::text(
             StatusCode::BAD_REQUEST,

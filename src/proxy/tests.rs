@@ -780,3 +780,90 @@ async fn throughput(proxy: Option<SocketAddr>, port: u16, total: usize) -> f64 {
     assert_eq!(u64::from_be_bytes(count), sent as u64);
     sent as f64 / elapsed / 1e6
 }
+
+/// A transparent connection to `dst` as the VMM opens it: the header, then
+/// the guest's bytes.
+async fn transparent(listener: SocketAddr, dst: SocketAddr) -> TcpStream {
+    let mut tcp = TcpStream::connect(listener).await.unwrap();
+    tcp.write_all(&crate::protocol::transparent::encode(dst)).await.unwrap();
+    tcp
+}
+
+fn serve_transparent(setup: &Setup) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    setup.proxy.serve_transparent_tcp(listener).unwrap();
+    addr
+}
+
+#[test]
+fn transparent_http_is_named_by_a_host_the_dns_gave_for_its_address() {
+    let rt = runtime();
+    let (plain, seen) = rt.block_on(echo_server(None));
+    let setup = start_proxy("transparent-http", &policy_for(&[("plain.test", plain)], None, ""), vec![]).unwrap();
+    let entry = serve_transparent(&setup);
+    let dst: SocketAddr = format!("127.0.0.1:{plain}").parse().unwrap();
+
+    // Before any DNS answer the address names nothing but itself.
+    let host = format!("plain.test:{plain}");
+    let (status, body) =
+        rt.block_on(async { get(transparent(entry, dst).await, false, "/a", &[("host", &host)]).await });
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("names no site"), "{body}");
+
+    setup.proxy.answer_dns(&dns_query("plain.test.", RecordType::A));
+    let (status, body) =
+        rt.block_on(async { get(transparent(entry, dst).await, false, "/b", &[("host", &host)]).await });
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("GET /b"), "{body}");
+    let (status, body) =
+        rt.block_on(async { get(transparent(entry, dst).await, false, "/c", &[("host", "evil.test")]).await });
+    assert_eq!(status, 403, "a Host the DNS never gave for the address is refused: {body}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    let records = audit_records(&setup);
+    let allowed: Vec<_> = records.iter().filter(|r| r.decision == Decision::Allow && r.kind == Kind::Http).collect();
+    assert_eq!(allowed.len(), 1, "{records:?}");
+    assert_eq!(allowed[0].host, "plain.test");
+    assert_eq!(records.iter().filter(|r| r.decision == Decision::Deny).count(), 2, "{records:?}");
+}
+
+#[test]
+fn transparent_tls_is_named_by_sni_and_credential_hosts_are_intercepted() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, api_seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let (other, other_seen) = rt.block_on(echo_server(Some(ca.server_config("other.test", &[b"http/1.1"]))));
+    let policy = policy_for(&[("api.test", api), ("other.test", other)], Some(&format!("api.test:{api}")), "");
+    let setup = start_proxy("transparent-tls", &policy, vec![ca.der.clone()]).unwrap();
+    let entry = serve_transparent(&setup);
+    setup.proxy.answer_dns(&dns_query("api.test.", RecordType::A));
+    setup.proxy.answer_dns(&dns_query("other.test.", RecordType::A));
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    let api_dst: SocketAddr = format!("127.0.0.1:{api}").parse().unwrap();
+    let other_dst: SocketAddr = format!("127.0.0.1:{other}").parse().unwrap();
+    rt.block_on(async {
+        let tls = tls_over(transparent(entry, api_dst).await, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let host = format!("api.test:{api}");
+        let (status, body) = get(tls, false, "/v1", &[("host", &host), ("x-api-key", "guest-forged")]).await;
+        assert_eq!(status, 200, "{body}");
+
+        let tls = tls_over(transparent(entry, other_dst).await, "other.test", &ca.der, &[b"http/1.1"]).await.unwrap();
+        let (status, _) = get(tls, false, "/tunnel", &[("host", "other.test")]).await;
+        assert_eq!(status, 200);
+
+        // A server name the DNS never gave for this address.
+        let refused = tls_over(transparent(entry, other_dst).await, "api.test", &proxy_ca, &[b"http/1.1"]).await;
+        assert!(refused.is_err());
+    });
+    let api_text = seen_text(&api_seen);
+    assert!(api_text.contains(&format!("x-api-key: {SECRET}")), "{api_text}");
+    assert!(!api_text.contains("guest-forged"), "{api_text}");
+    assert_eq!(other_seen.lock().unwrap().len(), 1);
+    let records = audit_records(&setup);
+    assert!(records.iter().any(|r| r.kind == Kind::Https && r.host == "api.test" && r.decision == Decision::Allow));
+    assert!(records.iter().any(|r| r.kind == Kind::Connect && r.host == "other.test" && r.decision == Decision::Allow));
+    assert!(records.iter().any(|r| r.decision == Decision::Deny), "{records:?}");
+}

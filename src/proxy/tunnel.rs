@@ -2,9 +2,7 @@
 //! server untouched, except that the first ones are read first: a TLS
 //! ClientHello must name the host the tunnel was opened for.
 
-use hyper::upgrade::Upgraded;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::audit::{AuditLog, Decision, Record};
@@ -15,8 +13,10 @@ use crate::policy::Host;
 const BUFFER: usize = 64 * 1024;
 
 /// Relays a tunnel until both sides are done, then writes its record.
-pub async fn relay(audit: &AuditLog, upgraded: Upgraded, mut server: TcpStream, host: &Host, mut record: Record) {
-    let mut client = TokioIo::new(upgraded);
+pub async fn relay<C>(audit: &AuditLog, mut client: C, mut server: TcpStream, host: &Host, mut record: Record)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
     let mut hello = Vec::with_capacity(4096);
     let mut buf = vec![0u8; BUFFER];
     let mut down = 0u64;

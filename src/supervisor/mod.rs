@@ -140,6 +140,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         kernel_log: session.kernel_log(),
         vsock_broker: session.dir.join("broker.sock"),
         shares,
+        network: true,
         disk: Some(disk.clone()),
         image: image.map(|i| i.path),
         jail: config.jail,

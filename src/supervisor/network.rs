@@ -1,5 +1,6 @@
 //! The guest's network, host side: the egress proxy serving the guest's
-//! proxy and DNS forwarders, and what the guest needs to use it (proxy
+//! proxy forwarder, and the transparent connections and DNS questions of
+//! its virtio-net device; and what the guest needs to use it (proxy
 //! variables, resolv.conf, the CA when some host is intercepted, and the
 //! credential placeholders).
 
@@ -9,7 +10,8 @@ use anyhow::Context;
 
 use super::vm;
 use crate::policy::Policy;
-use crate::protocol::{DNS_PORT, PROXY_PORT, RootEntry};
+use crate::protocol::transparent::GATEWAY_IP;
+use crate::protocol::{DNS_PORT, PROXY_PORT, RootEntry, TRANSPARENT_PORT};
 use crate::proxy::{AUDIT_FILE, GuestTrust, Proxy, ProxyConfig};
 
 /// The guest forwarder's address (see guest::net).
@@ -42,7 +44,9 @@ pub fn start(
     let (proxy_listener, proxy_socket) = vm::listen(vsock_base, PROXY_PORT)?;
     let (dns_listener, dns_socket) = vm::listen(vsock_base, DNS_PORT)?;
     proxy.serve_unix(proxy_listener).context("cannot serve the guest's proxy connections")?;
+    let (transparent_listener, transparent_socket) = vm::listen(vsock_base, TRANSPARENT_PORT)?;
     proxy.serve_dns_unix(dns_listener).context("cannot serve the guest's DNS")?;
+    proxy.serve_transparent_unix(transparent_listener).context("cannot serve the guest's transparent connections")?;
 
     let mut env = Vec::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
@@ -54,8 +58,9 @@ pub fn start(
     }
     let mut files = vec![RootEntry::File {
         target: "/etc/resolv.conf".into(),
-        content: "# stockade: names are answered by the host's egress proxy, per the policy\nnameserver 127.0.0.1\n"
-            .into(),
+        content: format!(
+            "# stockade: names are answered by the host's egress proxy, per the policy\nnameserver {GATEWAY_IP}\n"
+        ),
         mode: 0o644,
     }];
     if let Some(trust) = proxy.guest_trust() {
@@ -64,7 +69,10 @@ pub fn start(
         env.extend(GuestTrust::env(GUEST_CA, GUEST_BUNDLE));
     }
     let placeholders = proxy.placeholder_env();
-    Ok((Network { proxy, sockets: vec![proxy_socket, dns_socket] }, GuestSide { env, placeholders, files }))
+    Ok((
+        Network { proxy, sockets: vec![proxy_socket, dns_socket, transparent_socket] },
+        GuestSide { env, placeholders, files },
+    ))
 }
 
 impl Network {

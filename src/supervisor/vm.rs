@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::vmm::config::VmConfig;
-use crate::vmm::devices::virtio::vsock;
+use crate::vmm::devices::broker;
 
 /// Longest Unix socket path the kernel accepts (sun_path less the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -93,7 +93,7 @@ fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path) {
         let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials);
         match peer {
             Ok(cred) if u32::try_from(cred.pid()).ok() == Some(pid) => {
-                return vsock::broker::serve(stream, vsock_base);
+                return broker::serve(stream, vsock_base);
             }
             _ => tracing::warn!("refused a broker connection that is not from the VMM"),
         }

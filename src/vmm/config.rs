@@ -28,9 +28,13 @@ pub struct VmConfig {
     /// Where the guest's serial console (its kernel log) is written.
     pub kernel_log: PathBuf,
     /// The supervisor's broker socket: guest connections to host port P
-    /// get their host end from it (see `vsock::broker`).
+    /// get their host end from it (see `devices::broker`).
     pub vsock_broker: PathBuf,
     pub shares: Vec<ShareConfig>,
+    /// Give the guest a virtio-net device whose TCP and DNS go to the
+    /// egress proxy (`TRANSPARENT_PORT`, `DNS_PORT`).
+    #[serde(default)]
+    pub network: bool,
     /// The scratch disk image (virtio-blk, /dev/vda in the guest).
     #[serde(default)]
     pub disk: Option<PathBuf>,

@@ -219,10 +219,15 @@ pub fn jail_rules(config: &VmConfig) -> FsRules {
 fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
     let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
     let vsock_error = |source| VmmError::Device { device: "virtio-vsock", source };
-    let dialer = devices::virtio::vsock::broker::Dialer::connect(&config.vsock_broker).map_err(vsock_error)?;
-    let vsock = devices::virtio::vsock::Vsock::new(crate::protocol::GUEST_CID, dialer).map_err(vsock_error)?;
+    let dialer = devices::broker::Dialer::connect(&config.vsock_broker).map_err(vsock_error)?;
+    let vsock = devices::virtio::vsock::Vsock::new(crate::protocol::GUEST_CID, dialer.clone()).map_err(vsock_error)?;
     let mut devices: Vec<(&'static str, Box<dyn VirtioDevice>)> =
         vec![("virtio-vsock", Box::new(vsock)), ("virtio-rng", Box::new(rng))];
+    if config.network {
+        let net = devices::virtio::net::Net::new(dialer)
+            .map_err(|source| VmmError::Device { device: "virtio-net", source })?;
+        devices.push(("virtio-net", Box::new(net)));
+    }
     let shares = |writable: bool| -> Vec<devices::virtio::fs::Share> {
         config
             .shares

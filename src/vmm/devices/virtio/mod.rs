@@ -8,6 +8,7 @@
 
 pub mod blk;
 pub mod fs;
+pub mod net;
 pub mod rng;
 pub mod vsock;
 
@@ -24,6 +25,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 
 /// Device type ids (virtio spec 5).
+pub const TYPE_NET: u32 = 1;
 pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_RNG: u32 = 4;
 pub const TYPE_VSOCK: u32 = 19;

@@ -4,9 +4,9 @@
 use std::io;
 
 use super::super::{ActivateError, Activation, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
-use super::broker::Dialer;
 use super::muxer::Muxer;
 use super::worker;
+use crate::vmm::devices::broker::Dialer;
 
 /// Queue order (virtio spec 5.10.2): receive, transmit, events.
 pub(super) const RX_QUEUE: usize = 0;

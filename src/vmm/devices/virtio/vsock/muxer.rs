@@ -11,13 +11,13 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 
-use super::broker::Dialer;
 use super::connection::{ConnKey, Connection};
 use super::error::VsockError;
 use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RST, OP_RW, OP_SHUTDOWN,
     PacketHeader, TYPE_STREAM,
 };
+use crate::vmm::devices::broker::Dialer;
 
 /// Open Unix streams the guest may hold at once (each costs a host fd).
 pub(super) const MAX_CONNECTIONS: usize = 1024;

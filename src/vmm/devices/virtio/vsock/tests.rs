@@ -16,13 +16,13 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::Vsock;
-use super::broker::{self, Dialer};
 use super::connection::BUF_ALLOC;
 use super::muxer::{MAX_PENDING_CONTROL, Muxer};
 use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RESPONSE, OP_RST, OP_RW,
     OP_SHUTDOWN, PacketHeader, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
+use crate::vmm::devices::broker::{self, Dialer};
 use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice};
 
 const GUEST_CID: u64 = 3;

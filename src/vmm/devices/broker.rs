@@ -1,4 +1,4 @@
-//! How a guest connection reaches a host port while the VMM itself makes no
+//! How a device reaches a host port while the VMM itself makes no
 //! sockets: the VMM holds one Unix stream to the supervisor (opened before
 //! the jail closes) and asks it for port P; the supervisor connects to its
 //! own listener "{uds_base}_{P}" and passes the connected descriptor back.
@@ -13,44 +13,45 @@ use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{
     self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
 /// The VMM's end: turns a port into a connected, non-blocking stream.
+/// Clones share the one channel (vsock and net both dial through it), one
+/// request at a time.
+#[derive(Clone)]
 pub struct Dialer {
-    channel: UnixStream,
+    channel: Arc<Mutex<UnixStream>>,
 }
 
 impl Dialer {
     /// Connects to the supervisor's broker socket.
     pub fn connect(path: &Path) -> io::Result<Dialer> {
-        Ok(Dialer { channel: UnixStream::connect(path)? })
+        Ok(Dialer { channel: Arc::new(Mutex::new(UnixStream::connect(path)?)) })
     }
 
     #[cfg(test)]
     pub fn from_stream(channel: UnixStream) -> Dialer {
-        Dialer { channel }
+        Dialer { channel: Arc::new(Mutex::new(channel)) }
     }
 
     /// A stream connected to host port `port`, or the supervisor's errno.
     pub fn dial(&mut self, port: u32) -> io::Result<UnixStream> {
+        let mut channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
         let mut sent = 0;
         let request = port.to_le_bytes();
         while sent < request.len() {
-            sent += socket::send(self.channel.as_raw_fd(), &request[sent..], MsgFlags::MSG_NOSIGNAL)?;
+            sent += socket::send(channel.as_raw_fd(), &request[sent..], MsgFlags::MSG_NOSIGNAL)?;
         }
         let mut reply = [0u8; 4];
         let mut space = nix::cmsg_space!(RawFd);
         let (got, fd) = {
             let mut iov = [IoSliceMut::new(&mut reply)];
-            let msg = socket::recvmsg::<()>(
-                self.channel.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )?;
+            let msg =
+                socket::recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
             let mut fd = None;
             for cmsg in msg.cmsgs()? {
                 if let ControlMessageOwned::ScmRights(fds) = cmsg {
@@ -66,7 +67,7 @@ impl Dialer {
         };
         if got < reply.len() {
             // A reply split across reads only happens on a broken channel.
-            self.channel.read_exact(&mut reply[got..])?;
+            channel.read_exact(&mut reply[got..])?;
         }
         match (i32::from_le_bytes(reply), fd) {
             (0, Some(fd)) => Ok(UnixStream::from(fd)),

@@ -1,0 +1,259 @@
+//! Transparent connections: TCP the guest made without the proxy, handed
+//! over by the VMM's virtio-net device with the address the guest dialed.
+//! An address alone names nothing, so the flow is judged by what the guest
+//! says first, as a proxied one would be: a TLS ClientHello by its server
+//! name, plain HTTP by each request's Host. That name must be one the
+//! proxy's own DNS answers gave for the address (`names`), or the address
+//! itself when the guest asked no name; then the policy decides, with the
+//! same audit records, tunnels and interception as the proxy path.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::sync::Mutex;
+
+use super::Shared;
+use super::audit::{Decision, Kind, Record};
+use super::body::{self, ProxyBody};
+use super::intercept::{self, Interception};
+use super::server::{self, PlainConnection, Target};
+use super::sni::{self, Inspection};
+use super::tunnel;
+use super::upstream::{self, TlsUpstream};
+use crate::policy::{Host, Port};
+use crate::protocol::transparent as header_wire;
+
+/// A guest that does not say which site it wants within this is dropped
+/// (server-first protocols never do).
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most the proxy reads before judging (a ClientHello is far smaller).
+const MAX_FIRST_BYTES: usize = 16 * 1024;
+
+/// Serves one transparent connection.
+pub async fn serve<S>(shared: Arc<Shared>, mut stream: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let dst = match read_header(&mut stream).await {
+        Ok(dst) => dst,
+        Err(e) => return tracing::warn!("transparent connection without a usable header: {e}"),
+    };
+    let mut first = Vec::with_capacity(4096);
+    let inspection = tokio::time::timeout(FIRST_BYTES_TIMEOUT, async {
+        loop {
+            match stream.read_buf(&mut first).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => match sni::inspect(&first) {
+                    Inspection::NeedMore if first.len() < MAX_FIRST_BYTES => continue,
+                    done => return Some(done),
+                },
+            }
+        }
+    })
+    .await;
+    let names = shared.names.of(dst.ip());
+    let client = Prefixed { prefix: first, pos: 0, inner: stream };
+    match inspection {
+        Ok(Some(Inspection::ClientHello { sni })) => tls(shared, client, dst, &names, sni).await,
+        Ok(Some(Inspection::NotTls)) => http(shared, client, dst, names).await,
+        Ok(Some(Inspection::Malformed | Inspection::NeedMore)) => {
+            deny(&shared, Kind::Connect, dst, "the connection began with a malformed TLS ClientHello".into());
+        }
+        Ok(None) => {}
+        Err(_) => deny(&shared, Kind::Connect, dst, "the guest sent nothing that names a site".into()),
+    }
+}
+
+async fn read_header<S: AsyncRead + Unpin>(stream: &mut S) -> io::Result<SocketAddr> {
+    let family = stream.read_u8().await?;
+    let mut rest = vec![0u8; header_wire::rest_len(family)?];
+    stream.read_exact(&mut rest).await?;
+    header_wire::decode(family, &rest)
+}
+
+/// The host a guest means by `claimed` (a server name or Host header) on a
+/// connection to `dst`, or why it cannot be believed.
+fn named(claimed: Option<&str>, dst: SocketAddr, names: &HashSet<Host>) -> Result<Host, String> {
+    let Some(claimed) = claimed else {
+        return if names.is_empty() {
+            Ok(Host::Ip(dst.ip()))
+        } else {
+            Err(format!("the connection to {dst} names no site"))
+        };
+    };
+    let host = Host::parse(claimed).map_err(|e| format!("bad host {claimed:?}: {e}"))?;
+    match &host {
+        Host::Ip(ip) if *ip == dst.ip() => Ok(host),
+        _ if names.contains(&host) => Ok(host),
+        _ if names.is_empty() => {
+            Err(format!("{dst} was not given by stockade's DNS for any name, so it names no site"))
+        }
+        _ => Err(format!("{claimed} is not a name stockade's DNS gave {} for", dst.ip())),
+    }
+}
+
+fn deny(shared: &Shared, kind: Kind, dst: SocketAddr, reason: String) {
+    let mut record = Record::new(kind, dst.ip().to_string(), dst.port(), Decision::Deny);
+    record.reason = Some(reason);
+    shared.audit.record(&record);
+}
+
+async fn tls<S>(shared: Arc<Shared>, client: Prefixed<S>, dst: SocketAddr, names: &HashSet<Host>, sni: Option<String>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let host = match named(sni.as_deref(), dst, names) {
+        Ok(host) => host,
+        Err(reason) => return deny(&shared, Kind::Connect, dst, reason),
+    };
+    let Some(port) = Port::new(dst.port()) else { return };
+    let target = Target { host, port };
+    let mut record = Record::new(Kind::Connect, target.host.to_string(), port.get(), Decision::Allow);
+    let Ok((addrs, rule)) = server::admit(&shared, &target, record.clone()).await else { return };
+    record.rule = Some(rule.clone());
+    let server = match upstream::connect_any(&prefer(&addrs, dst)).await {
+        Ok(s) => s,
+        Err(reason) => {
+            record.decision = Decision::Fail;
+            record.reason = Some(reason);
+            return shared.audit.record(&record);
+        }
+    };
+    record.addr = server.peer_addr().ok().map(|a| a.to_string());
+    let credential = shared.credentials.rule_for(&target.host, port);
+    match (credential, shared.upstream_tls.clone()) {
+        (Some(credential), Some(tls)) if shared.ca.is_some() => {
+            let upstream = TlsUpstream::new(target.host.clone(), port, addrs, tls, server);
+            let this = Interception { shared, host: target.host, port, credential, rule, upstream };
+            intercept::serve(this, client).await;
+        }
+        _ => tunnel::relay(&shared.audit, client, server, &target.host, record).await,
+    }
+}
+
+/// The guest's own choice first, when the policy's resolution agrees.
+fn prefer(addrs: &[SocketAddr], dst: SocketAddr) -> Vec<SocketAddr> {
+    if addrs.contains(&dst) { vec![dst] } else { addrs.to_vec() }
+}
+
+async fn http<S>(shared: Arc<Shared>, client: Prefixed<S>, dst: SocketAddr, names: HashSet<Host>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let plain: Arc<Mutex<PlainConnection>> = Arc::new(Mutex::new(None));
+    let names = Arc::new(names);
+    let service = service_fn(move |req| {
+        let (shared, plain, names) = (shared.clone(), plain.clone(), names.clone());
+        async move { Ok::<_, Infallible>(request(&shared, &plain, dst, &names, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(FIRST_BYTES_TIMEOUT)
+        .serve_connection(TokioIo::new(client), service);
+    if let Err(e) = conn.await {
+        tracing::debug!("transparent http connection ended: {e}");
+    }
+}
+
+/// One plain HTTP request: named by its Host, then forwarded exactly as a
+/// proxied http:// request.
+async fn request(
+    shared: &Shared,
+    plain: &Mutex<PlainConnection>,
+    dst: SocketAddr,
+    names: &HashSet<Host>,
+    mut req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let claimed = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse::<http::uri::Authority>().ok())
+        .map(|a| a.host().to_string());
+    let host = match named(claimed.as_deref(), dst, names) {
+        Ok(host) => host,
+        Err(reason) => {
+            deny(shared, Kind::Http, dst, reason.clone());
+            return body::text(StatusCode::FORBIDDEN, format!("stockade: {reason}"));
+        }
+    };
+    let Some(port) = Port::new(dst.port()) else {
+        return body::text(StatusCode::BAD_REQUEST, "stockade: port 0".into());
+    };
+    let authority = upstream::authority(&host, port, Port::HTTP);
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let uri = match format!("http://{authority}{path}").parse() {
+        Ok(uri) => uri,
+        Err(e) => return body::text(StatusCode::BAD_REQUEST, format!("stockade: bad request target: {e}")),
+    };
+    *req.uri_mut() = uri;
+    if let Ok(value) = authority.parse() {
+        req.headers_mut().insert(header::HOST, value);
+    }
+    server::forward(shared, plain, req).await
+}
+
+/// The bytes read to judge a connection, then the connection itself.
+struct Prefixed<S> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.pos < self.prefix.len() {
+            let n = buf.remaining().min(self.prefix.len() - self.pos);
+            let start = self.pos;
+            buf.put_slice(&self.prefix[start..start + n]);
+            self.pos += n;
+            if self.pos == self.prefix.len() {
+                self.prefix = Vec::new();
+                self.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_must_be_one_the_dns_gave_for_the_address() {
+        let dst: SocketAddr = "192.0.2.7:443".parse().unwrap();
+        let names: HashSet<Host> = [Host::parse("api.example.com").unwrap()].into();
+        assert_eq!(named(Some("API.example.com"), dst, &names).unwrap(), Host::parse("api.example.com").unwrap());
+        assert!(named(Some("evil.example.net"), dst, &names).unwrap_err().contains("not a name"));
+        assert!(named(None, dst, &names).is_err());
+        assert!(named(Some("api.example.com"), dst, &HashSet::new()).unwrap_err().contains("names no site"));
+        assert_eq!(named(None, dst, &HashSet::new()).unwrap(), Host::Ip(dst.ip()));
+        assert_eq!(named(Some("192.0.2.7"), dst, &HashSet::new()).unwrap(), Host::Ip(dst.ip()));
+        assert!(named(Some("192.0.2.8"), dst, &HashSet::new()).is_err());
+    }
+}

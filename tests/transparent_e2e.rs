@@ -1,0 +1,144 @@
+//! Transparent networking end to end (issue #8): programs that ignore the
+//! proxy variables reach the network only through the same policy, via the
+//! guest's eth0 and the VMM's userspace TCP/IP stack. The test servers run
+//! on the rig's own address (not loopback, which the guest has too).
+
+use crate::rig;
+use crate::run_e2e::{T, script};
+
+/// Starts a plain HTTP server on port 8080 of the rig's address and writes
+/// a policy allowing it as local.test; `$addr` is that address.
+const LOCAL_SERVER: &str = r#"addr=$(hostname -I | awk '{print $1}')
+python3 -m http.server 8080 --bind 0.0.0.0 >/dev/null 2>&1 & server=$!
+cat > p.toml <<TOML
+[network]
+allow_private = ["local.test:8080"]
+[network.hosts]
+"local.test" = "$addr"
+TOML
+sleep 1"#;
+
+#[test]
+fn programs_ignoring_proxy_variables_are_governed_by_the_policy() {
+    let Some(rig) = rig::require("programs_ignoring_proxy_variables_are_governed_by_the_policy") else { return };
+    let out = rig.sh(
+        &script(&format!(
+            r#"{LOCAL_SERVER}
+             $S run --policy ./p.toml -- sh -c '
+                 curl -sS --max-time 30 --noproxy "*" -o /dev/null -w "curl=%{{http_code}}\n" http://local.test:8080/
+                 env -u HTTP_PROXY -u http_proxy -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy \
+                     python3 -c "import urllib.request as u; print(\"python=%d\" % u.urlopen(\"http://local.test:8080/\", timeout=30).status)"
+                 node -e "fetch(\"http://local.test:8080/\").then(r => console.log(\"node=\" + r.status), e => console.log(\"node-error=\" + e.cause))"
+                 curl -sS --max-time 30 --noproxy "*" -o /dev/null -w "by-address=%{{http_code}}\n" http://'$addr':8080/
+                 curl -sS --max-time 30 --noproxy "*" -o /dev/null http://example.com/; echo "denied-name=$?"
+                 curl -sS --max-time 30 --noproxy "*" -o /dev/null -w "proxied=%{{http_code}}\n" -x "$HTTP_PROXY" http://local.test:8080/'
+             echo "run=$?"
+             kill $server
+             cat "$(ls -dt "$HOME"/.local/share/stockade/sessions/*/ | head -n 1)/network.jsonl""#
+        )),
+        T,
+    );
+    assert!(out.stdout.contains("curl=200"), "curl --noproxy reaches an allowed host\n{out}");
+    assert!(out.stdout.contains("python=200"), "a program without proxy variables reaches it\n{out}");
+    assert!(out.stdout.contains("node=200"), "node's fetch ignores the proxy variables and still gets there\n{out}");
+    assert!(out.stdout.contains("by-address=403"), "an address no DNS answer named is refused\n{out}");
+    assert!(out.stdout.contains("denied-name=6"), "a denied name does not even resolve\n{out}");
+    assert!(out.stdout.contains("proxied=200"), "the proxy path decides the same\n{out}");
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("\"decision\":\"deny\""), "refusals are audited\n{out}");
+}
+
+#[test]
+fn denied_names_are_nxdomain_at_once_and_raw_udp_gets_nowhere() {
+    let Some(rig) = rig::require("denied_names_are_nxdomain_at_once_and_raw_udp_gets_nowhere") else { return };
+    let out = rig.sh(
+        &script(
+            r#"addr=$(hostname -I | awk '{print $1}')
+             python3 -c "
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 9999)); s.settimeout(25)
+try:
+    s.recvfrom(100); print('udp-arrived')
+except socket.timeout:
+    print('udp-nothing')
+" & listener=$!
+             $S run -- sh -c '
+                 start=$(date +%s%N); getent hosts denied.example.com; rc=$?; end=$(date +%s%N)
+                 echo "nxdomain-rc=$rc ms=$(( (end - start) / 1000000 ))"
+                 python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(b\"leak\", (\"'$addr'\", 9999))
+print(\"sent\")
+"'
+             wait $listener"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("nxdomain-rc=2"), "{out}");
+    let ms: u64 = out
+        .stdout
+        .split("ms=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(ms < 5000, "NXDOMAIN must come at once, took {ms} ms\n{out}");
+    assert!(out.stdout.contains("sent") && out.stdout.contains("udp-nothing"), "{out}");
+}
+
+#[test]
+fn credentials_are_injected_on_the_transparent_path() {
+    let Some(rig) = rig::require("credentials_are_injected_on_the_transparent_path") else { return };
+    let out = rig.sh(
+        &script(
+            r#"addr=$(hostname -I | awk '{print $1}')
+             openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
+             openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=api.test 2>/dev/null
+             printf 'subjectAltName=DNS:api.test\n' > ext
+             openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
+             cat > server.py <<'PY'
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[1], "a") as log:
+            log.write("".join("%s: %s\n" % kv for kv in self.headers.items()))
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok\n")
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("0.0.0.0", 8443), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain("srv.pem", "srv.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+PY
+             python3 server.py "$ws/headers.log" & server=$!
+             cat > p.toml <<TOML
+[network]
+allow_private = ["api.test:8443"]
+[network.hosts]
+"api.test" = "$addr"
+[[credential]]
+host = "api.test:8443"
+header = "authorization"
+value = {{ env = "TEST_SECRET" }}
+format = "Bearer {{}}"
+TOML
+             sleep 1
+             SSL_CERT_FILE="$ws/ca.pem" TEST_SECRET=s3cr3t-token $S run --policy ./p.toml -e TEST_SECRET -- sh -c '
+                 curl -sS --noproxy "*" -H "Authorization: Bearer forged-by-guest" https://api.test:8443/x
+                 echo "guest-env=$TEST_SECRET"'
+             echo "run=$?"
+             kill $server
+             echo "--- headers"; cat headers.log"#,
+        )
+        .replace("{{", "{")
+        .replace("}}", "}"),
+        T,
+    );
+    assert!(out.stdout.contains("ok\nguest-env="), "{out}");
+    assert!(out.stdout.contains("run=0"), "{out}");
+    let headers = out.stdout.split("--- headers").nth(1).unwrap_or_default().to_ascii_lowercase();
+    assert!(headers.contains("authorization: bearer s3cr3t-token"), "the proxy adds the credential\n{out}");
+    assert!(!headers.contains("forged-by-guest"), "the guest's own header is stripped\n{out}");
+    let guest_part = out.stdout.split("--- headers").next().unwrap_or_default();
+    assert!(!guest_part.contains("s3cr3t-token"), "the secret reached the guest\n{out}");
+}
