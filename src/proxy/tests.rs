@@ -130,6 +130,16 @@ fn start_proxy(name: &str, policy_text: &str, roots: Vec<CertificateDer<'static>
     Ok(Setup { proxy, addr, audit, dir })
 }
 
+/// A proxy with a credential rule for api.test:`port` (so it intercepts that
+/// host), and the CA the guest must trust for it.
+fn intercepting_proxy(name: &str, port: u16, roots: Vec<CertificateDer<'static>>) -> (Setup, CertificateDer<'static>) {
+    let setup =
+        start_proxy(name, &policy_for(&[("api.test", port)], Some(&format!("api.test:{port}")), ""), roots).unwrap();
+    let pem = setup.proxy.guest_trust().expect("a credential rule means interception").ca_pem;
+    let ca = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes()).unwrap();
+    (setup, ca)
+}
+
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
@@ -375,15 +385,7 @@ fn intercepted_connections_speak_http2_both_ways() {
     let rt = runtime();
     let ca = TestCa::new();
     let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"h2", b"http/1.1"]))));
-    let setup = start_proxy(
-        "h2",
-        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
-        vec![ca.der.clone()],
-    )
-    .unwrap();
-    let proxy_ca =
-        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
-            .unwrap();
+    let (setup, proxy_ca) = intercepting_proxy("h2", api, vec![ca.der.clone()]);
     let (status, body) = rt.block_on(async {
         let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
         let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"h2"]).await.unwrap();
@@ -428,15 +430,7 @@ fn a_body_ended_by_an_abrupt_close_reaches_the_guest_whole() {
     let rt = runtime();
     let ca = TestCa::new();
     let api = rt.block_on(abrupt_close_server(ca.server_config("api.test", &[b"http/1.1"])));
-    let setup = start_proxy(
-        "abrupt",
-        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
-        vec![ca.der.clone()],
-    )
-    .unwrap();
-    let proxy_ca =
-        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
-            .unwrap();
+    let (setup, proxy_ca) = intercepting_proxy("abrupt", api, vec![ca.der.clone()]);
     for h2 in [true, false] {
         let (status, body) = rt.block_on(async {
             let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
@@ -453,15 +447,7 @@ fn intercepted_connection_refuses_requests_for_another_host() {
     let rt = runtime();
     let ca = TestCa::new();
     let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
-    let setup = start_proxy(
-        "misdirect",
-        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
-        vec![ca.der.clone()],
-    )
-    .unwrap();
-    let proxy_ca =
-        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
-            .unwrap();
+    let (setup, proxy_ca) = intercepting_proxy("misdirect", api, vec![ca.der.clone()]);
     let (status, body) = rt.block_on(async {
         let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
         let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
@@ -478,15 +464,7 @@ fn upstream_certificate_is_verified_before_the_credential_is_sent() {
     let trusted = TestCa::new();
     let impostor = TestCa::new();
     let (api, seen) = rt.block_on(echo_server(Some(impostor.server_config("api.test", &[b"http/1.1"]))));
-    let setup = start_proxy(
-        "verify",
-        &policy_for(&[("api.test", api)], Some(&format!("api.test:{api}")), ""),
-        vec![trusted.der.clone()],
-    )
-    .unwrap();
-    let proxy_ca =
-        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
-            .unwrap();
+    let (setup, proxy_ca) = intercepting_proxy("verify", api, vec![trusted.der.clone()]);
     let (status, body) = rt.block_on(async {
         let (_, _, tcp) = connect(setup.addr, &format!("api.test:{api}")).await;
         let tls = tls_over(tcp, "api.test", &proxy_ca, &[b"http/1.1"]).await.unwrap();
