@@ -63,12 +63,12 @@ TOML
     assert!(out.stdout.contains("guest-sees=") && out.stdout.contains("\n0\n"), "{out}");
 }
 
-#[test]
-fn a_credential_is_injected_only_for_its_host() {
-    let Some(rig) = rig::require("a_credential_is_injected_only_for_its_host") else { return };
-    let out = rig.sh(
-        &script(
-            r#"openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
+/// Shell lines that make a test CA, a certificate for api.test signed by
+/// it, and start (not yet run) server.py: an HTTPS server on `bind`:8443
+/// that answers "ok" and appends each request's headers to the file named
+/// by its first argument. The script continues on the next line.
+pub(crate) fn https_test_server(bind: &str) -> String {
+    r#"openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
              openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=api.test 2>/dev/null
              printf 'subjectAltName=DNS:api.test\n' > ext
              openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
@@ -80,12 +80,23 @@ class H(http.server.BaseHTTPRequestHandler):
             log.write("".join("%s: %s\n" % kv for kv in self.headers.items()))
         self.send_response(200); self.end_headers(); self.wfile.write(b"ok\n")
     def log_message(self, *a): pass
-s = http.server.HTTPServer(("127.0.0.1", 8443), H)
+s = http.server.HTTPServer((BIND, 8443), H)
 c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain("srv.pem", "srv.key")
 s.socket = c.wrap_socket(s.socket, server_side=True)
 s.serve_forever()
 PY
-             python3 server.py "$ws/headers.log" & server=$!
+"#
+    .replace("BIND", &format!("\"{bind}\""))
+}
+
+#[test]
+fn a_credential_is_injected_only_for_its_host() {
+    let Some(rig) = rig::require("a_credential_is_injected_only_for_its_host") else { return };
+    let out = rig.sh(
+        &script(
+            &[
+                https_test_server("127.0.0.1").as_str(),
+                r#"             python3 server.py "$ws/headers.log" & server=$!
              cat > p.toml <<'TOML'
 [network]
 allow_private = ["api.test:8443"]
@@ -104,6 +115,8 @@ TOML
              echo "run=$?"
              kill $server
              echo "--- headers"; cat headers.log"#,
+            ]
+            .concat(),
         ),
         T,
     );

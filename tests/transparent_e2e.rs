@@ -3,6 +3,7 @@
 //! guest's eth0 and the VMM's userspace TCP/IP stack. The test servers run
 //! on the rig's own address (not loopback, which the guest has too).
 
+use crate::network_e2e::https_test_server;
 use crate::rig;
 use crate::run_e2e::{T, script};
 
@@ -92,25 +93,11 @@ fn credentials_are_injected_on_the_transparent_path() {
     let Some(rig) = rig::require("credentials_are_injected_on_the_transparent_path") else { return };
     let out = rig.sh(
         &script(
-            r#"addr=$(hostname -I | awk '{print $1}')
-             openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
-             openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=api.test 2>/dev/null
-             printf 'subjectAltName=DNS:api.test\n' > ext
-             openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
-             cat > server.py <<'PY'
-import http.server, ssl, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        with open(sys.argv[1], "a") as log:
-            log.write("".join("%s: %s\n" % kv for kv in self.headers.items()))
-        self.send_response(200); self.end_headers(); self.wfile.write(b"ok\n")
-    def log_message(self, *a): pass
-s = http.server.HTTPServer(("0.0.0.0", 8443), H)
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain("srv.pem", "srv.key")
-s.socket = c.wrap_socket(s.socket, server_side=True)
-s.serve_forever()
-PY
-             python3 server.py "$ws/headers.log" & server=$!
+            &[
+                r#"addr=$(hostname -I | awk '{print $1}')
+             "#,
+                https_test_server("0.0.0.0").as_str(),
+                r#"             python3 server.py "$ws/headers.log" & server=$!
              cat > p.toml <<TOML
 [network]
 allow_private = ["api.test:8443"]
@@ -129,6 +116,8 @@ TOML
              echo "run=$?"
              kill $server
              echo "--- headers"; cat headers.log"#,
+            ]
+            .concat(),
         )
         .replace("{{", "{")
         .replace("}}", "}"),
