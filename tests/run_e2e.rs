@@ -38,11 +38,12 @@ fn exit_statuses_are_the_commands_own() {
              $S run -- sh -c 'exit 7'; echo \"seven=$?\"
              $S run -- ./notexec.sh; echo \"notexec=$?\"
              $S run -- no-such-command-xyz; echo \"notfound=$?\"
-             $S run -- sh -c 'kill -INT $$'; echo \"sigint=$?\"",
+             $S run -- sh -c 'kill -INT $$'; echo \"sigint=$?\"
+             $S run --cpus 2 -- nproc | sed 's/^/nproc=/'",
         ),
         T,
     );
-    for expected in ["true=0", "false=1", "seven=7", "notexec=126", "notfound=127", "sigint=130"] {
+    for expected in ["true=0", "false=1", "seven=7", "notexec=126", "notfound=127", "sigint=130", "nproc=2"] {
         assert!(out.stdout.contains(expected), "missing {expected}\n{out}");
     }
     assert!(out.stderr.contains("no-such-command-xyz: command not found"), "{out}");

@@ -6,6 +6,13 @@
 export PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root USER=root LOGNAME=root LANG=C.UTF-8 TERM=dumb
 ln -sf /proc/self/fd /dev/fd 2>/dev/null
+# Guests get one vCPU unless a test asks for more (--cpus 2). A two-vCPU
+# guest on L1's two software CPUs leaves nothing for the supervisor, proxy
+# and this agent; with them the suite lost L1 (soft lockups, stack-guard
+# faults in L1's nested SVM code) about once per run.
+mkdir -p /run/rig-config
+echo 'cpus = 1' >/run/rig-config/config.toml
+export STOCKADE_CONFIG_DIR=/run/rig-config
 hostname rig-l1 2>/dev/null
 exec 3<>/dev/ttyS1
 echo "rig-ready $(uname -r)" >&3
