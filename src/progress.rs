@@ -2,7 +2,8 @@
 //! [`Progress`] trait; [`Meter`] shows it: a bar (or a counter when the
 //! total is unknown) when stderr is a terminal, a plain line every few
 //! seconds otherwise (CI logs), and nothing at all for work that ends
-//! before it would be worth a look.
+//! before it would be worth a look. [`Steps`] shows work that has named
+//! steps but no count.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
@@ -19,6 +20,7 @@ const LINE_EVERY: Duration = Duration::from_secs(10);
 
 const BAR: &str = "stockade: {msg} [{bar:30}] {human_pos}/{human_len} {prefix} ({eta} left)";
 const COUNTER: &str = "stockade: {msg} {spinner} {human_pos} {prefix}";
+const STEPS: &str = "stockade: {prefix}: {spinner} {wide_msg} {elapsed}";
 
 /// How far long work got.
 pub trait Progress {
@@ -127,6 +129,52 @@ impl Drop for Meter {
     }
 }
 
+/// Work in named steps of unknown length (an image build): on a terminal a
+/// spinner with the current step and the time so far, otherwise one plain
+/// line per step.
+pub struct Steps {
+    what: String,
+    terminal: bool,
+    bar: Option<ProgressBar>,
+}
+
+impl Steps {
+    /// `what` names the work, as in "image debian".
+    pub fn stderr(what: impl Into<String>) -> Steps {
+        Steps { what: what.into(), terminal: std::io::stderr().is_terminal(), bar: None }
+    }
+
+    pub fn step(&mut self, text: &str) {
+        if !self.terminal {
+            eprintln!("stockade: {}: {text}", self.what);
+            return;
+        }
+        let bar = self.bar.get_or_insert_with(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+            if let Ok(style) = ProgressStyle::with_template(STEPS) {
+                bar.set_style(style);
+            }
+            bar.set_prefix(self.what.clone());
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            bar.enable_steady_tick(Duration::from_millis(120));
+            bar
+        });
+        bar.set_message(text.to_string());
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +192,7 @@ mod tests {
     fn templates_parse() {
         assert!(ProgressStyle::with_template(BAR).is_ok());
         assert!(ProgressStyle::with_template(COUNTER).is_ok());
+        assert!(ProgressStyle::with_template(STEPS).is_ok());
     }
 
     #[test]

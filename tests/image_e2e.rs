@@ -84,7 +84,8 @@ fn run_on_the_debian_image_sees_the_image_not_the_host() {
             r#"echo host-file > seen.txt
              $S run --image debian --apply=all -- sh -c '. /etc/os-release; echo "os=$VERSION_CODENAME"; git --version
                  test -e /usr/bin/qemu-system-x86_64 && echo host-usr-visible || echo host-usr-hidden
-                 cat seen.txt; echo from-image > made.txt; hostname'
+                 cat seen.txt; echo from-image > made.txt; hostname
+                 env -i sh -c ". /etc/profile.d/stockade.sh; echo profile-proxy=\$HTTPS_PROXY"'
              echo "run=$?"
              cat made.txt
              $S run --image no-such-image -- true; echo "missing=$?""#,
@@ -94,6 +95,10 @@ fn run_on_the_debian_image_sees_the_image_not_the_host() {
     assert!(out.stdout.contains("run=0"), "{out}");
     assert!(out.stdout.contains("os=bookworm") && out.stdout.contains("git version"), "{out}");
     assert!(out.stdout.contains("host-usr-hidden"), "the host's /usr must not be visible\n{out}");
+    assert!(
+        out.stdout.contains("profile-proxy=http://127.0.0.1:3128"),
+        "a clean shell gets the proxy from /etc/profile.d\n{out}"
+    );
     assert!(out.stdout.contains("host-file\n") && out.stdout.contains("\nfrom-image\n"), "the workspace works\n{out}");
     assert!(
         out.stdout.contains("missing=125") && out.stderr.contains("no image recipe named \"no-such-image\""),

@@ -1,6 +1,6 @@
 //! The guest's root in host mode (rootfs/host.toml): generated identity
-//! files cover the host's, and the host's secrets under shared directories
-//! are hidden.
+//! and network files cover the host's, and the host's secrets under shared
+//! directories are hidden.
 
 use crate::rig;
 use crate::run_e2e::{T, script};
@@ -20,7 +20,14 @@ fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
                  test -e /etc/ssh/ssh_config && echo "ssh-config=kept"'
              echo "run=$?"
              echo "host-id=$(cat /etc/machine-id)"
-             rm -f /etc/ssh/ssh_host_test_key"#,
+             rm -f /etc/ssh/ssh_host_test_key
+             host_roots=$(grep -c "BEGIN CERTIFICATE" /etc/ssl/certs/ca-certificates.crt)
+             printf '[[credential]]\nhost = "api.example.org"\nheader = "x-token"\nvalue = { env = "STOCKADE_T" }\n' > cred.toml
+             STOCKADE_T=t $S run --policy ./cred.toml -- sh -c '
+                 grep nameserver /etc/resolv.conf
+                 echo "guest-roots=$(grep -c "BEGIN CERTIFICATE" /etc/ssl/certs/ca-certificates.crt) host-roots='$host_roots'"
+                 head -n "$(wc -l < /run/stockade/ca.pem)" /etc/ssl/certs/ca-certificates.crt | cmp -s - /run/stockade/ca.pem && echo "ca=first"
+                 echo "cert-file=$SSL_CERT_FILE"'"#,
         ),
         T,
     );
@@ -33,6 +40,11 @@ fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
     assert!(!out.stdout.contains("HOST-PRIVATE-KEY"), "an ssh host key reached the guest\n{out}");
     assert!(!field("shadow=").contains("root:"), "/etc/shadow reached the guest\n{out}");
     assert!(out.stdout.contains("ssh-config=kept"), "only the secrets are hidden\n{out}");
+    assert!(out.stdout.contains("nameserver 10.77.0.1\n"), "names go to the proxy's DNS\n{out}");
+    let roots = |key: &str| field(key).split_whitespace().next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+    assert!(roots("guest-roots=") > roots("host-roots="), "the system bundle gains the proxy CA\n{out}");
+    assert!(out.stdout.contains("ca=first"), "{out}");
+    assert_eq!(field("cert-file="), "/run/stockade/ca-bundle.pem", "{out}");
     let me = field("me=");
     let accounts = field("accounts=");
     assert!(accounts.starts_with("root ") && accounts.contains("nobody") && accounts.contains(&me), "{out}");

@@ -50,8 +50,10 @@ fn programs_ignoring_proxy_variables_are_governed_by_the_policy() {
 }
 
 #[test]
-fn denied_names_are_nxdomain_at_once_and_raw_udp_gets_nowhere() {
-    let Some(rig) = rig::require("denied_names_are_nxdomain_at_once_and_raw_udp_gets_nowhere") else { return };
+fn denied_names_are_nxdomain_at_once_and_raw_udp_and_icmp_get_nowhere() {
+    let Some(rig) = rig::require("denied_names_are_nxdomain_at_once_and_raw_udp_and_icmp_get_nowhere") else {
+        return;
+    };
     let out = rig.sh(
         &script(
             r#"addr=$(hostname -I | awk '{print $1}')
@@ -72,11 +74,36 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.sendto(b\"leak\", (\"'$addr'\", 9999))
 print(\"sent\")
 "'
-             wait $listener"#,
+             wait $listener
+             cat > ping.py <<'PY'
+import socket, struct, sys
+def checksum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xFFFF)
+    return ~(s + (s >> 16)) & 0xFFFF
+def ping(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    s.settimeout(3)
+    echo = struct.pack("!BBHHH", 8, 0, 0, 7, 1) + b"stockade"
+    s.sendto(echo[:2] + struct.pack("!H", checksum(echo)) + echo[4:], (addr, 0))
+    try:
+        while True:
+            data, src = s.recvfrom(256)
+            if src[0] == addr and data[20] == 0:
+                return "reply"
+    except socket.timeout:
+        return "none"
+print("ping-gateway=" + ping("10.77.0.1"), "ping-outside=" + ping(sys.argv[1]))
+PY
+             $S run -- python3 ping.py "$addr""#,
         ),
         T,
     );
     assert!(out.stdout.contains("nxdomain-rc=2"), "{out}");
+    assert!(
+        out.stdout.contains("ping-gateway=reply ping-outside=none"),
+        "the gateway answers pings; an outside address must not seem up\n{out}"
+    );
     let ms: u64 = out
         .stdout
         .split("ms=")

@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 
 use crate::image::{self, Recipe};
 use crate::paths::Dirs;
+use crate::progress::Steps;
 
 /// Build, list and remove root filesystem images for `run --image`
 ///
@@ -43,7 +44,10 @@ pub fn run(args: ImageArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ImageCommand::Build { name } => {
             eprintln!("stockade: building image {name} (a few minutes the first time)");
-            let outcome = image::build(&dirs.cache, &name, |step| eprintln!("stockade: image {name}: {step}"))?;
+            let mut steps = Steps::stderr(format!("image {name}"));
+            let outcome = image::build(&dirs.cache, &name, |step| steps.step(step));
+            steps.finish();
+            let outcome = outcome?;
             let (built, verb) = match outcome {
                 image::BuildOutcome::Cached(b) => (b, "already built"),
                 image::BuildOutcome::Built(b) => (b, "built"),

@@ -105,10 +105,6 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let workspace = root::find_workspace(&cwd, &user.home)?;
     let image = config.image.as_deref().map(|name| crate::image::find(&dirs.cache, name)).transpose()?;
     let system = if image.is_some() { root::System::Image } else { root::System::Host };
-    let (mut shares, mut root_layout) = root::layout(&workspace, &user, system)?;
-    for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {
-        eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
-    }
 
     let session = session::Session::create(&dirs.data)?;
     let mut record = session::RunRecord {
@@ -132,6 +128,11 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let (changes_listener, changes_path) = vm::listen(&vsock_base, CHANGES_PORT)?;
     let receiver = staging::receive(changes_listener, changes_path, &store)?;
     let (network, guest_net) = network::start(&config.policy, &dirs.data, &session.dir, &vsock_base)?;
+    let root::Layout { mut shares, root: mut root_layout, env: trust_env } =
+        root::layout(&workspace, &user, system, &guest_net)?;
+    for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {
+        eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
+    }
     let vm_config = VmConfig {
         kernel,
         init: std::env::current_exe().context("cannot find the stockade binary")?,
@@ -151,11 +152,10 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     tracing::info!("session {} in {}", session.id, session.dir.display());
 
     let mut env = config.env.clone();
-    for (name, value) in guest_net.env.into_iter().chain(guest_net.placeholders) {
+    for (name, value) in guest_net.env.into_iter().chain(trust_env).chain(guest_net.placeholders) {
         env.retain(|(k, _)| *k != name);
         env.push((name, value));
     }
-    root_layout.extend(guest_net.files);
     let spec = RunSpec {
         argv: config.argv.clone(),
         env,

@@ -1,8 +1,9 @@
 //! The guest's network, host side: the egress proxy serving the guest's
 //! proxy forwarder, and the transparent connections and DNS questions of
-//! its virtio-net device; and what the guest needs to use it (proxy
-//! variables, resolv.conf, the CA when some host is intercepted, and the
-//! credential placeholders).
+//! its virtio-net device; and what the guest needs to use it: proxy
+//! variables, the credential placeholders, and the contents of the files
+//! rootfs/host.toml places (resolv.conf, the CA when some host is
+//! intercepted, a profile script).
 
 use std::path::{Path, PathBuf};
 
@@ -11,26 +12,42 @@ use anyhow::Context;
 use super::vm;
 use crate::policy::Policy;
 use crate::protocol::transparent::GATEWAY_IP;
-use crate::protocol::{DNS_PORT, PROXY_PORT, RootEntry, TRANSPARENT_PORT};
+use crate::protocol::{DNS_PORT, PROXY_PORT, TRANSPARENT_PORT};
 use crate::proxy::{AUDIT_FILE, GuestTrust, Proxy, ProxyConfig};
 
 /// The guest forwarder's address (see guest::net).
 const PROXY_URL: &str = "http://127.0.0.1:3128";
-const GUEST_CA: &str = "/run/stockade/ca.pem";
-const GUEST_BUNDLE: &str = "/run/stockade/ca-bundle.pem";
 
 pub struct Network {
     proxy: Proxy,
     sockets: Vec<PathBuf>,
 }
 
-/// What the guest gets: variables for the command and files for its root.
+/// What the guest gets: variables for the command, and what its network
+/// files are made from.
 pub struct GuestSide {
     pub env: Vec<(String, String)>,
     /// Set last, over anything the user passed: a secret must never reach
     /// the guest under the name a credential rule covers.
     pub placeholders: Vec<(String, String)>,
-    pub files: Vec<RootEntry>,
+    /// The proxy's CA, when the policy intercepts some host.
+    pub trust: Option<GuestTrust>,
+}
+
+impl GuestSide {
+    /// The guest's resolv.conf: the proxy's DNS at the gateway.
+    pub fn resolv_conf() -> String {
+        format!("# stockade: names are answered by the host's egress proxy, per the policy\nnameserver {GATEWAY_IP}\n")
+    }
+
+    /// A shell script exporting `env` (the proxy and CA variables).
+    pub fn profile(env: &[(String, String)]) -> String {
+        let mut text = String::from("# stockade: the egress proxy and the CA it signs with\n");
+        for (name, value) in env {
+            text.push_str(&format!("export {name}='{}'\n", value.replace('\'', "'\\''")));
+        }
+        text
+    }
 }
 
 pub fn start(
@@ -56,22 +73,11 @@ pub fn start(
     for name in ["NO_PROXY", "no_proxy"] {
         env.push((name.to_string(), "localhost,127.0.0.1,::1".to_string()));
     }
-    let mut files = vec![RootEntry::File {
-        target: "/etc/resolv.conf".into(),
-        content: format!(
-            "# stockade: names are answered by the host's egress proxy, per the policy\nnameserver {GATEWAY_IP}\n"
-        ),
-        mode: 0o644,
-    }];
-    if let Some(trust) = proxy.guest_trust() {
-        files.push(RootEntry::File { target: GUEST_CA.into(), content: trust.ca_pem.clone(), mode: 0o644 });
-        files.push(RootEntry::File { target: GUEST_BUNDLE.into(), content: trust.bundle_pem.clone(), mode: 0o644 });
-        env.extend(GuestTrust::env(GUEST_CA, GUEST_BUNDLE));
-    }
+    let trust = proxy.guest_trust();
     let placeholders = proxy.placeholder_env();
     Ok((
         Network { proxy, sockets: vec![proxy_socket, dns_socket, transparent_socket] },
-        GuestSide { env, placeholders, files },
+        GuestSide { env, placeholders, trust },
     ))
 }
 
@@ -81,5 +87,18 @@ impl Network {
         for socket in self.sockets {
             let _ = std::fs::remove_file(socket);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_quotes_what_it_exports() {
+        let env = vec![("HTTP_PROXY".to_string(), "http://127.0.0.1:3128".to_string()), ("Q".into(), "it's".into())];
+        let text = GuestSide::profile(&env);
+        assert!(text.contains("export HTTP_PROXY='http://127.0.0.1:3128'\n"), "{text}");
+        assert!(text.contains("export Q='it'\\''s'\n"), "{text}");
     }
 }

@@ -1,6 +1,7 @@
 //! The guest's view of the host in host mode, built from rootfs/host.toml:
 //! which host directories are shared read-only, where tmpfs goes, which
-//! files are generated or hidden, and where the workspace appears.
+//! files are generated (identity, network, trust) or hidden, and where the
+//! workspace appears.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,9 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use super::identity;
+use super::network::GuestSide;
 use crate::protocol::RootEntry;
+use crate::proxy::GuestTrust;
 use crate::vmm::config::ShareConfig;
 
 /// The definition of the host-mode root (see the file for what each part is).
@@ -49,7 +52,7 @@ struct Generated {
     from: Generator,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum Generator {
     MachineId,
@@ -57,6 +60,10 @@ enum Generator {
     Hosts,
     Passwd,
     Group,
+    ResolvConf,
+    ProxyCa,
+    CaBundle,
+    Profile,
 }
 
 fn host_root() -> anyhow::Result<HostRoot> {
@@ -129,10 +136,18 @@ pub fn find_workspace(cwd: &Path, home: &Path) -> anyhow::Result<PathBuf> {
     Ok(root)
 }
 
-/// The virtio-fs shares and the ordered root layout for the guest.
-/// The shares and root layout for `system`: in image mode nothing of the
-/// host is shared but the workspace (and the policy's mounts, added later).
-pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<(Vec<ShareConfig>, Vec<RootEntry>)> {
+/// What the guest is given: virtio-fs shares, the ordered root layout, and
+/// the variables that point at generated files.
+#[derive(Debug)]
+pub struct Layout {
+    pub shares: Vec<ShareConfig>,
+    pub root: Vec<RootEntry>,
+    pub env: Vec<(String, String)>,
+}
+
+/// The layout for `system`: in image mode nothing of the host is shared but
+/// the workspace (and the policy's mounts, added later).
+pub fn layout(workspace: &Path, user: &User, system: System, net: &GuestSide) -> anyhow::Result<Layout> {
     let spec = host_root()?;
     let mut shares = Vec::new();
     let mut root = Vec::new();
@@ -164,21 +179,31 @@ pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<(
         let (uid, gid) = if dir.owner == Owner::User { (user.uid, user.gid) } else { (0, 0) };
         root.push(RootEntry::Tmpfs { target, mode, uid, gid });
     }
-    for file in &spec.generate {
-        // Generated files cover the host's; where the host has none, the
-        // read-only share leaves nowhere to create one. An image's /etc is
-        // writable.
-        if system == System::Host && !Path::new(&file.path).exists() {
-            continue;
-        }
+    let generated: Vec<&Generated> = spec
+        .generate
+        .iter()
+        // A read-only share leaves nowhere to create a file the host lacks.
+        .filter(|file| {
+            let path = Path::new(&file.path);
+            !host_dirs.iter().any(|d| path.starts_with(d)) || fs::symlink_metadata(path).is_ok()
+        })
+        .collect();
+    let env = trust_env(&generated, net.trust.as_ref());
+    for file in generated {
         let content = match file.from {
-            Generator::MachineId => identity::machine_id().context("cannot make a machine id")?,
-            Generator::Hostname => identity::hostname(),
-            Generator::Hosts => identity::hosts(),
-            Generator::Passwd => identity::passwd(user),
-            Generator::Group => identity::group(user),
+            Generator::MachineId => Some(identity::machine_id().context("cannot make a machine id")?),
+            Generator::Hostname => Some(identity::hostname()),
+            Generator::Hosts => Some(identity::hosts()),
+            Generator::Passwd => Some(identity::passwd(user)),
+            Generator::Group => Some(identity::group(user)),
+            Generator::ResolvConf => Some(GuestSide::resolv_conf()),
+            Generator::ProxyCa => net.trust.as_ref().map(|t| t.ca_pem.clone()),
+            Generator::CaBundle => net.trust.as_ref().map(|t| t.bundle_pem.clone()),
+            Generator::Profile => Some(GuestSide::profile(&[net.env.as_slice(), env.as_slice()].concat())),
         };
-        root.push(RootEntry::File { target: file.path.clone(), content, mode: 0o644 });
+        if let Some(content) = content {
+            root.push(RootEntry::File { target: file.path.clone(), content, mode: 0o644 });
+        }
     }
     let hidden: &[String] = if system == System::Host { &spec.hide } else { &[] };
     for target in hidden.iter().flat_map(|pattern| expand(pattern)) {
@@ -195,7 +220,17 @@ pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<(
         target: ws.to_string(),
         disk: SCRATCH_DISK.to_string(),
     });
-    Ok((shares, root))
+    Ok(Layout { shares, root, env })
+}
+
+/// The CA variables, pointing at the first file of each trust generator
+/// that is placed; none without interception.
+fn trust_env(generated: &[&Generated], trust: Option<&GuestTrust>) -> Vec<(String, String)> {
+    let first = |kind: Generator| generated.iter().find(|f| f.from == kind).map(|f| f.path.as_str());
+    match (trust, first(Generator::ProxyCa), first(Generator::CaBundle)) {
+        (Some(_), Some(ca), Some(bundle)) => GuestTrust::env(ca, bundle),
+        _ => Vec::new(),
+    }
 }
 
 /// The existing files a `hide` pattern names: a path, or a directory and a
@@ -296,9 +331,25 @@ mod tests {
         assert!(spec.hide.iter().any(|h| h.starts_with("/etc/ssh/ssh_host_")));
     }
 
+    fn net(trust: bool) -> GuestSide {
+        GuestSide {
+            env: vec![("HTTPS_PROXY".into(), "http://127.0.0.1:3128".into())],
+            placeholders: Vec::new(),
+            trust: trust.then(|| GuestTrust { ca_pem: "CA\n".into(), bundle_pem: "ROOTS\nCA\n".into() }),
+        }
+    }
+
+    fn file<'a>(root: &'a [RootEntry], path: &str) -> Option<&'a str> {
+        root.iter().find_map(|e| match e {
+            RootEntry::File { target, content, .. } if target == path => Some(content.as_str()),
+            _ => None,
+        })
+    }
+
     #[test]
     fn image_mode_shares_only_the_workspace() {
-        let (shares, root) = layout(Path::new("/home/alice/proj"), &user(), System::Image).unwrap();
+        let Layout { shares, root, .. } =
+            layout(Path::new("/home/alice/proj"), &user(), System::Image, &net(false)).unwrap();
         assert_eq!(shares.len(), 1, "{shares:?}");
         assert_eq!(shares[0].guest_path, "/workspace");
         assert_eq!(root[0], RootEntry::Image { disk: "/dev/vdb".into() });
@@ -354,7 +405,8 @@ mod tests {
 
     #[test]
     fn layout_mounts_workspace_last_and_hides_home() {
-        let (shares, root) = layout(Path::new("/home/alice/proj"), &user(), System::Host).unwrap();
+        let Layout { shares, root, .. } =
+            layout(Path::new("/home/alice/proj"), &user(), System::Host, &net(false)).unwrap();
         assert!(shares.iter().any(|s| s.guest_path == "/usr"));
         assert!(!shares.iter().any(|s| s.host_path == Path::new("/home/alice")));
         let last = root.last().unwrap();
@@ -369,5 +421,32 @@ mod tests {
         let home_pos =
             root.iter().position(|e| matches!(e, RootEntry::Tmpfs { target, .. } if target == "/home/alice"));
         assert!(home_pos.is_some(), "home must be a fresh tmpfs");
+    }
+
+    #[test]
+    fn network_files_and_trust_come_from_the_definition() {
+        let plain = layout(Path::new("/home/alice/proj"), &user(), System::Image, &net(false)).unwrap();
+        assert!(file(&plain.root, "/etc/resolv.conf").is_some_and(|c| c.contains("nameserver 10.77.0.1")));
+        assert!(file(&plain.root, "/run/stockade/ca.pem").is_none(), "no CA without interception");
+        assert!(plain.env.is_empty(), "{:?}", plain.env);
+
+        let trusting = layout(Path::new("/home/alice/proj"), &user(), System::Image, &net(true)).unwrap();
+        assert_eq!(file(&trusting.root, "/run/stockade/ca.pem"), Some("CA\n"));
+        assert_eq!(file(&trusting.root, "/run/stockade/ca-bundle.pem"), Some("ROOTS\nCA\n"));
+        assert_eq!(file(&trusting.root, "/etc/ssl/certs/ca-certificates.crt"), Some("ROOTS\nCA\n"));
+        let var = |name: &str| trusting.env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        assert_eq!(var("SSL_CERT_FILE"), Some("/run/stockade/ca-bundle.pem"));
+        assert_eq!(var("NODE_EXTRA_CA_CERTS"), Some("/run/stockade/ca.pem"));
+        let profile = file(&trusting.root, "/etc/profile.d/stockade.sh").unwrap();
+        assert!(profile.contains("export HTTPS_PROXY='http://127.0.0.1:3128'"), "{profile}");
+        assert!(profile.contains("export SSL_CERT_FILE='/run/stockade/ca-bundle.pem'"), "{profile}");
+    }
+
+    #[test]
+    fn host_mode_creates_files_only_outside_the_shares() {
+        let Layout { root, .. } = layout(Path::new("/home/alice/proj"), &user(), System::Host, &net(true)).unwrap();
+        assert!(file(&root, "/run/stockade/ca.pem").is_some(), "/run is a tmpfs: created");
+        let profile = file(&root, "/etc/profile.d/stockade.sh");
+        assert_eq!(profile.is_some(), Path::new("/etc/profile.d/stockade.sh").exists(), "the host's /etc is read-only");
     }
 }

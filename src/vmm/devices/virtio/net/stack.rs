@@ -2,7 +2,9 @@
 //! is the guest's gateway and, through `any_ip`, every address the guest
 //! dials. A guest SYN to a new endpoint gets a listening socket made for it
 //! just before smoltcp sees the SYN; once the handshake starts the
-//! connection is bridged to the proxy with its original destination.
+//! connection is bridged to the proxy with its original destination. The
+//! guest has IPv4 only: its resolver gets AAAA answers but, with no IPv6
+//! address or route, programs fall back to the IPv4 ones.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -152,6 +154,9 @@ impl Stack {
 
     /// Takes a frame from the guest (without the virtio header).
     pub fn push_frame(&mut self, frame: Vec<u8>) {
+        if is_foreign_icmp(&frame) {
+            return;
+        }
         if let Some(flow) = syn_of(&frame) {
             self.prepare_listener(flow);
         }
@@ -336,6 +341,18 @@ fn dial_proxy(dialer: &mut Dialer, dst: SocketAddr) -> io::Result<std::os::unix:
     // A fresh stream's buffer always has room for the few header bytes.
     stream.write_all(&transparent::encode(dst))?;
     Ok(stream)
+}
+
+/// ICMP for anything but the gateway. With any_ip, smoltcp would answer a
+/// ping to every address itself, telling the guest that hosts the policy
+/// denies are up; the gateway answers its own pings, the rest are dropped.
+fn is_foreign_icmp(frame: &[u8]) -> bool {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else { return false };
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return false;
+    }
+    let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else { return false };
+    ip.next_header() == IpProtocol::Icmp && ip.dst_addr() != GATEWAY_IP
 }
 
 /// The flow of a frame that opens a TCP connection (SYN without ACK).

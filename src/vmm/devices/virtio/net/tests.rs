@@ -15,8 +15,8 @@ use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{
-    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpAddress,
-    IpCidr, IpEndpoint,
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, Icmpv4Packet,
+    Icmpv4Repr, IpAddress, IpCidr, IpEndpoint, IpProtocol, Ipv4Address, Ipv4Packet, Ipv4Repr,
 };
 use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -330,6 +330,82 @@ fn udp_other_than_dns_goes_nowhere() {
     }
     assert!(guest.sockets.get_mut::<udp::Socket>(handle).recv().is_err());
     assert_eq!(stack.connections(), 0);
+}
+
+/// A frame from the guest: `payload` for `ethertype` after the header.
+fn guest_frame(ethertype: EthernetProtocol, payload_len: usize, emit: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    let eth = EthernetRepr { src_addr: EthernetAddress(GUEST_MAC), dst_addr: EthernetAddress(GATEWAY_MAC), ethertype };
+    let mut frame = vec![0u8; eth.buffer_len() + payload_len];
+    let mut eth_frame = EthernetFrame::new_unchecked(&mut frame);
+    eth.emit(&mut eth_frame);
+    emit(eth_frame.payload_mut());
+    frame
+}
+
+fn ping(to: Ipv4Address, seq_no: u16) -> Vec<u8> {
+    let icmp = Icmpv4Repr::EchoRequest { ident: 7, seq_no, data: b"are you there" };
+    let ip = Ipv4Repr {
+        src_addr: GUEST_IP,
+        dst_addr: to,
+        next_header: IpProtocol::Icmp,
+        payload_len: icmp.buffer_len(),
+        hop_limit: 64,
+    };
+    guest_frame(EthernetProtocol::Ipv4, ip.buffer_len() + icmp.buffer_len(), |buf| {
+        let mut packet = Ipv4Packet::new_unchecked(buf);
+        ip.emit(&mut packet, &smoltcp::phy::ChecksumCapabilities::default());
+        icmp.emit(
+            &mut Icmpv4Packet::new_unchecked(packet.payload_mut()),
+            &smoltcp::phy::ChecksumCapabilities::default(),
+        );
+    })
+}
+
+/// The sequence numbers of the echo replies the stack sent.
+fn echo_replies(stack: &mut Stack) -> Vec<u16> {
+    let mut seqs = Vec::new();
+    while let Some(frame) = stack.pop_frame() {
+        let eth = EthernetFrame::new_checked(&frame).unwrap();
+        if eth.ethertype() != EthernetProtocol::Ipv4 {
+            continue;
+        }
+        let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+        if ip.next_header() != IpProtocol::Icmp {
+            continue;
+        }
+        let icmp = Icmpv4Packet::new_checked(ip.payload()).unwrap();
+        if let Ok(Icmpv4Repr::EchoReply { seq_no, .. }) =
+            Icmpv4Repr::parse(&icmp, &smoltcp::phy::ChecksumCapabilities::default())
+        {
+            seqs.push(seq_no);
+        }
+    }
+    seqs
+}
+
+#[test]
+fn only_the_gateway_answers_pings() {
+    let dir = TempDir::new();
+    let mut stack = Stack::new(dir.dialer()).unwrap();
+    // The stack learns the guest's MAC from its ARP request.
+    let arp = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: EthernetAddress(GUEST_MAC),
+        source_protocol_addr: GUEST_IP,
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: GATEWAY_IP,
+    };
+    stack.push_frame(guest_frame(EthernetProtocol::Arp, arp.buffer_len(), |buf| {
+        arp.emit(&mut ArpPacket::new_unchecked(buf))
+    }));
+    stack.poll();
+    while stack.pop_frame().is_some() {}
+
+    stack.push_frame(ping(GATEWAY_IP, 1));
+    stack.push_frame(ping(Ipv4Address::new(203, 0, 113, 9), 2));
+    stack.push_frame(ping(Ipv4Address::new(8, 8, 8, 8), 3));
+    stack.poll();
+    assert_eq!(echo_replies(&mut stack), vec![1], "the gateway answers; other addresses look down");
 }
 
 /// Descriptors for one queue in test memory.
