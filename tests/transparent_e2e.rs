@@ -158,3 +158,63 @@ TOML
     let guest_part = out.stdout.split("--- headers").next().unwrap_or_default();
     assert!(!guest_part.contains("s3cr3t-token"), "the secret reached the guest\n{out}");
 }
+
+#[test]
+fn protocols_that_name_no_site_are_judged_by_the_dns_name() {
+    let Some(rig) = rig::require("protocols_that_name_no_site_are_judged_by_the_dns_name") else { return };
+    let out = rig.sh(
+        &script(
+            r#"addr=$(hostname -I | awk '{print $1}')
+             cat > servers.py <<'PY'
+import socket, threading
+def serve(port, greet_first):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen()
+    while True:
+        c, _ = s.accept()
+        if greet_first:
+            c.sendall(b"220 greeting\r\n")
+        line = c.recv(100)
+        c.sendall(b"echo " + line); c.close()
+for port, first in [(2525, True), (2222, False), (2626, True)]:
+    threading.Thread(target=serve, args=(port, first), daemon=True).start()
+threading.Event().wait()
+PY
+             python3 servers.py & servers=$!
+             cat > p.toml <<TOML
+[network]
+allow_private = ["local.test:2525", "local.test:2222"]
+[network.hosts]
+"local.test" = "$addr"
+TOML
+             cat > client.py <<'PY'
+import socket
+def talk(port, greet_first):
+    try:
+        c = socket.create_connection(("local.test", port), timeout=20)
+        got = c.recv(100) if greet_first else b""
+        c.sendall(b"hello\r\n")
+        while True:
+            more = c.recv(100)
+            if not more:
+                break
+            got += more
+        return got.decode().replace("\r\n", "|") or "nothing"
+    except OSError as e:
+        return "error"
+print("greets-first=" + talk(2525, True))
+print("speaks-first=" + talk(2222, False))
+print("other-port=" + talk(2626, True))
+PY
+             sleep 1
+             $S run --policy ./p.toml -- python3 client.py
+             kill $servers"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("greets-first=220 greeting|echo hello|"), "a server that greets first\n{out}");
+    assert!(out.stdout.contains("speaks-first=echo hello|"), "a client-first protocol that is not HTTP\n{out}");
+    let other = out.stdout.split("other-port=").nth(1).and_then(|s| s.lines().next()).unwrap_or("");
+    assert!(other == "nothing" || other == "error", "a port no rule allows gets nothing\n{out}");
+}
+

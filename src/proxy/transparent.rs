@@ -6,6 +6,9 @@
 //! proxy's own DNS answers gave for the address (`names`), or the address
 //! itself when the guest asked no name; then the policy decides, with the
 //! same audit records, tunnels and interception as the proxy path.
+//! Protocols that name no site (SSH, databases, servers that greet first)
+//! are named by the DNS alone: the address must be one the proxy gave for a
+//! name the policy allows on that port.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -21,6 +24,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
 use super::Shared;
@@ -31,7 +35,7 @@ use super::server::{self, PlainConnection, Target};
 use super::sni::{self, Inspection};
 use super::tunnel;
 use super::upstream::{self, TlsUpstream};
-use crate::policy::{Host, Port};
+use crate::policy::{Host, Policy, Port, Verdict};
 use crate::protocol::transparent as header_wire;
 
 /// A guest that does not say which site it wants within this is dropped
@@ -39,6 +43,14 @@ use crate::protocol::transparent as header_wire;
 const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most the proxy reads before judging (a ClientHello is far smaller).
 const MAX_FIRST_BYTES: usize = 16 * 1024;
+/// Ports whose clients always speak first and name the site (HTTP, HTTPS).
+const NAMING_PORTS: [u16; 2] = [80, 443];
+/// Elsewhere a guest silent this long is taken to wait for the server's
+/// greeting (SMTP, MySQL), and its flow is named by the DNS alone.
+const GREETING_WAIT: Duration = Duration::from_secs(2);
+/// How an HTTP/1 request (or HTTP/2 with prior knowledge) begins.
+const HTTP_STARTS: [&[u8]; 10] =
+    [b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"TRACE ", b"PRI * HTTP/2"];
 
 /// Serves one transparent connection.
 pub async fn serve<S>(shared: Arc<Shared>, mut stream: S)
@@ -50,13 +62,21 @@ where
         Err(e) => return tracing::warn!("transparent connection without a usable header: {e}"),
     };
     let mut first = Vec::with_capacity(4096);
-    let inspection = tokio::time::timeout(FIRST_BYTES_TIMEOUT, async {
+    let naming_port = NAMING_PORTS.contains(&dst.port());
+    let wait = if naming_port { FIRST_BYTES_TIMEOUT } else { GREETING_WAIT };
+    let inspection = tokio::time::timeout(wait, async {
         loop {
             match stream.read_buf(&mut first).await {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => match sni::inspect(&first) {
                     Inspection::NeedMore if first.len() < MAX_FIRST_BYTES => continue,
-                    done => return Some(done),
+                    Inspection::NotTls => match http_start(&first) {
+                        None => continue,
+                        Some(true) => return Some(First::Http),
+                        Some(false) => return Some(First::Other),
+                    },
+                    Inspection::ClientHello { sni } => return Some(First::Tls(sni)),
+                    Inspection::Malformed | Inspection::NeedMore => return Some(First::Malformed),
                 },
             }
         }
@@ -65,13 +85,35 @@ where
     let names = shared.names.of(dst.ip());
     let client = Prefixed { prefix: first, pos: 0, inner: stream };
     match inspection {
-        Ok(Some(Inspection::ClientHello { sni })) => tls(shared, client, dst, &names, sni).await,
-        Ok(Some(Inspection::NotTls)) => http(shared, client, dst, names).await,
-        Ok(Some(Inspection::Malformed | Inspection::NeedMore)) => {
+        Ok(Some(First::Tls(sni))) => tls(shared, client, dst, &names, sni).await,
+        Ok(Some(First::Http)) => http(shared, client, dst, names).await,
+        Ok(Some(First::Other)) => raw(shared, client, dst, &names).await,
+        Err(_) if !naming_port => raw(shared, client, dst, &names).await,
+        Ok(Some(First::Malformed)) => {
             deny(&shared, Kind::Connect, dst, "the connection began with a malformed TLS ClientHello".into());
         }
         Ok(None) => {}
         Err(_) => deny(&shared, Kind::Connect, dst, "the guest sent nothing that names a site".into()),
+    }
+}
+
+/// What a guest's first bytes were.
+enum First {
+    Tls(Option<String>),
+    Http,
+    /// A protocol that names no site.
+    Other,
+    Malformed,
+}
+
+/// Whether `first` begins an HTTP request; `None` while too short to tell.
+fn http_start(first: &[u8]) -> Option<bool> {
+    if HTTP_STARTS.iter().any(|start| first.starts_with(start)) {
+        Some(true)
+    } else if HTTP_STARTS.iter().any(|start| start.starts_with(first)) {
+        None
+    } else {
+        Some(false)
     }
 }
 
@@ -109,6 +151,58 @@ fn deny(shared: &Shared, kind: Kind, dst: SocketAddr, reason: String) {
     shared.audit.record(&record);
 }
 
+/// The host a guest means on a connection that names no site: the first
+/// (by name) of those the DNS gave for the address that the policy allows
+/// on `port`; the address itself when the DNS gave it for none.
+fn named_by_dns(policy: &Policy, dst: SocketAddr, names: &HashSet<Host>, port: Port) -> Result<Host, String> {
+    if names.is_empty() {
+        return Ok(Host::Ip(dst.ip()));
+    }
+    let mut candidates: Vec<&Host> = names.iter().collect();
+    candidates.sort_by_key(|host| host.to_string());
+    candidates
+        .into_iter()
+        .find(|host| matches!(policy.verdict(host, port), Verdict::Allow { .. }))
+        .cloned()
+        .ok_or_else(|| format!("no name stockade's DNS gave {} for is allowed on port {port}", dst.ip()))
+}
+
+/// Admits `target` and connects to it, preferring the address the guest
+/// dialed; `None` once a refusal or failure is recorded.
+async fn open(shared: &Shared, target: &Target, dst: SocketAddr) -> Option<(TcpStream, Vec<SocketAddr>, Record)> {
+    let mut record = Record::new(Kind::Connect, target.host.to_string(), target.port.get(), Decision::Allow);
+    let (addrs, rule) = server::admit(shared, target, record.clone()).await.ok()?;
+    record.rule = Some(rule);
+    match upstream::connect_any(&prefer(&addrs, dst)).await {
+        Ok(server) => {
+            record.addr = server.peer_addr().ok().map(|a| a.to_string());
+            Some((server, addrs, record))
+        }
+        Err(reason) => {
+            record.decision = Decision::Fail;
+            record.reason = Some(reason);
+            shared.audit.record(&record);
+            None
+        }
+    }
+}
+
+/// A protocol that names no site, tunnelled to the host the DNS names. The
+/// tunnel still refuses a late ClientHello naming another host.
+async fn raw<S>(shared: Arc<Shared>, client: Prefixed<S>, dst: SocketAddr, names: &HashSet<Host>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some(port) = Port::new(dst.port()) else { return };
+    let host = match named_by_dns(&shared.policy, dst, names, port) {
+        Ok(host) => host,
+        Err(reason) => return deny(&shared, Kind::Connect, dst, reason),
+    };
+    let target = Target { host, port };
+    let Some((server, _, record)) = open(&shared, &target, dst).await else { return };
+    tunnel::relay(&shared.audit, client, server, &target.host, record).await;
+}
+
 async fn tls<S>(shared: Arc<Shared>, client: Prefixed<S>, dst: SocketAddr, names: &HashSet<Host>, sni: Option<String>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -119,18 +213,8 @@ where
     };
     let Some(port) = Port::new(dst.port()) else { return };
     let target = Target { host, port };
-    let mut record = Record::new(Kind::Connect, target.host.to_string(), port.get(), Decision::Allow);
-    let Ok((addrs, rule)) = server::admit(&shared, &target, record.clone()).await else { return };
-    record.rule = Some(rule.clone());
-    let server = match upstream::connect_any(&prefer(&addrs, dst)).await {
-        Ok(s) => s,
-        Err(reason) => {
-            record.decision = Decision::Fail;
-            record.reason = Some(reason);
-            return shared.audit.record(&record);
-        }
-    };
-    record.addr = server.peer_addr().ok().map(|a| a.to_string());
+    let Some((server, addrs, record)) = open(&shared, &target, dst).await else { return };
+    let rule = record.rule.clone().unwrap_or_default();
     let credential = shared.credentials.rule_for(&target.host, port);
     match (credential, shared.upstream_tls.clone()) {
         (Some(credential), Some(tls)) if shared.ca.is_some() => {
@@ -255,5 +339,30 @@ mod tests {
         assert_eq!(named(None, dst, &HashSet::new()).unwrap(), Host::Ip(dst.ip()));
         assert_eq!(named(Some("192.0.2.7"), dst, &HashSet::new()).unwrap(), Host::Ip(dst.ip()));
         assert!(named(Some("192.0.2.8"), dst, &HashSet::new()).is_err());
+    }
+
+    #[test]
+    fn http_is_told_from_other_protocols_by_its_first_bytes() {
+        assert_eq!(http_start(b"GET / HTTP/1.1\r\n"), Some(true));
+        assert_eq!(http_start(b"PRI * HTTP/2.0\r\n"), Some(true));
+        assert_eq!(http_start(b"GE"), None, "too short to tell");
+        assert_eq!(http_start(b"SSH-2.0-OpenSSH_9.2\r\n"), Some(false));
+        assert_eq!(http_start(b"\x00\x00\x00\x08\x04\xd2\x16\x2f"), Some(false), "a Postgres SSLRequest");
+        assert_eq!(http_start(b"GETTING"), Some(false));
+    }
+
+    #[test]
+    fn a_site_less_flow_is_named_by_an_allowed_dns_name() {
+        let policy =
+            crate::policy::parse("[network]\nallow = [\"git.example.com:22\", \"www.example.com\"]\n", "t.toml")
+                .unwrap();
+        let dst: SocketAddr = "192.0.2.7:22".parse().unwrap();
+        let host = |name: &str| Host::parse(name).unwrap();
+        let names: HashSet<Host> = [host("www.example.com"), host("git.example.com")].into();
+        let ssh = Port::new(22).unwrap();
+        assert_eq!(named_by_dns(&policy, dst, &names, ssh).unwrap(), host("git.example.com"));
+        let only_web: HashSet<Host> = [host("www.example.com")].into();
+        assert!(named_by_dns(&policy, dst, &only_web, ssh).unwrap_err().contains("allowed on port 22"));
+        assert_eq!(named_by_dns(&policy, dst, &HashSet::new(), ssh).unwrap(), Host::Ip(dst.ip()));
     }
 }
