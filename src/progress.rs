@@ -9,7 +9,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use indicatif::{HumanCount, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// On a terminal, work that ends sooner than this never draws a bar.
 const BAR_AFTER: Duration = Duration::from_millis(400);
@@ -20,6 +20,8 @@ const LINE_EVERY: Duration = Duration::from_secs(10);
 
 const BAR: &str = "stockade: {msg} [{bar:30}] {human_pos}/{human_len} {prefix} ({eta} left)";
 const COUNTER: &str = "stockade: {msg} {spinner} {human_pos} {prefix}";
+const BYTES_BAR: &str = "stockade: {msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} ({eta} left)";
+const BYTES_COUNTER: &str = "stockade: {msg} {spinner} {binary_bytes}";
 const STEPS: &str = "stockade: {prefix}: {spinner} {wide_msg} {elapsed}";
 
 /// How far long work got.
@@ -47,6 +49,8 @@ pub struct Meter {
     what: &'static str,
     /// What a step is, plural ("paths").
     unit: &'static str,
+    /// Steps are bytes, shown as KiB, MiB...
+    bytes: bool,
     terminal: bool,
     total: Option<u64>,
     started: Instant,
@@ -60,6 +64,7 @@ impl Meter {
         Meter {
             what,
             unit,
+            bytes: false,
             terminal: std::io::stderr().is_terminal(),
             total: None,
             started: now,
@@ -68,10 +73,22 @@ impl Meter {
         }
     }
 
+    /// A meter whose steps are bytes.
+    pub fn bytes(what: &'static str) -> Meter {
+        let mut meter = Meter::stderr(what, "bytes");
+        meter.bytes = true;
+        meter
+    }
+
     fn new_bar(&self) -> ProgressBar {
         // Hidden until fully set up, so that no half-made frame is drawn.
         let bar = ProgressBar::with_draw_target(self.total, ProgressDrawTarget::hidden());
-        let template = if self.total.is_some() { BAR } else { COUNTER };
+        let template = match (self.total.is_some(), self.bytes) {
+            (true, false) => BAR,
+            (false, false) => COUNTER,
+            (true, true) => BYTES_BAR,
+            (false, true) => BYTES_COUNTER,
+        };
         // A template that does not parse only costs the bar its looks.
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));
@@ -84,6 +101,12 @@ impl Meter {
 
     /// The plain line for `done` steps.
     fn line(&self, done: u64) -> String {
+        if self.bytes {
+            return match self.total {
+                Some(total) => format!("stockade: {}: {} of {}", self.what, HumanBytes(done), HumanBytes(total)),
+                None => format!("stockade: {}: {} so far", self.what, HumanBytes(done)),
+            };
+        }
         match self.total {
             Some(total) => {
                 format!("stockade: {}: {} of {} {}", self.what, HumanCount(done), HumanCount(total), self.unit)
@@ -186,6 +209,9 @@ mod tests {
         assert_eq!(meter.line(1_204), "stockade: applying the changes: 1,204 of 12,000 changes");
         meter.start(None);
         assert_eq!(meter.line(5), "stockade: applying the changes: 5 changes so far");
+        let mut meter = Meter::bytes("receiving the changes");
+        meter.start(None);
+        assert_eq!(meter.line(3 << 20), "stockade: receiving the changes: 3.00 MiB so far");
     }
 
     #[test]
@@ -193,6 +219,8 @@ mod tests {
         assert!(ProgressStyle::with_template(BAR).is_ok());
         assert!(ProgressStyle::with_template(COUNTER).is_ok());
         assert!(ProgressStyle::with_template(STEPS).is_ok());
+        assert!(ProgressStyle::with_template(BYTES_BAR).is_ok());
+        assert!(ProgressStyle::with_template(BYTES_COUNTER).is_ok());
     }
 
     #[test]

@@ -217,4 +217,3 @@ PY
     let other = out.stdout.split("other-port=").nth(1).and_then(|s| s.lines().next()).unwrap_or("");
     assert!(other == "nothing" || other == "error", "a port no rule allows gets nothing\n{out}");
 }
-

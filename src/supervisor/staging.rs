@@ -3,6 +3,7 @@
 //! session show up as conflicts), and the change set the guest exports at
 //! the end, staged into the session's change store.
 
+use std::io::Read;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -81,7 +82,10 @@ pub fn receive(listener: UnixListener, path: PathBuf, store: &Store) -> anyhow::
             listener.set_nonblocking(false).context("cannot wait for the change set")?;
             let (stream, _) = listener.accept().context("cannot accept the change set")?;
             let started = Instant::now();
-            let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, stream), Limits::default())?;
+            let mut meter = Meter::bytes("receiving the guest's changes");
+            meter.start(None);
+            let counted = Counted { inner: stream, read: 0, meter };
+            let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, counted), Limits::default())?;
             tracing::info!(
                 "staged {} changes ({} bytes of content) in {:.0?}",
                 report.summary.entries,
@@ -92,6 +96,23 @@ pub fn receive(listener: UnixListener, path: PathBuf, store: &Store) -> anyhow::
         })
         .context("cannot start receiving the change set")?;
     Ok(Receiver { job, path })
+}
+
+/// The change stream, counted for the meter (which shows only when the
+/// change set is large enough to take a while).
+struct Counted<R> {
+    inner: R,
+    read: u64,
+    meter: Meter,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        self.meter.set(self.read);
+        Ok(n)
+    }
 }
 
 impl Receiver {
