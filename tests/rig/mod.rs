@@ -185,6 +185,16 @@ struct L1 {
 
 static L1_SLOT: Mutex<Option<L1>> = Mutex::new(None);
 
+/// `script` run with the test's guest kernel. L1 has its own environment,
+/// and without this its stockade would pick the newest kernel in the cache,
+/// which may be another checkout's build rather than this one's.
+fn with_kernel(script: &str) -> String {
+    match std::env::var("STOCKADE_KERNEL") {
+        Ok(kernel) if !kernel.contains('\'') => format!("export STOCKADE_KERNEL='{kernel}'\n{script}"),
+        _ => script.to_string(),
+    }
+}
+
 fn run_in_l1(script: &str, timeout: Duration) -> Result<Output, RigError> {
     // One script at a time: L1 has only two software CPUs.
     let mut slot = L1_SLOT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -388,7 +398,7 @@ impl L1 {
         let id = self.next_job;
         let job = self.dir.join("xfer/jobs").join(id.to_string());
         fs::create_dir_all(&job).map_err(|e| RigError::Command(e.to_string()))?;
-        fs::write(job.join("cmd.sh"), script).map_err(|e| RigError::Command(e.to_string()))?;
+        fs::write(job.join("cmd.sh"), with_kernel(script)).map_err(|e| RigError::Command(e.to_string()))?;
         writeln!(self.writer, "run {id}").map_err(|e| RigError::Command(format!("L1 agent channel: {e}")))?;
         let deadline = Instant::now() + timeout;
         let status = loop {
