@@ -10,7 +10,7 @@ use crate::run_e2e::{T, script};
 use crate::util::{TempDir, stockade_bin};
 
 /// mmdebstrap and genext2fs are installed, or why the test cannot run.
-fn builder_available(test: &str) -> bool {
+pub(crate) fn builder_available(test: &str) -> bool {
     let missing: Vec<&str> = ["mmdebstrap", "genext2fs"]
         .into_iter()
         .filter(|tool| {
@@ -28,11 +28,11 @@ fn builder_available(test: &str) -> bool {
     false
 }
 
-fn image(args: &[&str]) -> std::process::Output {
+pub(crate) fn image(args: &[&str]) -> std::process::Output {
     Command::new(stockade_bin()).arg("image").args(args).env_remove("RUST_LOG").output().expect("run stockade image")
 }
 
-fn text(out: &std::process::Output) -> String {
+pub(crate) fn text(out: &std::process::Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
         out.status.code(),

@@ -6,6 +6,7 @@ mod util;
 mod changes_e2e;
 mod cli;
 mod config_cli;
+mod docker_e2e;
 mod doctor;
 mod help;
 mod image_e2e;

@@ -184,7 +184,8 @@ fn changes(session_dir: &Path, workspace: &Path) -> anyhow::Result<ChangeCounts>
     })
 }
 
-fn network(log: &Path) -> anyhow::Result<NetworkCounts> {
+/// The proxy's decisions counted from a session's audit log.
+pub(super) fn network(log: &Path) -> anyhow::Result<NetworkCounts> {
     if !log.exists() {
         return Ok(NetworkCounts::default());
     }

@@ -41,7 +41,7 @@ pub struct VmOptions {
     apply: Option<ApplyMode>,
 
     /// Network and credential policy: a preset (npm, cargo, pypi, github,
-    /// claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
+    /// docker, claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
     /// Repeat to merge; deny rules always win. Without one, the config
     /// file's `policy` list; without that, nothing is allowed.
     #[arg(long = "policy", value_name = "NAME|PATH")]
@@ -88,6 +88,14 @@ pub struct VmOptions {
     #[arg(long, value_name = "NAME")]
     image: Option<String>,
 
+    /// Start dockerd in the guest before the command (needs --image with
+    /// Docker, e.g. `stockade image build docker`, then `--image docker`).
+    /// Its data lives on the scratch disk; pulls go through the egress
+    /// proxy, so the policy must allow the registry (`--policy docker` for
+    /// Docker Hub).
+    #[arg(long)]
+    docker: bool,
+
     /// Boot this guest kernel (a PVH vmlinux) instead of the installed one.
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -131,11 +139,45 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let (report, summary_file) = (args.ci || args.summary.is_some(), args.summary.clone());
     let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let docker = args.vm.docker;
     let result = prepare(args, global).and_then(supervisor::run);
+    if let (true, Ok(finished)) = (docker, &result) {
+        explain_refusals(finished);
+    }
     if report {
         ci::write(&ci::RunSummary::of(&command, &result, started.elapsed()), summary_file.as_deref())?;
     }
     Ok(ExitCode::from(result?.status))
+}
+
+/// With --docker, names the destinations the policy refused: a refused
+/// pull reaches the user only as Docker's terse "Forbidden".
+fn explain_refusals(finished: &supervisor::Finished) {
+    let Ok(counts) = ci::network(&finished.session_dir.join(crate::proxy::AUDIT_FILE)) else { return };
+    let refused = refused_destinations(&counts.denied_hosts);
+    if refused.is_empty() {
+        return;
+    }
+    eprintln!(
+        "stockade: the policy refused {}: Docker's pulls go through the egress proxy, so allow the registry \
+         with --allow HOST[:PORT] or a policy (--policy docker for Docker Hub)",
+        refused.join(", ")
+    );
+}
+
+/// The audit's denied destinations for people: a refused DNS lookup
+/// (`name:0`) shows as the name, unless a refused connection to that name
+/// already says it.
+fn refused_destinations(denied: &[String]) -> Vec<String> {
+    let mut shown = Vec::new();
+    for entry in denied {
+        match entry.strip_suffix(":0") {
+            Some(name) if denied.iter().any(|d| d != entry && d.starts_with(&format!("{name}:"))) => {}
+            Some(name) => shown.push(name.to_string()),
+            None => shown.push(entry.clone()),
+        }
+    }
+    shown
 }
 
 /// The validated run: the command line over the config file.
@@ -185,6 +227,12 @@ pub fn validate(
     if vm.pids == Some(0) {
         bail!("--pids 0 would not even let the command start: give at least 1 (e.g. --pids 512)");
     }
+    if vm.docker && vm.image.is_none() {
+        bail!(
+            "--docker needs --image: Docker runs in an image that has it, not on the host's system. \
+             Build one with `stockade image build docker`, then run with `--image docker --docker`"
+        );
+    }
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
@@ -205,6 +253,7 @@ pub fn validate(
         pids: vm.pids,
         jail: !vm.no_jail,
         image: vm.image,
+        docker: vm.docker,
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,
@@ -332,6 +381,22 @@ mod tests {
         let err = check(&["--timeout", "soon"]).unwrap_err();
         assert!(format!("{err:#}").contains("--timeout soon"), "{err:#}");
         assert!(check(&["--pids", "0"]).is_err());
+    }
+
+    #[test]
+    fn docker_without_an_image_names_the_image_to_build() {
+        let err = format!("{:#}", check(&["--docker"]).unwrap_err());
+        assert!(err.contains("--docker needs --image") && err.contains("stockade image build docker"), "{err}");
+        let config = check(&["--image", "docker", "--docker"]).unwrap();
+        assert!(config.docker && config.image.as_deref() == Some("docker"));
+        assert!(!check(&[]).unwrap().docker);
+    }
+
+    #[test]
+    fn refused_lookups_are_named_once() {
+        let denied: Vec<String> =
+            ["evil.test:0", "registry.test:0", "registry.test:8443"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(refused_destinations(&denied), ["evil.test", "registry.test:8443"]);
     }
 
     #[test]

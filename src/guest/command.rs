@@ -135,7 +135,7 @@ fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<
 }
 
 /// Forwards a pipe to the host as frames until the pipe's writers are gone.
-fn pump(
+pub(super) fn pump(
     name: &str,
     mut from: impl Read + Send + 'static,
     to: Arc<Mutex<std::fs::File>>,

@@ -21,12 +21,8 @@ pub struct CommandGroup {
 
 impl CommandGroup {
     pub fn with_pids_max(max: u32) -> anyhow::Result<CommandGroup> {
+        mount_cgroup2()?;
         let root = Path::new(CGROUP_ROOT);
-        if !root.join("cgroup.controllers").exists() {
-            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-            mount(Some("cgroup2"), root, Some("cgroup2"), flags, None::<&str>)
-                .with_context(|| format!("cannot mount cgroup2 on {CGROUP_ROOT}"))?;
-        }
         write(&root.join("cgroup.subtree_control"), "+pids")?;
         let group = root.join("command");
         fs::create_dir_all(&group).with_context(|| format!("cannot create {}", group.display()))?;
@@ -56,6 +52,17 @@ impl CommandGroup {
             });
         }
     }
+}
+
+/// Mounts the cgroup v2 hierarchy at /sys/fs/cgroup unless it is there
+/// (the command's limits and dockerd both need it).
+pub fn mount_cgroup2() -> anyhow::Result<()> {
+    if Path::new(CGROUP_ROOT).join("cgroup.controllers").exists() {
+        return Ok(());
+    }
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("cgroup2"), CGROUP_ROOT, Some("cgroup2"), flags, None::<&str>)
+        .with_context(|| format!("cannot mount cgroup2 on {CGROUP_ROOT}"))
 }
 
 fn write(path: &Path, value: &str) -> anyhow::Result<()> {

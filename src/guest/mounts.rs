@@ -222,6 +222,18 @@ fn follow_links(path: &Path) -> PathBuf {
     current
 }
 
+/// A root-only directory `name` on the scratch disk (mounted with the
+/// workspace overlay), for guest data too big for memory.
+pub fn scratch_dir(name: &str) -> anyhow::Result<PathBuf> {
+    let mount = Path::new(SCRATCH_MOUNT);
+    if !mount.join("upper").is_dir() {
+        anyhow::bail!("the scratch disk is not mounted at {SCRATCH_MOUNT}");
+    }
+    let dir = mount.join(name);
+    fs::DirBuilder::new().mode(0o700).create(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// Mounts the scratch disk and the workspace overlay on it.
 fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
     let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));

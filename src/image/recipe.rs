@@ -12,6 +12,7 @@ use super::ImageError;
 pub const BUILT_IN: &[(&str, &str)] = &[
     ("debian", include_str!("../../rootfs/images/debian.toml")),
     ("dev", include_str!("../../rootfs/images/dev.toml")),
+    ("docker", include_str!("../../rootfs/images/docker.toml")),
 ];
 
 /// Bump when the way images are built changes, so old builds are not reused.

@@ -2,7 +2,7 @@
 //! the same name in `~/.config/stockade/policies/` takes precedence.
 
 /// Preset names, in the order `stockade policy list` shows them.
-pub const NAMES: &[&str] = &["default", "npm", "cargo", "pypi", "github", "claude", "codex"];
+pub const NAMES: &[&str] = &["default", "npm", "cargo", "pypi", "github", "docker", "claude", "codex"];
 
 /// The text of a preset.
 pub fn get(name: &str) -> Option<&'static str> {
@@ -12,6 +12,7 @@ pub fn get(name: &str) -> Option<&'static str> {
         "cargo" => include_str!("../../policies/cargo.toml"),
         "pypi" => include_str!("../../policies/pypi.toml"),
         "github" => include_str!("../../policies/github.toml"),
+        "docker" => include_str!("../../policies/docker.toml"),
         "claude" => include_str!("../../policies/claude.toml"),
         "codex" => include_str!("../../policies/codex.toml"),
         _ => return None,

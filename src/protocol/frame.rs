@@ -17,6 +17,7 @@ const KIND_STDOUT: u8 = 11;
 const KIND_STDERR: u8 = 12;
 const KIND_EXIT: u8 = 13;
 const KIND_CHANGES: u8 = 14;
+const KIND_DOCKERD_LOG: u8 = 15;
 
 #[derive(Debug, Error)]
 pub enum FrameError {
@@ -86,6 +87,7 @@ impl Frame for GuestMsg {
             GuestMsg::Stderr(data) => write_raw(w, KIND_STDERR, data),
             GuestMsg::Exit(report) => write_raw(w, KIND_EXIT, &serde_json::to_vec(report)?),
             GuestMsg::Changes(outcome) => write_raw(w, KIND_CHANGES, &serde_json::to_vec(outcome)?),
+            GuestMsg::DockerdLog(data) => write_raw(w, KIND_DOCKERD_LOG, data),
         }
     }
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Self, FrameError> {
@@ -93,6 +95,7 @@ impl Frame for GuestMsg {
             KIND_READY => GuestMsg::Ready { kernel: String::from_utf8_lossy(&payload).into_owned() },
             KIND_STDOUT => GuestMsg::Stdout(payload),
             KIND_STDERR => GuestMsg::Stderr(payload),
+            KIND_DOCKERD_LOG => GuestMsg::DockerdLog(payload),
             KIND_EXIT => GuestMsg::Exit(serde_json::from_slice::<ExitReport>(&payload)?),
             KIND_CHANGES => GuestMsg::Changes(serde_json::from_slice::<ExportOutcome>(&payload)?),
             other => return Err(FrameError::UnknownKind(other)),
@@ -126,6 +129,7 @@ mod tests {
             tty: Some(WindowSize { rows: 24, cols: 80 }),
             network: true,
             pids: None,
+            docker: true,
         };
         let host = [
             HostMsg::Run(spec),
@@ -137,6 +141,7 @@ mod tests {
             GuestMsg::Ready { kernel: "6.12".into() },
             GuestMsg::Stdout(b"out".to_vec()),
             GuestMsg::Stderr(vec![0, 255]),
+            GuestMsg::DockerdLog(b"level=info".to_vec()),
             GuestMsg::Exit(ExitReport::Signaled { signal: 9 }),
         ];
         let mut buf = Vec::new();

@@ -92,6 +92,10 @@ pub struct RunSpec {
     /// The command's cgroup pids.max.
     #[serde(default)]
     pub pids: Option<u32>,
+    /// Start dockerd (image mode, `--docker`) before the command and wait
+    /// until it answers.
+    #[serde(default)]
+    pub docker: bool,
 }
 
 /// How the command ended.
@@ -136,9 +140,13 @@ pub enum ExportOutcome {
 /// Guest to host. Output travels as raw frames (see `frame`), not JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuestMsg {
-    Ready { kernel: String },
+    Ready {
+        kernel: String,
+    },
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Changes(ExportOutcome),
     Exit(ExitReport),
+    /// Output of dockerd (with `--docker`), for the session's dockerd.log.
+    DockerdLog(Vec<u8>),
 }

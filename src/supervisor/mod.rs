@@ -66,6 +66,8 @@ pub struct RunConfig {
     pub jail: bool,
     /// The root image to run on (`--image`), or the host's own system.
     pub image: Option<String>,
+    /// Start dockerd in the guest before the command (image mode).
+    pub docker: bool,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
     pub verbose_kernel: bool,
@@ -169,6 +171,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
             .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
         network: true,
         pids: config.pids,
+        docker: config.docker,
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
     let interrupts = Arc::new(signals::Interrupts::default());
@@ -200,6 +203,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
             let (status, message) = outcome::exit_status(report);
             if let Some(message) = message {
                 eprintln!("stockade: {message}");
+                if matches!(report, ExitReport::SetupFailed { .. }) && session.dockerd_log().exists() {
+                    eprintln!("stockade: dockerd's log is {}", session.dockerd_log().display());
+                }
             }
             match staged {
                 Some(Ok(_)) => {
@@ -364,6 +370,7 @@ fn converse(
 
     let mut stdout = std::io::stdout().lock();
     let mut stdout_open = true;
+    let mut dockerd_log = DockerdLog::default();
     let mut stderr = std::io::stderr();
     loop {
         let msg = match read_frame::<GuestMsg>(&mut reader) {
@@ -408,7 +415,34 @@ fn converse(
                 }
                 return Ok(Conversation::Ended { report, staged });
             }
+            GuestMsg::DockerdLog(data) => dockerd_log.write(session, &data),
             GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
+        }
+    }
+}
+
+/// The session's dockerd.log, created with the first output of dockerd.
+#[derive(Default)]
+struct DockerdLog {
+    file: Option<std::fs::File>,
+    failed: bool,
+}
+
+impl DockerdLog {
+    fn write(&mut self, session: &session::Session, data: &[u8]) {
+        if self.file.is_none() && !self.failed {
+            let path = session.dockerd_log();
+            match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+                Ok(file) => self.file = Some(file),
+                Err(e) => {
+                    // The run goes on; only the daemon's log is lost.
+                    tracing::warn!("cannot create {}: {e}", path.display());
+                    self.failed = true;
+                }
+            }
+        }
+        if let Some(file) = &mut self.file {
+            let _ = file.write_all(data);
         }
     }
 }

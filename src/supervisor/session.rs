@@ -60,6 +60,11 @@ impl Session {
         self.dir.join("vmm.log")
     }
 
+    /// dockerd's output, with `--docker`.
+    pub fn dockerd_log(&self) -> PathBuf {
+        self.dir.join("dockerd.log")
+    }
+
     /// Writes the run record atomically (temp file, fsync, rename).
     pub fn write_record(&self, record: &RunRecord) -> anyhow::Result<()> {
         let path = self.dir.join("run.json");
