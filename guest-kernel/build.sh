@@ -92,6 +92,16 @@ fi
 # Compile with a running count of compiled units; the previous build's count
 # (if any) gives an estimate of the total.
 estimate=$(cat "$cache_root/kernel/units" 2>/dev/null || echo 0)
+# A 30-column bar for a percentage on a terminal; nothing when the total is
+# unknown (the first build), where the count alone shows it moving.
+bar() {
+    (($1 < 0)) && return
+    local filled=$(($1 * 30 / 100)) out='['
+    for ((i = 0; i < 30; i++)); do
+        if ((i < filled)); then out+='='; elif ((i == filled)); then out+='>'; else out+=' '; fi
+    done
+    printf '%s] ' "$out"
+}
 say "[3/4] compiling with $jobs jobs"
 log="$work/build.log"
 count=0
@@ -105,10 +115,11 @@ make -C "$src" -j"$jobs" vmlinux 2>&1 | while IFS= read -r line; do
             pct=$((count * 100 / estimate)); ((pct > 99)) && pct=99
             msg="compiled $count/$estimate units ($pct%)"
         else
+            pct=-1
             msg="compiled $count units"
         fi
         if ((is_tty)); then
-            printf '\rguest-kernel: %s' "$msg" >&2
+            printf '\r\033[Kguest-kernel: %s%s' "$(bar "$pct")" "$msg" >&2
         elif ((count % 200 == 0)); then
             say "$msg"
         fi
