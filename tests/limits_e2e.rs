@@ -68,7 +68,7 @@ fn a_slow_reader_holds_back_a_flood_without_host_memory_growing() {
     let out = rig.sh(
         &script(
             r#"rss() { awk '/VmRSS/ { print $2 }' /proc/$1/status 2>/dev/null || echo 0; }
-             ($S run --memory 256M -- sh -c 'head -c 400000000 /dev/zero' | (sleep 25; wc -c) > count.txt) &
+             ($S run --memory 256M -- sh -c 'head -c 200000000 /dev/zero' | (sleep 25; wc -c) > count.txt) &
              sleep 18
              sup=$(pgrep -f 'stockade run --memory 256M' | head -n 1); vmm=$(pgrep -f 'stockade vmm' | head -n 1)
              echo "supervisor_kb=$(rss $sup)"; echo "vmm_kb=$(rss $vmm)"
@@ -80,8 +80,11 @@ fn a_slow_reader_holds_back_a_flood_without_host_memory_growing() {
     let kb = |key: &str| -> u64 {
         out.stdout.split(key).nth(1).and_then(|s| s.lines().next()?.trim().parse().ok()).unwrap_or(u64::MAX)
     };
-    assert!(out.stdout.contains("count=400000000"), "every byte arrives once the reader reads\n{out}");
-    assert!(kb("supervisor_kb=") < 100 * 1024, "the supervisor buffered the flood\n{out}");
-    // Guest memory (256 MiB at most) plus the VMM's own, far below the flood.
-    assert!(kb("vmm_kb=") < 380 * 1024, "the VMM buffered the flood\n{out}");
+    assert!(out.stdout.contains("count=200000000"), "every byte arrives once the reader reads\n{out}");
+    assert!(kb("supervisor_kb=") < 64 * 1024, "the supervisor buffered the flood\n{out}");
+    // The guest memory the VMM has touched (about 70 MiB) plus its own: a
+    // VMM holding the flood would be far above. The flood is no larger
+    // because 400 MB of it crashed the rig's L1 (nested SVM on the software
+    // CPU) about every other run.
+    assert!(kb("vmm_kb=") < 200 * 1024, "the VMM buffered the flood\n{out}");
 }

@@ -28,7 +28,8 @@ setpriv --pdeathsig KILL -- qemu-system-x86_64 -M q35 -accel tcg -cpu EPYC-v3,+s
     -virtfs "local,path=$dir/xfer,mount_tag=xfer,security_model=none,multidevs=remap" 2>"$dir/qemu.log" &
 qemu=$!
 
-python3 - "$dir/agent.sock" "$dir/rc" <<'PY'
+lost=0
+python3 - "$dir/agent.sock" "$dir/rc" <<'PY' || lost=1
 import socket, sys, time
 path = sys.argv[1]
 deadline = time.time() + 20
@@ -56,6 +57,8 @@ while True:
         open(sys.argv[2], "w").write(words[2] if len(words) > 2 else "1")
         break
 PY
-cat "$dir/xfer/jobs/1/stdout"
-cat "$dir/xfer/jobs/1/stderr" >&2
+cat "$dir/xfer/jobs/1/stdout" 2>/dev/null
+cat "$dir/xfer/jobs/1/stderr" >&2 2>/dev/null
+# When L1 is lost, its console says why (a soft lockup, a crash).
+((lost)) && { echo "--- L1 console (tail)" >&2; tail -n 30 "$dir/console.log" >&2; }
 exit "$(cat "$dir/rc" 2>/dev/null || echo 1)"
