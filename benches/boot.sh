@@ -30,8 +30,19 @@ mknod "$work/initramfs/dev/console" c 5 1
 
 cat >"$work/vmm.json" <<JSON
 {"kernel":"$kernel","init":"$bin","vcpus":1,"memory_bytes":268435456,
- "kernel_log":"$work/vmm-kernel.log","vsock_uds":"$work/v.sock","shares":[],"verbose_kernel":false}
+ "kernel_log":"$work/vmm-kernel.log","vsock_broker":"$work/broker.sock","shares":[],
+ "jail":true,"verbose_kernel":false}
 JSON
+# The VMM's broker: a supervisor that has no host ports, so every guest
+# connection is refused and the init powers off at once.
+python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen()
+while True:
+    s.accept()[0].close()
+' "$work/broker.sock" &
+broker=$!
+trap 'kill $broker 2>/dev/null; rm -rf "$work"' EXIT
 
 # time_runs NAME CMD...: runs CMD $runs times after one warm-up, records
 # wall seconds and peak RSS (KiB) of the timed process.
