@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::image_e2e::{builder_available, image, text};
+use crate::network_e2e::test_certificate;
 use crate::rig;
 use crate::run_e2e::script;
 use crate::util::stockade_bin;
@@ -23,12 +24,9 @@ const T_DOCKER: Duration = Duration::from_secs(600);
 /// p.toml, a policy that allows it and injects its token.
 fn registry_and_policy() -> String {
     let registry = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/docker_registry.py");
-    format!(
-        r#"openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
-openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=registry.test 2>/dev/null
-printf 'subjectAltName=DNS:registry.test\n' > ext
-openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
-python3 {registry} "$ws/requests.log" & registry=$!
+    test_certificate("registry.test")
+        + &format!(
+            r#"python3 {registry} "$ws/requests.log" & registry=$!
 cat > p.toml <<'TOML'
 [network]
 allow_private = ["registry.test:8443"]
@@ -42,8 +40,8 @@ format = "Bearer {{}}"
 TOML
 sleep 1
 "#,
-        registry = registry.display()
-    )
+            registry = registry.display()
+        )
 }
 
 #[test]

@@ -68,11 +68,8 @@ TOML
 /// that answers "ok" and appends each request's headers to the file named
 /// by its first argument. The script continues on the next line.
 pub(crate) fn https_test_server(bind: &str) -> String {
-    r#"openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
-             openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=api.test 2>/dev/null
-             printf 'subjectAltName=DNS:api.test\n' > ext
-             openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
-             cat > server.py <<'PY'
+    test_certificate("api.test")
+        + &r#"             cat > server.py <<'PY'
 import http.server, ssl, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -86,7 +83,19 @@ s.socket = c.wrap_socket(s.socket, server_side=True)
 s.serve_forever()
 PY
 "#
-    .replace("BIND", &format!("\"{bind}\""))
+        .replace("BIND", &format!("\"{bind}\""))
+}
+
+/// Shell lines that make a test CA (ca.pem) and a certificate for `name`
+/// signed by it (srv.pem, srv.key).
+pub(crate) fn test_certificate(name: &str) -> String {
+    format!(
+        r#"openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null
+             openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN={name} 2>/dev/null
+             printf 'subjectAltName=DNS:{name}\n' > ext
+             openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 1 -extfile ext 2>/dev/null
+"#
+    )
 }
 
 #[test]

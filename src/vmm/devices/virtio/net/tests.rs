@@ -332,14 +332,33 @@ fn udp_other_than_dns_goes_nowhere() {
     assert_eq!(stack.connections(), 0);
 }
 
-/// A frame from the guest: `payload` for `ethertype` after the header.
-fn guest_frame(ethertype: EthernetProtocol, payload_len: usize, emit: impl FnOnce(&mut [u8])) -> Vec<u8> {
-    let eth = EthernetRepr { src_addr: EthernetAddress(GUEST_MAC), dst_addr: EthernetAddress(GATEWAY_MAC), ethertype };
+/// A frame from the guest to `dst`: `payload` for `ethertype` after the header.
+fn guest_frame(
+    dst: EthernetAddress,
+    ethertype: EthernetProtocol,
+    payload_len: usize,
+    emit: impl FnOnce(&mut [u8]),
+) -> Vec<u8> {
+    let eth = EthernetRepr { src_addr: EthernetAddress(GUEST_MAC), dst_addr: dst, ethertype };
     let mut frame = vec![0u8; eth.buffer_len() + payload_len];
     let mut eth_frame = EthernetFrame::new_unchecked(&mut frame);
     eth.emit(&mut eth_frame);
     emit(eth_frame.payload_mut());
     frame
+}
+
+/// The guest's broadcast asking who has the gateway's address.
+fn who_has_the_gateway() -> Vec<u8> {
+    let arp = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: EthernetAddress(GUEST_MAC),
+        source_protocol_addr: GUEST_IP,
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: GATEWAY_IP,
+    };
+    guest_frame(EthernetAddress::BROADCAST, EthernetProtocol::Arp, arp.buffer_len(), |buf| {
+        arp.emit(&mut ArpPacket::new_unchecked(buf))
+    })
 }
 
 fn ping(to: Ipv4Address, seq_no: u16) -> Vec<u8> {
@@ -351,7 +370,7 @@ fn ping(to: Ipv4Address, seq_no: u16) -> Vec<u8> {
         payload_len: icmp.buffer_len(),
         hop_limit: 64,
     };
-    guest_frame(EthernetProtocol::Ipv4, ip.buffer_len() + icmp.buffer_len(), |buf| {
+    guest_frame(EthernetAddress(GATEWAY_MAC), EthernetProtocol::Ipv4, ip.buffer_len() + icmp.buffer_len(), |buf| {
         let mut packet = Ipv4Packet::new_unchecked(buf);
         ip.emit(&mut packet, &smoltcp::phy::ChecksumCapabilities::default());
         icmp.emit(
@@ -388,16 +407,7 @@ fn only_the_gateway_answers_pings() {
     let dir = TempDir::new();
     let mut stack = Stack::new(dir.dialer()).unwrap();
     // The stack learns the guest's MAC from its ARP request.
-    let arp = ArpRepr::EthernetIpv4 {
-        operation: ArpOperation::Request,
-        source_hardware_addr: EthernetAddress(GUEST_MAC),
-        source_protocol_addr: GUEST_IP,
-        target_hardware_addr: EthernetAddress([0; 6]),
-        target_protocol_addr: GATEWAY_IP,
-    };
-    stack.push_frame(guest_frame(EthernetProtocol::Arp, arp.buffer_len(), |buf| {
-        arp.emit(&mut ArpPacket::new_unchecked(buf))
-    }));
+    stack.push_frame(who_has_the_gateway());
     stack.poll();
     while stack.pop_frame().is_some() {}
 
@@ -442,23 +452,7 @@ fn frames_cross_the_virtqueues_with_the_virtio_header() {
     let dir = TempDir::new();
     let mut stack = Stack::new(dir.dialer()).unwrap();
 
-    // The guest asks who has the gateway's address.
-    let arp = ArpRepr::EthernetIpv4 {
-        operation: ArpOperation::Request,
-        source_hardware_addr: EthernetAddress(GUEST_MAC),
-        source_protocol_addr: GUEST_IP,
-        target_hardware_addr: EthernetAddress([0; 6]),
-        target_protocol_addr: GATEWAY_IP,
-    };
-    let eth = EthernetRepr {
-        src_addr: EthernetAddress(GUEST_MAC),
-        dst_addr: EthernetAddress::BROADCAST,
-        ethertype: EthernetProtocol::Arp,
-    };
-    let mut frame = vec![0u8; eth.buffer_len() + arp.buffer_len()];
-    let mut eth_frame = EthernetFrame::new_unchecked(&mut frame);
-    eth.emit(&mut eth_frame);
-    arp.emit(&mut ArpPacket::new_unchecked(eth_frame.payload_mut()));
+    let frame = who_has_the_gateway();
     let mut tx_buf = vec![0u8; NET_HDR_LEN];
     tx_buf.extend_from_slice(&frame);
     mem.write_slice(&tx_buf, GuestAddress(0x10_0000)).unwrap();
