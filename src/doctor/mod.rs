@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::host::kernel::{self, GuestKernel, KernelError};
+use crate::host::kernel::{self, GuestKernel, KernelError, KernelIdentity};
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::host::space;
 use crate::jail;
@@ -51,7 +51,7 @@ impl Check {
 pub struct Facts {
     pub device: DeviceAccess,
     pub kind: KvmKind,
-    pub kernel: Result<GuestKernel, KernelError>,
+    pub kernel: Result<(GuestKernel, KernelIdentity), KernelError>,
     pub probe: Option<Result<probe::ProbeOutcome, probe::ProbeError>>,
     pub landlock: std::io::Result<u32>,
     pub seccomp: Option<Vec<String>>,
@@ -65,7 +65,7 @@ pub fn gather(dirs: &Dirs, kernel_path: Option<&Path>) -> Facts {
     Facts {
         device,
         kind: kvm::detect_kind(),
-        kernel: kernel::locate(dirs, kernel_path),
+        kernel: kernel::locate(dirs, kernel_path).and_then(|k| k.identity().map(|id| (k, id))),
         probe,
         landlock: jail::landlock::abi_version(),
         seccomp: jail::seccomp::available_actions(),
@@ -93,7 +93,7 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
         }
     });
 
-    let pvm_kernel = facts.kernel.as_ref().ok().and_then(|k| k.pvm_guest) == Some(true);
+    let pvm_kernel = facts.kernel.as_ref().ok().and_then(|(k, _)| k.pvm_guest) == Some(true);
     checks.push(match facts.kind {
         kind if kind.boots_standard_guest() => Check::ok("KVM", format!("{kind}; standard guest kernels boot")),
         KvmKind::Pvm if pvm_kernel => Check::ok("KVM", format!("{}; the guest kernel is a PVM guest", facts.kind)),
@@ -131,13 +131,13 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
     }
 
     checks.push(match &facts.kernel {
-        Ok(k) => Check::ok(
+        Ok((k, id)) => Check::ok(
             "guest kernel",
             format!(
                 "{} (Linux {}, sha256 {})",
                 k.path.display(),
-                k.version.as_deref().unwrap_or("version unknown"),
-                k.short_hash()
+                id.version.as_deref().unwrap_or("version unknown"),
+                id.short_hash()
             ),
         ),
         Err(e) => Check::fail(
@@ -240,12 +240,10 @@ mod tests {
         Facts {
             device: DeviceAccess::Usable,
             kind: KvmKind::Hardware(kvm::Vendor::Amd),
-            kernel: Ok(GuestKernel {
-                path: "/k/vmlinux".into(),
-                version: Some("6.12.117".into()),
-                sha256: "0123456789abcdef0123".into(),
-                pvm_guest: Some(false),
-            }),
+            kernel: Ok((
+                GuestKernel { path: "/k/vmlinux".into(), pvm_guest: Some(false) },
+                KernelIdentity { version: Some("6.12.117".into()), sha256: "0123456789abcdef0123".into() },
+            )),
             probe: Some(Ok(probe::ProbeOutcome { elapsed: Duration::from_millis(2), exits: 2 })),
             landlock: Ok(7),
             seccomp: Some(vec!["kill_process".into(), "trap".into(), "errno".into(), "allow".into()]),
@@ -276,7 +274,7 @@ mod tests {
     fn pvm_with_pvm_kernel_is_fine() {
         let mut facts = good_facts();
         facts.kind = KvmKind::Pvm;
-        if let Ok(k) = facts.kernel.as_mut() {
+        if let Ok((k, _)) = facts.kernel.as_mut() {
             k.pvm_guest = Some(true);
         }
         assert!(can_run(&judge(&facts)));

@@ -2,6 +2,7 @@
 //! guest-kernel/build.sh and installed by install.sh.
 
 use std::fs;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -34,21 +35,35 @@ pub enum KernelError {
     NotPvh { path: PathBuf },
 }
 
-/// A guest kernel on disk and what we know about it.
+/// A guest kernel on disk that our VMM can boot.
 #[derive(Debug, Clone)]
 pub struct GuestKernel {
     pub path: PathBuf,
-    /// The release from the kernel's banner ("6.12.117"), if found.
-    pub version: Option<String>,
-    /// SHA-256 of the vmlinux, hex.
-    pub sha256: String,
     /// Whether it was built as a PVM guest, when its build config is known.
     pub pvm_guest: Option<bool>,
 }
 
-impl GuestKernel {
+/// What `stockade doctor` shows of a kernel; reading it means reading the
+/// whole file, which `run` has no need for.
+#[derive(Debug, Clone)]
+pub struct KernelIdentity {
+    /// The release from the kernel's banner ("6.12.117"), if found.
+    pub version: Option<String>,
+    /// SHA-256 of the vmlinux, hex.
+    pub sha256: String,
+}
+
+impl KernelIdentity {
     pub fn short_hash(&self) -> &str {
         &self.sha256[..16]
+    }
+}
+
+impl GuestKernel {
+    /// Reads the whole vmlinux for its version and hash.
+    pub fn identity(&self) -> Result<KernelIdentity, KernelError> {
+        let bytes = fs::read(&self.path).map_err(|source| KernelError::Read { path: self.path.clone(), source })?;
+        Ok(KernelIdentity { version: banner_version(&bytes), sha256: hex(&Sha256::digest(&bytes)) })
     }
 }
 
@@ -92,24 +107,22 @@ pub fn locate(dirs: &Dirs, explicit: Option<&Path>) -> Result<GuestKernel, Kerne
     }
 }
 
-/// Reads a vmlinux and checks that our VMM can boot it.
+/// Checks that our VMM can boot a vmlinux: an ELF with the PVH entry note.
+/// Reads only the headers and notes, not the whole file (every `run` does this).
 pub fn inspect(path: &Path) -> Result<GuestKernel, KernelError> {
-    let bytes = fs::read(path).map_err(|source| KernelError::Read { path: path.to_path_buf(), source })?;
-    if !bytes.starts_with(b"\x7fELF") {
+    let read_error = |source| KernelError::Read { path: path.to_path_buf(), source };
+    let mut file = fs::File::open(path).map_err(read_error)?;
+    let mut magic = [0u8; 4];
+    if file.read_exact(&mut magic).is_err() || &magic != b"\x7fELF" {
         return Err(KernelError::NotElf { path: path.to_path_buf() });
     }
-    if !has_pvh_note(&bytes) {
+    if !has_pvh_note(&mut file).map_err(read_error)? {
         return Err(KernelError::NotPvh { path: path.to_path_buf() });
     }
     let config = path.parent().map(|dir| dir.join("config"));
     let pvm_guest =
         config.and_then(|c| fs::read_to_string(c).ok()).map(|text| text.lines().any(|l| l == "CONFIG_PVM_GUEST=y"));
-    Ok(GuestKernel {
-        path: path.to_path_buf(),
-        version: banner_version(&bytes),
-        sha256: hex(&Sha256::digest(&bytes)),
-        pvm_guest,
-    })
+    Ok(GuestKernel { path: path.to_path_buf(), pvm_guest })
 }
 
 /// The release string from "Linux version <release> (...". The banner is a
@@ -122,47 +135,75 @@ fn banner_version(bytes: &[u8]) -> Option<String> {
     std::str::from_utf8(&rest[..end]).ok().map(str::to_owned)
 }
 
-/// Whether a 64-bit little-endian ELF has the PVH entry note in a PT_NOTE segment.
-fn has_pvh_note(elf: &[u8]) -> bool {
-    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| elf.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    let u64_at = |o: usize| elf.get(o..o + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-    // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
-    if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
-        return false;
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
-        return false;
-    };
+/// Largest note segment we read: the kernel's notes are a few hundred bytes.
+const MAX_NOTES: u64 = 1 << 20;
+
+/// Whether a 64-bit little-endian ELF has the PVH entry note in a PT_NOTE
+/// segment. A malformed file is simply one without it.
+fn has_pvh_note(elf: &mut (impl Read + Seek)) -> std::io::Result<bool> {
     const PT_NOTE: u32 = 4;
-    for i in 0..usize::from(phnum) {
-        let Some(ph) = usize::try_from(phoff).ok().and_then(|off| off.checked_add(i * usize::from(phentsize))) else {
-            return false;
-        };
-        if u32_at(ph) != Some(PT_NOTE) {
+    let mut header = [0u8; 64];
+    elf.seek(SeekFrom::Start(0))?;
+    if elf.read_exact(&mut header).is_err() {
+        return Ok(false);
+    }
+    // EI_CLASS 2 = 64-bit, EI_DATA 1 = little-endian.
+    if header[4] != 2 || header[5] != 1 {
+        return Ok(false);
+    }
+    let phoff = u64_at(&header, 0x20).unwrap_or(0);
+    let phentsize = u16_at(&header, 0x36).map_or(0, usize::from);
+    let phnum = u16_at(&header, 0x38).map_or(0, usize::from);
+    if phentsize < 56 {
+        return Ok(false);
+    }
+    let mut table = vec![0u8; phentsize * phnum];
+    elf.seek(SeekFrom::Start(phoff))?;
+    if elf.read_exact(&mut table).is_err() {
+        return Ok(false);
+    }
+    for ph in table.chunks_exact(phentsize) {
+        if u32_at(ph, 0) != Some(PT_NOTE) {
             continue;
         }
-        let (Some(offset), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
-            return false;
-        };
-        let (Ok(mut at), Ok(size)) = (usize::try_from(offset), usize::try_from(size)) else {
-            return false;
-        };
-        let end = at.saturating_add(size).min(elf.len());
-        while at + 12 <= end {
-            let (Some(namesz), Some(descsz), Some(kind)) = (u32_at(at), u32_at(at + 4), u32_at(at + 8)) else {
-                break;
-            };
-            let name_at = at + 12;
-            let name = elf.get(name_at..name_at + namesz as usize).unwrap_or(&[]);
-            if kind == PVH_NOTE_TYPE && name.starts_with(b"Xen") {
-                return true;
-            }
-            let align4 = |n: u32| (n as usize).div_ceil(4) * 4;
-            at = name_at + align4(namesz) + align4(descsz);
+        let (Some(offset), Some(size)) = (u64_at(ph, 8), u64_at(ph, 32)) else { continue };
+        let mut notes = Vec::new();
+        elf.seek(SeekFrom::Start(offset))?;
+        elf.by_ref().take(size.min(MAX_NOTES)).read_to_end(&mut notes)?;
+        if notes_have_pvh(&notes) {
+            return Ok(true);
         }
     }
+    Ok(false)
+}
+
+/// Walks one note segment: (namesz, descsz, type, name, desc), 4-aligned.
+fn notes_have_pvh(notes: &[u8]) -> bool {
+    let align4 = |n: u32| (n as usize).div_ceil(4) * 4;
+    let mut at = 0;
+    while let (Some(namesz), Some(descsz), Some(kind)) =
+        (u32_at(notes, at), u32_at(notes, at + 4), u32_at(notes, at + 8))
+    {
+        let name_at = at + 12;
+        let name = notes.get(name_at..name_at.saturating_add(namesz as usize)).unwrap_or(&[]);
+        if kind == PVH_NOTE_TYPE && name.starts_with(b"Xen") {
+            return true;
+        }
+        at = name_at + align4(namesz) + align4(descsz);
+    }
     false
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
+    bytes.get(at..at + 2).and_then(|b| b.try_into().ok()).map(u16::from_le_bytes)
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    bytes.get(at..at + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -171,6 +212,8 @@ fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Cursor;
+
     use super::*;
 
     /// A minimal ELF64 image with one PT_NOTE segment holding `note`.
@@ -203,13 +246,13 @@ mod tests {
 
     #[test]
     fn finds_pvh_note() {
-        assert!(has_pvh_note(&elf_with_note(b"Xen\0", PVH_NOTE_TYPE)));
+        assert!(has_pvh_note(&mut Cursor::new(elf_with_note(b"Xen\0", PVH_NOTE_TYPE))).unwrap());
     }
 
     #[test]
     fn rejects_elf_without_pvh_note() {
-        assert!(!has_pvh_note(&elf_with_note(b"GNU\0", 3)));
-        assert!(!has_pvh_note(b"\x7fELF"));
+        assert!(!has_pvh_note(&mut Cursor::new(elf_with_note(b"GNU\0", 3))).unwrap());
+        assert!(!has_pvh_note(&mut Cursor::new(b"\x7fELF")).unwrap());
     }
 
     #[test]
