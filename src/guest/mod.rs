@@ -15,6 +15,7 @@ pub mod export;
 mod limits;
 mod mounts;
 mod net;
+mod trace;
 mod tty;
 
 use std::io::Write;
@@ -34,6 +35,7 @@ pub fn main() -> ! {
 
 fn run() -> anyhow::Result<()> {
     mounts::kernel_filesystems()?;
+    trace::mark("kernel filesystems mounted");
     let control = channel::connect_control()?;
     let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     control.send(&GuestMsg::Ready { kernel })?;
@@ -41,11 +43,14 @@ fn run() -> anyhow::Result<()> {
         HostMsg::Run(spec) => spec,
         other => anyhow::bail!("expected a command from the host, got {other:?}"),
     };
+    trace::mark("command received");
     let report = match prepare(&spec, &control) {
         Ok(layers) => {
             let report = command::run(&spec, &control)?;
+            trace::mark("command ended");
             if let Some(layers) = layers {
                 changes::send(&layers, &control)?;
+                trace::mark("changes sent");
             }
             report
         }
@@ -53,6 +58,7 @@ fn run() -> anyhow::Result<()> {
     };
     control.send(&GuestMsg::Exit(report))?;
     control.wait_finish();
+    trace::mark("host done");
     Ok(())
 }
 
@@ -60,12 +66,15 @@ fn run() -> anyhow::Result<()> {
 /// network, dockerd. Returns the workspace overlay's layers.
 fn prepare(spec: &RunSpec, control: &channel::Control) -> anyhow::Result<Option<mounts::Layers>> {
     let layers = mounts::assemble_root(&spec.root)?;
+    trace::mark("root assembled");
     set_hostname();
     if spec.network {
         net::start()?;
+        trace::mark("network up");
     }
     if spec.docker {
         docker::start(spec, control)?;
+        trace::mark("dockerd ready");
     }
     Ok(layers)
 }
@@ -83,7 +92,7 @@ fn set_hostname() {
 
 fn power_off() -> ! {
     let _ = std::io::stderr().flush();
-    nix::unistd::sync();
+    mounts::sync_host_writes();
     // With reboot=k the kernel pulses the i8042 reset line, which the VMM
     // takes as the end of the VM.
     let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);

@@ -75,6 +75,17 @@ pub fn kernel_filesystems() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Flushes what the guest wrote to the host's writable share (a policy's rw
+/// mount). Nothing else needs flushing at the end: the scratch disk is
+/// discarded once its changes are exported, and everything else is memory or
+/// read-only, so a full sync would only write the upper layer to a disk about
+/// to be deleted (seconds for a large change set).
+pub fn sync_host_writes() {
+    if let Ok(dir) = fs::File::open(SHARE_MOUNT_RW) {
+        let _ = nix::unistd::syncfs(&dir);
+    }
+}
+
 /// Builds the root from the host's description, entry by entry. Returns the
 /// workspace overlay's layers when there is one.
 pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {

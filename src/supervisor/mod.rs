@@ -91,8 +91,10 @@ pub struct Finished {
 /// Runs the command in a fresh VM and says how it ended.
 pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     signals::block()?;
+    let started = Instant::now();
     let dirs = Dirs::resolve()?;
     let kernel = check_host(&dirs, config.kernel.as_deref())?;
+    tracing::debug!("host checked after {:?}", started.elapsed());
     if config.jail {
         if let Err(why) = crate::jail::check_available() {
             bail!(
@@ -152,6 +154,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     };
     let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &vsock_base)?;
     tracing::info!("session {} in {}", session.id, session.dir.display());
+    tracing::debug!("VMM started after {:?}", started.elapsed());
 
     let mut env = config.env.clone();
     for (name, value) in guest_net.env.into_iter().chain(trust_env).chain(guest_net.placeholders) {
@@ -190,6 +193,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     );
     drop(raw);
     vmm.finish(SHUTDOWN_GRACE);
+    tracing::debug!("VMM exited after {:?}", started.elapsed());
     interrupts.vm_gone();
     network.stop();
     // The guest's changes were exported; the disk that held them is spent.
@@ -198,6 +202,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let _ = std::fs::remove_file(stdin_path);
 
     snapshot.wait();
+    tracing::debug!("VM gone after {:?}", started.elapsed());
     let (status, outcome_text) = match &result {
         Ok(Conversation::Ended { report, staged }) => {
             let (status, message) = outcome::exit_status(report);

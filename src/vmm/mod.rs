@@ -92,6 +92,7 @@ fn setup(step: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
 pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     // The VM must not outlive the supervisor that owns its session.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    let started = std::time::Instant::now();
     let kvm = Kvm::new().map_err(VmmError::Kvm)?;
     let vm = kvm.create_vm().map_err(setup("create VM"))?;
     let ram = layout::ram_ranges(config.memory_bytes);
@@ -129,6 +130,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     cmdline.extend(config.kernel_args.iter().cloned());
 
     let devices: Vec<(&'static str, Box<dyn VirtioDevice>)> = virtio_devices(config)?;
+    tracing::debug!("VM and devices created after {:?}", started.elapsed());
     let mut interrupts = Vec::new();
     for (slot, (name, device)) in devices.into_iter().enumerate() {
         let slot = u32::try_from(slot).map_err(|_| VmmError::TooManyDevices)?;
@@ -154,8 +156,10 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         .map_err(|source| VmmError::Init { path: config.init.display().to_string(), source })?;
     let initrd = initramfs::build(&init);
     drop(init);
+    tracing::debug!("initramfs built after {:?}", started.elapsed());
     let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &initrd, &ram)?;
     drop(initrd);
+    tracing::debug!("kernel loaded after {:?}", started.elapsed());
     mptable::write(&mem, config.vcpus)?;
 
     // Everything the VM needs is open: nothing more is reachable from here.
@@ -173,9 +177,11 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         vcpu.spawn(pio.clone(), mmio.clone(), exit.clone(), stop.clone())
             .map_err(|source| VmmError::Device { device: "vcpu thread", source })?;
     }
+    tracing::debug!("vCPUs started after {:?}", started.elapsed());
 
     jail::thread::confine_current(ThreadKind::Main);
     let _ = exit.read();
+    tracing::debug!("guest ended after {:?}", started.elapsed());
     if let Ok(mut serial) = serial.lock() {
         serial.flush();
     }

@@ -237,6 +237,20 @@ impl Summary {
             .filter(|e| e.state == EntryState::Staged && options.selection.matches(&e.entry.path))
             .map(|e| e.entry)
             .collect();
+        if entries.is_empty() {
+            // Nothing to classify: skip reading the workspace's git settings,
+            // which is most of the time an unchanged workspace would cost.
+            let groups = group(&[]);
+            return Ok(Summary {
+                items: Vec::new(),
+                groups,
+                git: BTreeMap::new(),
+                tally: Tally::default(),
+                report,
+                counts,
+                uncounted: 0,
+            });
+        }
         let host = Host::open(workspace);
         let blocked = blocked_paths(store, workspace);
         let mut classifier = Classifier::new(&host, workspace, options.global_excludes);
