@@ -102,3 +102,37 @@ pub fn register(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use vm_memory::GuestAddress;
+
+    use super::*;
+
+    /// The VmFlags of the mapping holding `addr`, from /proc/self/smaps.
+    fn vm_flags(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().and_then(|r| r.split_once('-'));
+            if let Some((start, end)) =
+                range.and_then(|(s, e)| Some((usize::from_str_radix(s, 16).ok()?, usize::from_str_radix(e, 16).ok()?)))
+            {
+                inside = (start..end).contains(&addr);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return Some(flags.trim().to_string());
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn guest_memory_is_left_out_of_core_dumps() {
+        let mem = create(&[(0, 4 << 20)]).unwrap();
+        let host = mem.get_host_address(GuestAddress(0)).unwrap() as usize;
+        assert_eq!(host % HUGE_PAGE, 0, "guest memory is 2 MiB aligned");
+        let flags = vm_flags(host).expect("the guest memory's mapping in /proc/self/smaps");
+        // "dd": do not include in a core dump (MADV_DONTDUMP).
+        assert!(flags.split_whitespace().any(|f| f == "dd"), "VmFlags: {flags}");
+    }
+}
