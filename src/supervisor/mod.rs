@@ -192,9 +192,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         limits,
     );
     drop(raw);
-    vmm.finish(SHUTDOWN_GRACE);
-    tracing::debug!("VMM exited after {:?}", started.elapsed());
     interrupts.vm_gone();
+    // The guest has said all it will; its VMM powers off (or is killed after
+    // the grace) while the network stops and the changes are reviewed. If
+    // the thread cannot start, dropping the VMM kills it.
+    let reaper = std::thread::Builder::new().name("vmm-reaper".into()).spawn(move || {
+        vmm.finish(SHUTDOWN_GRACE);
+        tracing::debug!("VMM exited after {:?}", started.elapsed());
+    });
     network.stop();
     // The guest's changes were exported; the disk that held them is spent.
     let _ = std::fs::remove_file(&disk);
@@ -202,7 +207,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let _ = std::fs::remove_file(stdin_path);
 
     snapshot.wait();
-    tracing::debug!("VM gone after {:?}", started.elapsed());
+    tracing::debug!("network stopped after {:?}", started.elapsed());
     let (status, outcome_text) = match &result {
         Ok(Conversation::Ended { report, staged }) => {
             let (status, message) = outcome::exit_status(report);
@@ -252,6 +257,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     } else {
         status
     };
+    if let Ok(reaper) = reaper {
+        let _ = reaper.join();
+    }
     record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
     record.status = Some(i32::from(status));
     record.outcome = Some(outcome_text);
