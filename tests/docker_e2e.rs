@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::image_e2e::{builder_available, image, text};
-use crate::network_e2e::test_certificate;
+use crate::network_e2e::{credential_policy, test_certificate};
 use crate::rig;
 use crate::run_e2e::script;
 use crate::util::stockade_bin;
@@ -25,23 +25,9 @@ const T_DOCKER: Duration = Duration::from_secs(600);
 fn registry_and_policy() -> String {
     let registry = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/docker_registry.py");
     test_certificate("registry.test")
-        + &format!(
-            r#"python3 {registry} "$ws/requests.log" & registry=$!
-cat > p.toml <<'TOML'
-[network]
-allow_private = ["registry.test:8443"]
-[network.hosts]
-"registry.test" = "127.0.0.1"
-[[credential]]
-host = "registry.test:8443"
-header = "authorization"
-value = {{ env = "REGISTRY_TOKEN" }}
-format = "Bearer {{}}"
-TOML
-sleep 1
-"#,
-            registry = registry.display()
-        )
+        + &format!("python3 {} \"$ws/requests.log\" & registry=$!\n", registry.display())
+        + &credential_policy("registry.test", "127.0.0.1", "REGISTRY_TOKEN")
+        + "sleep 1\n"
 }
 
 #[test]

@@ -86,6 +86,26 @@ PY
         .replace("BIND", &format!("\"{bind}\""))
 }
 
+/// Shell lines writing p.toml: a policy that lets `host`:8443 resolve to the
+/// private address `addr` and has the proxy add `Bearer $env` as its
+/// authorization header.
+pub(crate) fn credential_policy(host: &str, addr: &str, env: &str) -> String {
+    format!(
+        r#"cat > p.toml <<TOML
+[network]
+allow_private = ["{host}:8443"]
+[network.hosts]
+"{host}" = "{addr}"
+[[credential]]
+host = "{host}:8443"
+header = "authorization"
+value = {{ env = "{env}" }}
+format = "Bearer {{}}"
+TOML
+"#
+    )
+}
+
 /// Shell lines that make a test CA (ca.pem) and a certificate for `name`
 /// signed by it (srv.pem, srv.key).
 pub(crate) fn test_certificate(name: &str) -> String {
@@ -106,18 +126,9 @@ fn a_credential_is_injected_only_for_its_host() {
             &[
                 https_test_server("127.0.0.1").as_str(),
                 r#"             python3 server.py "$ws/headers.log" & server=$!
-             cat > p.toml <<'TOML'
-[network]
-allow_private = ["api.test:8443"]
-[network.hosts]
-"api.test" = "127.0.0.1"
-[[credential]]
-host = "api.test:8443"
-header = "authorization"
-value = { env = "TEST_SECRET" }
-format = "Bearer {}"
-TOML
-             sleep 1
+"#,
+                credential_policy("api.test", "127.0.0.1", "TEST_SECRET").as_str(),
+                r#"             sleep 1
              SSL_CERT_FILE="$ws/ca.pem" TEST_SECRET=s3cr3t-token $S run --policy ./p.toml -e TEST_SECRET -- sh -c '
                  curl -sS -H "Authorization: Bearer forged-by-guest" https://api.test:8443/x
                  echo "guest-env=$TEST_SECRET"'

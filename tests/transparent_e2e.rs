@@ -3,7 +3,7 @@
 //! guest's eth0 and the VMM's userspace TCP/IP stack. The test servers run
 //! on the rig's own address (not loopback, which the guest has too).
 
-use crate::network_e2e::https_test_server;
+use crate::network_e2e::{credential_policy, https_test_server};
 use crate::rig;
 use crate::run_e2e::{T, script};
 
@@ -125,18 +125,9 @@ fn credentials_are_injected_on_the_transparent_path() {
              "#,
                 https_test_server("0.0.0.0").as_str(),
                 r#"             python3 server.py "$ws/headers.log" & server=$!
-             cat > p.toml <<TOML
-[network]
-allow_private = ["api.test:8443"]
-[network.hosts]
-"api.test" = "$addr"
-[[credential]]
-host = "api.test:8443"
-header = "authorization"
-value = {{ env = "TEST_SECRET" }}
-format = "Bearer {{}}"
-TOML
-             sleep 1
+"#,
+                credential_policy("api.test", "$addr", "TEST_SECRET").as_str(),
+                r#"             sleep 1
              SSL_CERT_FILE="$ws/ca.pem" TEST_SECRET=s3cr3t-token $S run --policy ./p.toml -e TEST_SECRET -- sh -c '
                  curl -sS --noproxy "*" -H "Authorization: Bearer forged-by-guest" https://api.test:8443/x
                  echo "guest-env=$TEST_SECRET"'
@@ -145,9 +136,7 @@ TOML
              echo "--- headers"; cat headers.log"#,
             ]
             .concat(),
-        )
-        .replace("{{", "{")
-        .replace("}}", "}"),
+        ),
         T,
     );
     assert!(out.stdout.contains("ok\nguest-env="), "{out}");
