@@ -5,7 +5,7 @@
 //! the root from the virtio-fs share and tmpfs mounts; bring up the network;
 //! start dockerd when asked (`--docker`); run the command with
 //! its stdio bridged to the host; report how it ended; wait for the host to
-//! take everything; sync and reset the VM.
+//! take everything; flush the writable share and reset the VM.
 
 mod changes;
 mod channel;

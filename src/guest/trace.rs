@@ -1,6 +1,8 @@
 //! Milestones of the init in the kernel log, at debug level: with `-v` the
 //! session's kernel.log shows them with the kernel's timestamps, so a slow
 //! boot or export can be seen step by step; otherwise `quiet` hides them.
+//! Keep them few: the kernel drops /dev/kmsg writes beyond ten in five
+//! seconds unless booted with `printk.devkmsg=on`.
 
 use std::fs::File;
 use std::io::Write;
