@@ -49,6 +49,7 @@ pub use model::{Base, Entry, EntryState, Hasher, Kind, Mode, Sha256, Skipped, Sp
 pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes};
 pub use selection::Selection;
 pub use snapshot::{SessionChange, Snapshot};
+pub(crate) use store::write_atomically;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub use tree::digest_at as tree_digest_at;
 pub use validate::SetError;

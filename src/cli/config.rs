@@ -77,12 +77,13 @@ mod tests {
         assert_eq!(
             show(&settings),
             "# /c/config.toml\n\
-             policy = []      # default: the default preset, nothing allowed\n\
-             cpus = 4         # config file, line 1\n\
-             memory = \"2G\"    # default\n\
-             disk = \"16G\"     # config file, line 2\n\
-             apply = \"ask\"    # default\n\
-             color = \"never\"  # --color\n"
+             policy = []        # default: the default preset, nothing allowed\n\
+             cpus = 4           # config file, line 1\n\
+             memory = \"2G\"      # default\n\
+             disk = \"16G\"       # config file, line 2\n\
+             apply = \"ask\"      # default\n\
+             color = \"never\"    # --color\n\
+             home_tools = true  # default\n"
         );
         let missing = Settings::defaults(PathBuf::from("/c/config.toml"));
         assert!(show(&missing).starts_with("# /c/config.toml (does not exist)\n"), "{}", show(&missing));

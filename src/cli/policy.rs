@@ -326,6 +326,18 @@ fn describe(policy: &Policy) -> String {
             })
             .collect(),
     );
+    section(
+        &mut out,
+        "Agent state (kept by stockade, never written to the host's copy)",
+        policy
+            .agents
+            .iter()
+            .map(|a| {
+                let seeds = if a.seed.is_empty() { "nothing".to_string() } else { a.seed.join(", ") };
+                format!("{}: {} ({}); seeded from {seeds}", a.name, a.state.join(", "), a.origin)
+            })
+            .collect(),
+    );
     section(&mut out, "Variables passed", policy.env_pass.clone());
     out
 }
@@ -345,7 +357,10 @@ mod tests {
             text.contains("x-api-key for api.anthropic.com:443 (preset claude) from env ANTHROPIC_API_KEY"),
             "{text}"
         );
-        assert!(text.contains("  ~/.claude rw (preset claude"), "{text}");
+        assert!(
+            text.contains("  claude: ~/.claude/, ~/.claude.json (preset claude); seeded from ~/.claude/settings.json"),
+            "{text}"
+        );
         assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
     }
 

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::changes::review::ApplyMode;
-use crate::supervisor::{self, RunConfig};
+use crate::supervisor::{self, RunConfig, TOOL_VARS};
 
 use super::settings::{Flags, Settings};
 use super::{Global, ci, first_run};
@@ -41,7 +41,7 @@ pub struct VmOptions {
     apply: Option<ApplyMode>,
 
     /// Network and credential policy: a preset (npm, cargo, pypi, github,
-    /// docker, claude, codex), a name in ~/.config/stockade/policies/, or a TOML file.
+    /// docker, claude, codex, gemini), a name in ~/.config/stockade/policies/, or a TOML file.
     /// Repeat to merge; deny rules always win. Without one, the config
     /// file's `policy` list; without that, nothing is allowed.
     #[arg(long = "policy", value_name = "NAME|PATH")]
@@ -81,6 +81,14 @@ pub struct VmOptions {
     /// remains, but a VMM bug would expose your files.
     #[arg(long)]
     no_jail: bool,
+
+    /// Do not share your home toolchains. By default the directories on
+    /// PATH under your home directory (~/.cargo/bin, ~/.local/bin, an nvm
+    /// version) and the install trees their programs live in (rustup's
+    /// toolchains, npm packages) are shared read-only; `-v` lists them.
+    /// Also `home_tools = false` in the config file.
+    #[arg(long)]
+    no_home_tools: bool,
 
     /// Run on a root filesystem image (`stockade image build NAME` first)
     /// instead of this host's /usr, /etc and friends: the same tools every
@@ -221,6 +229,7 @@ pub fn validate(
         disk: vm.disk.as_deref(),
         apply: vm.apply,
         color: None,
+        no_home_tools: vm.no_home_tools,
     })?;
     let timeout =
         vm.timeout.as_deref().map(|t| parse_duration(t).with_context(|| format!("--timeout {t}"))).transpose()?;
@@ -238,6 +247,10 @@ pub fn validate(
     }
     let policy = settings.resolve_policy(&vm.allows)?;
     let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
+    if settings.home_tools.value {
+        // Only those set: the rest would be noted as missing, as -e does.
+        requested.extend(TOOL_VARS.iter().filter(|v| getenv(v).is_some()).map(|v| v.to_string()));
+    }
     requested.extend(policy.env_pass.iter().cloned());
     requested.extend(vm.env.iter().cloned());
     Ok(RunConfig {
@@ -252,6 +265,7 @@ pub fn validate(
         timeout,
         pids: vm.pids,
         jail: !vm.no_jail,
+        home_tools: settings.home_tools.value,
         image: vm.image,
         docker: vm.docker,
         kernel: vm.kernel,

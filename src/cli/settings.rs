@@ -12,6 +12,7 @@
 //! disk = "16G"
 //! apply = "ask"     # ask | all | none
 //! color = "auto"    # auto | always | never
+//! home_tools = true # share the toolchains on PATH under ~ read-only
 //! ```
 //!
 //! Unknown keys and bad values are errors naming the file, line and key, so
@@ -39,7 +40,7 @@ const MIN_MEMORY: u64 = 128 << 20;
 const MIN_DISK: u64 = 64 << 20;
 
 /// The keys the file may hold, in the order `config show` prints them.
-const KEYS: [&str; 6] = ["policy", "cpus", "memory", "disk", "apply", "color"];
+const KEYS: [&str; 7] = ["policy", "cpus", "memory", "disk", "apply", "color", "home_tools"];
 
 #[derive(Debug, Error)]
 pub enum SettingsError {
@@ -121,6 +122,8 @@ pub struct Settings {
     pub disk: Setting<Size>,
     pub apply: Setting<ApplyMode>,
     pub color: Setting<ColorChoice>,
+    /// Share the home toolchains on PATH (rustup, nvm, ~/.local/bin).
+    pub home_tools: Setting<bool>,
 }
 
 /// What the command line gave for the settings; `None` or empty keeps the
@@ -133,6 +136,8 @@ pub struct Flags<'a> {
     pub disk: Option<&'a str>,
     pub apply: Option<ApplyMode>,
     pub color: Option<ColorChoice>,
+    /// `--no-home-tools`.
+    pub no_home_tools: bool,
 }
 
 /// Where the config file is: `STOCKADE_CONFIG_DIR` (tests, packagers) or
@@ -168,6 +173,7 @@ impl Settings {
             disk: Setting::default(size("8G")),
             apply: Setting::default(ApplyMode::Ask),
             color: Setting::default(ColorChoice::Auto),
+            home_tools: Setting::default(true),
         }
     }
 
@@ -251,6 +257,9 @@ impl Settings {
                 ("color", toml::Value::String(text)) => {
                     settings.color = Setting { value: choice(text, "auto, always or never").map_err(refuse)?, source };
                 }
+                ("home_tools", toml::Value::Boolean(on)) => {
+                    settings.home_tools = Setting { value: *on, source };
+                }
                 (known, _) if KEYS.contains(&known) => {
                     return Err(refuse(Refusal::new(&format!("has the wrong type: {}", expected(known)), None)));
                 }
@@ -291,6 +300,9 @@ impl Settings {
         if let Some(color) = flags.color {
             self.color = Setting { value: color, source: Source::Flag("--color") };
         }
+        if flags.no_home_tools {
+            self.home_tools = Setting { value: false, source: Source::Flag("--no-home-tools") };
+        }
         Ok(self)
     }
 
@@ -305,6 +317,7 @@ impl Settings {
             ("disk", quoted(&self.disk.value.text), self.disk.source),
             ("apply", quoted(&value_name(self.apply.value)), self.apply.source),
             ("color", quoted(&value_name(self.color.value)), self.color.source),
+            ("home_tools", self.home_tools.value.to_string(), self.home_tools.source),
         ]
     }
 
@@ -386,6 +399,7 @@ fn expected(key: &str) -> &'static str {
         "memory" => "give a size in quotes, e.g. memory = \"4G\"",
         "disk" => "give a size in quotes, e.g. disk = \"16G\"",
         "apply" => "give \"ask\", \"all\" or \"none\"",
+        "home_tools" => "give true or false, e.g. home_tools = false",
         _ => "give \"auto\", \"always\" or \"never\"",
     }
 }

@@ -48,6 +48,7 @@ fn run() -> anyhow::Result<()> {
         Ok(layers) => {
             let report = command::run(&spec, &control)?;
             trace::mark("command ended");
+            mounts::save_state_files(&spec.root);
             if let Some(layers) = layers {
                 changes::send(&layers, &control)?;
                 trace::mark("changes sent");

@@ -32,15 +32,96 @@ pub struct Layers {
 
 /// Creates `target` (and its parents) unless it exists; an existing target
 /// may sit on a read-only mount, where mkdir would fail.
-fn create_mount_point(target: &str) -> anyhow::Result<()> {
-    if Path::new(target).exists() {
+/// What a bind of `from` needs at `target`: a directory, or for a single
+/// file an empty file (owned like its directory) unless one is there.
+fn create_bind_target(from: &Path, target: &str) -> anyhow::Result<()> {
+    if !from.is_file() {
+        return create_mount_point(target);
+    }
+    let path = Path::new(target);
+    if path.exists() {
         return Ok(());
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(target)
-        .with_context(|| format!("cannot create mount point {target}"))
+    if let Some(parent) = path.parent() {
+        create_mount_point(&parent.to_string_lossy())?;
+    }
+    fs::File::create(path).with_context(|| format!("cannot create mount point {target}"))?;
+    inherit_owner(path);
+    Ok(())
+}
+
+/// The largest agent state file carried in or out: state files are
+/// settings and small databases, not payloads.
+const MAX_STATE_FILE: u64 = 16 << 20;
+
+/// Copies an agent's state file from the writable share to `target`, a
+/// plain file of the user's: programs replace such files by renaming a new
+/// one over them, which a bind-mounted file would refuse (EBUSY).
+fn state_file_in(source: &str, target: &str, uid: u32, gid: u32) -> anyhow::Result<()> {
+    let from = Path::new(SHARE_MOUNT_RW).join(source.trim_start_matches('/'));
+    let path = Path::new(target);
+    if let Some(parent) = path.parent() {
+        create_mount_point(&parent.to_string_lossy())?;
+    }
+    match fs::metadata(&from) {
+        Ok(meta) if meta.is_file() && meta.len() <= MAX_STATE_FILE => {
+            fs::copy(&from, path).with_context(|| format!("cannot copy {} to {target}", from.display()))?;
+        }
+        // Nothing kept yet: the program starts without the file.
+        _ => return Ok(()),
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid)).with_context(|| format!("cannot give {target} to its user"))
+}
+
+/// Copies each agent state file back to the writable share after the
+/// command, replacing the kept copy in one rename. A file the command
+/// removed or made something other than a plain file is left as it was.
+pub fn save_state_files(entries: &[RootEntry]) {
+    for entry in entries {
+        let RootEntry::StateFile { source, target, .. } = entry else { continue };
+        let to = Path::new(SHARE_MOUNT_RW).join(source.trim_start_matches('/'));
+        let Ok(meta) = fs::symlink_metadata(target) else { continue };
+        if !meta.is_file() || meta.len() > MAX_STATE_FILE {
+            eprintln!("stockade-init: {target} is not a plain file of at most 16 MiB; its kept copy is unchanged");
+            continue;
+        }
+        let temp = to.with_extension("stockade-new");
+        let copied = fs::copy(target, &temp).and_then(|_| fs::rename(&temp, &to));
+        if let Err(e) = copied {
+            let _ = fs::remove_file(&temp);
+            eprintln!("stockade-init: cannot keep {target}: {e}");
+        }
+    }
+    sync_host_writes();
+}
+
+/// New directories take the owner of the directory they are made in, so
+/// the parents of a mount in the user's home (`~/.cargo` of `~/.cargo/bin`)
+/// stay the user's to write in.
+fn create_mount_point(target: &str) -> anyhow::Result<()> {
+    let target = Path::new(target);
+    if target.exists() {
+        return Ok(());
+    }
+    let missing: Vec<&Path> = target.ancestors().take_while(|a| !a.exists()).collect();
+    for dir in missing.into_iter().rev() {
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("cannot create mount point {}", target.display()))?;
+        inherit_owner(dir);
+    }
+    Ok(())
+}
+
+/// Gives `path` the owner of its parent directory. Best effort: a root-owned
+/// mount point only costs the user a place to write.
+fn inherit_owner(path: &Path) {
+    let Some(parent) = path.parent().and_then(|p| fs::metadata(p).ok()) else { return };
+    if parent.uid() != 0 || parent.gid() != 0 {
+        let _ = std::os::unix::fs::lchown(path, Some(parent.uid()), Some(parent.gid()));
+    }
 }
 
 fn mount_fs(source: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> anyhow::Result<()> {
@@ -110,7 +191,7 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
         mount_fs(FS_TAG, SHARE_MOUNT, "virtiofs", MsFlags::MS_RDONLY | MsFlags::MS_NODEV, None)?;
         widen_readahead(SHARE_MOUNT);
     }
-    if entries.iter().any(|e| matches!(e, RootEntry::ShareWritable { .. })) {
+    if entries.iter().any(|e| matches!(e, RootEntry::ShareWritable { .. } | RootEntry::StateFile { .. })) {
         mount_fs(FS_TAG_RW, SHARE_MOUNT_RW, "virtiofs", MsFlags::MS_NODEV | MsFlags::MS_NOSUID, None)?;
     }
     let mut layers = None;
@@ -119,11 +200,12 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
             RootEntry::Share { source, target } => bind_read_only(source, target)?,
             RootEntry::ShareWritable { source, target } => {
                 let from = Path::new(SHARE_MOUNT_RW).join(source.trim_start_matches('/'));
-                create_mount_point(target)?;
+                create_bind_target(&from, target)?;
                 mount(Some(&from), target.as_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>)
                     .with_context(|| format!("cannot bind {} on {target}", from.display()))?;
             }
             RootEntry::ShareScratch { source, target } => scratch_overlay(source, target)?,
+            RootEntry::StateFile { source, target, uid, gid } => state_file_in(source, target, *uid, *gid)?,
             RootEntry::Overlay { source, target, disk } => layers = Some(overlay(source, target, disk)?),
             RootEntry::Image { disk } => image_root(disk)?,
             RootEntry::File { target, content, mode } => place_file(target, content, *mode)?,
@@ -296,7 +378,7 @@ fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
 
 fn bind_read_only(source: &str, target: &str) -> anyhow::Result<()> {
     let from = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
-    create_mount_point(target)?;
+    create_bind_target(&from, target)?;
     mount(Some(&from), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
         .with_context(|| format!("cannot bind {} on {target}", from.display()))?;
     mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)

@@ -13,7 +13,7 @@ use toml::Spanned;
 use super::credential::{CredentialRule, ValueSource};
 use super::pattern::{Host, HostRule, Port, PortSpec};
 use super::schema::{self, PolicyFile};
-use super::{Mount, NetworkRule, PinnedHost, Policy, PolicyError, presets};
+use super::{AgentState, Mount, NetworkRule, PinnedHost, Policy, PolicyError, presets};
 
 /// Where `--policy NAME` looks before the presets.
 pub fn user_policy_dir() -> Option<PathBuf> {
@@ -112,6 +112,10 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
         policy.mounts.push(Mount { path: p.clone(), mode: *mode.get_ref(), origin: origin.clone() });
     }
 
+    if let Some(agent) = &file.agent {
+        policy.agents.push(agent_state(agent, &origin, &at)?);
+    }
+
     for name in &file.env.pass {
         if !is_var_name(name.get_ref()) {
             return Err(at(Some(name.span()), format!("{:?} is not a variable name", name.get_ref())));
@@ -119,6 +123,48 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
         policy.env_pass.push(name.get_ref().clone());
     }
     Ok(policy)
+}
+
+fn agent_state(
+    agent: &schema::Agent,
+    origin: &Arc<str>,
+    at: &impl Fn(Option<Range<usize>>, String) -> PolicyError,
+) -> Result<AgentState, PolicyError> {
+    let name = agent.name.get_ref();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(at(Some(agent.name.span()), format!("agent name {name:?}: use letters, digits and -")));
+    }
+    let home_path = |item: &Spanned<String>, what: &str| -> Result<String, PolicyError> {
+        let p = item.get_ref();
+        let rest = p.strip_prefix("~/").unwrap_or("");
+        if rest.trim_end_matches('/').is_empty() || rest.split('/').any(|c| c == ".." || c == ".") {
+            return Err(at(Some(item.span()), format!("agent {what} {p:?}: give a path under ~/, without . or ..")));
+        }
+        Ok(p.clone())
+    };
+    let state = agent.state.iter().map(|p| home_path(p, "state")).collect::<Result<Vec<_>, _>>()?;
+    if state.is_empty() {
+        return Err(at(Some(agent.name.span()), format!("agent {name}: name at least one state path")));
+    }
+    let mut seed = Vec::new();
+    for item in &agent.seed {
+        let p = home_path(item, "seed")?;
+        let inside = state.iter().any(|s| match s.strip_suffix('/') {
+            Some(dir) => p.trim_end_matches('/') == dir || p.starts_with(s.as_str()),
+            None => p == *s,
+        });
+        if !inside {
+            return Err(at(Some(item.span()), format!("agent seed {p:?} is not inside any of its state paths")));
+        }
+        seed.push(p);
+    }
+    Ok(AgentState {
+        name: name.clone(),
+        state,
+        seed,
+        drop_keys: agent.drop_keys.iter().map(|k| k.get_ref().clone()).collect(),
+        origin: origin.clone(),
+    })
 }
 
 fn credential(
@@ -282,6 +328,23 @@ pass = ["NODE_OPTIONS"]
             ValueSource::Command { command: "gh auth token".into(), ttl: Some(Duration::from_secs(55 * 60)) }
         );
         assert_eq!(policy.credentials[0].render("s"), "s");
+    }
+
+    #[test]
+    fn agent_sections_are_checked() {
+        let ok = parse(
+            "[agent]\nname = \"claude\"\nstate = [\"~/.claude/\", \"~/.claude.json\"]\n\
+             seed = [\"~/.claude/settings.json\", \"~/.claude/commands/\", \"~/.claude.json\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(ok.agents[0].state, ["~/.claude/", "~/.claude.json"]);
+        assert!(error_of("[agent]\nname = \"a b\"\nstate = [\"~/.a/\"]\n").contains("letters, digits"));
+        assert!(error_of("[agent]\nname = \"a\"\nstate = [\"/etc/\"]\n").contains("under ~/"));
+        assert!(error_of("[agent]\nname = \"a\"\nstate = [\"~/../x\"]\n").contains("without . or .."));
+        assert!(error_of("[agent]\nname = \"a\"\nstate = []\n").contains("at least one state path"));
+        let outside = error_of("[agent]\nname = \"a\"\nstate = [\"~/.a/\"]\nseed = [\"~/.ab/x\"]\n");
+        assert!(outside.starts_with("test.toml:4:") && outside.contains("not inside"), "{outside}");
     }
 
     #[test]

@@ -91,6 +91,20 @@ impl Mount {
     }
 }
 
+/// An `[agent]` section: where a coding agent keeps its state, which
+/// stockade holds apart from the host's copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentState {
+    /// Names the state directory: letters, digits and `-`.
+    pub name: String,
+    /// Paths under `~/`; a trailing `/` is a directory, else a file.
+    pub state: Vec<String>,
+    /// Paths under `~/` seeded from the host, each inside a `state` path.
+    pub seed: Vec<String>,
+    pub drop_keys: Vec<String>,
+    pub origin: Arc<str>,
+}
+
 /// One policy, or several merged.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
@@ -106,6 +120,7 @@ pub struct Policy {
     pub mounts: Vec<Mount>,
     /// Host variables to pass to the command.
     pub env_pass: Vec<String>,
+    pub agents: Vec<AgentState>,
 }
 
 impl Policy {
@@ -158,6 +173,12 @@ impl Policy {
         for name in other.env_pass {
             if !self.env_pass.contains(&name) {
                 self.env_pass.push(name);
+            }
+        }
+        for agent in other.agents {
+            // The same preset named twice; two different ones both count.
+            if !self.agents.iter().any(|a| a.name == agent.name) {
+                self.agents.push(agent);
             }
         }
         Ok(())

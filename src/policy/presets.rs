@@ -2,7 +2,7 @@
 //! the same name in `~/.config/stockade/policies/` takes precedence.
 
 /// Preset names, in the order `stockade policy list` shows them.
-pub const NAMES: &[&str] = &["default", "npm", "cargo", "pypi", "github", "docker", "claude", "codex"];
+pub const NAMES: &[&str] = &["default", "npm", "cargo", "pypi", "github", "docker", "claude", "codex", "gemini"];
 
 /// The text of a preset.
 pub fn get(name: &str) -> Option<&'static str> {
@@ -15,6 +15,7 @@ pub fn get(name: &str) -> Option<&'static str> {
         "docker" => include_str!("../../policies/docker.toml"),
         "claude" => include_str!("../../policies/claude.toml"),
         "codex" => include_str!("../../policies/codex.toml"),
+        "gemini" => include_str!("../../policies/gemini.toml"),
         _ => return None,
     })
 }

@@ -20,6 +20,24 @@ pub struct PolicyFile {
     pub mounts: BTreeMap<Spanned<String>, Spanned<MountMode>>,
     #[serde(default)]
     pub env: Env,
+    /// A coding agent's own files, kept apart from the host's.
+    pub agent: Option<Agent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Agent {
+    pub name: Spanned<String>,
+    /// Paths under `~/` the agent keeps its state in; a trailing `/` marks
+    /// a directory, anything else is a single file.
+    pub state: Vec<Spanned<String>>,
+    /// Paths under `~/` copied from the host into the state (never back).
+    #[serde(default)]
+    pub seed: Vec<Spanned<String>>,
+    /// Top-level keys removed from seeded JSON files (secrets some agents
+    /// keep beside their settings).
+    #[serde(default)]
+    pub drop_keys: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -47,6 +47,10 @@ pub enum RootEntry {
     /// Bind `source`, a path inside the writable virtio-fs share, at
     /// `target`: the guest's writes reach the host (a policy's "rw" mount).
     ShareWritable { source: String, target: String },
+    /// An agent's state file: copied from `source`, a path inside the
+    /// writable share, to `target` (owned by `uid`:`gid`) before the command,
+    /// and back after it.
+    StateFile { source: String, target: String, uid: u32, gid: u32 },
     /// The read-only share `source` at `target` with a throwaway tmpfs upper
     /// layer: the guest may write, the host copy stays as it was (a
     /// policy's "overlay" mount).

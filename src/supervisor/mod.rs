@@ -3,7 +3,9 @@
 //! output, and turns its end into our exit status.
 #![forbid(unsafe_code)]
 
+mod agent_state;
 mod deadline;
+mod home_tools;
 mod identity;
 mod network;
 mod outcome;
@@ -33,6 +35,7 @@ use crate::protocol::{
 };
 use crate::vmm::config::VmConfig;
 
+pub use home_tools::TOOL_VARS;
 pub use outcome::EXIT_STOCKADE;
 pub use root::find_workspace;
 
@@ -74,6 +77,8 @@ pub struct RunConfig {
     /// Run the command on a pseudo-terminal; `None` decides by whether
     /// stockade runs on one.
     pub tty: Option<bool>,
+    /// Share the home toolchains on PATH read-only (host mode).
+    pub home_tools: bool,
 }
 
 /// How a run ended.
@@ -136,6 +141,26 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         root::layout(&workspace, &user, system, &guest_net)?;
     for skipped in root::policy_mounts(&config.policy.mounts, &user.home, &mut shares, &mut root_layout) {
         eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
+    }
+    let guest_path = config.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or_default();
+    let tools = if config.home_tools && system == root::System::Host {
+        let mut skip = vec![workspace.clone()];
+        skip.extend(config.policy.mounts.iter().map(|m| m.host_path(&user.home)));
+        home_tools::discover(guest_path, &user.home, &skip, |name| std::env::var(name).ok())
+    } else {
+        home_tools::HomeTools::default()
+    };
+    for dir in &tools.dirs {
+        tracing::info!("home toolchain shared read-only: {} ({})", dir.path.display(), dir.why);
+    }
+    root::home_tool_shares(&tools, &mut shares, &mut root_layout);
+    let mut agents = Vec::new();
+    for agent in &config.policy.agents {
+        let state = agent_state::prepare(agent, &user.home, &dirs.data)
+            .with_context(|| format!("cannot ready the state of agent {}", agent.name))?;
+        tracing::info!("agent {} keeps its state in {}", agent.name, state.home.display());
+        state.attach(&user.home, user.uid, user.gid, &mut shares, &mut root_layout);
+        agents.push(state);
     }
     let vm_config = VmConfig {
         kernel,
@@ -207,12 +232,34 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let _ = std::fs::remove_file(stdin_path);
 
     snapshot.wait();
+    for state in &agents {
+        let changed: Vec<String> =
+            state.changed_seeds(&user.home).iter().map(|p| format!("~/{}", p.display())).collect();
+        if !changed.is_empty() {
+            eprintln!(
+                "stockade: agent {} changed {} in the sandbox; the change is kept in its state directory {} and \
+                 your host's copy is unchanged. Settings can make the agent run code on the host (hooks, MCP \
+                 servers): read the file there before copying anything over",
+                state.name,
+                changed.join(", "),
+                state.home.display()
+            );
+        }
+    }
     tracing::debug!("network stopped after {:?}", started.elapsed());
     let (status, outcome_text) = match &result {
         Ok(Conversation::Ended { report, staged }) => {
             let (status, message) = outcome::exit_status(report);
             if let Some(message) = message {
                 eprintln!("stockade: {message}");
+                if matches!(report, ExitReport::NotStarted { not_found: true, .. }) {
+                    let host_path = std::env::var("PATH").unwrap_or_default();
+                    if let Some(hint) =
+                        home_tools::not_found_hint(&config.argv[0], &host_path, &user.home, config.home_tools)
+                    {
+                        eprintln!("stockade: {hint}");
+                    }
+                }
                 if matches!(report, ExitReport::SetupFailed { .. }) && session.dockerd_log().exists() {
                     eprintln!("stockade: dockerd's log is {}", session.dockerd_log().display());
                 }

@@ -308,6 +308,22 @@ pub fn policy_mounts(
     skipped
 }
 
+/// Adds the home toolchains, read-only at their own paths, before the
+/// workspace overlay.
+pub fn home_tool_shares(
+    tools: &super::home_tools::HomeTools,
+    shares: &mut Vec<ShareConfig>,
+    root: &mut Vec<RootEntry>,
+) {
+    for (index, dir) in tools.dirs.iter().enumerate() {
+        let Some(target) = dir.path.to_str() else { continue };
+        let source = format!("/home-tools/{index}");
+        shares.push(ShareConfig { guest_path: source.clone(), host_path: dir.path.clone(), writable: false });
+        let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
+        root.insert(at, RootEntry::Share { source, target: target.to_string() });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
