@@ -37,6 +37,11 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///   value = { env = "ANTHROPIC_API_KEY" }
 ///   format = "{}"
 ///
+///   [[signin]]
+///   file = "~/.claude/.credentials.json"
+///   tokens = ["claudeAiOauth.accessToken", "claudeAiOauth.refreshToken"]
+///   hosts = ["api.anthropic.com", "console.anthropic.com"]
+///
 ///   [mounts]
 ///   "~/.claude" = "rw"
 ///
@@ -58,6 +63,13 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// (re-run after `ttl`, e.g. { command = "gh auth token", ttl = "55m" }).
 /// The guest sees only a placeholder in `guest_env` (by default the `env`
 /// variable). `optional = true` skips a rule whose value is missing.
+///
+/// A signin rule keeps a coding agent's subscription sign-in on the host:
+/// the guest's copy of `file` (JSON) holds placeholders at the `tokens`
+/// paths, and on `hosts` (intercepted as for credentials) the proxy writes
+/// the real values for them in requests, hands the guest placeholders for
+/// tokens in JSON answers, and writes refreshed tokens back to `file`. Its
+/// hosts must also be allowed.
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PolicyArgs {
@@ -261,11 +273,12 @@ fn source_text(name: &str) -> anyhow::Result<String> {
 
 fn counts(policy: &Policy) -> String {
     format!(
-        "{} allow, {} allow_private, {} deny, {} credential, {} mount rules",
+        "{} allow, {} allow_private, {} deny, {} credential, {} signin, {} mount rules",
         policy.allow.len(),
         policy.allow_private.len(),
         policy.deny.len(),
         policy.credentials.len(),
+        policy.signins.len(),
         policy.mounts.len()
     )
 }
@@ -313,6 +326,19 @@ fn describe(policy: &Policy) -> String {
     );
     section(
         &mut out,
+        "Sign-in tokens (kept on the host; the guest's copy holds placeholders)",
+        policy
+            .signins
+            .iter()
+            .map(|s| {
+                let tokens: Vec<String> = s.tokens.iter().map(|t| t.to_string()).collect();
+                let hosts: Vec<String> = s.hosts.iter().map(|h| h.to_string()).collect();
+                format!("{}: {} for {}", s.name(), tokens.join(", "), hosts.join(", "))
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
         "Mounts",
         policy
             .mounts
@@ -347,6 +373,13 @@ mod tests {
         );
         assert!(text.contains("  ~/.claude rw (preset claude"), "{text}");
         assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
+        let signin = "[network]\nallow = [\"auth.test\"]\n[[signin]]\nfile = \"~/.a/auth.json\"\n\
+                      tokens = [\"tokens.access_token\", \"tokens.refresh_token\"]\nhosts = [\"auth.test\"]\n";
+        let text = describe(&policy::parse(signin, "a.toml").unwrap());
+        assert!(
+            text.contains("  ~/.a/auth.json (a.toml): tokens.access_token, tokens.refresh_token for auth.test:443\n"),
+            "{text}"
+        );
     }
 
     #[test]
