@@ -188,6 +188,14 @@ fn serve(
     for (name, value) in env {
         println!("export {name}='{value}'");
     }
+    // What a guest would get instead of the host's sign-in token files, for
+    // a program run with HOME pointed there.
+    let signin_home = dirs.data.join("serve-home");
+    for file in proxy.signin_files() {
+        let path = signin_home.join(file.file.trim_start_matches("~/").trim_start_matches('/'));
+        write_private(&path, &file.content).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("stockade: the guest's copy of {} (placeholders) is {}", file.file, path.display());
+    }
 
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| -> anyhow::Result<()> {
@@ -218,6 +226,17 @@ fn serve(
     })?;
     proxy.stop();
     Ok(())
+}
+
+/// Writes a file only its owner can read, making its directory.
+fn write_private(path: &std::path::Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    file.write_all(content)
 }
 
 fn list() -> String {
