@@ -143,7 +143,10 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
             Ok(Buffered::Whole(bytes)) => {
                 grant = signin::grant_of(&bytes);
                 own = grant.as_ref().and_then(|g| signins.own_refresh(&this.signin, g));
-                let bytes = match signins.substitute(&this.signin, &bytes) {
+                // Only a token request's body: other bodies (a prompt) may be
+                // echoed back, which would hand the guest the secret.
+                let token_request = grant.as_ref().is_some_and(|g| g.grant_type.is_some());
+                let bytes = match signins.substitute(&this.signin, &bytes).filter(|_| token_request) {
                     Some(real) => {
                         wrote = true;
                         real.into()

@@ -1,7 +1,9 @@
 //! Sign-in tokens kept on the host (`[[signin]]` rules). The guest gets a
 //! copy of an agent's token file with placeholders where the secrets were;
 //! on the rule's hosts (intercepted, upstream verified) the proxy writes the
-//! real values for placeholders in requests, gives the guest fresh
+//! real values for placeholders in requests (the Authorization header, and
+//! the body of token requests only: a prompt or any other body the server
+//! may echo back would hand the guest the secret), gives the guest fresh
 //! placeholders for tokens in JSON answers, and writes refreshed tokens back
 //! to the host's file, so the host's agent keeps working after the guest
 //! rotated its refresh token. The real values never reach the guest, logs or
@@ -215,10 +217,15 @@ impl Signins {
         Some(out)
     }
 
-    /// Replaces placeholders in every header value; whether any was.
+    /// Replaces placeholders in the Authorization header, where the agents
+    /// send their tokens; whether any was. Other headers are left alone:
+    /// a server that echoes a header back would hand the guest the secret.
     pub fn substitute_headers(&self, rules: &[usize], headers: &mut HeaderMap) -> bool {
         let mut replaced = false;
-        for value in headers.values_mut() {
+        let http::header::Entry::Occupied(mut entry) = headers.entry(http::header::AUTHORIZATION) else {
+            return false;
+        };
+        for value in entry.iter_mut() {
             let Some(real) = self.substitute(rules, value.as_bytes()) else { continue };
             if let Ok(mut new) = HeaderValue::from_bytes(&real) {
                 new.set_sensitive(true);
