@@ -281,28 +281,20 @@ impl Signins {
         let Some(&first) = rules.first() else { return Ok(None) };
         let Ok(mut doc) = serde_json::from_slice::<Value>(body) else { return Ok(None) };
         let owner = own.unwrap_or(first);
-        let mut fresh: Vec<(String, Entry)> = Vec::new();
-        let mut failed = None;
-        let mut top: HashMap<String, (String, String)> = HashMap::new();
-        let is_top = |doc: &Value, key: &str, value: &str| doc.get(key).and_then(Value::as_str) == Some(value);
-        let mut found: Vec<(String, String)> = Vec::new();
+        let mut found = Vec::new();
         collect_tokens(&doc, &mut found);
-        for (key, real) in found {
-            match placeholder_for(&real) {
-                Ok((guest, marker)) => {
-                    if is_top(&doc, &key, &real) {
-                        top.insert(field_kind(&key), (real.clone(), guest.clone()));
-                    }
-                    fresh.push((marker, Entry { guest, real: Secret(real), rule: owner }));
-                }
-                Err(reason) => failed = Some(reason),
-            }
-        }
-        if let Some(reason) = failed {
-            return Err(reason);
-        }
-        if fresh.is_empty() {
+        if found.is_empty() {
             return Ok(None);
+        }
+        let mut fresh: Vec<(String, Entry)> = Vec::new();
+        // The answer's top-level tokens by kind: (real, placeholder).
+        let mut top: HashMap<String, (String, String)> = HashMap::new();
+        for (key, real) in found {
+            let (guest, marker) = placeholder_for(&real)?;
+            if doc.get(&key).and_then(Value::as_str) == Some(real.as_str()) {
+                top.insert(field_kind(&key), (real.clone(), guest.clone()));
+            }
+            fresh.push((marker, Entry { guest, real: Secret(real), rule: owner }));
         }
         let guest_of: HashMap<String, String> =
             fresh.iter().map(|(_, e)| (e.real.0.clone(), e.guest.clone())).collect();

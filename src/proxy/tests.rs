@@ -1184,3 +1184,30 @@ fn a_sign_in_in_the_guest_creates_the_host_file() {
     let text = seen_text(&world.auth_seen);
     assert!(text.contains("\"refresh_token\":\"real-refresh-9\""), "{text}");
 }
+
+#[test]
+fn a_refresh_over_http2_gets_placeholders_too() {
+    let rt = runtime();
+    let world = signin_world(&rt, "signin-h2", &[(CLAUDE_FILE, CLAUDE_TOKENS)]);
+    let copy = json(&String::from_utf8(world.setup.proxy.signin_files()[0].content.clone()).unwrap());
+    let refresh = copy["claudeAiOauth"]["refreshToken"].as_str().unwrap().to_string();
+    let (status, body) = rt.block_on(async {
+        let (_, _, tcp) = connect(world.setup.addr, &format!("auth.test:{}", world.auth)).await;
+        let tls = tls_over(tcp, "auth.test", &world.proxy_ca, &[b"h2"]).await.unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::post(format!("https://auth.test:{}/v1/oauth/token", world.auth))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(refresh_body(&refresh))))
+            .unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        let status = response.status().as_u16();
+        (status, String::from_utf8_lossy(&response.into_body().collect().await.unwrap().to_bytes()).to_string())
+    });
+    assert_eq!(status, 200, "{body} / {}", seen_text(&world.auth_seen));
+    assert!(!body.contains("real-") && json(&body)["access_token"].as_str().unwrap().starts_with("stockade-signin-"));
+    let host = json(&std::fs::read_to_string(world.host_file()).unwrap());
+    assert_eq!(host["claudeAiOauth"]["refreshToken"], "real-refresh-2");
+}
