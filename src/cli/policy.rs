@@ -37,6 +37,11 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///   value = { env = "ANTHROPIC_API_KEY" }
 ///   format = "{}"
 ///
+///   [[signin]]
+///   file = "~/.claude/.credentials.json"
+///   tokens = ["claudeAiOauth.accessToken", "claudeAiOauth.refreshToken"]
+///   hosts = ["api.anthropic.com", "console.anthropic.com"]
+///
 ///   [mounts]
 ///   "~/.claude" = "rw"
 ///
@@ -58,6 +63,13 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// (re-run after `ttl`, e.g. { command = "gh auth token", ttl = "55m" }).
 /// The guest sees only a placeholder in `guest_env` (by default the `env`
 /// variable). `optional = true` skips a rule whose value is missing.
+///
+/// A signin rule keeps a coding agent's subscription sign-in on the host:
+/// the guest's copy of `file` (JSON) holds placeholders at the `tokens`
+/// paths, and on `hosts` (intercepted as for credentials) the proxy writes
+/// the real values for them in requests, hands the guest placeholders for
+/// tokens in JSON answers, and writes refreshed tokens back to `file`. Its
+/// hosts must also be allowed.
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PolicyArgs {
@@ -176,6 +188,14 @@ fn serve(
     for (name, value) in env {
         println!("export {name}='{value}'");
     }
+    // What a guest would get instead of the host's sign-in token files, for
+    // a program run with HOME pointed there.
+    let signin_home = dirs.data.join("serve-home");
+    for file in proxy.signin_files() {
+        let path = signin_home.join(file.file.trim_start_matches("~/").trim_start_matches('/'));
+        write_private(&path, &file.content).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("stockade: the guest's copy of {} (placeholders) is {}", file.file, path.display());
+    }
 
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| -> anyhow::Result<()> {
@@ -206,6 +226,17 @@ fn serve(
     })?;
     proxy.stop();
     Ok(())
+}
+
+/// Writes a file only its owner can read, making its directory.
+fn write_private(path: &std::path::Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    file.write_all(content)
 }
 
 fn list() -> String {
@@ -261,11 +292,12 @@ fn source_text(name: &str) -> anyhow::Result<String> {
 
 fn counts(policy: &Policy) -> String {
     format!(
-        "{} allow, {} allow_private, {} deny, {} credential, {} mount rules",
+        "{} allow, {} allow_private, {} deny, {} credential, {} signin, {} mount rules",
         policy.allow.len(),
         policy.allow_private.len(),
         policy.deny.len(),
         policy.credentials.len(),
+        policy.signins.len(),
         policy.mounts.len()
     )
 }
@@ -308,6 +340,19 @@ fn describe(policy: &Policy) -> String {
                 let optional = if c.optional { ", optional" } else { "" };
                 let guest = c.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
                 format!("{} from {}{guest}{optional}", c.name(), c.value)
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
+        "Sign-in tokens (kept on the host; the guest's copy holds placeholders)",
+        policy
+            .signins
+            .iter()
+            .map(|s| {
+                let tokens: Vec<String> = s.tokens.iter().map(|t| t.to_string()).collect();
+                let hosts: Vec<String> = s.hosts.iter().map(|h| h.to_string()).collect();
+                format!("{}: {} for {}", s.name(), tokens.join(", "), hosts.join(", "))
             })
             .collect(),
     );
@@ -362,6 +407,13 @@ mod tests {
             "{text}"
         );
         assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
+        let signin = "[network]\nallow = [\"auth.test\"]\n[[signin]]\nfile = \"~/.a/auth.json\"\n\
+                      tokens = [\"tokens.access_token\", \"tokens.refresh_token\"]\nhosts = [\"auth.test\"]\n";
+        let text = describe(&policy::parse(signin, "a.toml").unwrap());
+        assert!(
+            text.contains("  ~/.a/auth.json (a.toml): tokens.access_token, tokens.refresh_token for auth.test:443\n"),
+            "{text}"
+        );
     }
 
     #[test]

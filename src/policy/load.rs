@@ -13,6 +13,7 @@ use toml::Spanned;
 use super::credential::{CredentialRule, ValueSource};
 use super::pattern::{Host, HostRule, Port, PortSpec};
 use super::schema::{self, PolicyFile};
+use super::signin::{SigninRule, TokenPath};
 use super::{AgentState, Mount, NetworkRule, PinnedHost, Policy, PolicyError, presets};
 
 /// Where `--policy NAME` looks before the presets.
@@ -101,9 +102,21 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
         policy.credentials.push(credential(cred, &origin, &at)?);
     }
 
+    for rule in &file.signins {
+        let rule = signin(rule, &origin, &at)?;
+        if let Some(old) = policy.signins.iter().find(|s| s.file == rule.file) {
+            return Err(PolicyError::SigninConflict {
+                file: rule.file.clone(),
+                first: old.name(),
+                second: rule.name(),
+            });
+        }
+        policy.signins.push(rule);
+    }
+
     for (path, mode) in &file.mounts {
         let p = path.get_ref();
-        if !(p.starts_with('/') || p == "~" || p.starts_with("~/")) || p.split('/').any(|c| c == "..") {
+        if !is_home_or_absolute(p) {
             return Err(at(
                 Some(path.span()),
                 format!("mount {p:?}: give an absolute path or one under ~/, without .."),
@@ -217,6 +230,53 @@ fn credential(
         },
     };
     Ok(CredentialRule { host, header, value, format, guest_env, optional: cred.optional, origin: origin.clone() })
+}
+
+fn signin(
+    rule: &schema::Signin,
+    origin: &Arc<str>,
+    at: &impl Fn(Option<Range<usize>>, String) -> PolicyError,
+) -> Result<SigninRule, PolicyError> {
+    let file = rule.file.get_ref();
+    if !is_home_or_absolute(file) || file == "~" || file.ends_with('/') {
+        return Err(at(
+            Some(rule.file.span()),
+            format!("signin file {file:?}: give the token file as an absolute path or one under ~/, without .."),
+        ));
+    }
+    if rule.tokens.get_ref().is_empty() {
+        return Err(at(
+            Some(rule.tokens.span()),
+            "tokens: name at least one JSON path, as in \"tokens.access_token\"".into(),
+        ));
+    }
+    let mut tokens = Vec::new();
+    for text in rule.tokens.get_ref() {
+        let path = TokenPath::parse(text.get_ref()).map_err(|m| at(Some(text.span()), m))?;
+        if tokens.contains(&path) {
+            return Err(at(Some(text.span()), format!("token path {path} is named twice")));
+        }
+        tokens.push(path);
+    }
+    if rule.hosts.get_ref().is_empty() {
+        return Err(at(Some(rule.hosts.span()), "hosts: name at least one host where the tokens are used".into()));
+    }
+    // As for credentials: without a port, 443 only, so real tokens only
+    // travel over TLS the proxy verified.
+    let hosts = rule
+        .hosts
+        .get_ref()
+        .iter()
+        .map(|h| {
+            HostRule::parse(h.get_ref(), PortSpec::One(Port::HTTPS)).map_err(|e| at(Some(h.span()), e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SigninRule { file: file.clone(), tokens, hosts, origin: origin.clone() })
+}
+
+/// `/...` or `~/...` (or `~`), without a `..` component.
+fn is_home_or_absolute(path: &str) -> bool {
+    (path.starts_with('/') || path == "~" || path.starts_with("~/")) && !path.split('/').any(|c| c == "..")
 }
 
 fn parse_ttl(text: &str) -> Result<Duration, String> {
@@ -360,6 +420,43 @@ pass = ["NODE_OPTIONS"]
         assert_eq!(policy.hosts[0].name, "api.test");
         assert!(error_of("[network.hosts]\n\"api.test\" = \"localhost\"\n").contains("not an IP address"));
         assert!(error_of("[network.hosts]\n\"10.0.0.1\" = \"10.0.0.2\"\n").contains("not a name"));
+    }
+
+    #[test]
+    fn signin_rules_parse_with_https_hosts_and_split_paths() {
+        let text = "[[signin]]\nfile = \"~/.claude/.credentials.json\"\n\
+                    tokens = [\"claudeAiOauth.accessToken\", \"claudeAiOauth.refreshToken\"]\n\
+                    hosts = [\"api.anthropic.com\", \"console.anthropic.com:8443\"]\n";
+        let policy = parse(text, "t.toml").unwrap();
+        let rule = &policy.signins[0];
+        assert_eq!(rule.name(), "~/.claude/.credentials.json (t.toml)");
+        assert_eq!(rule.tokens[1].keys(), ["claudeAiOauth", "refreshToken"]);
+        assert_eq!(rule.tokens[0].kind(), "accesstoken");
+        assert_eq!(rule.refresh_path(), Some(1));
+        let hosts: Vec<String> = rule.hosts.iter().map(|h| h.to_string()).collect();
+        assert_eq!(hosts, ["api.anthropic.com:443", "console.anthropic.com:8443"]);
+        assert_eq!(rule.host_path(Some(Path::new("/home/u"))).unwrap(), Path::new("/home/u/.claude/.credentials.json"));
+        assert_eq!(rule.host_path(None), None);
+    }
+
+    #[test]
+    fn bad_signin_rules_name_the_line() {
+        let rule = |file: &str, tokens: &str, hosts: &str| {
+            error_of(&format!("[[signin]]\nfile = \"{file}\"\ntokens = [{tokens}]\nhosts = [{hosts}]\n"))
+        };
+        let err = rule("rel/auth.json", "\"a\"", "\"x.test\"");
+        assert!(err.starts_with("test.toml:2:") && err.contains("absolute path"), "{err}");
+        assert!(rule("~/../auth.json", "\"a\"", "\"x.test\"").contains("without .."));
+        let err = rule("~/a.json", "", "\"x.test\"");
+        assert!(err.starts_with("test.toml:3:") && err.contains("at least one JSON path"), "{err}");
+        assert!(rule("~/a.json", "\"a..b\"", "\"x.test\"").contains("joined by '.'"));
+        assert!(rule("~/a.json", "\"a\", \"a\"", "\"x.test\"").contains("named twice"));
+        let err = rule("~/a.json", "\"a\"", "");
+        assert!(err.starts_with("test.toml:4:") && err.contains("at least one host"), "{err}");
+        assert!(rule("~/a.json", "\"a\"", "\"bad host\"").starts_with("test.toml:4:"));
+        assert!(error_of("[[signin]]\nfile = \"/a.json\"\nhosts = [\"x.test\"]\n").contains("tokens"));
+        let twice = "[[signin]]\nfile = \"/a.json\"\ntokens = [\"a\"]\nhosts = [\"x.test\"]\n";
+        assert!(error_of(&format!("{twice}{twice}")).contains("two [[signin]] rules for /a.json"));
     }
 
     #[test]

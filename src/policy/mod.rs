@@ -13,6 +13,7 @@ mod load;
 mod pattern;
 pub mod presets;
 mod schema;
+mod signin;
 mod verdict;
 
 use std::net::IpAddr;
@@ -25,6 +26,7 @@ pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
 pub use load::{is_path, line_column, load_file, parse, user_policy_dir};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
 pub use schema::MountMode;
+pub use signin::{SigninRule, TokenPath};
 pub use verdict::{Denial, Verdict};
 
 #[derive(Debug, Error)]
@@ -50,6 +52,13 @@ pub enum PolicyError {
     HostsConflict { name: String, first: IpAddr, first_origin: String, second: IpAddr, second_origin: String },
     #[error("two credential rules for {host}: {first} and {second}; keep one")]
     CredentialConflict { host: String, first: String, second: String },
+    #[error("two [[signin]] rules for {file}: {first} and {second}; keep one")]
+    SigninConflict { file: String, first: String, second: String },
+    #[error(
+        "[[signin]] {rule}: {host}:{port} is not allowed by the network rules, so its tokens could not be used; \
+         allow it in [network] allow (or --allow {host})"
+    )]
+    SigninHostNotAllowed { rule: String, host: String, port: Port },
 }
 
 /// An allow or deny rule and the policy it came from.
@@ -117,6 +126,8 @@ pub struct Policy {
     pub deny: Vec<NetworkRule>,
     pub hosts: Vec<PinnedHost>,
     pub credentials: Vec<CredentialRule>,
+    /// Sign-in token files kept on the host.
+    pub signins: Vec<SigninRule>,
     pub mounts: Vec<Mount>,
     /// Host variables to pass to the command.
     pub env_pass: Vec<String>,
@@ -162,6 +173,19 @@ impl Policy {
             }
             self.credentials.push(rule);
         }
+        for rule in other.signins {
+            if let Some(old) = self.signins.iter().find(|s| s.file == rule.file) {
+                if old.tokens == rule.tokens && old.hosts == rule.hosts {
+                    continue;
+                }
+                return Err(PolicyError::SigninConflict {
+                    file: rule.file.clone(),
+                    first: old.name(),
+                    second: rule.name(),
+                });
+            }
+            self.signins.push(rule);
+        }
         for mount in other.mounts {
             match self.mounts.iter_mut().find(|m| m.path == mount.path) {
                 // Like deny beating allow: the more restrictive mode wins.
@@ -189,6 +213,21 @@ impl Policy {
         self.hosts.iter().find(|p| p.name == name).map(|p| p.addr)
     }
 
+    /// Checks that every host a sign-in rule names exactly is allowed: a
+    /// rule for a host the guest cannot reach is a mistake in the policy.
+    /// Only meaningful once all policies are merged, since one policy may
+    /// allow what another's rule names. Wildcard hosts are not checked.
+    pub fn check_signins(&self) -> Result<(), PolicyError> {
+        for rule in &self.signins {
+            for (host, port) in rule.exact_hosts() {
+                if let Verdict::Deny(_) = self.verdict(&host, port) {
+                    return Err(PolicyError::SigninHostNotAllowed { rule: rule.name(), host: host.to_string(), port });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The credential rule for a destination, if any.
     pub fn credential_for(&self, host: &Host, port: Port) -> Option<&CredentialRule> {
         self.credentials.iter().find(|c| c.host.matches(host, port))
@@ -214,6 +253,7 @@ pub fn resolve_in(user_dir: Option<&Path>, names: &[String], allows: &[String]) 
     if !allows.is_empty() {
         policy.merge(load::allow_flags(allows)?)?;
     }
+    policy.check_signins()?;
     Ok(policy)
 }
 
@@ -280,6 +320,25 @@ mod tests {
         let mut a = parse(&cred("A"), "a").unwrap();
         assert!(a.merge(parse(&cred("A"), "a").unwrap()).is_ok(), "the same rule twice is fine");
         assert!(matches!(a.merge(parse(&cred("B"), "b").unwrap()), Err(PolicyError::CredentialConflict { .. })));
+    }
+
+    #[test]
+    fn signin_hosts_must_be_allowed_once_merged() {
+        let dir = std::env::temp_dir().join(format!("stockade-policy-signin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rule = "[[signin]]\nfile = \"~/.a.json\"\ntokens = [\"t\"]\nhosts = [\"api.test\", \"*.auth.test\"]\n";
+        std::fs::write(dir.join("signin.toml"), rule).unwrap();
+        std::fs::write(dir.join("net.toml"), "[network]\nallow = [\"api.test\"]\n").unwrap();
+        let err = resolve_in(Some(&dir), &["signin".into()], &[]).unwrap_err().to_string();
+        assert!(err.contains("~/.a.json (") && err.contains("api.test:443 is not allowed"), "{err}");
+        // Another policy (or --allow) may allow it; wildcards are not checked.
+        assert!(resolve_in(Some(&dir), &["signin".into(), "net".into()], &[]).is_ok());
+        assert!(resolve_in(Some(&dir), &["signin".into()], &["api.test".into()]).is_ok());
+        let mut same = resolve_in(Some(&dir), &["signin".into(), "net".into(), "signin".into()], &[]).unwrap();
+        assert_eq!(same.signins.len(), 1, "the same rule twice is one rule");
+        let other = parse(&rule.replace("\"t\"", "\"u\""), "other.toml").unwrap();
+        assert!(matches!(same.merge(other), Err(PolicyError::SigninConflict { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

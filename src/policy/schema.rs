@@ -16,6 +16,8 @@ pub struct PolicyFile {
     pub network: Network,
     #[serde(default, rename = "credential")]
     pub credentials: Vec<Credential>,
+    #[serde(default, rename = "signin")]
+    pub signins: Vec<Signin>,
     #[serde(default)]
     pub mounts: BTreeMap<Spanned<String>, Spanned<MountMode>>,
     #[serde(default)]
@@ -69,6 +71,17 @@ pub struct Credential {
     /// Skip the rule, with a warning, when its value cannot be had.
     #[serde(default)]
     pub optional: bool,
+}
+
+/// A coding agent's sign-in token file, kept on the host.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signin {
+    pub file: Spanned<String>,
+    /// Dotted JSON paths of the secrets in the file.
+    pub tokens: Spanned<Vec<Spanned<String>>>,
+    /// Host rules where the real values are written.
+    pub hosts: Spanned<Vec<Spanned<String>>>,
 }
 
 /// Where a credential's value comes from: exactly one of the three.

@@ -68,6 +68,13 @@ pub struct Record {
     /// The credential rule whose header was written (never the value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// The sign-in rule whose real tokens were written into the request
+    /// (never the values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signin: Option<String>,
+    /// What the answer did to a host sign-in file (refreshed, created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signin_saved: Option<String>,
     /// Bytes from the guest to the server, and back.
     #[serde(default)]
     pub bytes_up: u64,
@@ -90,6 +97,8 @@ impl Record {
             path: None,
             status: None,
             credential: None,
+            signin: None,
+            signin_saved: None,
             bytes_up: 0,
             bytes_down: 0,
         }
@@ -220,6 +229,12 @@ fn row(r: &Record) -> [String; 6] {
     let mut why = r.reason.clone().or_else(|| r.rule.clone()).unwrap_or_default();
     if let Some(credential) = &r.credential {
         let _ = write!(why, "; wrote {credential}");
+    }
+    if let Some(signin) = &r.signin {
+        let _ = write!(why, "; wrote sign-in tokens of {signin}");
+    }
+    if let Some(saved) = &r.signin_saved {
+        let _ = write!(why, "; {saved}");
     }
     [time, decision.into(), kind, target, request.trim().to_string(), why]
 }

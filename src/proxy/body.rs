@@ -62,6 +62,64 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
+/// A body read whole, or (past the limit) handed back to be streamed on.
+pub enum Buffered {
+    Whole(Bytes),
+    Larger(ProxyBody),
+}
+
+/// Reads a body whole when it holds at most `limit` bytes; a larger one
+/// comes back as a body that yields what was read, then the rest. Trailers
+/// of a body read whole are dropped (token endpoints send none).
+pub async fn buffer<B>(mut body: B, limit: usize) -> Result<Buffered, BoxError>
+where
+    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Ok(Buffered::Larger(body.map_err(Into::into).boxed()));
+    }
+    let mut read: Vec<Bytes> = Vec::new();
+    let mut len = 0;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(Into::into)?.into_data() else { continue };
+        len += data.len();
+        read.push(data);
+        if len > limit {
+            return Ok(Buffered::Larger(Replay { read: read.into(), inner: body }.map_err(Into::into).boxed()));
+        }
+    }
+    Ok(Buffered::Whole(read.concat().into()))
+}
+
+/// A body whose first chunks were already read.
+struct Replay<B> {
+    read: std::collections::VecDeque<Bytes>,
+    inner: B,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Replay<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        match this.read.pop_front() {
+            Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty() && self.inner.is_end_stream()
+    }
+}
+
+/// A body of bytes already in hand.
+pub fn full(data: impl Into<Bytes>) -> ProxyBody {
+    Full::new(data.into()).map_err(|never| match never {}).boxed()
+}
+
 /// One request/response exchange's audit record, written when the last
 /// body holding it is dropped (so the byte counts are final).
 pub struct Flow {

@@ -18,7 +18,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_VALUE: usize = 64 * 1024;
 
 /// A secret: Debug and Display never show it.
-struct Secret(String);
+pub(super) struct Secret(pub(super) String);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

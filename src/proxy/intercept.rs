@@ -1,14 +1,16 @@
-//! Intercepted CONNECT tunnels, for hosts with a credential rule: the proxy
-//! ends the guest's TLS with a leaf from its CA, and sends each request on
-//! over TLS it has verified itself, with the guest's auth headers removed
-//! and the real credential written in. Requests for any other authority on
-//! that connection are refused, so the secret only goes where its rule says.
+//! Intercepted CONNECT tunnels, for hosts with a credential or sign-in
+//! rule: the proxy ends the guest's TLS with a leaf from its CA, and sends
+//! each request on over TLS it has verified itself, with the guest's auth
+//! headers removed and the real credential written in, and sign-in
+//! placeholders replaced by the real tokens (whose answers get placeholders
+//! in turn, `signin`). Requests for any other authority on that connection
+//! are refused, so a secret only goes where its rule says.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::header;
-use http::{Request, Response, StatusCode};
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -17,7 +19,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Shared;
 use super::audit::{Decision, Kind, Record};
-use super::body::{self, Counted, Direction, Flow, ProxyBody};
+use super::body::{self, Buffered, Counted, Direction, Flow, ProxyBody};
+use super::signin::{self, Grant, MAX_BODY};
 use super::upstream::TlsUpstream;
 use crate::policy::{Host, Port};
 
@@ -27,7 +30,9 @@ pub struct Interception {
     pub host: Host,
     pub port: Port,
     /// The credential rule (index into `shared.credentials`).
-    pub credential: usize,
+    pub credential: Option<usize>,
+    /// The sign-in rules for this host (indices into `shared.signins`).
+    pub signin: Vec<usize>,
     /// The rule that allowed the host, for the audit log.
     pub rule: String,
     pub upstream: TlsUpstream,
@@ -90,7 +95,7 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
     if !names_destination(named.as_deref(), &this.host, this.port) {
         let message = format!(
             "stockade: refused a request for {} on the connection to {}:{}; \
-             the credential for {} is only sent to it",
+             the credentials for {} are only sent to it",
             named.as_deref().unwrap_or("(no host)"),
             this.host,
             this.port,
@@ -101,34 +106,84 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         shared.audit.record(&record);
         return body::text(StatusCode::MISDIRECTED_REQUEST, message);
     }
-    let Some(rule) = shared.credentials.rule(this.credential) else {
-        return body::text(StatusCode::INTERNAL_SERVER_ERROR, "stockade: credential rule missing".into());
+    let credential = match this.credential {
+        Some(index) => match shared.credentials.rule(index) {
+            Some(rule) => Some((index, rule)),
+            None => return body::text(StatusCode::INTERNAL_SERVER_ERROR, "stockade: credential rule missing".into()),
+        },
+        None => None,
     };
-    record.credential = Some(rule.name());
+    record.credential = credential.map(|(_, rule)| rule.name());
     let flow = Flow::new(shared.audit.clone(), record);
-    let value = match shared.credentials.header_value(this.credential).await {
-        Ok(value) => value,
-        Err(reason) => {
-            flow.fail(reason.clone());
-            return body::text(StatusCode::BAD_GATEWAY, format!("stockade: {reason}"));
-        }
-    };
 
     let (mut parts, incoming) = req.into_parts();
     body::strip_hop_by_hop(&mut parts.headers);
-    // Whatever the guest holds (a placeholder, or a key of its own) never
-    // reaches the server: only the rule's credential does.
-    parts.headers.remove(header::AUTHORIZATION);
-    parts.headers.remove(&rule.header);
-    parts.headers.insert(rule.header.clone(), value);
-    let upstream_req = Request::from_parts(parts, Counted::boxed(incoming, flow.clone(), Direction::Up));
+    if let Some((index, rule)) = credential {
+        let value = match shared.credentials.header_value(index).await {
+            Ok(value) => value,
+            Err(reason) => {
+                flow.fail(reason.clone());
+                return body::text(StatusCode::BAD_GATEWAY, format!("stockade: {reason}"));
+            }
+        };
+        // Whatever the guest holds (a placeholder, or a key of its own) never
+        // reaches the server: only the rule's credential does.
+        parts.headers.remove(header::AUTHORIZATION);
+        parts.headers.remove(&rule.header);
+        parts.headers.insert(rule.header.clone(), value);
+    }
+    let mut up = Counted::boxed(incoming, flow.clone(), Direction::Up);
+    let (mut grant, mut own) = (None, None);
+    if !this.signin.is_empty() {
+        let signins = &shared.signins;
+        let mut wrote = signins.substitute_headers(&this.signin, &mut parts.headers);
+        // An answer the proxy cannot read could carry tokens past it.
+        parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        match body::buffer(up, MAX_BODY).await {
+            Ok(Buffered::Whole(bytes)) => {
+                grant = signin::grant_of(&bytes);
+                own = grant.as_ref().and_then(|g| signins.own_refresh(&this.signin, g));
+                // Only a token request's body: other bodies (a prompt) may be
+                // echoed back, which would hand the guest the secret.
+                let token_request = grant.as_ref().is_some_and(|g| g.grant_type.is_some());
+                let bytes = match signins.substitute(&this.signin, &bytes).filter(|_| token_request) {
+                    Some(real) => {
+                        wrote = true;
+                        real.into()
+                    }
+                    None => bytes,
+                };
+                parts.headers.remove(header::CONTENT_LENGTH);
+                up = body::full(bytes);
+            }
+            Ok(Buffered::Larger(rest)) => up = rest,
+            Err(e) => {
+                flow.fail(format!("reading the guest's request: {e}"));
+                return body::text(StatusCode::BAD_REQUEST, format!("stockade: cannot read the request: {e}"));
+            }
+        }
+        if wrote {
+            let names: Vec<String> = this.signin.iter().map(|&i| signins.rule_name(i)).collect();
+            flow.update(|r| r.signin = Some(names.join(", ")));
+        }
+    }
+    let upstream_req = Request::from_parts(parts, up);
 
     match this.upstream.send(upstream_req).await {
         Ok(response) => {
             flow.update(|r| r.status = Some(response.status().as_u16()));
             let (mut parts, incoming) = response.into_parts();
             body::strip_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down))
+            if this.signin.is_empty() || !is_json(&parts.headers) {
+                return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
+            }
+            match answer(this, &flow, own, grant.as_ref(), &mut parts.headers, incoming).await {
+                Ok(down) => Response::from_parts(parts, Counted::boxed(down, flow, Direction::Down)),
+                Err(reason) => {
+                    flow.fail(reason.clone());
+                    body::text(StatusCode::BAD_GATEWAY, format!("stockade: {}:{}: {reason}", this.host, this.port))
+                }
+            }
         }
         Err(reason) => {
             flow.fail(reason.clone());
@@ -139,6 +194,45 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
             body::text(StatusCode::BAD_GATEWAY, message)
         }
     }
+}
+
+/// A JSON answer from a sign-in rule's host, with placeholders for the
+/// tokens in it; an error when it cannot be passed on safely.
+async fn answer(
+    this: &Interception,
+    flow: &Flow,
+    own: Option<usize>,
+    grant: Option<&Grant>,
+    headers: &mut HeaderMap,
+    incoming: Incoming,
+) -> Result<ProxyBody, String> {
+    let encoded =
+        headers.get(header::CONTENT_ENCODING).is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        // The request asked for identity; a compressed answer may hold
+        // tokens the proxy cannot see, so it does not reach the guest.
+        return Err("the answer is compressed although the proxy asked for none; not passed on".into());
+    }
+    let bytes = match body::buffer(incoming, MAX_BODY).await.map_err(|e| format!("reading the answer: {e}"))? {
+        Buffered::Whole(bytes) => bytes,
+        Buffered::Larger(rest) => return Ok(rest),
+    };
+    let Some((rewritten, saved)) = this.shared.signins.rewrite_answer(&this.signin, own, grant, &bytes)? else {
+        return Ok(body::full(bytes));
+    };
+    if let Some(saved) = saved {
+        flow.update(|r| r.signin_saved = Some(saved.describe()));
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    Ok(body::full(rewritten))
+}
+
+/// Whether a message is JSON (`application/json`, `...+json`; not a
+/// stream of JSON lines, which is never read whole).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
+    let media = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    media == "application/json" || media.ends_with("+json")
 }
 
 /// Whether a request's authority is the intercepted destination.

@@ -13,6 +13,8 @@
 //!   their original destination, judged by TLS SNI or the Host header.
 //! - `ca` + `tls`: the per-install CA and the rustls configurations.
 //! - `credentials`: the secrets; `audit`: the JSONL log of every flow.
+//! - `signin`: agents' sign-in tokens kept on the host; the guest gets a
+//!   copy of each token file with placeholders (`Proxy::signin_files`).
 //!
 //! The proxy runs on its own tokio runtime; [`Proxy`] is the handle that
 //! serves listeners and stops it. A run wires it up like this:
@@ -23,6 +25,7 @@
 //! proxy.serve_unix(listener_for_the_guest_proxy_port)?;     // HTTP proxy (CONNECT, http://)
 //! proxy.serve_dns_unix(listener_for_the_guest_dns_port)?;   // or proxy.answer_dns(&udp_message)
 //! guest env += proxy.placeholder_env();
+//! for f in proxy.signin_files() { place f.content in the guest at f.file (~/ = the guest's home), 0600 }
 //! if let Some(trust) = proxy.guest_trust() { write trust.ca_pem / trust.bundle_pem where the
 //!     guest can read them; guest env += GuestTrust::env(guest_ca_path, guest_bundle_path); }
 //! ... run the VM ...
@@ -40,6 +43,7 @@ mod intercept;
 mod names;
 mod resolve;
 mod server;
+mod signin;
 mod sni;
 mod tls;
 mod transparent;
@@ -61,11 +65,13 @@ use tokio::sync::Semaphore;
 
 pub use audit::AUDIT_FILE;
 pub use ca::CertificateAuthority;
+pub use signin::SigninFile;
 
 use crate::policy::Policy;
 use audit::AuditLog;
 use credentials::Credentials;
 use resolve::Resolver;
+use signin::Signins;
 
 /// Guest connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
@@ -115,6 +121,8 @@ pub enum ProxyError {
     NoRoots { details: String },
     #[error("credential rule {rule}: {reason}")]
     Credential { rule: String, reason: String },
+    #[error("sign-in rule {rule}: {reason}")]
+    Signin { rule: String, reason: String },
     #[error("cannot open the audit log {}", path.display())]
     Audit {
         path: PathBuf,
@@ -136,7 +144,8 @@ pub struct ProxyConfig {
     /// The session's audit log (`<session dir>/network.jsonl`); `None`
     /// discards records.
     pub audit_log: Option<PathBuf>,
-    /// The home directory, for `~/` in credential `file` values.
+    /// The home directory, for `~/` in credential `file` values and
+    /// sign-in files.
     pub home: Option<PathBuf>,
     /// The roots that upstream servers of intercepted hosts are checked
     /// against; `None` is the host's trust store (rustls-native-certs,
@@ -161,7 +170,8 @@ pub(crate) struct Shared {
     policy: Policy,
     resolver: Resolver,
     credentials: Credentials,
-    /// Present when some credential rule is in force.
+    signins: Signins,
+    /// Present when some credential or sign-in rule is in force.
     ca: Option<Arc<CertificateAuthority>>,
     upstream_tls: Option<Arc<ClientConfig>>,
     audit: Arc<AuditLog>,
@@ -181,8 +191,9 @@ pub struct Proxy {
 impl Proxy {
     /// Starts the proxy's runtime and readies everything a connection
     /// needs: credential values (a failing one is an error naming its
-    /// rule), and, when a credential rule is in force, the CA and the host's
-    /// trust store. Serves nothing until given a listener.
+    /// rule), the guest copies of sign-in files, and, when a credential or
+    /// sign-in rule is in force, the CA and the host's trust store. Serves
+    /// nothing until given a listener.
     pub fn start(config: ProxyConfig) -> Result<Proxy, ProxyError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -196,7 +207,8 @@ impl Proxy {
 
     async fn prepare(config: ProxyConfig) -> Result<Shared, ProxyError> {
         let credentials = Credentials::load(&config.policy.credentials, config.home.as_deref()).await?;
-        let (ca, upstream_tls) = if credentials.is_empty() {
+        let signins = Signins::load(&config.policy.signins, config.home.as_deref())?;
+        let (ca, upstream_tls) = if credentials.is_empty() && signins.is_empty() {
             (None, None)
         } else {
             let ca = CertificateAuthority::load_or_create(&config.data_dir)?;
@@ -218,6 +230,7 @@ impl Proxy {
             policy: config.policy,
             resolver: Resolver::from_system(),
             credentials,
+            signins,
             ca,
             upstream_tls,
             audit: Arc::new(audit),
@@ -294,6 +307,14 @@ impl Proxy {
     /// guest (over any value passed from the host).
     pub fn placeholder_env(&self) -> Vec<(String, String)> {
         self.shared.credentials.placeholders()
+    }
+
+    /// The guest's copies of the sign-in token files: for each `[[signin]]`
+    /// rule whose host file exists and could be read, the same JSON with
+    /// placeholders where the secrets are. Place each at `file` in the
+    /// guest (`~/` is the guest's home), mode 0600. The same on every call.
+    pub fn signin_files(&self) -> Vec<SigninFile> {
+        self.shared.signins.guest_files()
     }
 
     /// What the guest must trust, when some host is intercepted.

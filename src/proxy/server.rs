@@ -204,11 +204,7 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
         }
     };
     record.addr = server.peer_addr().ok().map(|a| a.to_string());
-    let credential = shared.credentials.rule_for(&target.host, target.port);
-    let interception = match (credential, &shared.upstream_tls) {
-        (Some(credential), Some(tls)) if shared.ca.is_some() => Some((credential, tls.clone())),
-        _ => None,
-    };
+    let interception = interception_for(&shared, &target.host, target.port);
     tokio::spawn(async move {
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => u,
@@ -218,15 +214,32 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
             }
         };
         match interception {
-            Some((credential, tls)) => {
+            Some((credential, signin, tls)) => {
                 let upstream = TlsUpstream::new(target.host.clone(), target.port, addrs, tls, server);
-                let this = Interception { shared, host: target.host, port: target.port, credential, rule, upstream };
+                let (host, port) = (target.host, target.port);
+                let this = Interception { shared, host, port, credential, signin, rule, upstream };
                 intercept::serve(this, TokioIo::new(upgraded)).await;
             }
             None => tunnel::relay(&shared.audit, TokioIo::new(upgraded), server, &target.host, record).await,
         }
     });
     Response::new(body::empty())
+}
+
+/// Whether a destination is intercepted, and for which rules: a host with
+/// a credential or a sign-in rule is, once the CA and upstream trust exist.
+pub(super) fn interception_for(
+    shared: &Shared,
+    host: &Host,
+    port: Port,
+) -> Option<(Option<usize>, Vec<usize>, Arc<rustls::ClientConfig>)> {
+    let credential = shared.credentials.rule_for(host, port);
+    let signin = shared.signins.rules_for(host, port);
+    if credential.is_none() && signin.is_empty() {
+        return None;
+    }
+    shared.ca.as_ref()?;
+    Some((credential, signin, shared.upstream_tls.clone()?))
 }
 
 pub(super) async fn forward(

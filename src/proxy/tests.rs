@@ -116,13 +116,30 @@ impl Drop for Setup {
 }
 
 fn start_proxy(name: &str, policy_text: &str, roots: Vec<CertificateDer<'static>>) -> Result<Setup, super::ProxyError> {
+    start_proxy_with_home(name, policy_text, roots, &[])
+}
+
+/// [`start_proxy`] with `<dir>/home` as the home directory, holding `files`
+/// (path under home, content) before the proxy starts.
+fn start_proxy_with_home(
+    name: &str,
+    policy_text: &str,
+    roots: Vec<CertificateDer<'static>>,
+    files: &[(&str, &str)],
+) -> Result<Setup, super::ProxyError> {
     let dir = std::env::temp_dir().join(format!("stockade-proxy-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    for (path, content) in files {
+        let path = dir.join("home").join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
     let policy = policy::parse(policy_text, "test.toml").unwrap();
     let audit = dir.join("network.jsonl");
     let mut config = ProxyConfig::new(policy, &dir, Some(audit.clone()));
     config.upstream_roots = Some(roots);
+    config.home = Some(dir.join("home"));
     let proxy = Proxy::start(config)?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -844,4 +861,353 @@ fn transparent_tls_is_named_by_sni_and_credential_hosts_are_intercepted() {
     assert!(records.iter().any(|r| r.kind == Kind::Https && r.host == "api.test" && r.decision == Decision::Allow));
     assert!(records.iter().any(|r| r.kind == Kind::Connect && r.host == "other.test" && r.decision == Decision::Allow));
     assert!(records.iter().any(|r| r.decision == Decision::Deny), "{records:?}");
+}
+
+/// A token endpoint standing in for an agent's sign-in server: it answers
+/// a refresh only for the real refresh tokens it issued, so a placeholder
+/// reaching it fails, and an authorization code with other tokens.
+async fn token_server(tls: Arc<rustls::ServerConfig>) -> (u16, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let (seen, tls) = (record.clone(), tls.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let mut text = format!("{} {}\n", req.method(), req.uri());
+                        for (name, value) in req.headers() {
+                            text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+                        }
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let body = String::from_utf8_lossy(&body).to_string();
+                        text.push_str(&format!("body: {body}\n"));
+                        seen.lock().unwrap().push(text);
+                        let tokens = |n: u32| {
+                            format!(
+                                r#"{{"access_token":"real-access-{n}","refresh_token":"real-refresh-{n}","expires_in":3600,"token_type":"Bearer"}}"#
+                            )
+                        };
+                        let (status, answer) = if body.contains("authorization_code") {
+                            (200, tokens(9))
+                        } else if let Some(n) = (1..5).find(|n| body.contains(&format!("real-refresh-{n}"))) {
+                            (200, tokens(n + 1))
+                        } else {
+                            (400, r#"{"error":"invalid_grant"}"#.to_string())
+                        };
+                        let response = Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from(answer)))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+                if let Ok(stream) = TlsAcceptor::from(tls).accept(tcp).await {
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// One HTTP/1.1 request over an established stream, with a body.
+async fn send<S>(stream: S, method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> (u16, String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let response = sender.send_request(req).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).to_string())
+}
+
+const CLAUDE_FILE: &str = ".claude/.credentials.json";
+const CLAUDE_TOKENS: &str = r#"{"claudeAiOauth":{"accessToken":"real-access-1","refreshToken":"real-refresh-1","expiresAt":1000,"scopes":["user:inference"],"subscriptionType":"max"}}"#;
+
+/// api.test (the agent's API) and auth.test (its token endpoint) under a
+/// sign-in rule; other.test, allowed and intercepted for a credential rule
+/// of its own, and no sign-in host.
+struct SigninWorld {
+    setup: Setup,
+    api: u16,
+    auth: u16,
+    other: u16,
+    api_seen: Seen,
+    auth_seen: Seen,
+    other_seen: Seen,
+    proxy_ca: CertificateDer<'static>,
+}
+
+fn signin_world(rt: &Runtime, name: &str, files: &[(&str, &str)]) -> SigninWorld {
+    let ca = TestCa::new();
+    let (api, api_seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let (auth, auth_seen) = rt.block_on(token_server(ca.server_config("auth.test", &[b"http/1.1"])));
+    let (other, other_seen) = rt.block_on(echo_server(Some(ca.server_config("other.test", &[b"http/1.1"]))));
+    let signin = format!(
+        "[[signin]]\nfile = \"~/{CLAUDE_FILE}\"\n\
+         tokens = [\"claudeAiOauth.accessToken\", \"claudeAiOauth.refreshToken\"]\n\
+         hosts = [\"api.test:{api}\", \"auth.test:{auth}\"]\n"
+    );
+    let mut text = policy_for(
+        &[("api.test", api), ("auth.test", auth), ("other.test", other)],
+        Some(&format!("other.test:{other}")),
+        "",
+    );
+    text.push_str(&signin);
+    let setup = start_proxy_with_home(name, &text, vec![ca.der.clone()], files).unwrap();
+    let pem = setup.proxy.guest_trust().expect("a sign-in rule means interception").ca_pem;
+    let proxy_ca = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes()).unwrap();
+    SigninWorld { setup, api, auth, other, api_seen, auth_seen, other_seen, proxy_ca }
+}
+
+impl SigninWorld {
+    /// A request through the proxy to `host` (one of the three), as a guest
+    /// trusting the proxy CA sends it.
+    async fn request(
+        &self,
+        host: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String) {
+        let port = match host {
+            "api.test" => self.api,
+            "auth.test" => self.auth,
+            _ => self.other,
+        };
+        let (status, refusal, tcp) = connect(self.setup.addr, &format!("{host}:{port}")).await;
+        assert_eq!(status, 200, "{refusal}");
+        let tls = tls_over(tcp, host, &self.proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let authority = format!("{host}:{port}");
+        let mut all = vec![("host", authority.as_str())];
+        all.extend_from_slice(headers);
+        send(tls, method, path, &all, body).await
+    }
+
+    fn host_file(&self) -> PathBuf {
+        self.setup.dir.join("home").join(CLAUDE_FILE)
+    }
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn refresh_body(token: &str) -> String {
+    format!(r#"{{"grant_type":"refresh_token","refresh_token":"{token}","client_id":"agent"}}"#)
+}
+
+#[test]
+fn signin_tokens_stay_on_the_host_through_a_refresh() {
+    let rt = runtime();
+    let world = signin_world(&rt, "signin-refresh", &[(CLAUDE_FILE, CLAUDE_TOKENS)]);
+    let files = world.setup.proxy.signin_files();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].file, format!("~/{CLAUDE_FILE}"));
+    let copy = String::from_utf8(files[0].content.clone()).unwrap();
+    assert!(!copy.contains("real-"), "a secret is in the guest copy: {copy}");
+    let copy = json(&copy);
+    let oauth = &copy["claudeAiOauth"];
+    assert_eq!((oauth["expiresAt"].as_u64(), oauth["subscriptionType"].as_str()), (Some(1000), Some("max")));
+    let access = oauth["accessToken"].as_str().unwrap().to_string();
+    let refresh = oauth["refreshToken"].as_str().unwrap().to_string();
+    assert!(access.starts_with("stockade-signin-") && refresh.starts_with("stockade-signin-"), "{copy}");
+
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let (first, answer, second) = rt.block_on(async {
+        let bearer = format!("Bearer {access}");
+        let first = world.request("api.test", "POST", "/v1/messages", &[("authorization", &bearer)], "{}").await;
+        let json_type = ("content-type", "application/json");
+        let answer = world.request("auth.test", "POST", "/v1/oauth/token", &[json_type], &refresh_body(&refresh)).await;
+        let new = json(&answer.1);
+        let bearer = format!("Bearer {}", new["access_token"].as_str().unwrap());
+        let second = world.request("api.test", "GET", "/v1/models", &[("authorization", &bearer)], "").await;
+        (first, answer, second)
+    });
+    assert_eq!(first.0, 200, "{}", first.1);
+    assert!(first.1.contains("authorization: Bearer real-access-1"), "{}", first.1);
+    // A placeholder in an API request's body stays one: the server (or a
+    // model) could echo it back.
+    let echoed = rt.block_on(world.request("api.test", "POST", "/v1/messages", &[("x-echo", &access)], &access));
+    assert!(!echoed.1.contains("real-") && echoed.1.contains(&format!("body: {access}")), "{}", echoed.1);
+    assert_eq!(answer.0, 200, "upstream did not get the real refresh token: {}", seen_text(&world.auth_seen));
+    assert!(!answer.1.contains("real-"), "a real token reached the guest: {}", answer.1);
+    let new = json(&answer.1);
+    assert_eq!(new["expires_in"].as_u64(), Some(3600));
+    let new_refresh = new["refresh_token"].as_str().unwrap().to_string();
+    assert!(new_refresh.starts_with("stockade-signin-") && new_refresh != refresh);
+    assert_eq!(second.0, 200);
+    assert!(second.1.contains("authorization: Bearer real-access-2"), "{}", second.1);
+
+    // The host's file has the rotated tokens, its other fields, and 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(world.host_file()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let host = json(&std::fs::read_to_string(world.host_file()).unwrap());
+    let oauth = &host["claudeAiOauth"];
+    assert_eq!(oauth["accessToken"], "real-access-2");
+    assert_eq!(oauth["refreshToken"], "real-refresh-2");
+    assert_eq!(
+        (oauth["scopes"][0].as_str(), oauth["subscriptionType"].as_str()),
+        (Some("user:inference"), Some("max"))
+    );
+    let expires = oauth["expiresAt"].as_u64().unwrap();
+    assert!(expires >= before + 3_600_000 && expires < before + 3_700_000, "{expires}");
+
+    // The guest's new refresh token is the host's own now: refreshing again
+    // rotates the host file again.
+    let again = rt.block_on(async {
+        let json_type = ("content-type", "application/x-www-form-urlencoded");
+        let form = format!("grant_type=refresh_token&refresh_token={new_refresh}");
+        world.request("auth.test", "POST", "/v1/oauth/token", &[json_type], &form).await
+    });
+    assert_eq!(again.0, 200, "{}", seen_text(&world.auth_seen));
+    let host = json(&std::fs::read_to_string(world.host_file()).unwrap());
+    assert_eq!(host["claudeAiOauth"]["refreshToken"], "real-refresh-3");
+
+    let records = audit_records(&world.setup);
+    let refreshes: Vec<_> = records.iter().filter(|r| r.path.as_deref() == Some("/v1/oauth/token")).collect();
+    assert_eq!(refreshes.len(), 2, "{records:?}");
+    for r in refreshes {
+        assert_eq!(r.signin.as_deref(), Some("~/.claude/.credentials.json (test.toml)"), "{r:?}");
+        assert!(r.signin_saved.as_deref().unwrap().starts_with("saved refreshed sign-in tokens"), "{r:?}");
+    }
+    let log = std::fs::read_to_string(&world.setup.audit).unwrap();
+    assert!(!log.contains("real-") && !log.contains(&access), "a token is in the audit log: {log}");
+}
+
+#[test]
+fn signin_placeholders_are_only_replaced_on_their_rules_hosts() {
+    let rt = runtime();
+    let world = signin_world(&rt, "signin-elsewhere", &[(CLAUDE_FILE, CLAUDE_TOKENS)]);
+    let copy = json(&String::from_utf8(world.setup.proxy.signin_files()[0].content.clone()).unwrap());
+    let access = copy["claudeAiOauth"]["accessToken"].as_str().unwrap().to_string();
+    let (status, body) = rt.block_on(async {
+        let bearer = format!("Bearer {access}");
+        world
+            .request("other.test", "POST", "/exfil", &[("authorization", &bearer), ("x-token", &access)], &access)
+            .await
+    });
+    assert_eq!(status, 200, "{body}");
+    let text = seen_text(&world.other_seen);
+    assert!(text.contains(&format!("x-token: {access}")) && text.contains(&format!("body: {access}")), "{text}");
+    assert!(!text.contains("real-"), "the secret reached another host: {text}");
+    assert!(text.contains(&format!("x-api-key: {SECRET}")), "the other host's own credential still works: {text}");
+
+    // Over a transparent connection too, the sign-in host is intercepted.
+    let entry = serve_transparent(&world.setup);
+    world.setup.proxy.answer_dns(&dns_query("api.test.", RecordType::A));
+    let dst: SocketAddr = format!("127.0.0.1:{}", world.api).parse().unwrap();
+    let (status, body) = rt.block_on(async {
+        let tls = tls_over(transparent(entry, dst).await, "api.test", &world.proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let host = format!("api.test:{}", world.api);
+        get(tls, false, "/v1/models", &[("host", &host), ("authorization", &format!("Bearer {access}"))]).await
+    });
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("authorization: Bearer real-access-1"), "{body}");
+    assert!(world.api_seen.lock().unwrap().len() == 1);
+}
+
+#[test]
+fn a_code_exchange_from_the_guest_never_replaces_the_host_sign_in() {
+    let rt = runtime();
+    let world = signin_world(&rt, "signin-swap", &[(CLAUDE_FILE, CLAUDE_TOKENS)]);
+    let copy = json(&String::from_utf8(world.setup.proxy.signin_files()[0].content.clone()).unwrap());
+    let refresh = copy["claudeAiOauth"]["refreshToken"].as_str().unwrap().to_string();
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let answers = rt.block_on(async {
+        // A sign-in to another account, once plainly and once carrying the
+        // host's refresh placeholder to pass for a refresh.
+        let plain = world
+            .request("auth.test", "POST", "/v1/oauth/token", &[form], "grant_type=authorization_code&code=c")
+            .await;
+        let body = format!("grant_type=authorization_code&code=c&refresh_token={refresh}");
+        let disguised = world.request("auth.test", "POST", "/v1/oauth/token", &[form], &body).await;
+        [plain, disguised]
+    });
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        assert!(!body.contains("real-"), "{body}");
+    }
+    assert_eq!(std::fs::read_to_string(world.host_file()).unwrap(), CLAUDE_TOKENS, "the host file changed");
+    let records = audit_records(&world.setup);
+    assert!(records.iter().all(|r| r.signin_saved.is_none()), "{records:?}");
+}
+
+#[test]
+fn a_sign_in_in_the_guest_creates_the_host_file() {
+    let rt = runtime();
+    let world = signin_world(&rt, "signin-new", &[]);
+    assert!(world.setup.proxy.signin_files().is_empty());
+    let (status, body) = rt.block_on(async {
+        let code = r#"{"grant_type":"authorization_code","code":"c","code_verifier":"v"}"#;
+        world.request("auth.test", "POST", "/v1/oauth/token", &[("content-type", "application/json")], code).await
+    });
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("real-"), "{body}");
+    use std::os::unix::fs::PermissionsExt;
+    let path = world.host_file();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+    let host = json(&std::fs::read_to_string(&path).unwrap());
+    let oauth = host["claudeAiOauth"].as_object().unwrap();
+    assert_eq!(
+        (oauth["accessToken"].as_str(), oauth["refreshToken"].as_str()),
+        (Some("real-access-9"), Some("real-refresh-9"))
+    );
+    assert!(oauth["expiresAt"].as_u64().is_some(), "{host}");
+    assert_eq!(oauth.len(), 3, "{host}");
+    assert_eq!(host.as_object().unwrap().len(), 1, "{host}");
+
+    // The guest's refresh token is the host's own from now on.
+    let refresh = json(&body)["refresh_token"].as_str().unwrap().to_string();
+    let (status, _) = rt.block_on(async {
+        let json_type = ("content-type", "application/json");
+        world.request("auth.test", "POST", "/v1/oauth/token", &[json_type], &refresh_body(&refresh)).await
+    });
+    assert_eq!(status, 400, "real-refresh-9 is not one the test server refreshes");
+    let text = seen_text(&world.auth_seen);
+    assert!(text.contains("\"refresh_token\":\"real-refresh-9\""), "{text}");
+}
+
+#[test]
+fn a_refresh_over_http2_gets_placeholders_too() {
+    let rt = runtime();
+    let world = signin_world(&rt, "signin-h2", &[(CLAUDE_FILE, CLAUDE_TOKENS)]);
+    let copy = json(&String::from_utf8(world.setup.proxy.signin_files()[0].content.clone()).unwrap());
+    let refresh = copy["claudeAiOauth"]["refreshToken"].as_str().unwrap().to_string();
+    let (status, body) = rt.block_on(async {
+        let (_, _, tcp) = connect(world.setup.addr, &format!("auth.test:{}", world.auth)).await;
+        let tls = tls_over(tcp, "auth.test", &world.proxy_ca, &[b"h2"]).await.unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::post(format!("https://auth.test:{}/v1/oauth/token", world.auth))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(refresh_body(&refresh))))
+            .unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        let status = response.status().as_u16();
+        (status, String::from_utf8_lossy(&response.into_body().collect().await.unwrap().to_bytes()).to_string())
+    });
+    assert_eq!(status, 200, "{body} / {}", seen_text(&world.auth_seen));
+    assert!(!body.contains("real-") && json(&body)["access_token"].as_str().unwrap().starts_with("stockade-signin-"));
+    let host = json(&std::fs::read_to_string(world.host_file()).unwrap());
+    assert_eq!(host["claudeAiOauth"]["refreshToken"], "real-refresh-2");
 }

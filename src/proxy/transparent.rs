@@ -215,14 +215,13 @@ where
     let target = Target { host, port };
     let Some((server, addrs, record)) = open(&shared, &target, dst).await else { return };
     let rule = record.rule.clone().unwrap_or_default();
-    let credential = shared.credentials.rule_for(&target.host, port);
-    match (credential, shared.upstream_tls.clone()) {
-        (Some(credential), Some(tls)) if shared.ca.is_some() => {
+    match server::interception_for(&shared, &target.host, port) {
+        Some((credential, signin, tls)) => {
             let upstream = TlsUpstream::new(target.host.clone(), port, addrs, tls, server);
-            let this = Interception { shared, host: target.host, port, credential, rule, upstream };
+            let this = Interception { shared, host: target.host, port, credential, signin, rule, upstream };
             intercept::serve(this, client).await;
         }
-        _ => tunnel::relay(&shared.audit, client, server, &target.host, record).await,
+        None => tunnel::relay(&shared.audit, client, server, &target.host, record).await,
     }
 }
 
