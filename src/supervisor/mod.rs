@@ -162,6 +162,13 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         state.attach(&user.home, user.uid, user.gid, &mut shares, &mut root_layout);
         agents.push(state);
     }
+    for file in &guest_net.signin_files {
+        let rel = Path::new(file.file.trim_start_matches("~/"));
+        match agents.iter().find(|a| file.file.starts_with("~/") && a.holds(rel)) {
+            Some(state) => state.place(rel, &file.content)?,
+            None => root::place_signin_file(&file.file, &file.content, &user.home, &mut root_layout),
+        }
+    }
     let vm_config = VmConfig {
         kernel,
         init: std::env::current_exe().context("cannot find the stockade binary")?,

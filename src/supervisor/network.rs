@@ -32,6 +32,8 @@ pub struct GuestSide {
     pub placeholders: Vec<(String, String)>,
     /// The proxy's CA, when the policy intercepts some host.
     pub trust: Option<GuestTrust>,
+    /// Sign-in token files as the guest gets them: placeholders only.
+    pub signin_files: Vec<crate::proxy::SigninFile>,
 }
 
 impl GuestSide {
@@ -75,9 +77,10 @@ pub fn start(
     }
     let trust = proxy.guest_trust();
     let placeholders = proxy.placeholder_env();
+    let signin_files = proxy.signin_files();
     Ok((
         Network { proxy, sockets: vec![proxy_socket, dns_socket, transparent_socket] },
-        GuestSide { env, placeholders, trust },
+        GuestSide { env, placeholders, trust, signin_files },
     ))
 }
 

@@ -308,6 +308,22 @@ pub fn policy_mounts(
     skipped
 }
 
+/// A sign-in file (placeholders only) no agent state holds: generated in
+/// place, readable by the user.
+pub fn place_signin_file(file: &str, content: &[u8], home: &Path, root: &mut Vec<RootEntry>) {
+    let target = match file.strip_prefix("~/") {
+        Some(rel) => home.join(rel),
+        None => PathBuf::from(file),
+    };
+    let entry = RootEntry::File {
+        target: target.to_string_lossy().into_owned(),
+        content: String::from_utf8_lossy(content).into_owned(),
+        mode: 0o644,
+    };
+    let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
+    root.insert(at, entry);
+}
+
 /// Adds the home toolchains, read-only at their own paths, before the
 /// workspace overlay.
 pub fn home_tool_shares(
@@ -351,6 +367,7 @@ mod tests {
         GuestSide {
             env: vec![("HTTPS_PROXY".into(), "http://127.0.0.1:3128".into())],
             placeholders: Vec::new(),
+            signin_files: Vec::new(),
             trust: trust.then(|| GuestTrust { ca_pem: "CA\n".into(), bundle_pem: "ROOTS\nCA\n".into() }),
         }
     }
