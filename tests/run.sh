@@ -26,6 +26,9 @@ fi
 vmlinux=$("$here/guest-kernel/build.sh" | tail -n1)
 export STOCKADE_KERNEL="$vmlinux"
 "$here/tests/rig/prepare.sh" >/dev/null
+# The agent CLIs from the npm registry, in a prefix under the home directory.
+STOCKADE_TEST_AGENTS=$("$here/tests/agents/install.sh")
+export STOCKADE_TEST_AGENTS
 
 cd "$here"
 cargo test --release --locked "$@"

@@ -3,6 +3,7 @@
 mod rig;
 mod util;
 
+mod agents_e2e;
 mod changes_e2e;
 mod cli;
 mod config_cli;

@@ -55,8 +55,9 @@ fn marker(data: &Path, workspace: &Path) -> PathBuf {
 fn message(workspace: &Path) -> String {
     format!(
         "stockade: first run in {}: the guest sees this directory (its changes come back to you for review), \
-         not your home directory; its network goes only through the allowlist proxy (--policy, --allow). \
-         (shown once per workspace)",
+         not your home directory, except the toolchains on your PATH under it, read-only (-v lists them; \
+         --no-home-tools turns that off); its network goes only through the allowlist proxy (--policy, \
+         --allow). (shown once per workspace)",
         workspace.display()
     )
 }

@@ -45,6 +45,8 @@ pub struct Prepared {
     /// `state` paths relative to the home directory, and whether each is a
     /// directory.
     entries: Vec<(PathBuf, bool)>,
+    /// Seed paths relative to home.
+    seeds: Vec<PathBuf>,
     /// Seed files (relative to home) as last copied from the host.
     seeded: BTreeMap<String, String>,
     record: PathBuf,
@@ -60,17 +62,19 @@ pub fn prepare(agent: &AgentState, home: &Path, data: &Path) -> anyhow::Result<P
     let seeded: BTreeMap<String, String> =
         fs::read(&record).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
     let entries = agent.state.iter().map(|p| (relative(p), p.ends_with('/'))).collect();
+    let seeds: Vec<PathBuf> = agent.seed.iter().map(|s| relative(s)).collect();
     let mut prepared = Prepared {
         name: agent.name.clone(),
         home: state_home,
         entries,
+        seeds,
         seeded,
         record,
         drop_keys: agent.drop_keys.clone(),
     };
     let mut files = Vec::new();
-    for seed in &agent.seed {
-        collect(home, &relative(seed), 0, &mut files);
+    for seed in &prepared.seeds {
+        collect(home, seed, 0, &mut files);
     }
     for rel in files.into_iter().take(MAX_SEED_FILES) {
         if let Err(e) = prepared.seed(home, &rel) {
@@ -175,17 +179,24 @@ impl Prepared {
         self.write(rel, content).with_context(|| format!("cannot place ~/{} for agent {}", rel.display(), self.name))
     }
 
-    /// Seed files the guest changed, which would matter on the host: each
-    /// differs from what was seeded and from the host's current version.
+    /// Files at seed paths the guest changed or created, which would matter
+    /// on the host: each differs from what was seeded and from the host's
+    /// current version.
     pub fn changed_seeds(&self, home: &Path) -> Vec<PathBuf> {
+        let mut candidates: Vec<PathBuf> = self.seeded.keys().map(PathBuf::from).collect();
+        for seed in &self.seeds {
+            collect(&self.home, seed, 0, &mut candidates);
+        }
+        candidates.sort();
+        candidates.dedup();
         let mut changed = Vec::new();
-        for (key, digest) in &self.seeded {
-            let rel = Path::new(key);
-            let Ok(Some(now)) = self.read(rel) else { continue };
+        for rel in candidates {
+            let Ok(Some(now)) = self.read(&rel) else { continue };
             let now = hex(&Sha256::digest(&now));
-            let host = self.host_version(home, rel).map(|c| hex(&Sha256::digest(&c))).ok();
-            if now != *digest && Some(&now) != host.as_ref() {
-                changed.push(rel.to_path_buf());
+            let host = self.host_version(home, &rel).map(|c| hex(&Sha256::digest(&c))).ok();
+            let seeded = self.seeded.get(&*rel.to_string_lossy());
+            if Some(&now) != seeded && Some(&now) != host.as_ref() {
+                changed.push(rel);
             }
         }
         changed
@@ -305,14 +316,19 @@ mod tests {
         put(&state.home.join(".claude/history.jsonl"), "x");
         let again = prepare(&claude(), &home, &data).unwrap();
         assert_eq!(kept(".claude/settings.json").unwrap(), "{\"hooks\": {}}");
-        assert_eq!(again.changed_seeds(&home), [PathBuf::from(".claude/settings.json")]);
+        put(&state.home.join(".claude/commands/new.md"), "planted");
+        assert_eq!(
+            again.changed_seeds(&home),
+            [PathBuf::from(".claude/commands/new.md"), PathBuf::from(".claude/settings.json")],
+            "changed and created seed files; history is not a seed"
+        );
         assert_eq!(fs::read_to_string(home.join(".claude/settings.json")).unwrap(), "{\"model\": \"opus\"}");
 
         // A change on the host flows in at the next run.
         put(&home.join(".claude/settings.json"), "{\"model\": \"sonnet\"}");
         let third = prepare(&claude(), &home, &data).unwrap();
         assert_eq!(kept(".claude/settings.json").unwrap(), "{\"model\": \"sonnet\"}");
-        assert!(third.changed_seeds(&home).is_empty());
+        assert_eq!(third.changed_seeds(&home), [PathBuf::from(".claude/commands/new.md")]);
     }
 
     #[test]

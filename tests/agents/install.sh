@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the agent CLIs the end-to-end tests run, the way users install
+# them: from the npm registry with `npm install -g --prefix` into a prefix in
+# the home directory, and node itself in an nvm-style tree
+# (nvm/versions/node/vX/{bin,lib/node_modules/npm}) copied from this host's
+# node. Cached under $STOCKADE_CACHE/agent-clis/<key>, key = the pinned
+# versions, node's version and this script.
+#
+# Output: the directory (holding npm-global/ and nvm/) on stdout.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache_root=${STOCKADE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/stockade}/agent-clis
+packages=(@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0)
+say() { printf 'agents: %s\n' "$*" >&2; }
+
+node=$(command -v node) || { say "node is missing: install nodejs (with npm)"; exit 1; }
+npm_dir=$(npm root -g)/npm
+[[ -f $npm_dir/bin/npm-cli.js ]] || { say "cannot find npm's own package under $(npm root -g)"; exit 1; }
+version=$("$node" --version)
+key=$( { echo "${packages[*]}" "$version"; cat "$here/install.sh"; } | sha256sum | cut -c1-16)
+out=$cache_root/$key
+if [[ -x $out/npm-global/bin/claude && -x $out/nvm/versions/node/$version/bin/node ]]; then
+    echo "$out"
+    exit 0
+fi
+
+say "installing ${packages[*]} with node $version"
+mkdir -p "$cache_root"
+work=$(mktemp -d "$cache_root/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+tree=$work/nvm/versions/node/$version
+mkdir -p "$tree/bin" "$tree/lib/node_modules"
+cp "$node" "$tree/bin/node"
+cp -a "$npm_dir" "$tree/lib/node_modules/npm"
+ln -s ../lib/node_modules/npm/bin/npm-cli.js "$tree/bin/npm"
+ln -s ../lib/node_modules/npm/bin/npx-cli.js "$tree/bin/npx"
+PATH=$tree/bin:$PATH npm install -g --prefix "$work/npm-global" --no-audit --no-fund --loglevel=error \
+    "${packages[@]}" >&2
+rm -rf "$out"
+mv "$work" "$out"
+trap - EXIT
+say "agent CLIs ready in $out"
+echo "$out"
