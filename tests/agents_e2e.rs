@@ -43,8 +43,8 @@ fn agent_path(agents: &str) -> String {
     )
 }
 
-/// Shell lines starting the fake API of `flavor` on api.test:8443 (log in
-/// api.log), writing `path` when the agent follows its instructions, and a
+/// Shell lines starting the fake API of `flavor` on api.test:8443 (its log,
+/// holding the real keys, in $ws.api.log: outside the workspace the guest sees), writing `path` when the agent follows its instructions, and a
 /// policy p.toml that lets the guest reach it, with a credential rule when
 /// given: (header, format, the host variable holding the key).
 fn fake_api(flavor: &str, path: &str, credential: Option<(&str, &str, &str)>) -> String {
@@ -56,7 +56,7 @@ fn fake_api(flavor: &str, path: &str, credential: Option<(&str, &str, &str)>) ->
         .unwrap_or_default();
     test_certificate("api.test")
         + &format!(
-            r#"             python3 {fake} --cert srv.pem --key srv.key --port 8443 --log "$ws/api.log" \
+            r#"             python3 {fake} --cert srv.pem --key srv.key --port 8443 --log "$ws.api.log" \
                  --flavor {flavor} --write-path "{path}" --write-content 'written by the agent' 2>fake.err & fake=$!
              trap 'kill $fake 2>/dev/null; diagnose' EXIT
              cat > p.toml <<TOML
@@ -102,7 +102,10 @@ fn agents_and_home_toolchains_are_found_without_mounts() {
     assert!(out.stdout.contains("\"version\": \"7.0.0\""), "{out}");
     assert!(out.stdout.contains("/root/.cargo/bin/cargo\n42\ncargo=0"), "cargo on the home rustup\n{out}");
     assert!(out.stdout.contains("nohome=127"), "{out}");
-    assert!(out.stdout.contains("cargo is ~/.cargo/bin/cargo on this host") && out.stdout.contains("--no-home-tools"), "{out}");
+    assert!(
+        out.stdout.contains("cargo is ~/.cargo/bin/cargo on this host") && out.stdout.contains("--no-home-tools"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -126,7 +129,7 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
              echo "run=$?"
              test -e hello.txt && echo leaked || echo not-applied
              $S diff --stat 2>&1 | grep -c hello.txt
-             grep -q '"x-api-key": "sk-ant-api03-real-host-key"' api.log && echo key-upstream
+             grep -q '"x-api-key": "sk-ant-api03-real-host-key"' "$ws.api.log" && echo key-upstream
              kill $fake; wait $fake 2>/dev/null
 "#,
                 // The same agent, told to add a hook to its own settings.
@@ -137,6 +140,7 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
                  claude -p "Add a Stop hook" --dangerously-skip-permissions < /dev/null >/dev/null; echo "hook-agent=$?"
                  cat "$HOME/.claude/settings.json"; echo' 2>hook.err
              cat hook.err
+             $S diff --stat 2>&1 | grep -o 'coding agent settings' | head -n1
              after=$(cat "$HOME/.claude/settings.json" 2>/dev/null | sha256sum)
              test "$before" = "$after" && echo host-settings-unchanged
              cat "$STOCKADE_DATA_DIR/agents/claude/home/.claude/settings.json"; echo"#,
@@ -146,10 +150,17 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
         T,
     );
     assert!(out.stdout.contains("agent=0\nguest-key=stockade-placeholder\nfound=[]\nrun=0"), "{out}");
-    assert!(out.stdout.contains("not-applied\n1\nkey-upstream\n"), "staged for review, the real key reached the API\n{out}");
+    assert!(
+        out.stdout.contains("not-applied\n1\nkey-upstream\n"),
+        "staged for review, the real key reached the API\n{out}"
+    );
     assert!(out.stdout.contains("hook-agent=0\nwritten by the agent"), "{out}");
     assert!(out.stdout.contains("agent claude changed ~/.claude/settings.json in the sandbox"), "{out}");
-    assert!(out.stdout.contains("host-settings-unchanged\nwritten by the agent"), "kept in the state only\n{out}");
+    assert!(out.stdout.contains("review it:"), "{out}");
+    assert!(
+        out.stdout.contains("coding agent settings\nhost-settings-unchanged\nwritten by the agent"),
+        "offered for review, flagged, not applied\n{out}"
+    );
 }
 
 #[test]
@@ -173,7 +184,7 @@ fn codex_edits_with_the_key_on_the_host() {
              echo "run=$?"
              test -e hello.txt && echo leaked || echo not-applied
              $S diff --stat 2>&1 | grep -c hello.txt
-             grep -q '"authorization": "Bearer sk-proj-real-host-key"' api.log && echo key-upstream"#,
+             grep -q '"authorization": "Bearer sk-proj-real-host-key"' "$ws.api.log" && echo key-upstream"#,
             ]
             .concat(),
         ),
@@ -209,12 +220,15 @@ TOML
                  grep -o stockade-signin- "$CLAUDE_CONFIG_DIR/.credentials.json" | wc -l
                  echo "found=[$(grep -rls "real-acces[s]\|real-refres[h]" /proc/[0-9]*/environ /proc/[0-9]*/cmdline "$HOME" /tmp /run /etc 2>/dev/null)]"'
              echo "run=$?"
-             grep -q '"authorization": "Bearer sk-ant-oat01-real-access"' api.log && echo token-upstream
+             grep -q '"authorization": "Bearer sk-ant-oat01-real-access"' "$ws.api.log" && echo token-upstream
              rm -rf "$cfg""#,
             ]
             .concat(),
         ),
         T,
     );
-    assert!(out.stdout.contains("agent=0\n2\nfound=[]\nrun=0\ntoken-upstream"), "placeholders in the guest, the token upstream\n{out}");
+    assert!(
+        out.stdout.contains("agent=0\n2\nfound=[]\nrun=0\ntoken-upstream"),
+        "placeholders in the guest, the token upstream\n{out}"
+    );
 }

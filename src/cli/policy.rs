@@ -379,7 +379,13 @@ fn describe(policy: &Policy) -> String {
             .iter()
             .map(|a| {
                 let seeds = if a.seed.is_empty() { "nothing".to_string() } else { a.seed.join(", ") };
-                format!("{}: {} ({}); seeded from {seeds}", a.name, a.state.join(", "), a.origin)
+                let review = if a.review.is_empty() { "nothing".to_string() } else { a.review.join(", ") };
+                format!(
+                    "{}: {} ({}); seeded from {seeds}; offered for review: {review}",
+                    a.name,
+                    a.state.join(", "),
+                    a.origin
+                )
             })
             .collect(),
     );

@@ -159,22 +159,24 @@ fn agent_state(
     if state.is_empty() {
         return Err(at(Some(agent.name.span()), format!("agent {name}: name at least one state path")));
     }
-    let mut seed = Vec::new();
-    for item in &agent.seed {
-        let p = home_path(item, "seed")?;
+    let inside_state = |item: &Spanned<String>, what: &str| -> Result<String, PolicyError> {
+        let p = home_path(item, what)?;
         let inside = state.iter().any(|s| match s.strip_suffix('/') {
             Some(dir) => p.trim_end_matches('/') == dir || p.starts_with(s.as_str()),
             None => p == *s,
         });
         if !inside {
-            return Err(at(Some(item.span()), format!("agent seed {p:?} is not inside any of its state paths")));
+            return Err(at(Some(item.span()), format!("agent {what} {p:?} is not inside any of its state paths")));
         }
-        seed.push(p);
-    }
+        Ok(p)
+    };
+    let seed = agent.seed.iter().map(|p| inside_state(p, "seed")).collect::<Result<Vec<_>, _>>()?;
+    let review = agent.review.iter().map(|p| inside_state(p, "review")).collect::<Result<Vec<_>, _>>()?;
     Ok(AgentState {
         name: name.clone(),
         state,
         seed,
+        review,
         drop_keys: agent.drop_keys.iter().map(|k| k.get_ref().clone()).collect(),
         origin: origin.clone(),
     })

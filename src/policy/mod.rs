@@ -110,6 +110,8 @@ pub struct AgentState {
     pub state: Vec<String>,
     /// Paths under `~/` seeded from the host, each inside a `state` path.
     pub seed: Vec<String>,
+    /// Paths under `~/` whose changes are offered for review for the host.
+    pub review: Vec<String>,
     pub drop_keys: Vec<String>,
     pub origin: Arc<str>,
 }

@@ -36,6 +36,10 @@ pub struct Agent {
     /// Paths under `~/` copied from the host into the state (never back).
     #[serde(default)]
     pub seed: Vec<Spanned<String>>,
+    /// Paths under `~/` whose changes in the state are offered for review
+    /// for the host (settings that run code), inside the state paths.
+    #[serde(default)]
+    pub review: Vec<Spanned<String>>,
     /// Top-level keys removed from seeded JSON files (secrets some agents
     /// keep beside their settings).
     #[serde(default)]

@@ -49,6 +49,9 @@ pub struct SigninFile {
     pub content: Vec<u8>,
 }
 
+/// An answer body with placeholders in, and what was saved on the host.
+pub type Rewritten = (Vec<u8>, Option<Saved>);
+
 impl std::fmt::Debug for SigninFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SigninFile({}, {} bytes)", self.file, self.content.len())
@@ -277,7 +280,7 @@ impl Signins {
         own: Option<usize>,
         grant: Option<&Grant>,
         body: &[u8],
-    ) -> Result<Option<(Vec<u8>, Option<Saved>)>, String> {
+    ) -> Result<Option<Rewritten>, String> {
         let Some(&first) = rules.first() else { return Ok(None) };
         let Ok(mut doc) = serde_json::from_slice::<Value>(body) else { return Ok(None) };
         let owner = own.unwrap_or(first);

@@ -1028,7 +1028,8 @@ fn signin_tokens_stay_on_the_host_through_a_refresh() {
     let refresh = oauth["refreshToken"].as_str().unwrap().to_string();
     assert!(access.starts_with("stockade-signin-") && refresh.starts_with("stockade-signin-"), "{copy}");
 
-    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let before =
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
     let (first, answer, second) = rt.block_on(async {
         let bearer = format!("Bearer {access}");
         let first = world.request("api.test", "POST", "/v1/messages", &[("authorization", &bearer)], "{}").await;

@@ -17,6 +17,7 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::Context;
@@ -25,6 +26,7 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode as NixMode, mkdirat};
 use sha2::{Digest, Sha256};
 
+use crate::changes::{Base, Hasher, Limits, Mode, RelPath, Store, Writer};
 use crate::policy::AgentState;
 use crate::protocol::RootEntry;
 use crate::vmm::config::ShareConfig;
@@ -47,9 +49,14 @@ pub struct Prepared {
     entries: Vec<(PathBuf, bool)>,
     /// Seed paths relative to home.
     seeds: Vec<PathBuf>,
+    /// Review paths relative to home.
+    reviewed: Vec<PathBuf>,
     /// Seed files (relative to home) as last copied from the host.
     seeded: BTreeMap<String, String>,
     record: PathBuf,
+    /// Seed files already offered for review, as offered: not offered again
+    /// until the guest changes them again.
+    offered: BTreeMap<String, String>,
     drop_keys: Vec<String>,
 }
 
@@ -68,7 +75,12 @@ pub fn prepare(agent: &AgentState, home: &Path, data: &Path) -> anyhow::Result<P
         home: state_home,
         entries,
         seeds,
+        reviewed: agent.review.iter().map(|s| relative(s)).collect(),
         seeded,
+        offered: fs::read(base.join("offered.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default(),
         record,
         drop_keys: agent.drop_keys.clone(),
     };
@@ -179,13 +191,13 @@ impl Prepared {
         self.write(rel, content).with_context(|| format!("cannot place ~/{} for agent {}", rel.display(), self.name))
     }
 
-    /// Files at seed paths the guest changed or created, which would matter
-    /// on the host: each differs from what was seeded and from the host's
-    /// current version.
+    /// Files at review paths the guest changed or created, which would
+    /// matter on the host: each differs from what was seeded, from what was
+    /// offered before and from the host's current version.
     pub fn changed_seeds(&self, home: &Path) -> Vec<PathBuf> {
-        let mut candidates: Vec<PathBuf> = self.seeded.keys().map(PathBuf::from).collect();
-        for seed in &self.seeds {
-            collect(&self.home, seed, 0, &mut candidates);
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        for path in &self.reviewed {
+            collect(&self.home, path, 0, &mut candidates);
         }
         candidates.sort();
         candidates.dedup();
@@ -194,12 +206,59 @@ impl Prepared {
             let Ok(Some(now)) = self.read(&rel) else { continue };
             let now = hex(&Sha256::digest(&now));
             let host = self.host_version(home, &rel).map(|c| hex(&Sha256::digest(&c))).ok();
-            let seeded = self.seeded.get(&*rel.to_string_lossy());
-            if Some(&now) != seeded && Some(&now) != host.as_ref() {
+            let key = rel.to_string_lossy();
+            let (seeded, offered) = (self.seeded.get(&*key), self.offered.get(&*key));
+            if Some(&now) != seeded && Some(&now) != host.as_ref() && Some(&now) != offered {
                 changed.push(rel);
             }
         }
         changed
+    }
+
+    /// A change set for the host's home directory holding the state's
+    /// version of each of `changed` (seed files the guest changed), with the
+    /// host's current file as the base, so applying it later refuses to
+    /// overwrite an edit made on the host meanwhile. Staged in `store`.
+    pub fn stage_for_home(&self, changed: &[PathBuf], home: &Path, store: &Store) -> anyhow::Result<usize> {
+        let mut writer = Writer::new(Vec::new())?;
+        let mut dirs = std::collections::BTreeSet::new();
+        let mut staged = 0;
+        for rel in changed {
+            let Some(content) = self.read(rel)? else { continue };
+            // Directories the host lacks come with the file, private.
+            for dir in
+                rel.ancestors().skip(1).filter(|d| !d.as_os_str().is_empty()).collect::<Vec<_>>().into_iter().rev()
+            {
+                if !home.join(dir).exists() && dirs.insert(dir.to_path_buf()) {
+                    writer.dir(&rel_path(dir)?, 0o700, &Base::Absent)?;
+                }
+            }
+            let host = home.join(rel);
+            let (mode, base) = match fs::symlink_metadata(&host) {
+                Ok(meta) if meta.is_file() => {
+                    let sha256 = Hasher::of_reader(fs::File::open(&host)?)?;
+                    let mode = meta.permissions().mode() & 0o7777;
+                    (mode, Base::File { mode: Mode::from_raw(mode), size: meta.len(), sha256 })
+                }
+                Ok(_) => continue,
+                Err(_) => (0o600, Base::Absent),
+            };
+            writer.file(&rel_path(rel)?, mode, content.len() as u64, &mut content.as_slice(), &base)?;
+            staged += 1;
+        }
+        let (stream, _) = writer.finish()?;
+        store.stage(stream.as_slice(), Limits::default())?;
+        let mut offered = self.offered.clone();
+        for rel in changed {
+            if let Ok(Some(content)) = self.read(rel) {
+                offered.insert(rel.to_string_lossy().into_owned(), hex(&Sha256::digest(&content)));
+            }
+        }
+        let path = self.record.with_file_name("offered.json");
+        let text = serde_json::to_vec_pretty(&offered)?;
+        crate::changes::write_atomically(&path, |f| f.write_all(&text))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(staged)
     }
 
     /// The directory `rel` of the state, created when `create`, never
@@ -268,6 +327,10 @@ fn split(rel: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
     }
 }
 
+fn rel_path(path: &Path) -> anyhow::Result<RelPath> {
+    RelPath::new(path.as_os_str().as_bytes()).with_context(|| format!("~/{} cannot be staged", path.display()))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -283,6 +346,7 @@ mod tests {
             name: "claude".into(),
             state: vec!["~/.claude/".into(), "~/.claude.json".into()],
             seed: vec!["~/.claude/settings.json".into(), "~/.claude/commands/".into(), "~/.claude.json".into()],
+            review: vec!["~/.claude/settings.json".into(), "~/.claude/commands/".into()],
             drop_keys: vec!["primaryApiKey".into()],
             origin: Arc::from("test"),
         }
@@ -329,6 +393,37 @@ mod tests {
         let third = prepare(&claude(), &home, &data).unwrap();
         assert_eq!(kept(".claude/settings.json").unwrap(), "{\"model\": \"sonnet\"}");
         assert_eq!(third.changed_seeds(&home), [PathBuf::from(".claude/commands/new.md")]);
+    }
+
+    #[test]
+    fn changed_settings_are_staged_for_the_home_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (home, data) = (tmp.path().join("home"), tmp.path().join("data"));
+        put(&home.join(".claude/settings.json"), "{}");
+        let state = prepare(&claude(), &home, &data).unwrap();
+        put(&state.home.join(".claude/settings.json"), "{\"hooks\": {\"Stop\": []}}");
+        put(&state.home.join(".claude/commands/new.md"), "new");
+        let changed = state.changed_seeds(&home);
+        let session = tmp.path().join("session");
+        fs::create_dir_all(&session).unwrap();
+        let store = Store::open(&session).unwrap();
+        assert_eq!(state.stage_for_home(&changed, &home, &store).unwrap(), 2);
+        let options = crate::changes::ApplyOptions::all();
+        let report = crate::changes::apply(&store, &home, &options).unwrap();
+        assert!(report.conflicts.is_empty() && report.failed.is_empty() && report.refused.is_empty(), "{report:?}");
+        assert_eq!(fs::read_to_string(home.join(".claude/settings.json")).unwrap(), "{\"hooks\": {\"Stop\": []}}");
+        assert_eq!(fs::read_to_string(home.join(".claude/commands/new.md")).unwrap(), "new");
+
+        // An edit on the host after staging is a conflict, never overwritten.
+        put(&state.home.join(".claude/settings.json"), "{\"hooks\": 2}");
+        let again = tmp.path().join("again");
+        fs::create_dir_all(&again).unwrap();
+        let store = Store::open(&again).unwrap();
+        state.stage_for_home(&[PathBuf::from(".claude/settings.json")], &home, &store).unwrap();
+        put(&home.join(".claude/settings.json"), "{\"mine\": 1}");
+        let report = crate::changes::apply(&store, &home, &options).unwrap();
+        assert_eq!(report.conflicts.len(), 1, "{report:?}");
+        assert_eq!(fs::read_to_string(home.join(".claude/settings.json")).unwrap(), "{\"mine\": 1}");
     }
 
     #[test]

@@ -81,6 +81,49 @@ pub struct RunConfig {
     pub home_tools: bool,
 }
 
+/// Stages the seed files an agent changed in its state (settings that can
+/// run code on the host) as a session of their own for the home directory,
+/// and reviews it like the workspace's changes; never applied without the
+/// user saying so, whatever `--apply` says.
+fn offer_agent_settings(
+    state: &agent_state::Prepared,
+    home: &Path,
+    data: &Path,
+    run_id: &str,
+    config: &RunConfig,
+) -> anyhow::Result<()> {
+    let changed = state.changed_seeds(home);
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let session = session::Session::create(data)?;
+    session.write_record(&session::RunRecord {
+        id: session.id.clone(),
+        command: vec![format!("settings of agent {} changed in session {run_id}", state.name)],
+        workspace: home.display().to_string(),
+        started: session::timestamp(session.started),
+        duration_ms: Some(0),
+        status: Some(0),
+        outcome: Some("staged from the agent's state".into()),
+    })?;
+    let store = changes::Store::open(&session.dir)?;
+    state.stage_for_home(&changed, home, &store)?;
+    let shown: Vec<String> = changed.iter().map(|p| format!("~/{}", p.display())).collect();
+    eprintln!(
+        "stockade: agent {} changed {} in the sandbox (kept in {}); your own copy is unchanged. \
+         To bring the change to your home directory, review it:",
+        state.name,
+        shown.join(", "),
+        state.home.display()
+    );
+    let mode = match config.apply {
+        changes::review::ApplyMode::Ask => changes::review::ApplyMode::Ask,
+        _ => changes::review::ApplyMode::None,
+    };
+    changes::review::after_run(&store, home, &session.id, mode, config.color)?;
+    Ok(())
+}
+
 /// How a run ended.
 #[derive(Debug, Clone)]
 pub struct Finished {
@@ -240,17 +283,8 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
 
     snapshot.wait();
     for state in &agents {
-        let changed: Vec<String> =
-            state.changed_seeds(&user.home).iter().map(|p| format!("~/{}", p.display())).collect();
-        if !changed.is_empty() {
-            eprintln!(
-                "stockade: agent {} changed {} in the sandbox; the change is kept in its state directory {} and \
-                 your host's copy is unchanged. Settings can make the agent run code on the host (hooks, MCP \
-                 servers): read the file there before copying anything over",
-                state.name,
-                changed.join(", "),
-                state.home.display()
-            );
+        if let Err(e) = offer_agent_settings(state, &user.home, &dirs.data, &session.id, &config) {
+            eprintln!("stockade: warning: agent {}: {e:#}; its state stays in {}", state.name, state.home.display());
         }
     }
     tracing::debug!("network stopped after {:?}", started.elapsed());

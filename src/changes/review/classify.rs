@@ -22,6 +22,9 @@
 //!   `azure-pipelines.yml`, `.drone.yml`, `bitbucket-pipelines.yml`,
 //!   Woodpecker, Forgejo and Gitea workflows;
 //! - shell startup files (`.bashrc`, `.profile`, `.zshrc`, ...);
+//! - coding agents: `.claude/settings{,.local}.json` and `.claude/hooks/`
+//!   (hooks, status line and key helper commands), `.mcp.json`,
+//!   `.codex/config.toml` (notify, MCP servers), `.gemini/settings.json`;
 //! - tool redirection: `.cargo/config{,.toml}` (runner, rustc wrapper,
 //!   linker), `rust-toolchain{,.toml}` (a toolchain `path`), `.npmrc`
 //!   (script shell, node options), `.yarnrc{,.yml}` (`yarnPath` runs a file
@@ -69,6 +72,7 @@ pub enum Danger {
     Ci,
     ShellStartup,
     ToolConfig,
+    AgentConfig,
 }
 
 impl Danger {
@@ -84,6 +88,7 @@ impl Danger {
             Danger::Ci => "CI configuration: runs when pushed",
             Danger::ShellStartup => "shell startup file",
             Danger::ToolConfig => "tool configuration: can make build tools run other programs",
+            Danger::AgentConfig => "coding agent settings: hooks and MCP servers run commands",
         }
     }
 }
@@ -137,6 +142,7 @@ const DANGER_NAMES: &[(&str, Danger)] = &[
     (".pnpmfile.cjs", Danger::ToolConfig),
     ("rust-toolchain", Danger::ToolConfig),
     ("rust-toolchain.toml", Danger::ToolConfig),
+    (".mcp.json", Danger::AgentConfig),
 ];
 
 /// Directories whose whole content is flagged, wherever they are.
@@ -160,6 +166,11 @@ const DANGER_PAIRS: &[(&str, &str, Danger)] = &[
     (".gitea", "workflows", Danger::Ci),
     (".cargo", "config", Danger::ToolConfig),
     (".cargo", "config.toml", Danger::ToolConfig),
+    (".claude", "settings.json", Danger::AgentConfig),
+    (".claude", "settings.local.json", Danger::AgentConfig),
+    (".claude", "hooks", Danger::AgentConfig),
+    (".codex", "config.toml", Danger::AgentConfig),
+    (".gemini", "settings.json", Danger::AgentConfig),
 ];
 
 /// Classifies paths of one workspace.
@@ -489,6 +500,10 @@ mod tests {
         assert_eq!(danger_of(".gitlab-ci.yml"), Some(Danger::Ci));
         assert_eq!(danger_of(".bashrc"), Some(Danger::ShellStartup));
         assert_eq!(danger_of(".cargo/config.toml"), Some(Danger::ToolConfig));
+        assert_eq!(danger_of(".claude/settings.json"), Some(Danger::AgentConfig));
+        assert_eq!(danger_of(".codex/config.toml"), Some(Danger::AgentConfig));
+        assert_eq!(danger_of(".mcp.json"), Some(Danger::AgentConfig));
+        assert_eq!(danger_of(".claude/commands/review.md"), None);
         assert_eq!(danger_of("Makefile"), None);
         assert_eq!(danger_of("build.rs"), None);
         assert_eq!(danger_of("package.json"), None);
