@@ -8,7 +8,6 @@
 use crate::network_e2e::test_certificate;
 use crate::rig;
 use crate::run_e2e::script;
-use crate::util::crate_root;
 use std::time::Duration;
 
 /// Two or three guests per script, one of them compiling a crate or
@@ -48,7 +47,8 @@ fn agent_path(agents: &str) -> String {
 /// policy p.toml that lets the guest reach it, with a credential rule when
 /// given: (header, format, the host variable holding the key).
 fn fake_api(flavor: &str, path: &str, credential: Option<(&str, &str, &str)>) -> String {
-    let fake = crate_root().join("tests/agents/fake_api.py");
+    // Written into the workspace: L1 does not see a checkout under /tmp.
+    let fake = include_str!("agents/fake_api.py");
     let rule = credential
         .map(|(header, format, env)| {
             format!("[[credential]]\nhost = \"api.test:8443\"\nheader = \"{header}\"\nvalue = {{ env = \"{env}\" }}\nformat = \"{format}\"\n")
@@ -56,7 +56,10 @@ fn fake_api(flavor: &str, path: &str, credential: Option<(&str, &str, &str)>) ->
         .unwrap_or_default();
     test_certificate("api.test")
         + &format!(
-            r#"             python3 {fake} --cert srv.pem --key srv.key --port 8443 --log "$ws.api.log" \
+            r#"             cat > "$ws.fake_api.py" <<'FAKE_API_PY'
+{fake}
+FAKE_API_PY
+             python3 "$ws.fake_api.py" --cert srv.pem --key srv.key --port 8443 --log "$ws.api.log" \
                  --flavor {flavor} --write-path "{path}" --write-content 'written by the agent' 2>fake.err & fake=$!
              trap 'kill $fake 2>/dev/null; diagnose' EXIT
              cat > p.toml <<TOML
@@ -65,9 +68,8 @@ allow_private = ["api.test:8443"]
 [network.hosts]
 "api.test" = "127.0.0.1"
 {rule}TOML
-             sleep 1
+             for i in $(seq 60); do python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8443), 1)' 2>/dev/null && break; sleep 0.5; done
 "#,
-            fake = fake.display()
         )
 }
 
