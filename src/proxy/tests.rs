@@ -73,8 +73,20 @@ async fn echo(seen: Seen, req: Request<Incoming>) -> Result<Response<Full<Bytes>
     Ok(Response::new(Full::new(Bytes::from(text))))
 }
 
+type Answer = Result<Response<Full<Bytes>>, std::convert::Infallible>;
+
 /// An echo server on loopback; TLS when given a configuration.
 async fn echo_server(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, Seen) {
+    loopback_server(tls, echo).await
+}
+
+/// A server on loopback answering each request with `handle`, which also
+/// records what it saw; TLS when given a configuration.
+async fn loopback_server<F, A>(tls: Option<Arc<rustls::ServerConfig>>, handle: F) -> (u16, Seen)
+where
+    F: Fn(Seen, Request<Incoming>) -> A + Copy + Send + Sync + 'static,
+    A: std::future::Future<Output = Answer> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen: Seen = Arc::default();
@@ -84,7 +96,7 @@ async fn echo_server(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, Seen) {
             let Ok((tcp, _)) = listener.accept().await else { return };
             let (seen, tls) = (record.clone(), tls.clone());
             tokio::spawn(async move {
-                let service = service_fn(move |req| echo(seen.clone(), req));
+                let service = service_fn(move |req| handle(seen.clone(), req));
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 match tls {
                     Some(config) => {
@@ -867,54 +879,35 @@ fn transparent_tls_is_named_by_sni_and_credential_hosts_are_intercepted() {
 /// a refresh only for the real refresh tokens it issued, so a placeholder
 /// reaching it fails, and an authorization code with other tokens.
 async fn token_server(tls: Arc<rustls::ServerConfig>) -> (u16, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen: Seen = Arc::default();
-    let record = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
-            let (seen, tls) = (record.clone(), tls.clone());
-            tokio::spawn(async move {
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let seen = seen.clone();
-                    async move {
-                        let mut text = format!("{} {}\n", req.method(), req.uri());
-                        for (name, value) in req.headers() {
-                            text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
-                        }
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                        let body = String::from_utf8_lossy(&body).to_string();
-                        text.push_str(&format!("body: {body}\n"));
-                        seen.lock().unwrap().push(text);
-                        let tokens = |n: u32| {
-                            format!(
-                                r#"{{"access_token":"real-access-{n}","refresh_token":"real-refresh-{n}","expires_in":3600,"token_type":"Bearer"}}"#
-                            )
-                        };
-                        let (status, answer) = if body.contains("authorization_code") {
-                            (200, tokens(9))
-                        } else if let Some(n) = (1..5).find(|n| body.contains(&format!("real-refresh-{n}"))) {
-                            (200, tokens(n + 1))
-                        } else {
-                            (400, r#"{"error":"invalid_grant"}"#.to_string())
-                        };
-                        let response = Response::builder()
-                            .status(status)
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from(answer)))
-                            .unwrap();
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                });
-                if let Ok(stream) = TlsAcceptor::from(tls).accept(tcp).await {
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                }
-            });
-        }
-    });
-    (port, seen)
+    loopback_server(Some(tls), token_answer).await
+}
+
+async fn token_answer(seen: Seen, req: Request<Incoming>) -> Answer {
+    let mut text = format!("{} {}\n", req.method(), req.uri());
+    for (name, value) in req.headers() {
+        text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+    }
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = String::from_utf8_lossy(&body).to_string();
+    text.push_str(&format!("body: {body}\n"));
+    seen.lock().unwrap().push(text);
+    let tokens = |n: u32| {
+        format!(
+            r#"{{"access_token":"real-access-{n}","refresh_token":"real-refresh-{n}","expires_in":3600,"token_type":"Bearer"}}"#
+        )
+    };
+    let (status, answer) = if body.contains("authorization_code") {
+        (200, tokens(9))
+    } else if let Some(n) = (1..5).find(|n| body.contains(&format!("real-refresh-{n}"))) {
+        (200, tokens(n + 1))
+    } else {
+        (400, r#"{"error":"invalid_grant"}"#.to_string())
+    };
+    Ok(Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(answer)))
+        .unwrap())
 }
 
 /// One HTTP/1.1 request over an established stream, with a body.

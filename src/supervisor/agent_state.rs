@@ -175,8 +175,7 @@ impl Prepared {
             } else {
                 RootEntry::StateFile { source, target, uid, gid }
             };
-            let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
-            root.insert(at, entry);
+            super::root::insert_before_workspace(root, entry);
         }
     }
 

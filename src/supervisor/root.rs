@@ -302,10 +302,16 @@ pub fn policy_mounts(
             MountMode::Overlay => RootEntry::ShareScratch { source, target },
         };
         // Before the workspace overlay, which must stay the last entry.
-        let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
-        root.insert(at, entry);
+        insert_before_workspace(root, entry);
     }
     skipped
+}
+
+/// Adds `entry` before the workspace overlay, which must stay the last
+/// entry (a mount under the workspace would otherwise hide its files).
+pub fn insert_before_workspace(root: &mut Vec<RootEntry>, entry: RootEntry) {
+    let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
+    root.insert(at, entry);
 }
 
 /// A sign-in file (placeholders only) no agent state holds: generated in
@@ -320,8 +326,7 @@ pub fn place_signin_file(file: &str, content: &[u8], home: &Path, root: &mut Vec
         content: String::from_utf8_lossy(content).into_owned(),
         mode: 0o644,
     };
-    let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
-    root.insert(at, entry);
+    insert_before_workspace(root, entry);
 }
 
 /// Adds the home toolchains, read-only at their own paths, before the
@@ -335,8 +340,7 @@ pub fn home_tool_shares(
         let Some(target) = dir.path.to_str() else { continue };
         let source = format!("/home-tools/{index}");
         shares.push(ShareConfig { guest_path: source.clone(), host_path: dir.path.clone(), writable: false });
-        let at = root.iter().position(|e| matches!(e, RootEntry::Overlay { .. })).unwrap_or(root.len());
-        root.insert(at, RootEntry::Share { source, target: target.to_string() });
+        insert_before_workspace(root, RootEntry::Share { source, target: target.to_string() });
     }
 }
 
