@@ -33,6 +33,7 @@ fn the_readme_quick_start_works_as_written() {
     let out = rig.sh(
         &script(&format!(
             "export PATH=\"{bin_dir}:$PATH\"
+             touch \"$HOME/host-file-quickstart\"
              {example}
              echo \"run=$?\"
              test -e hello.txt && echo hello-leaked || echo hello-staged
@@ -42,10 +43,15 @@ fn the_readme_quick_start_works_as_written() {
         )),
         T,
     );
-    // uname -r, then an empty listing of the guest's home, then the status.
+    // uname -r, then the guest's home (at most shared toolchains), then the status.
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert!(lines.first().is_some_and(|l| l.starts_with("6.12.")), "uname -r must print the guest kernel\n{out}");
-    assert_eq!(lines.get(1), Some(&"run=0"), "ls -A ~ must print nothing: the home is not shared\n{out}");
+    let home: Vec<&str> = lines.iter().skip(1).take_while(|l| !l.starts_with("run=")).copied().collect();
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(
+        home.iter().all(|entry| entry.starts_with('.') && !matches!(*entry, ".ssh" | ".aws" | ".config" | ".claude")),
+        "ls -A ~ may list only shared toolchain directories, never the home's own files\n{out}"
+    );
     assert!(out.stdout.contains("hello-staged"), "nothing may land before apply\n{out}");
     assert!(out.stderr.contains("hello.txt"), "the summary after the run names the new file\n{out}");
     assert!(out.stderr.contains("stockade apply"), "without a terminal it says how to apply\n{out}");

@@ -94,7 +94,8 @@ fn workspace_is_visible_writes_are_staged_and_home_is_not() {
              $S run -- cat \"$ws/file.txt\"; echo \"read=$?\"
              $S run -- sh -c \"echo x > $ws/new.txt\"; echo \"write=$?\"
              test -e \"$ws/new.txt\" && echo leaked || echo not-leaked
-             $S run -- sh -c 'pwd; ls -A \"$HOME\" | wc -l'
+             $S run -- sh -c 'pwd; ls -A \"$HOME\" | grep -c host-secret'
+             $S run --no-home-tools -- sh -c 'ls -A \"$HOME\" | wc -l; echo listed'
              $S run -- uname -r",
         ),
         T,
@@ -103,7 +104,8 @@ fn workspace_is_visible_writes_are_staged_and_home_is_not() {
     assert!(out.stdout.contains("write=0"), "the guest writes to its copy-on-write workspace\n{out}");
     assert!(out.stdout.contains("not-leaked"), "a guest write reached the host before review\n{out}");
     assert!(out.stderr.contains("staged"), "the run must say its changes are staged\n{out}");
-    assert!(out.stdout.contains("/sub\n0\n"), "cwd must follow and $HOME must be empty\n{out}");
+    assert!(out.stdout.contains("/sub\n0\n"), "cwd must follow and the host's home files stay out\n{out}");
+    assert!(out.stdout.contains("\n0\nlisted"), "without home toolchains $HOME is empty\n{out}");
     assert!(out.stdout.contains("6.12."), "uname -r must show the guest kernel\n{out}");
 }
 
