@@ -47,8 +47,9 @@ fn host_edits_during_a_session_are_conflicts_never_overwritten() {
     let out = rig.sh(
         &script(
             "echo base > c; echo base > other
-             $S run -- sh -c 'echo guest > c; echo guest > other; sleep 12' &
-             sleep 4; echo host > c
+             $S run -- sh -c 'echo guest > c; echo guest > other; echo wrote; sleep 6' > guest.out &
+             for i in $(seq 300); do grep -q wrote guest.out 2>/dev/null && break; sleep 0.2; done
+             echo host > c
              wait; echo \"run=$?\"
              $S apply; echo \"apply=$?\"
              echo \"c=$(cat c) other=$(cat other)\"
@@ -62,6 +63,67 @@ fn host_edits_during_a_session_are_conflicts_never_overwritten() {
     assert!(out.stdout.contains("c=host other=guest"), "the host edit is kept, the rest applied\n{out}");
     assert!(out.stdout.contains("forced=0\nc=guest"), "--force applies the named path\n{out}");
     assert!(out.stderr.contains("changed on the host"), "{out}");
+}
+
+#[test]
+fn what_the_guest_saw_decides_conflicts() {
+    let Some(rig) = rig::require("what_the_guest_saw_decides_conflicts") else { return };
+    let out = rig.sh(
+        &script(
+            "for f in read-first looked-only late; do echo base > $f; done; mkdir tree; echo x > tree/x
+             $S run -- sh -c 'cat read-first >/dev/null; stat looked-only >/dev/null; ls tree >/dev/null
+                 echo looked; sleep 8
+                 for f in read-first looked-only late; do echo guest > $f; done; rm -rf tree' > guest.out &
+             for i in $(seq 300); do grep -q looked guest.out 2>/dev/null && break; sleep 0.2; done
+             for f in read-first looked-only late; do echo host > $f; done; echo added > tree/added
+             wait; echo \"run=$?\"
+             $S apply; echo \"apply=$?\"
+             for f in read-first looked-only late tree/added; do echo \"$f=$(cat $f)\"; done",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("apply=1"), "{out}");
+    assert!(
+        out.stdout.contains("read-first=host\nlooked-only=host\nlate=guest\ntree/added=added"),
+        "host edits after the guest read or looked up a file, and a file added to a tree the guest listed, \
+         are kept; an edit before the guest's first look is what the guest built on\n{out}"
+    );
+    assert!(out.stdout.contains("looked-only was changed on the host after the guest saw it"), "{out}");
+}
+
+#[test]
+fn a_run_in_a_big_workspace_looks_only_at_what_it_touches() {
+    let Some(rig) = rig::require("a_run_in_a_big_workspace_looks_only_at_what_it_touches") else { return };
+    let out = rig.sh(
+        &script(
+            "python3 -c '
+import os
+for i in range(100):
+    d = \"node_modules/pkg%d\" % i
+    os.makedirs(d)
+    for j in range(1000):
+        open(\"%s/f%d.js\" % (d, j), \"w\").close()
+'
+             echo \"files=$(find . -type f | wc -l)\"
+             strace -f -qq -c -o stats.txt -e trace=%stat,getdents64 $S run -- sh -c 'echo hi > new.txt'
+             echo \"run=$?\"
+             awk '$NF ~ /stat|getdents/ { n += $4 } END { print \"stat-calls=\" n }' stats.txt",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("files=100000"), "{out}");
+    assert!(out.stdout.contains("run=0"), "{out}");
+    let calls: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stat-calls="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("strace counted no calls\n{out}"));
+    assert!(
+        calls < 10_000,
+        "a run must not stat the workspace's 100,000 files: {calls} stat and getdents calls\n{out}"
+    );
 }
 
 #[test]

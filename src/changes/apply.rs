@@ -3,7 +3,7 @@
 //!
 //! 1. Plan (read-only): every selected staged entry is checked against the
 //!    host: already there, ready, a conflict (host differs from the entry's
-//!    base or, with a snapshot, was touched during the session), or refused
+//!    base, or was touched on the host after the guest saw it), or refused
 //!    (a parent on the host is a symlink or not a directory).
 //! 2. Journal the ready operations and fsync it.
 //! 3. Execute in tree order. Each operation resolves its parent directory
@@ -14,7 +14,7 @@
 //!    mode after their contents; removals never follow symlinks.
 //! 4. One `syncfs` of the workspace instead of an fsync per file (about
 //!    3.7 ms each on the CI disk, so 37 s for 10,000 files; the journal makes
-//!    the batch safe), then the snapshot and the store's states are updated
+//!    the batch safe), then what the guest saw and the store's states are updated
 //!    and the journal removed.
 //!
 //! An interrupted apply is rolled forward by `recover`, which every apply
@@ -36,8 +36,8 @@ use super::dirfd::{self, DirFd, FileType, ResolveError, Root};
 use super::journal::{self, Journal, Op, Plan, Step};
 use super::model::{Base, Entry, EntryState, Kind};
 use super::path::{RelPath, escape};
+use super::seen::{Seen, StatKey};
 use super::selection::Selection;
-use super::snapshot::{Snapshot, StatKey};
 use super::store::{self, Store, StoredEntry};
 use crate::progress::{Progress, Silent};
 
@@ -273,7 +273,7 @@ fn recover_locked(store: &Store, workspace: &Path) -> Result<Option<ApplyReport>
 enum Check {
     /// Planning saw this stat: if it is unchanged, proceed; else check fully.
     Seen(Option<StatKey>),
-    /// Base, snapshot and "already there" checks.
+    /// Base, seen and "already there" checks.
     Full,
     /// Only "already there": forced, or redone after an interruption.
     Trusted,
@@ -356,7 +356,7 @@ struct Session<'a> {
     root: Root,
     entries: Vec<StoredEntry>,
     index: HashMap<RelPath, usize>,
-    snapshot: Option<Snapshot>,
+    seen: Option<Seen>,
 }
 
 impl<'a> Session<'a> {
@@ -364,8 +364,8 @@ impl<'a> Session<'a> {
         let entries = store.entries()?;
         let index = store::index(&entries);
         let root = Root::open(workspace).map_err(ChangesError::io("open the workspace", workspace))?;
-        let snapshot = store.load_snapshot()?;
-        Ok(Session { store, root, entries, index, snapshot })
+        let seen = store.load_seen()?;
+        Ok(Session { store, root, entries, index, seen })
     }
 
     fn entry(&self, path: &RelPath) -> Option<&Entry> {
@@ -463,8 +463,8 @@ impl<'a> Session<'a> {
             if let Err(reason) = host.check_base(&entry.base) {
                 return Verdict::Conflict(reason);
             }
-            if let Some(snapshot) = &self.snapshot
-                && let Err(reason) = host.check_session(snapshot, &entry.path, &entry.kind)
+            if let Some(seen) = &self.seen
+                && let Err(reason) = host.check_session(seen, &entry.path, &entry.kind)
             {
                 return Verdict::Conflict(reason);
             }
@@ -642,7 +642,7 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Makes the writes durable, updates the snapshot and the store's
+    /// Makes the writes durable, updates what the guest saw and the store's
     /// states, and removes the journal.
     fn finish(&mut self, journal: Option<Journal>, report: &mut ApplyReport) -> Result<(), ChangesError> {
         let started = Instant::now();
@@ -650,18 +650,18 @@ impl<'a> Session<'a> {
             dirfd::sync_fs(&self.root.fd()).map_err(ChangesError::io("flush", self.root.path()))?;
         }
         let sync_ms = started.elapsed().as_millis();
-        if let Some(mut snapshot) = self.snapshot.take() {
+        if let Some(mut seen) = self.seen.take() {
             for path in &report.applied {
                 let Some(entry) = self.entry(path) else { continue };
                 if !matches!(entry.kind, Kind::Dir { .. } | Kind::Mode { .. }) {
-                    self.forget_removed(&mut snapshot, path);
+                    self.forget_removed(&mut seen, path);
                 }
                 let now =
                     self.root.parent_of(path).ok().and_then(|d| dirfd::stat_at(&d, path.file_name()).ok().flatten());
-                snapshot.record(path, now.as_ref());
+                seen.record(path, now.as_ref());
             }
-            self.store.save_snapshot(&snapshot)?;
-            self.snapshot = Some(snapshot);
+            self.store.save_seen(&seen)?;
+            self.seen = Some(seen);
         }
         let done: Vec<RelPath> = report.applied.iter().chain(&report.already).cloned().collect();
         self.store.set_states(&done, EntryState::Applied)?;
@@ -679,12 +679,13 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Drops snapshot paths at or below `path` that the apply removed.
-    fn forget_removed(&self, snapshot: &mut Snapshot, path: &RelPath) {
-        for p in snapshot.paths_under(path) {
+    /// Records as absent the seen paths at or below `path` that the apply
+    /// removed.
+    fn forget_removed(&self, seen: &mut Seen, path: &RelPath) {
+        for p in seen.paths_under(path) {
             let exists = self.root.parent_of(&p).ok().and_then(|d| dirfd::stat_at(&d, p.file_name()).ok()).flatten();
             if exists.is_none() {
-                snapshot.record(&p, None);
+                seen.record(&p, None);
             }
         }
     }

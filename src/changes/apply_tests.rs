@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::changes::dirfd::tests::without_openat2;
 use crate::changes::model::{Mode, Sha256, SymlinkTarget};
-use crate::changes::snapshot::Snapshot;
+use crate::changes::seen::Seen;
 use crate::changes::store::SetState;
 use crate::changes::tree;
 use crate::changes::wire::{Limits, Writer};
@@ -385,12 +385,12 @@ fn a_host_edit_after_the_guest_looked_is_a_conflict_until_forced() {
 }
 
 #[test]
-fn a_host_edit_during_the_session_is_a_conflict_with_a_snapshot() {
+fn what_the_guest_first_saw_decides_host_edits_during_the_run() {
     let f = fx();
     write(&f.ws.join("edited"), b"v1");
     write(&f.ws.join("calm"), b"v1");
     write(&f.ws.join("tree/x"), b"v1");
-    f.store.save_snapshot(&Snapshot::capture(&f.ws).unwrap()).unwrap();
+    f.store.save_seen(&Seen::everything(&f.ws).unwrap()).unwrap();
     // During the session the host edits a file and adds one; the guest's
     // lower layer is live, so its bases already show the host's version.
     write(&f.ws.join("edited"), b"v2");
@@ -407,9 +407,9 @@ fn a_host_edit_during_the_session_is_a_conflict_with_a_snapshot() {
     assert_eq!(names(&report.applied), ["calm"]);
     let reasons: BTreeMap<String, String> =
         report.conflicts.iter().map(|c| (c.path.to_string(), c.reason.to_string())).collect();
-    assert_eq!(reasons["edited"], "edited was changed on the host since the session started");
-    assert_eq!(reasons["created"], "created was created on the host since the session started");
-    assert_eq!(reasons["tree"], "tree/y was created on the host since the session started");
+    assert_eq!(reasons["edited"], "edited was changed on the host after the guest saw it");
+    assert_eq!(reasons["created"], "created was created on the host after the guest looked for it");
+    assert_eq!(reasons["tree"], "tree/y was created on the host after the guest looked for it");
 
     let forced = ApplyOptions { selection: Selection::all(), force: Selection::paths([p("edited")]) };
     let report = apply(&f.store, &f.ws, &forced).unwrap();
@@ -418,10 +418,44 @@ fn a_host_edit_during_the_session_is_a_conflict_with_a_snapshot() {
 }
 
 #[test]
+fn a_host_edit_before_the_guest_looked_is_what_it_built_on() {
+    let f = fx();
+    write(&f.ws.join("early"), b"v1");
+    write(&f.ws.join("tree/x"), b"v1");
+    // The host edits and adds before the guest's first look: the guest saw
+    // (and changed or removed) the host's new version, so nothing conflicts.
+    write(&f.ws.join("early"), b"v2");
+    write(&f.ws.join("tree/y"), b"host");
+    f.store.save_seen(&Seen::everything(&f.ws).unwrap()).unwrap();
+    Set::new(&f.ws).file("early", b"guest", 0o644).delete("tree").stage(&f.store);
+
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    assert_eq!(names(&report.applied), ["early", "tree"], "{report:?}");
+    assert!(!f.ws.join("tree").exists());
+}
+
+#[test]
+fn a_path_the_guest_never_saw_that_the_host_has_is_a_conflict() {
+    let f = fx();
+    write(&f.ws.join("seen"), b"v1");
+    f.store.save_seen(&Seen::everything(&f.ws).unwrap()).unwrap();
+    // A change set naming a path no lookup recorded (a guest speaking the
+    // export protocol itself, or one past the record's limit): the host's
+    // file there cannot have been what the guest built on.
+    write(&f.ws.join("unseen"), b"host");
+    Set::new(&f.ws).file("unseen", b"guest", 0o644).stage(&f.store);
+
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    assert!(report.applied.is_empty(), "{report:?}");
+    assert_eq!(report.conflicts[0].reason.to_string(), "unseen was created on the host after the guest looked for it");
+    assert_eq!(fs::read(f.ws.join("unseen")).unwrap(), b"host");
+}
+
+#[test]
 fn applying_part_then_the_rest_is_not_mistaken_for_host_edits() {
     let f = fx();
     write(&f.ws.join("nm/a"), b"a");
-    f.store.save_snapshot(&Snapshot::capture(&f.ws).unwrap()).unwrap();
+    f.store.save_seen(&Seen::everything(&f.ws).unwrap()).unwrap();
     Set::new(&f.ws)
         .opaque("nm", 0o755)
         .file("nm/b", b"b", 0o644)

@@ -1,7 +1,7 @@
 //! The change pipeline's benchmark, run by `benches/apply.sh` (an ignored
 //! test, so it needs no extra binary): guest export of 10,000 files, staging
-//! them, applying them, and a workspace snapshot of 100,000 files, each the
-//! median of a few runs, plus the filesystem's own floor for comparison.
+//! them and applying them, each the median of a few runs, plus the
+//! filesystem's own floor for comparison.
 //! Prints numbers; asserts nothing about time.
 
 use std::fs;
@@ -9,11 +9,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{ApplyOptions, Limits, Snapshot, Store, Writer, apply};
+use super::{ApplyOptions, Limits, Store, Writer, apply};
 use crate::guest::export::{Markers, export};
 
 const FILES: usize = 10_000;
-const SNAPSHOT_FILES: usize = 100_000;
 
 struct NoMarkers;
 
@@ -108,21 +107,10 @@ fn pipeline() {
         nix::unistd::syncfs(fs::File::open(&floor).unwrap()).unwrap();
         floor_t.push(started.elapsed());
     }
-    let snap_root = scratch.path().join("snapshot");
-    populate(&snap_root, SNAPSHOT_FILES, 1000);
-    let mut snap_t = vec![];
-    for _ in 0..runs {
-        let started = Instant::now();
-        let snapshot = Snapshot::capture(&snap_root).unwrap();
-        snap_t.push(started.elapsed());
-        assert_eq!(snapshot.len(), SNAPSHOT_FILES + 2 * (SNAPSHOT_FILES / 1000));
-    }
-
     println!("\nchange pipeline, median of {runs} runs, in {}", base.display());
     row("export: walk upper, hash, write the stream", export_t, FILES);
     println!("{:<48} {:>9.1} MiB", "  stream size", stream.len() as f64 / (1 << 20) as f64);
     row("stage: read the stream into the store", stage_t, FILES);
     row("apply: 10,000 new files in 100 new directories", apply_t, FILES);
     row("  floor: temp + rename + syncfs, nothing else", floor_t, FILES);
-    row("snapshot: stat walk of 100,000 files", snap_t, SNAPSHOT_FILES);
 }

@@ -1,6 +1,6 @@
 //! Whether the host still holds what the guest saw (an entry's base), whether
-//! it already holds what the entry wants, and, with a session snapshot,
-//! whether the host touched the path during the session. `stat` decides
+//! it already holds what the entry wants, and, with what the guest saw of the
+//! workspace, whether the host touched the path after the guest saw it. `stat` decides
 //! first; content is hashed only when sizes and types agree.
 
 use std::fmt;
@@ -12,7 +12,7 @@ use nix::sys::stat::FileStat;
 use super::dirfd::{self, FileType};
 use super::model::{Base, Hasher, Kind, Mode, Sha256};
 use super::path::RelPath;
-use super::snapshot::{SessionChange, Snapshot};
+use super::seen::{Seen, SessionChange};
 use super::tree;
 
 /// Why a change is not applied without being forced.
@@ -23,8 +23,8 @@ pub enum ConflictReason {
     /// Something below a directory the change would remove differs from
     /// what the guest saw.
     TreeChanged,
-    /// The session snapshot shows the host touched `path` (the entry's own
-    /// path, or one below it) while the session ran.
+    /// The host touched `path` (the entry's own path, or one below it)
+    /// after the guest saw it.
     Session { path: RelPath, change: SessionChange },
     /// The host's state could not be read.
     Unreadable(String),
@@ -42,11 +42,11 @@ impl fmt::Display for ConflictReason {
             ConflictReason::TreeChanged => f.write_str("files below it changed on the host since the guest saw them"),
             ConflictReason::Session { path, change } => {
                 let what = match change {
-                    SessionChange::Created => "created",
-                    SessionChange::Edited => "changed",
-                    SessionChange::Deleted => "deleted",
+                    SessionChange::Created => "created on the host after the guest looked for it",
+                    SessionChange::Edited => "changed on the host after the guest saw it",
+                    SessionChange::Deleted => "deleted on the host after the guest saw it",
                 };
-                write!(f, "{path} was {what} on the host since the session started")
+                write!(f, "{path} was {what}")
             }
             ConflictReason::Unreadable(e) => write!(f, "cannot inspect it on the host: {e}"),
         }
@@ -161,15 +161,15 @@ impl<D: AsFd> HostPath<'_, D> {
         }
     }
 
-    /// With a snapshot: whether the host touched this path, or (for changes
-    /// that remove a directory) anything below it, during the session.
-    pub fn check_session(&self, snapshot: &Snapshot, path: &RelPath, kind: &Kind) -> Result<(), ConflictReason> {
-        if let Some(change) = snapshot.change(path, self.stat.as_ref()) {
+    /// Whether the host touched this path, or (for changes that remove a
+    /// directory) anything below it, after the guest saw it.
+    pub fn check_session(&self, seen: &Seen, path: &RelPath, kind: &Kind) -> Result<(), ConflictReason> {
+        if let Some(change) = seen.change(path, self.stat.as_ref()) {
             return Err(ConflictReason::Session { path: path.clone(), change });
         }
         let removes_below = !matches!(kind, Kind::Dir { .. } | Kind::Mode { .. });
         if removes_below && self.file_type() == Some(FileType::Dir) {
-            match snapshot.tree_change(self.dir, self.name, path) {
+            match seen.tree_change(self.dir, self.name, path) {
                 Ok(Some((below, change))) => return Err(ConflictReason::Session { path: below, change }),
                 Ok(None) => {}
                 Err(e) => return Err(ConflictReason::Unreadable(e.to_string())),

@@ -38,7 +38,12 @@ pub enum FileType {
 
 impl FileType {
     pub fn of(stat: &FileStat) -> FileType {
-        match stat.st_mode & libc::S_IFMT {
+        FileType::of_mode(stat.st_mode)
+    }
+
+    /// The type an `st_mode` names.
+    pub fn of_mode(mode: u32) -> FileType {
+        match mode & libc::S_IFMT {
             libc::S_IFREG => FileType::File,
             libc::S_IFDIR => FileType::Dir,
             libc::S_IFLNK => FileType::Symlink,

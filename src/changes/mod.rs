@@ -1,8 +1,9 @@
 //! Workspace changes made in the guest, from the guest's export to the host's
 //! apply: the only code that writes the user's workspace.
 //!
-//! Flow: at session start the supervisor may take a [`Snapshot`] of the
-//! workspace (`Store::save_snapshot`). At exit the guest's exporter
+//! Flow: at session start the supervisor creates the sightings file
+//! (`Store::start_seen`) where the VMM records what the guest looks up in
+//! the workspace ([`Seen`]). At exit the guest's exporter
 //! (`guest::export`) walks its overlay and writes a change set with
 //! [`Writer`]; the supervisor stages it with [`Store::stage`], which
 //! validates every record and keeps content as blobs named by hash. Review
@@ -13,7 +14,7 @@
 //!
 //! Modules: `path` (validated relative paths), `model` (entries), `wire`
 //! (stream format), `validate` (set rules), `selection`, `store` (session
-//! change store), `snapshot`, `tree` (directory digests), `dirfd`
+//! change store), `seen`, `tree` (directory digests), `dirfd`
 //! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`.
 #![forbid(unsafe_code)]
 // The supervisor and guest wiring land separately; until then parts of the
@@ -29,8 +30,8 @@ mod journal;
 mod model;
 mod path;
 pub mod review;
+mod seen;
 mod selection;
-mod snapshot;
 mod store;
 mod tree;
 mod validate;
@@ -47,8 +48,8 @@ pub use apply::{
 pub use conflict::ConflictReason;
 pub use model::{Base, Entry, EntryState, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget, TreeDigest};
 pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes};
+pub use seen::{Seen, SessionChange};
 pub use selection::Selection;
-pub use snapshot::{SessionChange, Snapshot};
 pub(crate) use store::write_atomically;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub use tree::digest_at as tree_digest_at;

@@ -5,7 +5,7 @@
 //!              per line with its review state, in tree order
 //! blobs/ab/ab… file content named by SHA-256 (hard links and copies share one)
 //! blobs/tmp/   content being received; emptied on the next stage
-//! snapshot     the workspace's stat map at session start, if taken
+//! seen         what the guest saw of the workspace (sightings, see `Seen`)
 //! journal      present only while an apply runs or after one was interrupted
 //! lock         flock'd by whoever stages or applies
 //! ```
@@ -28,8 +28,8 @@ use super::ChangesError;
 use super::dirfd;
 use super::model::{Base, Entry, EntryState, Kind, Sha256, Skipped};
 use super::path::RelPath;
+use super::seen::Seen;
 use super::selection::Selection;
-use super::snapshot::Snapshot;
 use super::validate;
 use super::wire::{BlobSink, Item, Limits, Reader, Summary};
 
@@ -296,18 +296,31 @@ impl Store {
         Ok(changed)
     }
 
-    pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<(), ChangesError> {
-        let path = self.dir.join("snapshot");
-        write_atomically(&path, |out| snapshot.write_to(out)).map_err(ChangesError::io("write", &path))
+    /// Creates the run's empty sightings file, which the VMM appends to as
+    /// the guest looks at the workspace; returns its path.
+    pub fn start_seen(&self) -> Result<PathBuf, ChangesError> {
+        let path = self.seen_path();
+        write_atomically(&path, |out| Seen::default().write_to(out)).map_err(ChangesError::io("write", &path))?;
+        Ok(path)
     }
 
-    pub fn load_snapshot(&self) -> Result<Option<Snapshot>, ChangesError> {
-        let path = self.dir.join("snapshot");
-        match File::open(&path) {
-            Ok(f) => Snapshot::read_from(f).map(Some).map_err(ChangesError::io("read", &path)),
+    pub fn save_seen(&self, seen: &Seen) -> Result<(), ChangesError> {
+        let path = self.seen_path();
+        write_atomically(&path, |out| seen.write_to(out)).map_err(ChangesError::io("write", &path))
+    }
+
+    /// What the guest saw, if the run recorded it.
+    pub fn load_seen(&self) -> Result<Option<Seen>, ChangesError> {
+        let path = self.seen_path();
+        match Seen::load(&path) {
+            Ok(seen) => Ok(Some(seen)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(ChangesError::io("read", &path)(e)),
         }
+    }
+
+    fn seen_path(&self) -> PathBuf {
+        self.dir.join("seen")
     }
 
     fn read_manifest(&self, with_entries: bool) -> Result<(Header, Vec<StoredEntry>), ChangesError> {

@@ -21,7 +21,7 @@ use super::sessions::{self, Here};
 /// SESSION is an id or a unique prefix of one; without it, the most recent
 /// session with staged changes. Without PATHs everything staged is applied;
 /// with them, the changes at or below those paths. A change whose path was
-/// changed on the host since the session started is a conflict: it is
+/// changed on the host after the guest first saw it is a conflict: it is
 /// listed and left staged unless named with --force. An apply that was
 /// interrupted is completed first.
 ///
@@ -38,7 +38,7 @@ pub struct ApplyArgs {
     paths: Vec<PathBuf>,
 
     /// Apply the changes at or below PATH even where the host's version
-    /// changed since the session started (the host's edit is lost).
+    /// changed after the guest saw it (the host's edit is lost).
     /// Repeatable. Symlinks on the host are never written through.
     #[arg(long, value_name = "PATH")]
     force: Vec<PathBuf>,

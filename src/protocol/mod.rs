@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod frame;
+pub mod seen;
 pub mod transparent;
 
 pub use frame::{read_frame, write_frame};

@@ -166,7 +166,12 @@ impl Prepared {
     /// at its own path, each file copied in and out by the guest's init.
     pub fn attach(&self, home: &Path, uid: u32, gid: u32, shares: &mut Vec<ShareConfig>, root: &mut Vec<RootEntry>) {
         let source_root = format!("/agents/{}", self.name);
-        shares.push(ShareConfig { guest_path: source_root.clone(), host_path: self.home.clone(), writable: true });
+        shares.push(ShareConfig {
+            guest_path: source_root.clone(),
+            host_path: self.home.clone(),
+            writable: true,
+            record: None,
+        });
         for (rel, is_dir) in &self.entries {
             let source = format!("{source_root}/{}", rel.display());
             let target = home.join(rel).to_string_lossy().into_owned();

@@ -171,7 +171,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     session.write_record(&record)?;
 
     let store = changes::Store::open(&session.dir)?;
-    let snapshot = staging::snapshot(&workspace, &store)?;
+    let seen = store.start_seen()?;
     let disk = session.dir.join("scratch.img");
     let formatting = scratch::create(&disk, config.disk_bytes)?;
     let vsock_base = session.dir.join("v.sock");
@@ -197,6 +197,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         tracing::info!("home toolchain shared read-only: {} ({})", dir.path.display(), dir.why);
     }
     root::home_tool_shares(&tools, &mut shares, &mut root_layout);
+    root::record_sightings(&mut shares, seen);
     let mut agents = Vec::new();
     for agent in &config.policy.agents {
         let state = agent_state::prepare(agent, &user.home, &dirs.data)
@@ -281,7 +282,6 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let _ = std::fs::remove_file(control_path);
     let _ = std::fs::remove_file(stdin_path);
 
-    snapshot.wait();
     for state in &agents {
         if let Err(e) = offer_agent_settings(state, &user.home, &dirs.data, &session.id, &config) {
             eprintln!("stockade: warning: agent {}: {e:#}; its state stays in {}", state.name, state.home.display());

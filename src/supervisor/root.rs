@@ -163,7 +163,12 @@ pub fn layout(workspace: &Path, user: &User, system: System, net: &GuestSide) ->
             let target = fs::read_link(path).with_context(|| format!("cannot read the link {dir}"))?;
             root.push(RootEntry::Symlink { link: dir.to_string(), target: target.to_string_lossy().into_owned() });
         } else if meta.is_dir() {
-            shares.push(ShareConfig { guest_path: dir.to_string(), host_path: path.to_path_buf(), writable: false });
+            shares.push(ShareConfig {
+                guest_path: dir.to_string(),
+                host_path: path.to_path_buf(),
+                writable: false,
+                record: None,
+            });
             root.push(RootEntry::Share { source: dir.to_string(), target: dir.to_string() });
         }
     }
@@ -214,6 +219,7 @@ pub fn layout(workspace: &Path, user: &User, system: System, net: &GuestSide) ->
         guest_path: WORKSPACE_SHARE.to_string(),
         host_path: workspace.to_path_buf(),
         writable: false,
+        record: None,
     });
     root.push(RootEntry::Overlay {
         source: WORKSPACE_SHARE.to_string(),
@@ -294,7 +300,7 @@ pub fn policy_mounts(
         }
         let source = format!("/mounts/{index}");
         let writable = mount.mode == MountMode::Rw;
-        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone(), writable });
+        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone(), writable, record: None });
         let target = target.to_string();
         let entry = match mount.mode {
             MountMode::Ro => RootEntry::Share { source, target },
@@ -305,6 +311,14 @@ pub fn policy_mounts(
         insert_before_workspace(root, entry);
     }
     skipped
+}
+
+/// Has the VMM record what the guest looks up in the workspace to the
+/// sightings file `file` (see `protocol::seen`).
+pub fn record_sightings(shares: &mut [ShareConfig], file: PathBuf) {
+    if let Some(share) = shares.iter_mut().find(|s| s.guest_path == WORKSPACE_SHARE) {
+        share.record = Some(file);
+    }
 }
 
 /// Adds `entry` before the workspace overlay, which must stay the last
@@ -339,7 +353,12 @@ pub fn home_tool_shares(
     for (index, dir) in tools.dirs.iter().enumerate() {
         let Some(target) = dir.path.to_str() else { continue };
         let source = format!("/home-tools/{index}");
-        shares.push(ShareConfig { guest_path: source.clone(), host_path: dir.path.clone(), writable: false });
+        shares.push(ShareConfig {
+            guest_path: source.clone(),
+            host_path: dir.path.clone(),
+            writable: false,
+            record: None,
+        });
         insert_before_workspace(root, RootEntry::Share { source, target: target.to_string() });
     }
 }

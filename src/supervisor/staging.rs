@@ -1,71 +1,18 @@
-//! The host's side of the workspace changes during a run: a snapshot of the
-//! workspace taken while the VM boots (so that host edits made during the
-//! session show up as conflicts), and the change set the guest exports at
-//! the end, staged into the session's change store.
+//! The host's side of the workspace changes during a run: the change set the
+//! guest exports at the end, staged into the session's change store. (What
+//! the guest saw of the workspace, for conflicts, the VMM records as it
+//! serves the guest's lookups: see `changes::Seen`.)
 
 use std::io::Read;
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, anyhow};
 
-use crate::changes::{Limits, Snapshot, StageReport, Store};
+use crate::changes::{Limits, StageReport, Store};
 use crate::progress::{Meter, Progress};
-
-/// Takes the snapshot in the background; `wait` stores it.
-pub struct SnapshotJob {
-    job: JoinHandle<anyhow::Result<()>>,
-    /// Paths seen so far, for the wait's progress.
-    seen: Arc<AtomicU64>,
-}
-
-pub fn snapshot(workspace: &Path, store: &Store) -> anyhow::Result<SnapshotJob> {
-    let workspace = workspace.to_path_buf();
-    let store = store.clone();
-    let seen = Arc::new(AtomicU64::new(0));
-    let counter = seen.clone();
-    let job = std::thread::Builder::new()
-        .name("snapshot".into())
-        .spawn(move || {
-            let started = Instant::now();
-            let snapshot = Snapshot::capture_counting(&workspace, &counter)
-                .with_context(|| format!("cannot take a snapshot of the workspace {}", workspace.display()))?;
-            tracing::info!("workspace snapshot: {} paths in {:.0?}", snapshot.len(), started.elapsed());
-            store.save_snapshot(&snapshot)?;
-            Ok(())
-        })
-        .context("cannot start the workspace snapshot")?;
-    Ok(SnapshotJob { job, seen })
-}
-
-impl SnapshotJob {
-    /// Without a snapshot, conflicts are still detected against what the
-    /// guest saw; host edits during the session may then go unnoticed.
-    pub fn wait(self) {
-        // Usually done while the VM booted; in a huge workspace the command
-        // may end first, and then the wait says what it is waiting for.
-        if !self.job.is_finished() {
-            let mut meter = Meter::stderr("finishing the workspace snapshot", "paths");
-            meter.start(None);
-            while !self.job.is_finished() {
-                meter.set(self.seen.load(Ordering::Relaxed));
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            meter.finish();
-        }
-        match self.job.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                eprintln!("stockade: warning: {e:#}; host edits made during this session will not count as conflicts")
-            }
-            Err(_) => eprintln!("stockade: warning: the workspace snapshot failed"),
-        }
-    }
-}
 
 /// Receives the guest's change set in the background.
 pub struct Receiver {

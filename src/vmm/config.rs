@@ -15,6 +15,11 @@ pub struct ShareConfig {
     /// the guest may change on the host.
     #[serde(default)]
     pub writable: bool,
+    /// The sightings file (see `protocol::seen`) that records what the
+    /// guest looks up in this share: set for the workspace. The supervisor
+    /// creates it; the VMM opens it for appending before the jail closes.
+    #[serde(default)]
+    pub record: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -239,7 +239,11 @@ fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn Virtio
             .shares
             .iter()
             .filter(|s| s.writable == writable)
-            .map(|s| devices::virtio::fs::Share { guest_path: s.guest_path.clone(), host_path: s.host_path.clone() })
+            .map(|s| devices::virtio::fs::Share {
+                guest_path: s.guest_path.clone(),
+                host_path: s.host_path.clone(),
+                record: s.record.clone(),
+            })
             .collect()
     };
     let read_only = shares(false);

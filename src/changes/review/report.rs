@@ -59,7 +59,7 @@ pub fn write_apply_report(
     }
     if !report.conflicts.is_empty() {
         let heading = format!(
-            "{} not applied: changed on the host since the session started",
+            "{} not applied: changed on the host during the session",
             plural(report.conflicts.len(), "conflict", "conflicts")
         );
         writeln!(out, "stockade: {}", p.paint(Role::Conflict, heading))?;

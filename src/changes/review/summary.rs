@@ -506,7 +506,7 @@ impl Summary {
         if !blocked.is_empty() {
             writeln!(out)?;
             let heading = format!(
-                "{} not applicable as staged (changed on the host since the session started, or blocked):",
+                "{} not applicable as staged (changed on the host during the session, or blocked):",
                 plural(blocked.len(), "path", "paths")
             );
             writeln!(out, "  {}", p.paint(Role::Conflict, heading))?;

@@ -22,6 +22,7 @@
 // up; remove this once it does.
 
 pub mod readonly;
+mod sightings;
 mod worker;
 
 #[cfg(test)]
@@ -36,7 +37,7 @@ use std::time::Duration;
 use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::api::{Vfs, VfsOptions};
+use fuse_backend_rs::api::{BackFileSystem, Vfs, VfsOptions};
 use fuse_backend_rs::passthrough::{CachePolicy, Config, PassthroughFs};
 use thiserror::Error;
 
@@ -64,6 +65,9 @@ pub struct Share {
     pub guest_path: String,
     /// The host directory.
     pub host_path: PathBuf,
+    /// Append what the guest looks up in this share to this sightings file
+    /// (see [`sightings`]); read-only shares only.
+    pub record: Option<PathBuf>,
 }
 
 #[derive(Debug, Error)]
@@ -84,6 +88,8 @@ pub enum FsError {
     Backend { path: PathBuf, source: io::Error },
     #[error("cannot open share {} for the guest", path.display())]
     Import { path: PathBuf, source: io::Error },
+    #[error("cannot open {} to record what the guest sees of share {}", record.display(), path.display())]
+    Record { path: PathBuf, record: PathBuf, source: io::Error },
     #[error("cannot mount share {} at {guest_path} in the guest filesystem", path.display())]
     Mount { path: PathBuf, guest_path: String, source: fuse_backend_rs::api::vfs::VfsError },
 }
@@ -103,7 +109,7 @@ impl Fs<ReadOnlyFs<Vfs>> {
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
 
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always)?;
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, true)?;
         Ok(Fs {
             config,
             server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))),
@@ -120,16 +126,28 @@ impl Fs<Vfs> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto)?;
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto, false)?;
         Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: worker::Access::Writable })
     }
 }
 
-fn mount_shares(shares: &[Share], guest_paths: &[String], cache: CachePolicy) -> Result<Vfs, FsError> {
+/// A Vfs holding every share; with `recording`, a share that names a
+/// sightings file has its lookups recorded there.
+fn mount_shares(shares: &[Share], guest_paths: &[String], cache: CachePolicy, recording: bool) -> Result<Vfs, FsError> {
     let vfs = Vfs::new(vfs_options());
     for (share, guest_path) in shares.iter().zip(guest_paths) {
         let fs = open_share(&share.host_path, cache.clone())?;
-        vfs.mount(Box::new(fs), guest_path).map_err(|source| FsError::Mount {
+        let fs: BackFileSystem =
+            match share.record.as_deref().filter(|_| recording) {
+                Some(record) => {
+                    let out = std::fs::OpenOptions::new().append(true).open(record).map_err(|source| {
+                        FsError::Record { path: share.host_path.clone(), record: record.to_owned(), source }
+                    })?;
+                    Box::new(sightings::Recording::new(fs, out))
+                }
+                None => Box::new(fs),
+            };
+        vfs.mount(fs, guest_path).map_err(|source| FsError::Mount {
             path: share.host_path.clone(),
             guest_path: guest_path.clone(),
             source,

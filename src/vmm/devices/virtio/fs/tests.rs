@@ -260,7 +260,7 @@ fn share_dir() -> TempDir {
 }
 
 fn share(guest_path: &str, host: &Path) -> Share {
-    Share { guest_path: guest_path.into(), host_path: host.to_path_buf() }
+    Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None }
 }
 
 /// Everything observable about a host tree, to prove nothing changed.
@@ -852,4 +852,51 @@ fn a_share_can_be_the_whole_filesystem() {
     let body = cat(&[mkdir.as_slice(), &cstr("newdir")]);
     assert_eq!(client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &body).errno(), libc::EROFS);
     assert!(!dir.as_path().join("newdir").exists());
+}
+
+/// The records of a sightings file, in order.
+fn sightings(file: &Path) -> Vec<(String, Option<u64>)> {
+    let bytes = std::fs::read(file).unwrap();
+    let mut input = &bytes[..];
+    crate::protocol::seen::read_magic(&mut input).unwrap();
+    let mut out = Vec::new();
+    while let Some(s) = crate::protocol::seen::decode(&mut input).unwrap() {
+        out.push((String::from_utf8(s.path).unwrap(), s.state.map(|st| st.ino)));
+    }
+    out
+}
+
+#[test]
+fn a_recorded_share_writes_each_path_the_guest_sees_once() {
+    let dir = share_dir();
+    let record = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-seen-")).unwrap();
+    let file = record.as_path().join("seen");
+    std::fs::write(&file, crate::protocol::seen::MAGIC).unwrap();
+    let recorded = Share { record: Some(file.clone()), ..share("/workspace", dir.as_path()) };
+    let other = share_dir();
+    let mut client = Client::new(&[recorded, share("/usr", other.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "workspace");
+    client.lookup_node(ws.nodeid, "hello.txt");
+    client.lookup_node(ws.nodeid, "hello.txt");
+    assert_eq!(client.lookup(ws.nodeid, "missing").obj::<EntryOut>().nodeid, 0);
+    let sub = client.lookup_node(ws.nodeid, "sub");
+    client.lookup_node(sub.nodeid, "inner.txt");
+    let usr = client.lookup_node(ROOT_ID, "usr");
+    client.lookup_node(usr.nodeid, "hello.txt");
+    let open: OpenOut = client.open(Opcode::Opendir, ws.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    let list = ReadIn { fh: open.fh, size: 4096, ..Default::default() };
+    client.call(Opcode::Readdirplus as u32, ws.nodeid, list.as_slice()).ok();
+
+    let ino = |p: &str| Some(std::fs::symlink_metadata(dir.as_path().join(p)).unwrap().ino());
+    assert_eq!(
+        sightings(&file),
+        [
+            ("hello.txt".to_string(), ino("hello.txt")),
+            ("missing".to_string(), None),
+            ("sub".to_string(), ino("sub")),
+            ("sub/inner.txt".to_string(), ino("sub/inner.txt")),
+            ("escape".to_string(), ino("escape")),
+        ],
+        "host inode numbers, each path once, nothing from the other share"
+    );
 }
