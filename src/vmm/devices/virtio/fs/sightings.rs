@@ -10,8 +10,9 @@
 //! numbers. It forwards what `ReadOnlyFs` forwards and nothing else.
 //!
 //! The guest chooses what it looks up, so the record is bounded: each path
-//! is written once (a keyed hash remembers which), and after
-//! [`MAX_PATHS`] paths recording stops. A path the record lacks that exists
+//! is written once (a keyed hash remembers which), and after [`MAX_PATHS`]
+//! paths, [`MAX_PATHS`] directory inodes or [`MAX_BYTES`] written, recording
+//! stops. A path the record lacks that exists
 //! on the host counts as changed there, so stopping early can only add
 //! conflicts, never hide one.
 
@@ -34,9 +35,12 @@ use crate::protocol::seen::{self, HostStat};
 
 /// The passthrough's inode for the share's root.
 const ROOT_INODE: u64 = 1;
-/// Distinct paths recorded at most (about 40 MB of hashes and directory
+/// Distinct paths recorded at most (tens of MB of hashes and directory
 /// names in the VMM at worst).
 pub const MAX_PATHS: usize = 2_000_000;
+/// Bytes written to the sightings file at most (a path averages well under
+/// 100 bytes; a guest making 4 KiB paths on purpose stops here).
+pub const MAX_BYTES: u64 = 256 << 20;
 
 /// A filesystem whose lookups are recorded in a sightings file.
 pub struct Recording<F> {
@@ -50,6 +54,9 @@ struct Record {
     dirs: HashMap<u64, Vec<u8>>,
     /// Hashes of the paths already written.
     written: HashSet<u64>,
+    bytes: u64,
+    max_paths: usize,
+    max_bytes: u64,
     keys: RandomState,
     /// Recording stopped: the limit was reached or the file could not be
     /// written.
@@ -64,6 +71,9 @@ impl<F> Recording<F> {
             out,
             dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
             written: HashSet::new(),
+            bytes: 0,
+            max_paths: MAX_PATHS,
+            max_bytes: MAX_BYTES,
             keys: RandomState::new(),
             stopped: false,
         };
@@ -99,27 +109,41 @@ impl Record {
         if let Some(e) = entry
             && e.attr.st_mode & libc::S_IFMT == libc::S_IFDIR
         {
+            // A directory forgotten and looked up again gets a new inode.
             self.dirs.entry(e.inode).or_insert_with(|| path.clone());
+            if self.dirs.len() > self.max_paths {
+                return self.stop();
+            }
         }
         if !self.written.insert(self.keys.hash_one(&path)) {
             return;
         }
-        if self.written.len() > MAX_PATHS {
-            tracing::warn!(
-                "virtio-fs: the guest looked up more than {MAX_PATHS} workspace paths; no more are recorded, \
-                 so changes to the others will count as conflicts"
-            );
-            self.stopped = true;
-            return;
-        }
         let mut bytes = Vec::with_capacity(path.len() + 48);
         seen::encode(&path, state.as_ref(), &mut bytes);
+        self.bytes += bytes.len() as u64;
+        if self.written.len() > self.max_paths || self.bytes > self.max_bytes {
+            return self.stop();
+        }
         // Written at once, not buffered: the guest may power off right after
         // its last lookup, and the process ends with it.
         if let Err(e) = self.out.write_all(&bytes) {
             tracing::warn!("virtio-fs: cannot record what the guest saw: {e}; changes will count as conflicts");
             self.stopped = true;
         }
+    }
+}
+
+impl Record {
+    fn stop(&mut self) {
+        tracing::warn!(
+            "virtio-fs: the guest looked up more workspace paths than are recorded ({} paths or {} bytes); \
+             changes to the others will count as conflicts",
+            self.max_paths,
+            self.max_bytes
+        );
+        self.stopped = true;
+        self.dirs = HashMap::new();
+        self.written = HashSet::new();
     }
 }
 
@@ -288,5 +312,83 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for Recording<F> {
 
     fn lseek(&self, ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32) -> io::Result<u64> {
         self.inner.lseek(ctx, inode, handle, offset, whence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fuse_backend_rs::abi::fuse_abi::Attr;
+
+    use super::*;
+
+    fn entry(inode: u64, mode: u32) -> Entry {
+        let mut attr: stat64 = Attr::default().into();
+        attr.st_mode = mode;
+        attr.st_ino = inode + 1000;
+        Entry { inode, generation: 0, attr, attr_flags: 0, attr_timeout: Duration::ZERO, entry_timeout: Duration::ZERO }
+    }
+
+    fn recorder(max_paths: usize, max_bytes: u64) -> (Record, tempfile::NamedTempFile) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let out = file.reopen().unwrap();
+        let record = Record {
+            out,
+            dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
+            written: HashSet::new(),
+            bytes: 0,
+            max_paths,
+            max_bytes,
+            keys: RandomState::new(),
+            stopped: false,
+        };
+        (record, file)
+    }
+
+    fn paths(file: &tempfile::NamedTempFile) -> Vec<String> {
+        let bytes = std::fs::read(file.path()).unwrap();
+        let mut input = &bytes[..];
+        let mut out = Vec::new();
+        while let Some(s) = seen::decode(&mut input).unwrap() {
+            out.push(String::from_utf8(s.path).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn a_flood_of_lookups_stops_at_the_limit() {
+        let (mut record, file) = recorder(3, u64::MAX);
+        for (i, name) in ["a", "b", "a", "c", "d", "e"].iter().enumerate() {
+            record.note(ROOT_INODE, name.as_bytes(), Some(&entry(10 + i as u64, libc::S_IFREG)));
+        }
+        assert_eq!(paths(&file), ["a", "b", "c"], "each path once, then nothing");
+        assert!(record.stopped);
+    }
+
+    #[test]
+    fn a_directory_looked_up_again_and_again_cannot_grow_the_record() {
+        let (mut record, _file) = recorder(100, u64::MAX);
+        // Forgotten and looked up again, a directory gets a new inode each time.
+        for inode in 2..1000 {
+            record.note(ROOT_INODE, b"d", Some(&entry(inode, libc::S_IFDIR)));
+            record.note(inode, b"x", None);
+        }
+        assert!(record.stopped);
+        assert!(record.dirs.is_empty(), "stopping frees what it held");
+    }
+
+    #[test]
+    fn long_paths_stop_at_the_byte_limit_and_unknown_parents_are_skipped() {
+        let (mut record, file) = recorder(1000, 900);
+        let name = [b'n'; 250];
+        let mut parent = ROOT_INODE;
+        for inode in 2..10 {
+            record.note(parent, &name, Some(&entry(inode, libc::S_IFDIR)));
+            parent = inode;
+        }
+        assert!(record.stopped);
+        assert_eq!(paths(&file).len(), 2, "records of 297 and 548 bytes fit in 900");
+        let (mut record, file) = recorder(10, 1 << 20);
+        record.note(77, b"orphan", None);
+        assert!(paths(&file).is_empty());
     }
 }
