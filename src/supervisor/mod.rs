@@ -9,6 +9,7 @@ mod home_tools;
 mod identity;
 mod network;
 mod outcome;
+pub mod retention;
 mod root;
 mod scratch;
 pub mod session;
