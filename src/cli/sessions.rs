@@ -32,9 +32,9 @@ use super::settings::Settings;
 ///
 /// Finished sessions with nothing staged are removed at the start of every
 /// run once they are beyond the newest 100 or older than 14 days
-/// (`keep_sessions` and `keep_days` in the config file); a session with
-/// staged changes only goes by `stockade discard` or `--prune
-/// --include-staged`.
+/// (`keep_sessions` and `keep_days` in the config file). A session with
+/// staged changes stays until they are applied or discarded, or until
+/// `--prune --include-staged`; a run in progress always stays.
 #[derive(Debug, Args)]
 pub struct SessionsArgs {
     /// Print JSON (one array of objects) for scripts.
@@ -57,7 +57,7 @@ pub struct SessionsArgs {
     keep_sessions: Option<u32>,
 
     /// With --prune: keep finished sessions this many days instead of the
-    /// config file's `keep_days` (0 keeps none but runs in progress).
+    /// config file's `keep_days` (0 keeps none).
     #[arg(long, value_name = "DAYS", requires = "prune")]
     keep_days: Option<u32>,
 }
