@@ -15,8 +15,8 @@ use serde::Serialize;
 
 use crate::changes::review::{ColorChoice, Painter};
 use crate::changes::{Counts, RelPath, Selection, SetState, Store};
-use crate::paths::Dirs;
 use crate::host::space::human_bytes;
+use crate::paths::Dirs;
 use crate::supervisor::retention::{self, Retention, RetentionError};
 use crate::supervisor::session::{self, SessionInfo};
 
@@ -187,7 +187,8 @@ fn write_pruned(out: &mut dyn Write, report: &retention::Report, retention: &Ret
 pub fn prune_before_run() {
     let pruned = Settings::load().map_err(anyhow::Error::from).and_then(|settings| {
         let data = Dirs::resolve()?.data;
-        Ok(retention::prune(&data, &settings.retention(), false, false, SystemTime::now())?)
+        let (retention, limit) = (settings.retention(), retention::RUN_START_REMOVALS);
+        Ok(retention::prune_at_most(&data, &retention, false, false, limit, SystemTime::now())?)
     });
     match pruned {
         Ok(report) if !report.removed.is_empty() => tracing::info!(

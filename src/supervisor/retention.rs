@@ -182,13 +182,31 @@ impl Report {
     }
 }
 
-/// Removes what falls out of `retention` from the store in `data_dir`.
-/// `wait`: wait for another pruner rather than give up ([`RetentionError::Busy`]).
+/// At most this many sessions are removed by the prune before a run, so
+/// that the first run after a long time (or an upgrade) does not wait for
+/// thousands; the rest go in the runs after it.
+pub const RUN_START_REMOVALS: usize = 25;
+
+/// Removes what falls out of `retention` from the store in `data_dir`,
+/// oldest first. `wait`: wait for another pruner rather than give up
+/// ([`RetentionError::Busy`]).
 pub fn prune(
     data_dir: &Path,
     retention: &Retention,
     include_staged: bool,
     wait: bool,
+    now: SystemTime,
+) -> Result<Report, RetentionError> {
+    prune_at_most(data_dir, retention, include_staged, wait, usize::MAX, now)
+}
+
+/// [`prune`], removing no more than `limit` sessions this time.
+pub fn prune_at_most(
+    data_dir: &Path,
+    retention: &Retention,
+    include_staged: bool,
+    wait: bool,
+    limit: usize,
     now: SystemTime,
 ) -> Result<Report, RetentionError> {
     let parent = session::sessions_dir(data_dir);
@@ -206,7 +224,7 @@ pub fn prune(
     let chosen = choose(&entries, retention, include_staged, now);
     let mut report = Report::default();
     let mut removed_ids = Vec::new();
-    for &(i, why) in &chosen {
+    for &(i, why) in chosen.iter().rev().take(limit) {
         let entry = &entries[i];
         match remove(&parent, entry, include_staged) {
             Ok(Some(bytes)) => {
@@ -499,8 +517,7 @@ impl StateCache {
         let path = parent.join(STATE_CACHE);
         let tmp = parent.join(format!("{STATE_CACHE}.tmp"));
         let result = serde_json::to_vec(self).map_err(io::Error::other).and_then(|bytes| {
-            let mut file =
-                fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
             file.write_all(&bytes)?;
             fs::rename(&tmp, &path)
         });

@@ -7,8 +7,8 @@ use crate::supervisor::session::{Session, sessions_dir};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
-fn entry(id: &str, days_old: u64, standing: Standing, now: SystemTime) -> Entry {
-    Entry { id: id.into(), when: now - DAY * days_old as u32, standing, command: Vec::new() }
+fn entry(id: &str, days_old: u32, standing: Standing, now: SystemTime) -> Entry {
+    Entry { id: id.into(), when: now - DAY * days_old, standing, command: Vec::new() }
 }
 
 #[test]
@@ -103,6 +103,19 @@ fn three_hundred_runs_leave_the_retention_and_every_staged_session() {
     assert_eq!(report.removed.len(), 100);
     assert_eq!(ids(&data).len(), 6);
     assert!(staged.iter().all(|id| ids(&data).contains(id)));
+}
+
+#[test]
+fn a_limited_prune_removes_the_oldest_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let now = SystemTime::now();
+    let mut made: Vec<String> = (0..10).map(|i| finished_run(&data, now - DAY * (30 + i)).id.clone()).collect();
+    made.sort();
+    let report = prune_at_most(&data, &Retention::default(), false, false, 4, now).unwrap();
+    let removed: Vec<&str> = report.removed.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(removed, made[..4].iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(ids(&data).len(), 6, "the rest go next time");
 }
 
 #[test]
@@ -270,7 +283,7 @@ fn bench_store_after_300_runs() {
     let made = started.elapsed();
     let before = survey(&data, now).unwrap();
     println!(
-        "300 runs without retention: {} sessions, {} staged, {:.1} MiB (made in {made:.1?})",
+        "\n300 runs without retention: {} sessions, {} staged, {:.1} MiB (made in {made:.1?})",
         before.sessions,
         before.staged,
         before.bytes as f64 / f64::from(1 << 20)
