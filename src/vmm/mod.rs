@@ -34,7 +34,6 @@ use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
 use devices::mmio::{MMIO_LEN, MmioTransport, NOTIFY_OFFSET};
 use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort};
-
 use devices::virtio::{Interrupt, REASSERT_AFTER, VirtioDevice};
 use vcpu::{Vcpu, VcpuStop};
 
