@@ -10,6 +10,7 @@ mod guest;
 mod host;
 mod image;
 mod jail;
+mod logcap;
 mod paths;
 mod policy;
 mod progress;

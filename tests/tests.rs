@@ -21,5 +21,6 @@ mod rig_selftest;
 mod rootfs_e2e;
 mod run_e2e;
 mod run_input;
+mod sessions_cli;
 mod terminal_e2e;
 mod transparent_e2e;

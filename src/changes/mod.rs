@@ -71,6 +71,19 @@ pub enum ChangesError {
     },
     #[error("the change store {} is damaged ({detail}); discard this session's changes", path.display())]
     Corrupt { path: PathBuf, detail: String },
+    /// The disk filled while staging: nothing was staged, what was
+    /// received is freed again, and the workspace was never touched.
+    #[error(
+        "the disk holding {} is full: the guest's changes could not be staged there and were not kept \
+         (the workspace is unchanged). Free space on that filesystem, or remove old sessions with \
+         `stockade sessions --prune` (`--include-staged` also drops unreviewed ones), then run the command again",
+        dir.display()
+    )]
+    NoSpace {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("changes were already staged for this session in {}", .0.display())]
     AlreadyStaged(PathBuf),
     #[error("no changes are staged in {}", .0.display())]

@@ -31,7 +31,7 @@ use super::path::RelPath;
 use super::seen::Seen;
 use super::selection::Selection;
 use super::validate;
-use super::wire::{BlobSink, Item, Limits, Reader, Summary};
+use super::wire::{BlobSink, Item, Limits, Reader, Summary, WireError};
 
 const MANIFEST_VERSION: u32 = 1;
 /// Paths listed by name in the manifest header for stripped mode bits.
@@ -152,19 +152,29 @@ impl Store {
 
     /// Reads a change stream into the store: content into blobs, entries
     /// into the manifest once the whole stream is verified. On any error
-    /// nothing is staged.
+    /// nothing is staged, and a full disk is [`ChangesError::NoSpace`].
+    /// Only the store is written: never the workspace.
     pub fn stage(&self, input: impl Read, limits: Limits) -> Result<StageReport, ChangesError> {
         let _lock = self.lock()?;
         if self.is_staged() {
             return Err(ChangesError::AlreadyStaged(self.dir.clone()));
         }
-        let blobs = self.blobs_dir();
-        let result = self.receive(input, limits);
-        if result.is_err() {
-            // No manifest names these blobs.
-            let _ = fs::remove_dir_all(&blobs);
+        let result = self.stage_locked(input, limits);
+        if result.is_err() && !self.is_staged() {
+            // No manifest names these blobs; on a full disk, freeing them
+            // matters most.
+            let _ = fs::remove_dir_all(self.blobs_dir());
+            let _ = fs::remove_file(self.dir.join("manifest.tmp"));
         }
-        let (report, entries) = result?;
+        result.map_err(|e| match no_space(&e) {
+            Some(kind) => ChangesError::NoSpace { dir: self.dir.clone(), source: io::Error::from(kind) },
+            None => e,
+        })
+    }
+
+    fn stage_locked(&self, input: impl Read, limits: Limits) -> Result<StageReport, ChangesError> {
+        let blobs = self.blobs_dir();
+        let (report, entries) = self.receive(input, limits)?;
         let _ = fs::remove_dir_all(blobs.join("tmp"));
         if let Ok(dir) = File::open(&self.dir) {
             dirfd::sync_fs(&dir).map_err(ChangesError::io("flush", &self.dir))?;
@@ -378,6 +388,16 @@ impl Store {
     }
 }
 
+/// Whether staging failed for want of space (or quota) where the store writes.
+fn no_space(err: &ChangesError) -> Option<io::ErrorKind> {
+    let source = match err {
+        ChangesError::Io { source, .. } | ChangesError::Stream(WireError::Sink { source, .. }) => source,
+        _ => return None,
+    };
+    let kind = source.kind();
+    matches!(kind, io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded).then_some(kind)
+}
+
 /// Writes `path` through a temp file in the same directory: fsync, rename,
 /// fsync of the directory.
 pub(crate) fn write_atomically(path: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>) -> io::Result<()> {
@@ -527,6 +547,68 @@ mod tests {
         assert!(matches!(store.stage(&bad[..], Limits::default()), Err(ChangesError::Set(_))));
         assert!(!store.is_staged());
         store.stage(&stream()[..], Limits::default()).unwrap();
+    }
+
+    /// The manifest, the last thing staging writes, goes to /dev/full.
+    #[test]
+    fn a_full_disk_while_staging_is_a_clear_error_that_stages_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("session")).unwrap();
+        std::os::unix::fs::symlink("/dev/full", store.dir().join("manifest.tmp")).unwrap();
+        let err = store.stage(&stream()[..], Limits::default()).unwrap_err();
+        assert!(matches!(err, ChangesError::NoSpace { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(&store.dir().display().to_string()), "names the directory: {text}");
+        assert!(text.contains("Free space") && text.contains("stockade sessions --prune"), "{text}");
+        assert!(!store.is_staged());
+        assert!(!store.blobs_dir().exists(), "what was received is freed");
+        assert!(!store.dir().join("manifest.tmp").exists());
+        // Once there is room, the store works again.
+        store.stage(&stream()[..], Limits::default()).unwrap();
+    }
+
+    /// File content fills a real (tiny) filesystem: needs root to mount
+    /// one, and says so when it cannot.
+    #[test]
+    fn a_disk_filling_up_with_content_frees_what_was_received() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mount = tmp.path().join("small");
+        fs::create_dir(&mount).unwrap();
+        let mounted = nix::mount::mount(
+            Some("tmpfs"),
+            &mount,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=256k,mode=0700"),
+        );
+        if let Err(e) = mounted {
+            eprintln!("skipped: cannot mount a small tmpfs ({e}); the /dev/full test covers the error");
+            return;
+        }
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(&mount);
+        let free = || nix::sys::statvfs::statvfs(&mount).unwrap().blocks_free();
+        let before = free();
+        let workspace = tmp.path().join("ws");
+        fs::create_dir(&workspace).unwrap();
+        fs::write(workspace.join("kept"), b"mine").unwrap();
+
+        let store = Store::open(&mount.join("session")).unwrap();
+        let big = vec![7u8; 1 << 20];
+        let mut w = Writer::new(Vec::new()).unwrap();
+        w.file(&p("big"), 0o644, big.len() as u64, &mut &big[..], &Base::Absent).unwrap();
+        let bytes = w.finish().unwrap().0;
+        let err = store.stage(&bytes[..], Limits::default()).unwrap_err();
+        assert!(matches!(err, ChangesError::NoSpace { .. }), "{err:?}");
+        assert!(!store.is_staged());
+        assert!(free() + 2 >= before, "the partial content is freed: {} of {before} blocks free", free());
+        assert_eq!(fs::read(workspace.join("kept")).unwrap(), b"mine");
+        assert_eq!(fs::read_dir(&workspace).unwrap().count(), 1, "the workspace is untouched");
     }
 
     #[test]

@@ -14,8 +14,10 @@ use super::settings::{self, Flags, Settings, Source};
 /// usually ~/.config/stockade) holds defaults for `run` and `shell`; their
 /// flags override it. Keys: policy (a list of names or paths), cpus,
 /// memory, disk (sizes such as "4G"), apply (ask, all or none), color
-/// (auto, always or never). An unknown key or a bad value is an error that
-/// names the file and line.
+/// (auto, always or never), home_tools (true or false), keep_sessions and
+/// keep_days (how many finished sessions, and for how many days, every run
+/// and `stockade sessions --prune` keep). An unknown key or a bad value is
+/// an error that names the file and line.
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     #[command(subcommand)]
@@ -77,13 +79,15 @@ mod tests {
         assert_eq!(
             show(&settings),
             "# /c/config.toml\n\
-             policy = []        # default: the default preset, nothing allowed\n\
-             cpus = 4           # config file, line 1\n\
-             memory = \"2G\"      # default\n\
-             disk = \"16G\"       # config file, line 2\n\
-             apply = \"ask\"      # default\n\
-             color = \"never\"    # --color\n\
-             home_tools = true  # default\n"
+             policy = []          # default: the default preset, nothing allowed\n\
+             cpus = 4             # config file, line 1\n\
+             memory = \"2G\"        # default\n\
+             disk = \"16G\"         # config file, line 2\n\
+             apply = \"ask\"        # default\n\
+             color = \"never\"      # --color\n\
+             home_tools = true    # default\n\
+             keep_sessions = 100  # default\n\
+             keep_days = 14       # default\n"
         );
         let missing = Settings::defaults(PathBuf::from("/c/config.toml"));
         assert!(show(&missing).starts_with("# /c/config.toml (does not exist)\n"), "{}", show(&missing));

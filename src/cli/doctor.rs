@@ -11,7 +11,8 @@ use crate::paths::Dirs;
 /// Check whether `stockade run` can work on this host
 ///
 /// Looks at KVM (and runs a tiny test guest), the guest kernel, the jail's
-/// kernel features and free space, and says how to fix what is missing.
+/// kernel features, free space and the session store's size, and says how
+/// to fix what is missing.
 /// Exits 0 only when `stockade run` can work here.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {

@@ -86,7 +86,7 @@ pub fn main() -> ExitCode {
             return if err.use_stderr() { ExitCode::from(EXIT_STOCKADE_FAILED) } else { ExitCode::SUCCESS };
         }
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.command, Command::Vmm(_)));
     let global = Global { verbose: cli.verbose, color: cli.color };
     let result = match cli.command {
         Command::Run(args) => run::run(args, global),
@@ -119,7 +119,9 @@ pub fn command() -> clap::Command {
     Cli::command()
 }
 
-fn init_logging(verbose: u8) {
+/// Logging on stderr. The VMM's stderr is the session's vmm.log, and a
+/// guest can provoke its warnings, so there it is capped.
+fn init_logging(verbose: u8, vmm: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "warn",
@@ -128,6 +130,12 @@ fn init_logging(verbose: u8) {
         _ => "stockade=trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let _ = if vmm {
+        use crate::logcap::{Capped, Style, VMM_LOG_CAP};
+        let capped = Capped::new(std::io::stderr(), "vmm.log", Style::Text, VMM_LOG_CAP);
+        builder.with_writer(std::sync::Mutex::new(capped)).try_init()
+    } else {
+        builder.with_writer(std::io::stderr).try_init()
+    };
 }

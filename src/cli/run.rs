@@ -148,7 +148,10 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     let (report, summary_file) = (args.ci || args.summary.is_some(), args.summary.clone());
     let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let docker = args.vm.docker;
-    let result = prepare(args, global).and_then(supervisor::run);
+    let result = prepare(args, global).and_then(|config| {
+        super::sessions::prune_before_run();
+        supervisor::run(config)
+    });
     if let (true, Ok(finished)) = (docker, &result) {
         explain_refusals(finished);
     }

@@ -15,10 +15,13 @@ use serde::Serialize;
 
 use crate::changes::review::{ColorChoice, Painter};
 use crate::changes::{Counts, RelPath, Selection, SetState, Store};
+use crate::host::space::human_bytes;
 use crate::paths::Dirs;
+use crate::supervisor::retention::{self, Retention, RetentionError};
 use crate::supervisor::session::{self, SessionInfo};
 
 use super::Global;
+use super::settings::Settings;
 
 /// List sessions: when, what ran, and what became of its changes
 ///
@@ -26,11 +29,37 @@ use super::Global;
 /// review), partly applied, applied, discarded, or none (the command
 /// changed nothing); "apply interrupted" means `stockade apply` should be
 /// run again to finish.
+///
+/// Finished sessions with nothing staged are removed at the start of every
+/// run once they are beyond the newest 100 or older than 14 days
+/// (`keep_sessions` and `keep_days` in the config file). A session with
+/// staged changes stays until they are applied or discarded, or until
+/// `--prune --include-staged`; a run in progress always stays.
 #[derive(Debug, Args)]
 pub struct SessionsArgs {
     /// Print JSON (one array of objects) for scripts.
     #[arg(long)]
     json: bool,
+
+    /// Remove the finished sessions the retention does not keep now, and
+    /// print what was removed and the space freed.
+    #[arg(long)]
+    prune: bool,
+
+    /// With --prune: sessions with staged changes go by the same retention
+    /// too, their changes unapplied; each is listed.
+    #[arg(long, requires = "prune")]
+    include_staged: bool,
+
+    /// With --prune: keep this many finished sessions instead of the config
+    /// file's `keep_sessions` (0 keeps none).
+    #[arg(long, value_name = "N", requires = "prune")]
+    keep_sessions: Option<u32>,
+
+    /// With --prune: keep finished sessions this many days instead of the
+    /// config file's `keep_days` (0 keeps none).
+    #[arg(long, value_name = "DAYS", requires = "prune")]
+    keep_days: Option<u32>,
 }
 
 pub fn run(args: SessionsArgs, global: Global) -> anyhow::Result<ExitCode> {
@@ -67,6 +96,14 @@ impl Here<'_> {
 }
 
 pub(super) fn execute(args: SessionsArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
+    if args.prune {
+        let settings = Settings::load()?;
+        let retention = Retention::new(
+            args.keep_sessions.unwrap_or(settings.keep_sessions.value),
+            args.keep_days.unwrap_or(settings.keep_days.value),
+        );
+        return prune(&args, retention, here);
+    }
     let sessions = session::list(&here.data)?;
     let now = SystemTime::now();
     let rows: Vec<Row> = sessions.iter().map(|s| Row::of(s, now)).collect();
@@ -87,6 +124,84 @@ pub(super) fn execute(args: SessionsArgs, here: &mut Here<'_>) -> anyhow::Result
     let painter = Painter::new(here.color.enabled(here.terminal));
     write_table(here.out, &rows, width, painter)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--prune`: removes what the retention does not keep and says what went.
+fn prune(args: &SessionsArgs, retention: Retention, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
+    let report = retention::prune(&here.data, &retention, args.include_staged, true, SystemTime::now())
+        .with_context(|| format!("cannot prune the sessions in {}", session::sessions_dir(&here.data).display()))?;
+    if args.json {
+        serde_json::to_writer_pretty(&mut here.out, &report)?;
+        writeln!(here.out)?;
+    } else {
+        write_pruned(here.out, &report, &retention)?;
+    }
+    for (id, why) in &report.failed {
+        writeln!(here.err, "stockade: warning: cannot remove session {id}: {why}")?;
+    }
+    Ok(if report.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn write_pruned(out: &mut dyn Write, report: &retention::Report, retention: &Retention) -> io::Result<()> {
+    let days = retention.max_age.as_secs() / 86_400;
+    for r in &report.removed {
+        let why = match r.why {
+            retention::Why::Count => format!("beyond the newest {}", retention.keep),
+            retention::Why::Age => format!("older than {days} days"),
+        };
+        writeln!(
+            out,
+            "removed {}  {:<16}  {:>10}  {:<20}  {}",
+            r.id,
+            r.state,
+            human_bytes(r.bytes),
+            why,
+            truncate(&shell_words(&r.command), 60)
+        )?;
+    }
+    let dropped: Vec<&str> = report.removed.iter().filter(|r| r.had_staged).map(|r| r.id.as_str()).collect();
+    if !dropped.is_empty() {
+        writeln!(out, "dropped the unapplied changes of {} session(s): {}", dropped.len(), dropped.join(", "))?;
+    }
+    writeln!(
+        out,
+        "removed {} session(s), freed {}; kept {} finished, {} with staged changes, {} running",
+        report.removed.len(),
+        human_bytes(report.freed()),
+        report.kept_done,
+        report.kept_staged,
+        report.running
+    )?;
+    if report.kept_staged > 0 {
+        writeln!(
+            out,
+            "sessions with staged changes are kept until you apply or discard them \
+             (`stockade discard SESSION`), or prune with --include-staged"
+        )?;
+    }
+    Ok(())
+}
+
+/// Prunes the store before a run, as the config file's retention says.
+/// Quiet, and never in the way: a failure is logged and the run goes on.
+pub fn prune_before_run() {
+    let pruned = Settings::load().map_err(anyhow::Error::from).and_then(|settings| {
+        let data = Dirs::resolve()?.data;
+        let (retention, limit) = (settings.retention(), retention::RUN_START_REMOVALS);
+        Ok(retention::prune_at_most(&data, &retention, false, false, limit, SystemTime::now())?)
+    });
+    match pruned {
+        Ok(report) if !report.removed.is_empty() => tracing::info!(
+            "removed {} old sessions ({} freed); `stockade sessions` lists the rest",
+            report.removed.len(),
+            human_bytes(report.freed())
+        ),
+        Ok(_) => {}
+        Err(e) => match e.downcast_ref::<RetentionError>() {
+            Some(RetentionError::Busy(_)) => tracing::debug!("{e:#}; not pruning this time"),
+            _ => tracing::warn!("cannot prune old sessions: {e:#}"),
+        },
+    }
 }
 
 /// One session as listed.
@@ -506,6 +621,33 @@ mod tests {
         assert_eq!(rows[1]["changes"]["staged"], 1);
         assert_eq!(rows[1]["exit_status"], 2);
         assert_eq!(rows[0]["changes"]["total"], 0);
+    }
+
+    #[test]
+    fn prune_lists_what_it_removed_and_keeps_staged_sessions() {
+        use fixture::*;
+        let f = fixture();
+        session(&f, "20250301-101500-aaaa", |ws, store| Set::new(ws).file("a", b"1\n", 0o644).stage(store));
+        session(&f, "20250302-101500-bbbb", |ws, store| {
+            Set::new(ws).file("b", b"2\n", 0o644).stage(store);
+            store.discard(&Selection::all()).unwrap();
+        });
+        session(&f, "20250303-101500-cccc", |_, _| {});
+        let args = parse::<SessionsArgs>(&["--prune", "--keep-sessions", "1", "--keep-days", "36500"]);
+        let (code, out, _) = run_in(&f, &f.ws, args, execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("removed 20250302-101500-bbbb  discarded"), "{out}");
+        assert!(lines[0].contains("beyond the newest 1") && lines[0].contains("make 'all things'"), "{out}");
+        assert!(lines[1].starts_with("removed 1 session(s), freed "), "{out}");
+        assert!(lines[1].ends_with("kept 1 finished, 1 with staged changes, 0 running"), "{out}");
+        assert!(out.contains("--include-staged"), "{out}");
+
+        let args = parse::<SessionsArgs>(&["--prune", "--include-staged", "--keep-sessions", "0"]);
+        let (_, out, _) = run_in(&f, &f.ws, args, execute);
+        assert!(out.contains("removed 20250301-101500-aaaa  staged"), "{out}");
+        assert!(out.contains("dropped the unapplied changes of 1 session(s): 20250301-101500-aaaa"), "{out}");
+        assert!(session::list(&f.data).unwrap().is_empty(), "{out}");
     }
 
     #[test]

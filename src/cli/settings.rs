@@ -13,6 +13,8 @@
 //! apply = "ask"     # ask | all | none
 //! color = "auto"    # auto | always | never
 //! home_tools = true # share the toolchains on PATH under ~ read-only
+//! keep_sessions = 100 # finished sessions kept (none staged), newest first
+//! keep_days = 14      # and none older than this
 //! ```
 //!
 //! Unknown keys and bad values are errors naming the file, line and key, so
@@ -28,6 +30,7 @@ use toml::Spanned;
 
 use crate::changes::review::{ApplyMode, ColorChoice};
 use crate::policy::{Policy, PolicyError, line_column};
+use crate::supervisor::retention::{self, Retention};
 use crate::vmm::layout::MAX_VCPUS;
 
 /// The config file's name in the config directory.
@@ -40,7 +43,8 @@ const MIN_MEMORY: u64 = 128 << 20;
 const MIN_DISK: u64 = 64 << 20;
 
 /// The keys the file may hold, in the order `config show` prints them.
-const KEYS: [&str; 7] = ["policy", "cpus", "memory", "disk", "apply", "color", "home_tools"];
+const KEYS: [&str; 9] =
+    ["policy", "cpus", "memory", "disk", "apply", "color", "home_tools", "keep_sessions", "keep_days"];
 
 #[derive(Debug, Error)]
 pub enum SettingsError {
@@ -124,6 +128,10 @@ pub struct Settings {
     pub color: Setting<ColorChoice>,
     /// Share the home toolchains on PATH (rustup, nvm, ~/.local/bin).
     pub home_tools: Setting<bool>,
+    /// Finished sessions with nothing staged kept, newest first.
+    pub keep_sessions: Setting<u32>,
+    /// Days such a session is kept at most.
+    pub keep_days: Setting<u32>,
 }
 
 /// What the command line gave for the settings; `None` or empty keeps the
@@ -174,6 +182,8 @@ impl Settings {
             apply: Setting::default(ApplyMode::Ask),
             color: Setting::default(ColorChoice::Auto),
             home_tools: Setting::default(true),
+            keep_sessions: Setting::default(retention::DEFAULT_KEEP),
+            keep_days: Setting::default(retention::DEFAULT_KEEP_DAYS),
         }
     }
 
@@ -260,6 +270,12 @@ impl Settings {
                 ("home_tools", toml::Value::Boolean(on)) => {
                     settings.home_tools = Setting { value: *on, source };
                 }
+                ("keep_sessions", toml::Value::Integer(n)) => {
+                    settings.keep_sessions = Setting { value: check_keep_sessions(*n).map_err(refuse)?, source };
+                }
+                ("keep_days", toml::Value::Integer(n)) => {
+                    settings.keep_days = Setting { value: check_keep_days(*n).map_err(refuse)?, source };
+                }
                 (known, _) if KEYS.contains(&known) => {
                     return Err(refuse(Refusal::new(&format!("has the wrong type: {}", expected(known)), None)));
                 }
@@ -318,7 +334,14 @@ impl Settings {
             ("apply", quoted(&value_name(self.apply.value)), self.apply.source),
             ("color", quoted(&value_name(self.color.value)), self.color.source),
             ("home_tools", self.home_tools.value.to_string(), self.home_tools.source),
+            ("keep_sessions", self.keep_sessions.value.to_string(), self.keep_sessions.source),
+            ("keep_days", self.keep_days.value.to_string(), self.keep_days.source),
         ]
+    }
+
+    /// How much of the session store pruning keeps.
+    pub fn retention(&self) -> Retention {
+        Retention::new(self.keep_sessions.value, self.keep_days.value)
     }
 
     /// The policy `run` enforces: the effective policy list merged with
@@ -365,6 +388,25 @@ fn check_cpus(n: i64) -> Result<u8, Refusal> {
     }
 }
 
+/// Most finished sessions one may ask to keep; more is a store nobody prunes.
+const MAX_KEEP_SESSIONS: u32 = 100_000;
+/// A hundred years: "forever" without overflowing a time.
+const MAX_KEEP_DAYS: u32 = 36_500;
+
+fn check_keep_sessions(n: i64) -> Result<u32, Refusal> {
+    match u32::try_from(n) {
+        Ok(keep) if keep <= MAX_KEEP_SESSIONS => Ok(keep),
+        _ => Err(Refusal { why: format!("is out of range: give 0 to {MAX_KEEP_SESSIONS}"), example: None }),
+    }
+}
+
+fn check_keep_days(n: i64) -> Result<u32, Refusal> {
+    match u32::try_from(n) {
+        Ok(days) if days <= MAX_KEEP_DAYS => Ok(days),
+        _ => Err(Refusal { why: format!("is out of range: give 0 to {MAX_KEEP_DAYS} days"), example: None }),
+    }
+}
+
 fn check_memory(text: &str) -> Result<Size, Refusal> {
     check_size(text, MIN_MEMORY, "is too small: the guest needs at least 128M", "\"512M\"")
 }
@@ -400,6 +442,8 @@ fn expected(key: &str) -> &'static str {
         "disk" => "give a size in quotes, e.g. disk = \"16G\"",
         "apply" => "give \"ask\", \"all\" or \"none\"",
         "home_tools" => "give true or false, e.g. home_tools = false",
+        "keep_sessions" => "give a number, e.g. keep_sessions = 100",
+        "keep_days" => "give a number of days, e.g. keep_days = 14",
         _ => "give \"auto\", \"always\" or \"never\"",
     }
 }
@@ -535,6 +579,18 @@ mod tests {
         assert_eq!(err.to_string(), "--memory 0 is too small: the guest needs at least 128M (e.g. --memory 512M)");
         let err = file.with_flags(Flags { cpus: Some(0), ..Flags::default() }).unwrap_err();
         assert_eq!(err.to_string(), "--cpus 0 is out of range: give 1 to 32");
+    }
+
+    #[test]
+    fn reads_the_session_retention() {
+        let s = parse("keep_sessions = 20\nkeep_days = 3\n").unwrap();
+        assert_eq!(s.keep_sessions, Setting { value: 20, source: Source::File { line: 1 } });
+        assert_eq!(s.retention(), Retention::new(20, 3));
+        assert_eq!(parse("").unwrap().retention(), Retention::new(100, 14));
+        let err = error("keep_days = -1\n");
+        assert!(err.ends_with(":1:13: keep_days = -1 is out of range: give 0 to 36500 days"), "{err}");
+        let err = error("keep_sessions = \"10\"\n");
+        assert!(err.contains("has the wrong type: give a number, e.g. keep_sessions = 100"), "{err}");
     }
 
     #[test]

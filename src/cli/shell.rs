@@ -33,5 +33,6 @@ pub fn run(args: ShellArgs, global: Global) -> anyhow::Result<ExitCode> {
         std::env::vars_os(),
     )?;
     super::first_run::show_once();
+    super::sessions::prune_before_run();
     Ok(ExitCode::from(supervisor::run(config)?.status))
 }

@@ -6,17 +6,20 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::host::kernel::{self, GuestKernel, KernelError, KernelIdentity};
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::host::space;
 use crate::jail;
 use crate::paths::Dirs;
+use crate::supervisor::{retention, session};
 use crate::vmm::probe;
 
 /// Below this much free space, sessions (scratch disks, change sets) cannot be trusted to fit.
 const MIN_FREE_BYTES: u64 = 1 << 30;
+/// A session store larger than this is worth pruning.
+const LARGE_STORE_BYTES: u64 = 4 << 30;
 /// The probe guest runs four instructions; seconds mean KVM is not executing guest code.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -56,6 +59,8 @@ pub struct Facts {
     pub landlock: std::io::Result<u32>,
     pub seccomp: Option<Vec<String>>,
     pub space: std::io::Result<(std::path::PathBuf, u64)>,
+    /// The session store: its directory and what it holds.
+    pub store: (std::path::PathBuf, Result<retention::Survey, String>),
 }
 
 /// Looks at the host. The probe guest runs only when /dev/kvm is usable.
@@ -70,6 +75,10 @@ pub fn gather(dirs: &Dirs, kernel_path: Option<&Path>) -> Facts {
         landlock: jail::landlock::abi_version(),
         seccomp: jail::seccomp::available_actions(),
         space: space::available_bytes(&dirs.data),
+        store: (
+            session::sessions_dir(&dirs.data),
+            retention::survey(&dirs.data, SystemTime::now()).map_err(|e| error_chain(&e)),
+        ),
     }
 }
 
@@ -185,7 +194,45 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
         }
     });
 
+    checks.push(store_check(facts));
+
     checks
+}
+
+fn store_check(facts: &Facts) -> Check {
+    let (dir, survey) = &facts.store;
+    let survey = match survey {
+        Ok(survey) => survey,
+        Err(e) => return Check::warn("session store", format!("cannot survey it: {e}"), "check that it is readable"),
+    };
+    let finding = format!(
+        "{} sessions ({} with staged changes) take {} in {}",
+        survey.sessions,
+        survey.staged,
+        space::human_bytes(survey.bytes),
+        dir.display()
+    );
+    let low_space = facts.space.as_ref().is_ok_and(|(_, free)| *free < MIN_FREE_BYTES);
+    if survey.bytes >= LARGE_STORE_BYTES || (low_space && survey.sessions > 0) {
+        let staged = if survey.staged > 0 {
+            format!(
+                "; the {} with staged changes stay until applied or discarded (`stockade discard SESSION`, \
+                 or `stockade sessions --prune --include-staged`)",
+                survey.staged
+            )
+        } else {
+            String::new()
+        };
+        return Check::warn(
+            "session store",
+            finding,
+            format!(
+                "`stockade sessions --prune` removes the finished sessions beyond keep_sessions and keep_days \
+                 (--keep-sessions N --keep-days DAYS to keep fewer){staged}"
+            ),
+        );
+    }
+    Check::ok("session store", finding)
 }
 
 /// Whether `stockade run` can work, given the checks.
@@ -248,6 +295,10 @@ mod tests {
             landlock: Ok(7),
             seccomp: Some(vec!["kill_process".into(), "trap".into(), "errno".into(), "allow".into()]),
             space: Ok(("/data".into(), 10 << 30)),
+            store: (
+                "/data/sessions".into(),
+                Ok(retention::Survey { sessions: 12, staged: 2, running: 0, bytes: 3 << 20 }),
+            ),
         }
     }
 
@@ -295,6 +346,24 @@ mod tests {
         let mut facts = good_facts();
         facts.space = Ok(("/data".into(), 10 << 20));
         assert!(!can_run(&judge(&facts)));
+    }
+
+    #[test]
+    fn a_large_session_store_says_how_to_prune() {
+        let facts = good_facts();
+        let text = render(&judge(&facts));
+        assert!(
+            text.contains("ok    session store   12 sessions (2 with staged changes) take 3.0 MiB in /data/sessions"),
+            "{text}"
+        );
+        let mut facts = good_facts();
+        facts.store.1 = Ok(retention::Survey { sessions: 900, staged: 3, running: 1, bytes: 12 << 30 });
+        let checks = judge(&facts);
+        assert!(can_run(&checks), "a large store is a warning");
+        let text = render(&checks);
+        assert!(text.contains("warn  session store   900 sessions (3 with staged changes) take 12.0 GiB"), "{text}");
+        assert!(text.contains("fix: `stockade sessions --prune` removes"), "{text}");
+        assert!(text.contains("--include-staged"), "{text}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::ProxyError;
+use crate::logcap::{CapNote, Capped, NETWORK_LOG_CAP, Style};
 
 /// The audit log's name in a session directory.
 pub const AUDIT_FILE: &str = "network.jsonl";
@@ -108,7 +109,8 @@ impl Record {
 /// Where records go: a file, or nowhere (benchmarks, tests).
 #[derive(Debug)]
 pub struct AuditLog {
-    file: Option<Mutex<File>>,
+    /// Capped: a guest asking for names forever must not fill the disk.
+    file: Option<Mutex<Capped<File>>>,
     path: Option<PathBuf>,
     failed: AtomicBool,
 }
@@ -116,12 +118,18 @@ pub struct AuditLog {
 impl AuditLog {
     /// Appends to `path` (created 0600: it names every host the guest used).
     pub fn open(path: &Path) -> Result<AuditLog, ProxyError> {
+        AuditLog::open_capped(path, NETWORK_LOG_CAP)
+    }
+
+    /// [`AuditLog::open`] with records beyond `cap` bytes dropped.
+    fn open_capped(path: &Path, cap: u64) -> Result<AuditLog, ProxyError> {
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .open(path)
             .map_err(|source| ProxyError::Audit { path: path.to_path_buf(), source })?;
+        let file = Capped::new(file, AUDIT_FILE, Style::JsonLines, cap);
         Ok(AuditLog { file: Some(Mutex::new(file)), path: Some(path.to_path_buf()), failed: AtomicBool::new(false) })
     }
 
@@ -153,6 +161,7 @@ impl AuditLog {
 }
 
 /// Reads an audit log; lines that do not parse are counted, not fatal.
+/// The notes of a capped log are skipped (the log says it was capped).
 pub fn read(path: &Path) -> std::io::Result<(Vec<Record>, usize)> {
     let reader = BufReader::new(File::open(path)?);
     let (mut records, mut bad) = (Vec::new(), 0);
@@ -163,6 +172,9 @@ pub fn read(path: &Path) -> std::io::Result<(Vec<Record>, usize)> {
         }
         match serde_json::from_str(&line) {
             Ok(record) => records.push(record),
+            Err(_) if serde_json::from_str::<CapNote>(&line).is_ok() => {
+                tracing::warn!("{} reached its cap; later records were dropped", path.display());
+            }
             Err(_) => bad += 1,
         }
     }
@@ -277,5 +289,25 @@ mod tests {
         assert!(table.contains("DENY   connect  example.com:443"), "{table}");
         assert!(table.ends_with("2 flows: 1 allowed, 1 denied, 0 failed; 2.0 KiB up, 5.0 MiB down\n"), "{table}");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_capped_log_keeps_its_first_records_and_reads_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(AUDIT_FILE);
+        let record = Record::new(Kind::Dns, "spam.example", 0, Decision::Deny);
+        let line = serde_json::to_vec(&record).unwrap().len() as u64 + 1;
+        {
+            let log = AuditLog::open_capped(&path, 10 * line).unwrap();
+            for _ in 0..10_000 {
+                log.record(&record);
+            }
+        }
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert!(size < 12 * line + 400, "{size} bytes for a cap of {}", 10 * line);
+        let (records, bad) = read(&path).unwrap();
+        assert_eq!((records.len(), bad), (10, 0), "the cap's notes are not unreadable lines");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(&format!("\"dropped_bytes\":{}", 9_990 * line)), "{text}");
     }
 }

@@ -9,6 +9,7 @@ mod home_tools;
 mod identity;
 mod network;
 mod outcome;
+pub mod retention;
 mod root;
 mod scratch;
 pub mod session;
@@ -525,7 +526,7 @@ fn converse(
 /// The session's dockerd.log, created with the first output of dockerd.
 #[derive(Default)]
 struct DockerdLog {
-    file: Option<std::fs::File>,
+    file: Option<crate::logcap::Capped<std::fs::File>>,
     failed: bool,
 }
 
@@ -534,7 +535,10 @@ impl DockerdLog {
         if self.file.is_none() && !self.failed {
             let path = session.dockerd_log();
             match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
-                Ok(file) => self.file = Some(file),
+                Ok(file) => {
+                    use crate::logcap::{Capped, DOCKERD_LOG_CAP, Style};
+                    self.file = Some(Capped::new(file, "dockerd.log", Style::Text, DOCKERD_LOG_CAP));
+                }
                 Err(e) => {
                     // The run goes on; only the daemon's log is lost.
                     tracing::warn!("cannot create {}: {e}", path.display());

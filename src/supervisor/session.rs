@@ -6,11 +6,12 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::Context;
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -28,10 +29,17 @@ pub struct RunRecord {
     pub outcome: Option<String>,
 }
 
+/// Held (flock) by the process that runs a session, for as long as it
+/// runs: the kernel drops it when that process ends, however it ends, so
+/// pruning can tell a live run from a dead one.
+const RUN_LOCK: &str = "run.lock";
+
 pub struct Session {
     pub id: String,
     pub dir: PathBuf,
     pub started: SystemTime,
+    /// `None` only if the lock could not be taken (the run goes on).
+    _running: Option<Flock<fs::File>>,
 }
 
 impl Session {
@@ -49,7 +57,15 @@ impl Session {
             .mode(0o700)
             .create(&dir)
             .with_context(|| format!("cannot create the session directory {}", dir.display()))?;
-        Ok(Session { id, dir, started })
+        let running = match take_run_lock(&dir) {
+            Ok(lock) => Some(lock),
+            Err(e) => {
+                // Without it, pruning still spares a young session without a final record.
+                tracing::warn!("cannot lock {}: {e}", dir.join(RUN_LOCK).display());
+                None
+            }
+        };
+        Ok(Session { id, dir, started, _running: running })
     }
 
     pub fn kernel_log(&self) -> PathBuf {
@@ -75,6 +91,25 @@ impl Session {
         file.sync_all()?;
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
+    }
+}
+
+fn take_run_lock(dir: &Path) -> std::io::Result<Flock<fs::File>> {
+    let file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.join(RUN_LOCK))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| errno.into())
+}
+
+/// Whether a process is running the session in `dir` now. Sessions made
+/// before the lock existed have none, and read as not running.
+pub fn is_running(dir: &Path) -> bool {
+    let path = dir.join(RUN_LOCK);
+    // O_NOFOLLOW: the lock is ours; a symlink in its place is not.
+    let Ok(file) = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) else {
+        return false;
+    };
+    match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        Ok(_) => false,
+        Err((_, errno)) => errno == nix::errno::Errno::EWOULDBLOCK,
     }
 }
 
@@ -218,5 +253,16 @@ mod tests {
         let unknown = find(&all, "1999").unwrap_err();
         assert!(unknown.to_string().contains("stockade sessions"), "{unknown}");
         assert_eq!(find(&[], "2025").unwrap_err(), LookupError::NoSessions);
+    }
+
+    #[test]
+    fn a_session_reads_as_running_while_its_run_holds_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = Session::create(tmp.path()).unwrap();
+        let dir = session.dir.clone();
+        assert!(is_running(&dir));
+        drop(session);
+        assert!(!is_running(&dir), "the lock goes with the process's hold on it");
+        assert!(!is_running(tmp.path()), "no lock file: not running");
     }
 }

@@ -28,6 +28,7 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::jail::{self, FsRules, ThreadKind};
+use crate::logcap::{Capped, KERNEL_LOG_CAP, Style};
 use config::VmConfig;
 use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
@@ -111,6 +112,8 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         .map_err(|source| VmmError::KernelLog { path: config.kernel_log.display().to_string(), source })?;
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(|source| VmmError::Device { device: "serial", source })?;
     vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(setup("register serial irqfd"))?;
+    // A guest printing forever must not fill the host's disk.
+    let log = Capped::new(log, "kernel.log", Style::Text, KERNEL_LOG_CAP);
     let serial = Arc::new(Mutex::new(SerialPort::new(serial_irq, LineWriter::new(log))));
     pio.insert(COM1_BASE, COM1_LEN, serial.clone());
     let reset = exit.try_clone().map_err(|source| VmmError::Device { device: "i8042", source })?;
