@@ -132,6 +132,8 @@ impl Root {
 
     /// Opens the directory `path` below the workspace without following any symlink.
     pub fn dir(&self, path: &RelPath) -> Result<OwnedFd, ResolveError> {
+        #[cfg(test)]
+        work::add(|w| w.resolves += 1);
         let result = if self.openat2 { self.open_beneath(path.as_path()) } else { self.walk(path) };
         result.map_err(|errno| self.diagnose(path, errno))
     }
@@ -195,6 +197,8 @@ fn name(bytes: &[u8]) -> &OsStr {
 
 /// `lstat` of `name` in `dir`; `None` when absent.
 pub fn stat_at(dir: &impl AsFd, name_bytes: &[u8]) -> io::Result<Option<FileStat>> {
+    #[cfg(test)]
+    work::add(|w| w.stats += 1);
     match fstatat(dir.as_fd(), name(name_bytes), AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => Ok(Some(st)),
         Err(Errno::ENOENT) => Ok(None),
@@ -239,6 +243,8 @@ pub fn list(dir: &mut Dir) -> io::Result<Vec<Vec<u8>>> {
         }
     }
     names.sort_unstable();
+    #[cfg(test)]
+    work::add(|w| w.listed += names.len() as u64);
     Ok(names)
 }
 
@@ -335,6 +341,49 @@ pub fn sync_fs(fd: &impl AsFd) -> io::Result<()> {
 /// Opens a directory path (for fsync after renames in it).
 pub fn fsync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
+}
+
+/// The workspace operations this thread made, counted so that tests can
+/// check a review or apply costs what the change set holds, whatever the
+/// size of the workspace around it.
+#[cfg(test)]
+pub(crate) mod work {
+    use std::cell::Cell;
+
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Work {
+        /// Directories resolved from the workspace root (`Root::dir`).
+        pub resolves: u64,
+        /// `stat_at` calls.
+        pub stats: u64,
+        /// Names returned by directory listings.
+        pub listed: u64,
+    }
+
+    thread_local! {
+        static COUNTED: Cell<Work> = const { Cell::new(Work { resolves: 0, stats: 0, listed: 0 }) };
+    }
+
+    pub(super) fn add(f: impl FnOnce(&mut Work)) {
+        COUNTED.with(|c| {
+            let mut w = c.get();
+            f(&mut w);
+            c.set(w);
+        });
+    }
+
+    /// Runs `f` and returns what it did to workspaces on this thread.
+    pub fn measure<T>(f: impl FnOnce() -> T) -> (T, Work) {
+        let before = COUNTED.with(Cell::get);
+        let result = f();
+        let after = COUNTED.with(Cell::get);
+        let work = Work {
+            resolves: after.resolves - before.resolves,
+            stats: after.stats - before.stats,
+            listed: after.listed - before.listed,
+        };
+        (result, work)
+    }
 }
 
 #[cfg(test)]

@@ -188,6 +188,15 @@ impl<'h> Classifier<'h> {
         Classifier { hooks_path, ignores: Ignores::new(host, global_excludes) }
     }
 
+    /// Directories whose `.gitignore` was looked for so far.
+    #[cfg(test)]
+    fn ignore_files_probed(&self) -> Vec<String> {
+        let mut dirs: Vec<String> =
+            self.ignores.per_dir.keys().map(|d| String::from_utf8_lossy(d).into_owned()).collect();
+        dirs.sort();
+        dirs
+    }
+
     pub fn place(&mut self, entry: &Entry) -> Place {
         if let Some(git_dir) = git_dir_of(&entry.path) {
             // A `.git` that is a file is not a git directory's content.
@@ -583,6 +592,28 @@ mod tests {
         assert_eq!(root("logs/keep.log"), None, "re-included");
         assert_eq!(root("scratch/notes").as_deref(), Some("scratch"));
         assert_eq!(root("src/main.rs"), None);
+    }
+
+    #[test]
+    fn only_the_changed_paths_ancestors_are_asked_for_rules() {
+        // Deciding whether a changed path is ignored reads the .gitignore of
+        // its own directories, whatever else the workspace holds: no index,
+        // no walk, no git process.
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        fs::write(ws.join(".gitignore"), "node_modules/\n").unwrap();
+        for d in 0..50 {
+            fs::create_dir_all(ws.join(format!("lib{d}"))).unwrap();
+            fs::write(ws.join(format!("lib{d}/.gitignore")), "*.tmp\n").unwrap();
+        }
+        let host = Host::open(ws);
+        let mut c = Classifier::new(&host, ws, false);
+        let changed = ["lib7/a.rs", "lib7/b.tmp", "lib9/deep/er/c.rs", "node_modules/x/y/z.js", "README.md"];
+        let places: Vec<bool> =
+            changed.iter().map(|path| matches!(c.place(&file(path, 0o644)), Place::Ignored { .. })).collect();
+        assert_eq!(places, [false, true, false, true, false]);
+        // node_modules is ignored by the root's rules: nothing below it is read.
+        assert_eq!(c.ignore_files_probed(), ["", "lib7", "lib9", "lib9/deep", "lib9/deep/er"]);
     }
 
     #[test]

@@ -228,3 +228,46 @@ fn review_demo() {
         eprintln!("{outcome:?}");
     }
 }
+
+/// The workspace work (directory resolutions, stats, names listed) of the
+/// review and apply of one 8-entry change, in a workspace with `dirs` more
+/// directories of 20 files beside it, ignored and not.
+fn work_of_a_small_change(dirs: usize) -> crate::changes::dirfd::work::Work {
+    let f = fx();
+    write(&f.ws.join(".gitignore"), b"node_modules/\n*.log\n");
+    for d in 0..dirs {
+        for i in 0..20 {
+            write(&f.ws.join(format!("node_modules/p{d}/f{i}.js")), b"x\n");
+            write(&f.ws.join(format!("src/m{d}/f{i}.rs")), b"y\n");
+        }
+    }
+    write(&f.ws.join("src/main.rs"), b"old\n");
+    write(&f.ws.join("src/gone.rs"), b"gone\n");
+    write(&f.ws.join("node_modules/keep/index.js"), b"old\n");
+    Set::new(&f.ws)
+        .file("src/main.rs", b"new\n", 0o644)
+        .file("src/new.rs", b"new\n", 0o644)
+        .delete("src/gone.rs")
+        .file("node_modules/keep/index.js", b"new\n", 0o644)
+        .file("build.log", b"log\n", 0o644)
+        .dir("tools", 0o755)
+        .file("tools/run.sh", b"#!/bin/sh\n", 0o755)
+        .file(".envrc", b"use nix\n", 0o644)
+        .stage(&f.store);
+    let ((outcome, out), work) = crate::changes::dirfd::work::measure(|| run(&f, ApplyMode::All, None));
+    assert_eq!(outcome.decision, Decision::AppliedAll, "{out}");
+    assert_eq!(fs::read(f.ws.join("node_modules/keep/index.js")).unwrap(), b"new\n");
+    work
+}
+
+#[test]
+fn a_small_change_costs_the_same_in_a_big_workspace() {
+    let small = work_of_a_small_change(1);
+    let big = work_of_a_small_change(30);
+    // Classification, conflict checks, line counts and apply look at the
+    // changed paths and their directories only: 1,200 more files change
+    // nothing, and no directory is listed.
+    assert_eq!(small, big);
+    assert_eq!(big.listed, 0, "{big:?}");
+    assert!(big.stats < 150 && big.resolves < 150, "{big:?}");
+}
