@@ -131,6 +131,12 @@ pub struct ExportReport {
     pub unchanged_copies: u64,
     /// Extra names of hard-linked files, sent as copies without resending content.
     pub hard_links: u64,
+    /// Paths looked up in the lower layer: one per upper entry below a lower
+    /// directory, never the lower's other paths.
+    pub lower_lookups: u64,
+    /// Lower entries walked to digest the directories a change removes or
+    /// replaces: the size of what is removed, the only lower walk.
+    pub lower_tree_entries: u64,
 }
 
 /// Writes the changes of `upper` over `lower` to `out`; the caller finishes
@@ -233,7 +239,8 @@ impl<W: Write> Walk<'_, W> {
             } else if let Some(low) = low
                 && Mode::from_raw(mode) != Mode::from_raw(low.mode())
             {
-                self.out.dir(path, mode, &self.base(path, low, false)?)?;
+                let base = self.base(path, low, false)?;
+                self.out.dir(path, mode, &base)?;
             }
             return self.dir(Some(path), in_opaque || opaque, lower_is_dir);
         }
@@ -319,7 +326,8 @@ impl<W: Write> Walk<'_, W> {
         Ok(())
     }
 
-    fn lower_meta(&self, path: &RelPath) -> Result<Option<Metadata>, ExportError> {
+    fn lower_meta(&mut self, path: &RelPath) -> Result<Option<Metadata>, ExportError> {
+        self.report.lower_lookups += 1;
         let lower_path = self.lower.join(path.as_path());
         match fs::symlink_metadata(&lower_path) {
             Ok(m) => Ok(Some(m)),
@@ -328,7 +336,7 @@ impl<W: Write> Walk<'_, W> {
         }
     }
 
-    fn base_of(&self, path: &RelPath, low: Option<&Metadata>, tree: bool) -> Result<Base, ExportError> {
+    fn base_of(&mut self, path: &RelPath, low: Option<&Metadata>, tree: bool) -> Result<Base, ExportError> {
         match low {
             Some(low) => self.base(path, low, tree),
             None => Ok(Base::Absent),
@@ -337,7 +345,7 @@ impl<W: Write> Walk<'_, W> {
 
     /// What the lower holds at `path`; `tree`: digest a directory's contents
     /// (for changes that remove them).
-    fn base(&self, path: &RelPath, low: &Metadata, tree: bool) -> Result<Base, ExportError> {
+    fn base(&mut self, path: &RelPath, low: &Metadata, tree: bool) -> Result<Base, ExportError> {
         let lower_path = self.lower.join(path.as_path());
         let ft = low.file_type();
         let mode = Mode::from_raw(low.mode());
@@ -348,7 +356,10 @@ impl<W: Write> Walk<'_, W> {
             let tree = if tree {
                 let parent = lower_path.parent().unwrap_or(self.lower);
                 let parent = File::open(parent).map_err(lower_err(parent))?;
-                Some(crate::changes::tree_digest_at(&parent, path.file_name()).map_err(lower_err(&lower_path))?)
+                let digest =
+                    crate::changes::tree_digest_at(&parent, path.file_name()).map_err(lower_err(&lower_path))?;
+                self.report.lower_tree_entries += digest.entries;
+                Some(digest)
             } else {
                 None
             };

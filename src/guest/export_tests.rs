@@ -374,3 +374,38 @@ umount "$M"
     }
     assert_eq!(walk(&l), expected);
 }
+
+/// A lower of `dirs` × `files` untouched files around the same few changes.
+fn big_lower(l: &Path, dirs: usize, files: usize) {
+    for d in 0..dirs {
+        for f in 0..files {
+            write(&l.join(format!("node_modules/p{d}/f{f}.js")), "x", 0o644);
+        }
+    }
+    write(&l.join("src/main.rs"), "old", 0o644);
+    for f in 0..5 {
+        write(&l.join(format!("build/out{f}")), "o", 0o644);
+    }
+}
+
+#[test]
+fn export_looks_at_the_lower_only_along_the_changed_paths() {
+    let counts = |dirs: usize, files: usize| {
+        let tmp = tempfile::tempdir().unwrap();
+        let (l, u) = (tmp.path().join("lower"), tmp.path().join("upper"));
+        big_lower(&l, dirs, files);
+        let mut m = Fake::default();
+        write(&u.join("src/main.rs"), "new", 0o644);
+        write(&u.join("src/lib.rs"), "lib", 0o644);
+        write(&u.join("node_modules/p1/f0.js"), "y", 0o644);
+        write(&u.join("build"), "", 0o644);
+        m.whiteouts.insert(u.join("build"));
+        let (entries, report, _) = export_and_stage(&u, &l, &m, &tmp.path().join("session"));
+        assert_eq!(entries.len(), 4, "{entries:?}");
+        (report.lower_lookups, report.lower_tree_entries)
+    };
+    // Upper entries: build, node_modules, node_modules/p1, node_modules/p1/f0.js,
+    // src, src/lib.rs, src/main.rs; the deleted build/ holds 5 files.
+    assert_eq!(counts(3, 3), (7, 5));
+    assert_eq!(counts(20, 50), (7, 5), "a thousand more lower files cost nothing");
+}
