@@ -1,14 +1,20 @@
-//! The change pipeline's benchmark, run by `benches/apply.sh` (an ignored
-//! test, so it needs no extra binary): guest export of 10,000 files, staging
-//! them and applying them, each the median of a few runs, plus the
-//! filesystem's own floor for comparison.
-//! Prints numbers; asserts nothing about time.
+//! The change pipeline's benchmarks, ignored tests so they need no extra
+//! binary. `benches/apply.sh`: guest export of 10,000 files, staging them,
+//! and applying them, each the median of a few runs, plus the filesystem's
+//! own floor for comparison.
+//! `benches/review.sh`: a 10-file change in a workspace of 1,000,000 files,
+//! exported, reviewed and applied. They print numbers and assert nothing
+//! about time.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::dirfd::work::{Work, measure};
+use super::review::{self, ApplyMode, Console, Pager, Painter, Summary, SummaryOptions};
 use super::{ApplyOptions, Limits, Store, Writer, apply};
 use crate::guest::export::{Markers, export};
 
@@ -113,4 +119,244 @@ fn pipeline() {
     row("stage: read the stream into the store", stage_t, FILES);
     row("apply: 10,000 new files in 100 new directories", apply_t, FILES);
     row("  floor: temp + rename + syncfs, nothing else", floor_t, FILES);
+}
+
+// The per-run cost of a small change in a big workspace (issue #22), run by
+// `benches/review.sh`: a 10-file change exported against a workspace of
+// 1,000,000 files, then reviewed and applied as `stockade run --apply all`,
+// `stockade diff` and `stockade apply` do it. Each mode runs in a process
+// of its own, so its peak memory is its own.
+
+const BIG_DIRS: usize = 1000;
+const BIG_FILES: usize = 1000;
+/// The first `IGNORED_DIRS` directories go under the ignored node_modules/.
+const IGNORED_DIRS: usize = 900;
+
+fn big_dir(d: usize) -> String {
+    let top = if d < IGNORED_DIRS { "node_modules" } else { "src" };
+    format!("{top}/pkg{d:04}")
+}
+
+/// 1,000 directories of 1,000 small files: 900,000 under an ignored
+/// node_modules/, 100,000 under src/, committed when git is there.
+fn big_workspace(ws: &Path) {
+    if ws.join(big_dir(BIG_DIRS - 1)).join(format!("f{:04}.js", BIG_FILES - 1)).exists() {
+        return;
+    }
+    println!("creating {} files in {} (once)", BIG_DIRS * BIG_FILES, ws.display());
+    fs::create_dir_all(ws).unwrap();
+    fs::write(ws.join(".gitignore"), "node_modules/\n*.log\n").unwrap();
+    for d in 0..BIG_DIRS {
+        let dir = ws.join(big_dir(d));
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..BIG_FILES {
+            fs::write(dir.join(format!("f{i:04}.js")), format!("// {d} {i}\nmodule.exports = {i};\n")).unwrap();
+        }
+    }
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(ws)
+            .env("GIT_AUTHOR_NAME", "bench")
+            .env("GIT_AUTHOR_EMAIL", "bench@example.com")
+            .env("GIT_COMMITTER_NAME", "bench")
+            .env("GIT_COMMITTER_EMAIL", "bench@example.com")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !(git(&["init", "-q"]) && git(&["add", "-A"]) && git(&["commit", "-qm", "base"])) {
+        println!("(no git: the workspace is not a repository)");
+    }
+}
+
+/// KiB from /proc/self/status (`VmRSS`, `VmHWM`).
+fn proc_kib(field: &str) -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Resets the peak resident size to the current one (Linux 4.0+), so that
+/// `VmHWM` afterwards is the peak of what follows.
+fn reset_peak() {
+    let _ = fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Times `f`, its peak resident memory and its workspace work.
+fn phase<T>(f: impl FnOnce() -> T) -> (T, Duration, u64, Work) {
+    reset_peak();
+    let started = Instant::now();
+    let (result, work) = measure(f);
+    (result, started.elapsed(), proc_kib("VmHWM"), work)
+}
+
+struct Whiteouts(HashSet<PathBuf>);
+
+impl Markers for Whiteouts {
+    fn is_whiteout(&self, path: &Path, _: &fs::Metadata) -> bool {
+        self.0.contains(path)
+    }
+    fn is_opaque(&self, _: &Path) -> bool {
+        false
+    }
+    fn is_metacopy(&self, _: &Path) -> bool {
+        false
+    }
+    fn is_redirect(&self, _: &Path) -> bool {
+        false
+    }
+}
+
+/// An upper layer changing 10 files of `ws`, different ones for each `n`
+/// (runs apply to the same workspace): 3 committed files modified, 3 added
+/// (one in a new directory), 1 deleted, 1 ignored file modified and 1
+/// added, a new log file (ignored by *.log).
+fn small_change(upper: &Path, n: usize) -> Whiteouts {
+    let (a, b) = (IGNORED_DIRS + n % 50, IGNORED_DIRS + 50 + n % 50);
+    let c = n % IGNORED_DIRS;
+    let write = |rel: String, content: &str| {
+        let path = upper.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+    };
+    let round = n / 50;
+    write(format!("{}/f{:04}.js", big_dir(a), 10 + round), "// changed\n");
+    write(format!("{}/f{:04}.js", big_dir(a), 20 + round), "// changed too\n");
+    write(format!("{}/f{:04}.js", big_dir(b), 30 + round), "// and this\n");
+    write(format!("{}/new-{n}.js", big_dir(a)), "// new\n");
+    write(format!("src/new-{n}/index.js"), "export {};\n");
+    write(format!("tools-{n}.js"), "// tool\n");
+    write(format!("{}/f{:04}.js", big_dir(b), 40 + round), "");
+    write(format!("{}/f{:04}.js", big_dir(c), 50 + round), "// patched dependency\n");
+    write(format!("{}/new-{n}.js", big_dir(c)), "// generated\n");
+    write(format!("run-{n}.log"), "log\n");
+    Whiteouts([upper.join(format!("{}/f{:04}.js", big_dir(b), 40 + round))].into())
+}
+
+fn work_text(w: &Work) -> String {
+    format!("{} dirs resolved, {} stats, {} names listed", w.resolves, w.stats, w.listed)
+}
+
+/// One review mode in this process; `benches/review.sh` runs each in its own.
+#[test]
+#[ignore = "a benchmark: run benches/review.sh"]
+fn review_big_workspace() {
+    let Some(ws) = std::env::var_os("STOCKADE_BENCH_WORKSPACE").map(PathBuf::from) else {
+        println!("set STOCKADE_BENCH_WORKSPACE (benches/review.sh does)");
+        return;
+    };
+    let mode = std::env::var("STOCKADE_BENCH_MODE").unwrap_or_else(|_| "review".into());
+    let base = std::env::var_os("STOCKADE_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    big_workspace(&ws);
+    let scratch = tempfile::tempdir_in(&base).unwrap();
+    let counter = ws.join(".git/stockade-bench-runs");
+    let n: usize = fs::read_to_string(&counter).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+    let _ = fs::write(&counter, (n + 1).to_string());
+
+    let upper = scratch.path().join("upper");
+    let markers = small_change(&upper, n);
+    let mut stream = Vec::new();
+    let report = {
+        let mut writer = Writer::new(&mut stream).unwrap();
+        let report = export(&upper, &ws, &markers, &mut writer).unwrap();
+        writer.finish().unwrap();
+        report
+    };
+    let store = Store::open(&scratch.path().join("session")).unwrap();
+    store.stage(&stream[..], Limits::default()).unwrap();
+    let before = proc_kib("VmRSS");
+    let options = SummaryOptions { global_excludes: false, ..SummaryOptions::default() };
+    let (entries, time, peak, work) = match mode.as_str() {
+        // `stockade diff --stat`: the summary, with classification, line
+        // counts and the conflict check.
+        "summary" => {
+            let (summary, time, peak, work) = phase(|| Summary::build(&store, &ws, &options).unwrap());
+            (summary.items.len(), time, peak, work)
+        }
+        // `stockade run --apply all`: the summary, then apply.
+        "review" => {
+            let mut out = Vec::new();
+            let (outcome, time, peak, work) = phase(|| {
+                let mut console = Console {
+                    out: &mut out,
+                    answers: None,
+                    painter: Painter::plain(),
+                    pager: Pager::Off,
+                    progress: &mut crate::progress::Silent,
+                };
+                review::review(&store, &ws, "bench", ApplyMode::All, &mut console, &options).unwrap()
+            });
+            assert_eq!(outcome.not_applied, 0, "{}", String::from_utf8_lossy(&out));
+            (outcome.applied, time, peak, work)
+        }
+        // `stockade apply`: the execution-sensitive check, then apply.
+        "apply" => {
+            let ((sensitive, report), time, peak, work) = phase(|| {
+                let sensitive = review::sensitive_paths(&store, &ws, &super::Selection::all()).unwrap();
+                (sensitive, apply(&store, &ws, &ApplyOptions::all()).unwrap())
+            });
+            assert_eq!(report.skipped(), 0, "{report:?}");
+            let _ = sensitive;
+            (report.applied.len(), time, peak, work)
+        }
+        other => panic!("unknown STOCKADE_BENCH_MODE {other}"),
+    };
+    println!(
+        "\nRESULT mode={mode} entries={entries} ms={:.1} peak_kib={peak} rss_before_kib={before} \
+         export_lower_lookups={} work=\"{}\"",
+        time.as_secs_f64() * 1e3,
+        report.lower_lookups,
+        work_text(&work),
+    );
+}
+
+/// For comparison: what the review does not do (git over the whole
+/// workspace), and the tree digests a removed directory costs.
+#[test]
+#[ignore = "a benchmark: run benches/review.sh"]
+fn review_big_workspace_context() {
+    let Some(ws) = std::env::var_os("STOCKADE_BENCH_WORKSPACE").map(PathBuf::from) else {
+        println!("set STOCKADE_BENCH_WORKSPACE (benches/review.sh does)");
+        return;
+    };
+    big_workspace(&ws);
+    println!();
+    let timed = |what: &str, f: &mut dyn FnMut() -> String| {
+        let started = Instant::now();
+        let note = f();
+        println!("{what:<52} {:>9.1} ms  {note}", started.elapsed().as_secs_f64() * 1e3);
+    };
+    let git = |args: &[&str]| -> String {
+        match Command::new("git").args(args).current_dir(&ws).output() {
+            Ok(out) => format!("{} lines", out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count()),
+            Err(e) => format!("no git: {e}"),
+        }
+    };
+    timed("git status --porcelain (not run by stockade)", &mut || git(&["status", "--porcelain"]));
+    timed("git status --porcelain --ignored (not run)", &mut || git(&["status", "--porcelain", "--ignored"]));
+    timed("git check-ignore --stdin, 10 paths (not run)", &mut || {
+        let mut child = Command::new("git")
+            .args(["check-ignore", "--stdin", "--no-index"])
+            .current_dir(&ws)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let paths: String = (0..10).map(|i| format!("{}/f{i:04}.js\n", big_dir(i * 100))).collect();
+        child.stdin.take().unwrap().write_all(paths.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        format!("{} ignored", out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count())
+    });
+    let root = fs::File::open(&ws).unwrap();
+    timed("tree digest of a removed 1,000-file directory", &mut || {
+        let d = super::tree::digest_at(&fs::File::open(ws.join("node_modules")).unwrap(), b"pkg0001").unwrap();
+        format!("{} entries", d.entries)
+    });
+    timed("tree digest of a removed node_modules/ (900,000)", &mut || {
+        let d = super::tree::digest_at(&root, b"node_modules").unwrap();
+        format!("{} entries", d.entries)
+    });
 }
