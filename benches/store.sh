@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session store benchmark: 300 runs' sessions made by the run's own code
-# (session directory, run record, kernel log, workspace snapshot, a third
+# (session directory, run record, kernel log, what the guest saw, a third
 # with an applied change set of 200 files, a few left staged), the store's
 # size with and without retention, and what a prune costs: the first one,
 # and the one at the start of every run when nothing is due.
