@@ -173,7 +173,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
 
     let store = changes::Store::open(&session.dir)?;
     let seen = store.start_seen()?;
-    let disk = session.dir.join("scratch.img");
+    let disk = session.scratch_disk();
     let formatting = scratch::create(&disk, config.disk_bytes)?;
     let vsock_base = session.dir.join("v.sock");
     let (control_listener, control_path) = vm::listen(&vsock_base, CONTROL_PORT)?;
@@ -278,8 +278,12 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         tracing::debug!("VMM exited after {:?}", started.elapsed());
     });
     network.stop();
-    // The guest's changes were exported; the disk that held them is spent.
-    let _ = std::fs::remove_file(&disk);
+    // The guest's changes were exported; the disk that held them is spent,
+    // unless staging them failed (a full disk): then it is all that holds them.
+    let unstaged = matches!(&result, Ok(Conversation::Ended { staged: Some(Err(_)), .. }));
+    if !unstaged {
+        let _ = std::fs::remove_file(&disk);
+    }
     let _ = std::fs::remove_file(control_path);
     let _ = std::fs::remove_file(stdin_path);
 
@@ -317,7 +321,15 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
                         );
                     }
                 }
-                Some(Err(e)) => eprintln!("stockade: warning: {e:#}; the workspace was not changed"),
+                Some(Err(e)) => {
+                    eprintln!("stockade: warning: {e:#}; the workspace was not changed");
+                    eprintln!(
+                        "stockade: the guest's changes are kept, unstaged, in the scratch disk {} (ext4: \
+                         `sudo mount -o loop,ro` it to copy files out); `stockade sessions --prune \
+                         --include-staged` removes it",
+                        disk.display()
+                    );
+                }
                 None => {}
             }
             (status, outcome::describe(report))

@@ -387,6 +387,11 @@ fn review_state(id: &str, dir: &Path, cache: &mut StateCache) -> Standing {
     if fs::symlink_metadata(changes.join("journal")).is_ok() {
         return Standing::Staged("apply interrupted");
     }
+    // Staging failed (a full disk) and the guest's changes are still on its
+    // scratch disk; a run in progress is spared by its lock instead.
+    if fs::symlink_metadata(dir.join(session::SCRATCH_DISK)).is_ok() && !session::is_running(dir) {
+        return Standing::Staged("unstaged, on the scratch disk");
+    }
     let manifest = match fs::symlink_metadata(changes.join("manifest")) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Standing::Done("none"),
@@ -448,7 +453,9 @@ fn remove(parent: &Path, entry: &Entry, include_staged: bool) -> io::Result<Opti
     } else {
         None
     };
-    if !include_staged && fs::symlink_metadata(changes.join("journal")).is_ok() {
+    let held = fs::symlink_metadata(changes.join("journal")).is_ok()
+        || fs::symlink_metadata(dir.join(session::SCRATCH_DISK)).is_ok();
+    if !include_staged && held {
         return Ok(None);
     }
     let trash = parent.join(format!("{REMOVING_PREFIX}{}", entry.id));

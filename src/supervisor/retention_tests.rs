@@ -132,6 +132,24 @@ fn old_sessions_expire_by_their_start_time() {
 }
 
 #[test]
+fn changes_left_on_a_scratch_disk_are_kept_until_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let now = SystemTime::now();
+    // Staging failed (a full disk): the run kept its scratch disk.
+    let session = finished_run(&data, now - DAY * 20);
+    fs::write(session.scratch_disk(), b"ext4").unwrap();
+    let kept = session.id.clone();
+    drop(session);
+    let report = prune(&data, &Retention::new(0, 0), false, true, now).unwrap();
+    assert!(report.removed.is_empty(), "{report:?}");
+    assert_eq!(ids(&data), [kept.clone()]);
+    let report = prune(&data, &Retention::new(0, 0), true, true, now).unwrap();
+    assert_eq!(report.removed.len(), 1);
+    assert!(ids(&data).is_empty());
+}
+
+#[test]
 fn runs_in_progress_are_never_removed() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");

@@ -15,6 +15,10 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+/// The scratch disk's name in a session; present after a run only when
+/// staging the guest's changes failed.
+pub const SCRATCH_DISK: &str = "scratch.img";
+
 /// What a finished (or running) session did, as `run.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRecord {
@@ -66,6 +70,11 @@ impl Session {
             }
         };
         Ok(Session { id, dir, started, _running: running })
+    }
+
+    /// The guest's scratch disk (the upper layer of its workspace overlay).
+    pub fn scratch_disk(&self) -> PathBuf {
+        self.dir.join(SCRATCH_DISK)
     }
 
     pub fn kernel_log(&self) -> PathBuf {
