@@ -143,7 +143,7 @@ fn changes_left_on_a_scratch_disk_are_kept_until_asked() {
     drop(session);
     let report = prune(&data, &Retention::new(0, 0), false, true, now).unwrap();
     assert!(report.removed.is_empty(), "{report:?}");
-    assert_eq!(ids(&data), [kept.clone()]);
+    assert_eq!(ids(&data), std::slice::from_ref(&kept));
     let report = prune(&data, &Retention::new(0, 0), true, true, now).unwrap();
     assert_eq!(report.removed.len(), 1);
     assert!(ids(&data).is_empty());
