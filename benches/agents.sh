@@ -26,24 +26,7 @@ cp "$bin" "$work/stockade"
 bin=$work/stockade
 export PATH="$agents/nvm/versions/node/$(node --version)/bin:$agents/npm-global/bin:$PATH"
 
-declare -A p50 p90
-time_runs() {
-    local name=$1; shift
-    echo "timing $name" >&2
-    timeout 300 "$@" >/dev/null 2>&1 || true
-    local times=()
-    for _ in $(seq "$runs"); do
-        local start end
-        start=$(date +%s.%N)
-        timeout 300 "$@" >/dev/null 2>&1 || true
-        end=$(date +%s.%N)
-        times+=("$(echo "$end - $start" | bc)")
-    done
-    local sorted
-    sorted=$(printf '%s\n' "${times[@]}" | sort -n)
-    p50[$name]=$(echo "$sorted" | awk -v n="$runs" 'NR == int((n + 1) / 2)')
-    p90[$name]=$(echo "$sorted" | awk -v n="$runs" 'NR == int((n * 9 + 9) / 10)')
-}
+. "$here/benches/timing.sh"
 
 mkdir -p "$work/ws" && cd "$work/ws"
 run=("$bin" run --cpus 1 --memory 1G --kernel "$kernel" --apply none)

@@ -50,24 +50,8 @@ for i in range(files // 1000):
 PY
 }
 
-declare -A p50 p90
-time_runs() {
-    local name=$1 dir=$2; shift 2
-    echo "timing $name" >&2
-    (cd "$dir" && timeout 600 "$@" >/dev/null 2>&1) || true
-    local times=()
-    for _ in $(seq "$runs"); do
-        local start end
-        start=$(date +%s.%N)
-        (cd "$dir" && timeout 600 "$@" >/dev/null 2>&1) || true
-        end=$(date +%s.%N)
-        times+=("$(echo "$end - $start" | bc)")
-    done
-    local sorted
-    sorted=$(printf '%s\n' "${times[@]}" | sort -n)
-    p50[$name]=$(echo "$sorted" | awk -v n="$runs" 'NR == int((n + 1) / 2)')
-    p90[$name]=$(echo "$sorted" | awk -v n="$runs" 'NR == int((n * 9 + 9) / 10)')
-}
+. "$here/benches/timing.sh"
+bench_timeout=600
 
 names=()
 for files in 0 100000 1000000; do
@@ -75,7 +59,7 @@ for files in 0 100000 1000000; do
     make_workspace "$work/ws$files" "$files"
     name="run -- true, $files files"
     names+=("$name")
-    time_runs "$name" "$work/ws$files" "${run[@]}" -- true
+    time_runs "$name" env -C "$work/ws$files" "${run[@]}" -- true
 done
 
 printf '\n%-40s %8s %8s %10s\n' "what ($runs runs)" "p50 s" "p90 s" "p50 ratio"
