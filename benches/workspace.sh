@@ -83,3 +83,8 @@ echo
 measure "diff --stat, 10 files in 1,000,000" "$bin" diff --stat
 measure "apply, 10 files in 1,000,000" "$bin" apply
 printf '%-40s %8d bytes\n' "recorded of the workspace (seen)" "$(stat -c %s "$seen")"
+if command -v strace >/dev/null; then
+    (cd "$big" && strace -f -qq -c -o "$work/strace" -e trace=%stat,getdents64 "${run[@]}" -- true >/dev/null 2>&1) || true
+    printf '%-40s %8d calls\n' "stat + getdents, run -- true in 1,000,000" \
+        "$(awk '$NF ~ /stat|getdents/ { n += $4 } END { print n + 0 }' "$work/strace")"
+fi
