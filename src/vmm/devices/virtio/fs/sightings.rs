@@ -131,9 +131,7 @@ impl Record {
             self.stopped = true;
         }
     }
-}
 
-impl Record {
     fn stop(&mut self) {
         tracing::warn!(
             "virtio-fs: the guest looked up more workspace paths than are recorded ({} paths or {} bytes); \
