@@ -2,22 +2,8 @@
 //! its mistakes, and the flags over it. No VM is started.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use crate::util::{TempDir, stockade_bin, text};
-
-/// Runs stockade with its config directory (XDG) and data directory in `dir`.
-fn stockade(dir: &Path, args: &[&str]) -> Output {
-    Command::new(stockade_bin())
-        .args(args)
-        .current_dir(dir)
-        .env("XDG_CONFIG_HOME", dir.join("xdg"))
-        .env("STOCKADE_DATA_DIR", dir.join("data"))
-        .env_remove("STOCKADE_CONFIG_DIR")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run stockade")
-}
+use crate::util::{TempDir, stockade_in, text};
 
 fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
     let path = dir.join("xdg/stockade/config.toml");
@@ -29,7 +15,7 @@ fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
 #[test]
 fn the_config_file_lives_in_xdg_config_home() {
     let dir = TempDir::new("config-path");
-    let out = stockade(dir.path(), &["config", "path"]);
+    let out = stockade_in(dir.path(), &["config", "path"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{}\n", dir.path().join("xdg/stockade/config.toml").display()));
 }
@@ -38,7 +24,7 @@ fn the_config_file_lives_in_xdg_config_home() {
 fn show_names_where_each_setting_came_from() {
     let dir = TempDir::new("config-show");
     let path = write_config(dir.path(), "# defaults\ncpus = 4\ncolor = \"never\"\n");
-    let out = stockade(dir.path(), &["--color", "always", "config", "show"]);
+    let out = stockade_in(dir.path(), &["--color", "always", "config", "show"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let shown = text(&out.stdout);
     assert!(shown.starts_with(&format!("# {}\n", path.display())), "{shown}");
@@ -51,20 +37,20 @@ fn show_names_where_each_setting_came_from() {
 fn a_bad_key_or_value_names_the_file_line_and_fix() {
     let dir = TempDir::new("config-bad");
     let path = write_config(dir.path(), "cpus = 4\nmemroy = \"4G\"\n");
-    let out = stockade(dir.path(), &["config", "show"]);
+    let out = stockade_in(dir.path(), &["config", "show"]);
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
     assert!(err.contains(&format!("{}:2:1: unknown setting `memroy`", path.display())), "{err}");
     assert!(err.contains("remove it or correct its name"), "{err}");
 
     write_config(dir.path(), "disk = \"1M\"\n");
-    let out = stockade(dir.path(), &["run", "--", "true"]);
+    let out = stockade_in(dir.path(), &["run", "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
     assert!(err.contains(":1:8: disk = \"1M\" is too small: give at least 64M (e.g. disk = \"1G\")"), "{err}");
 
     write_config(dir.path(), "policy = [\"nmp\"]\n");
-    let out = stockade(dir.path(), &["config", "show"]);
+    let out = stockade_in(dir.path(), &["config", "show"]);
     let err = text(&out.stderr);
     assert!(err.contains(&format!("{}:1: policy: no policy named \"nmp\"", path.display())), "{err}");
 }
@@ -74,12 +60,12 @@ fn flags_override_the_config_file() {
     let dir = TempDir::new("config-flags");
     write_config(dir.path(), "cpus = 4\npolicy = [\"nmp\"]\n");
     // The flag's value is the one checked, so the flag's name is in the error.
-    let out = stockade(dir.path(), &["run", "--cpus", "0", "--policy", "npm", "--", "true"]);
+    let out = stockade_in(dir.path(), &["run", "--cpus", "0", "--policy", "npm", "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("--cpus 0 is out of range"), "{}", text(&out.stderr));
     // --policy replaces the file's list: its unknown name no longer matters.
     // (The missing kernel stops the run before any VM starts.)
-    let out = stockade(dir.path(), &["run", "--policy", "npm", "--kernel", "/nonexistent/vmlinux", "--", "true"]);
+    let out = stockade_in(dir.path(), &["run", "--policy", "npm", "--kernel", "/nonexistent/vmlinux", "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(!text(&out.stderr).contains("nmp"), "{}", text(&out.stderr));
 }

@@ -3,25 +3,11 @@
 //! started.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use crate::util::{TempDir, stockade_bin, text};
+use crate::util::{TempDir, stockade_in, text};
 
 const DAY: Duration = Duration::from_secs(86_400);
-
-/// Runs stockade with its config (XDG) and data directories in `dir`.
-fn stockade(dir: &Path, args: &[&str]) -> Output {
-    Command::new(stockade_bin())
-        .args(args)
-        .current_dir(dir)
-        .env("XDG_CONFIG_HOME", dir.join("xdg"))
-        .env("STOCKADE_DATA_DIR", dir.join("data"))
-        .env_remove("STOCKADE_CONFIG_DIR")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run stockade")
-}
 
 /// How a run left its changes.
 #[derive(Clone, Copy, PartialEq)]
@@ -79,7 +65,7 @@ fn three_hundred_runs_leave_at_most_the_retention() {
             staged.push(id);
         }
     }
-    let out = stockade(dir.path(), &["sessions", "--prune"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report = text(&out.stdout);
     assert!(report.contains("removed 195 session(s), freed "), "{report}");
@@ -92,11 +78,11 @@ fn three_hundred_runs_leave_at_most_the_retention() {
     }
 
     // Again: nothing more goes, staged sessions included.
-    let out = stockade(dir.path(), &["sessions", "--prune", "--keep-sessions", "0", "--keep-days", "0"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune", "--keep-sessions", "0", "--keep-days", "0"]);
     assert!(text(&out.stdout).contains("removed 100 session(s)"), "{}", text(&out.stdout));
     staged.sort();
     assert_eq!(left(dir.path()), staged);
-    let listed = text(&stockade(dir.path(), &["sessions"]).stdout);
+    let listed = text(&stockade_in(dir.path(), &["sessions"]).stdout);
     assert!(listed.contains("apply interrupted"), "{listed}");
 }
 
@@ -112,11 +98,11 @@ fn sessions_older_than_keep_days_expire() {
     let config = dir.path().join("xdg/stockade/config.toml");
     std::fs::create_dir_all(config.parent().unwrap()).unwrap();
     std::fs::write(&config, "keep_days = 30\n").unwrap();
-    let out = stockade(dir.path(), &["sessions", "--prune"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune"]);
     assert!(text(&out.stdout).starts_with("removed 0 session(s)"), "{}", text(&out.stdout));
 
     std::fs::write(&config, "keep_days = 14\n").unwrap();
-    let out = stockade(dir.path(), &["sessions", "--prune"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune"]);
     let report = text(&out.stdout);
     assert!(report.starts_with(&format!("removed {old}  none")), "{report}");
     assert!(report.contains("older than 14 days"), "{report}");
@@ -130,7 +116,7 @@ fn include_staged_lists_each_staged_session_it_drops() {
     let dir = TempDir::new("sessions-staged");
     let now = SystemTime::now();
     let staged = finished_run(dir.path(), 1, now - 30 * DAY, Changes::ApplyInterrupted);
-    let out = stockade(dir.path(), &["sessions", "--prune", "--include-staged", "--json"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune", "--include-staged", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["removed"][0]["id"], staged.as_str());
@@ -139,7 +125,7 @@ fn include_staged_lists_each_staged_session_it_drops() {
     assert!(left(dir.path()).is_empty());
 
     let staged = finished_run(dir.path(), 2, now - 30 * DAY, Changes::ApplyInterrupted);
-    let out = stockade(dir.path(), &["sessions", "--prune", "--include-staged"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune", "--include-staged"]);
     let report = text(&out.stdout);
     assert!(report.contains(&format!("removed {staged}  apply interrupted")), "{report}");
     assert!(report.contains(&format!("dropped the unapplied changes of 1 session(s): {staged}")), "{report}");
@@ -153,7 +139,7 @@ fn a_symlink_in_the_store_is_never_followed() {
     std::fs::write(precious.join("file"), b"keep me").unwrap();
     std::fs::create_dir_all(sessions(dir.path())).unwrap();
     std::os::unix::fs::symlink(&precious, sessions(dir.path()).join("20200101-000000-0000")).unwrap();
-    let out = stockade(dir.path(), &["sessions", "--prune", "--include-staged", "--keep-sessions", "0"]);
+    let out = stockade_in(dir.path(), &["sessions", "--prune", "--include-staged", "--keep-sessions", "0"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(std::fs::read(precious.join("file")).unwrap(), b"keep me");
 }
@@ -161,7 +147,7 @@ fn a_symlink_in_the_store_is_never_followed() {
 #[test]
 fn prune_flags_need_prune() {
     let dir = TempDir::new("sessions-flags");
-    let out = stockade(dir.path(), &["sessions", "--include-staged"]);
+    let out = stockade_in(dir.path(), &["sessions", "--include-staged"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("--prune"), "{}", text(&out.stderr));
 }

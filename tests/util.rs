@@ -39,6 +39,20 @@ pub fn stockade(data: &Path, args: &[&str]) -> Output {
         .expect("run stockade")
 }
 
+/// Runs stockade in `dir` with its config (XDG) and data directories there
+/// too, so the user's own config and sessions never take part.
+pub fn stockade_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(stockade_bin())
+        .args(args)
+        .current_dir(dir)
+        .env("XDG_CONFIG_HOME", dir.join("xdg"))
+        .env("STOCKADE_DATA_DIR", dir.join("data"))
+        .env_remove("STOCKADE_CONFIG_DIR")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run stockade")
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
