@@ -55,6 +55,8 @@ struct Record {
     /// Hashes of the paths already written.
     written: HashSet<u64>,
     bytes: u64,
+    /// Records noted but not yet written (a listing writes its entries at once).
+    pending: Vec<u8>,
     max_paths: usize,
     max_bytes: u64,
     keys: RandomState,
@@ -72,6 +74,7 @@ impl<F> Recording<F> {
             dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
             written: HashSet::new(),
             bytes: 0,
+            pending: Vec::new(),
             max_paths: MAX_PATHS,
             max_bytes: MAX_BYTES,
             keys: RandomState::new(),
@@ -80,18 +83,15 @@ impl<F> Recording<F> {
         Recording { inner, record: Mutex::new(record) }
     }
 
-    fn sighting(&self, parent: u64, name: &[u8], entry: Option<&Entry>) {
-        if name == b"." || name == b".." {
-            return;
-        }
-        let mut record = self.record.lock().unwrap_or_else(|p| p.into_inner());
-        record.note(parent, name, entry);
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Record {
+    /// Notes one sighting; [`Record::write`] puts it in the file.
     fn note(&mut self, parent: u64, name: &[u8], entry: Option<&Entry>) {
-        if self.stopped {
+        if self.stopped || name == b"." || name == b".." {
             return;
         }
         // A parent we never handed out (or one over-long) cannot be named.
@@ -112,33 +112,45 @@ impl Record {
             // A directory forgotten and looked up again gets a new inode.
             self.dirs.entry(e.inode).or_insert_with(|| path.clone());
             if self.dirs.len() > self.max_paths {
-                return self.stop();
+                return self.stop_at_limit();
             }
         }
         if !self.written.insert(self.keys.hash_one(&path)) {
             return;
         }
-        let mut bytes = Vec::with_capacity(path.len() + 48);
-        seen::encode(&path, state.as_ref(), &mut bytes);
-        self.bytes += bytes.len() as u64;
+        let before = self.pending.len();
+        seen::encode(&path, state.as_ref(), &mut self.pending);
+        self.bytes += (self.pending.len() - before) as u64;
         if self.written.len() > self.max_paths || self.bytes > self.max_bytes {
-            return self.stop();
-        }
-        // Written at once, not buffered: the guest may power off right after
-        // its last lookup, and the process ends with it.
-        if let Err(e) = self.out.write_all(&bytes) {
-            tracing::warn!("virtio-fs: cannot record what the guest saw: {e}; changes will count as conflicts");
-            self.stopped = true;
+            self.pending.truncate(before);
+            self.stop_at_limit();
         }
     }
 
-    fn stop(&mut self) {
-        tracing::warn!(
-            "virtio-fs: the guest looked up more workspace paths than are recorded ({} paths or {} bytes); \
-             changes to the others will count as conflicts",
-            self.max_paths,
-            self.max_bytes
+    /// Writes what was noted before the request is answered, not later: the
+    /// guest may power off right after its last lookup, and the process
+    /// ends with it.
+    fn write(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Err(e) = self.out.write_all(&self.pending) {
+            self.stop(&format!("cannot record what the guest saw: {e}"));
+        }
+        self.pending.clear();
+    }
+
+    fn stop_at_limit(&mut self) {
+        let why = format!(
+            "the guest looked up more workspace paths than are recorded ({} paths or {} bytes)",
+            self.max_paths, self.max_bytes
         );
+        self.stop(&why);
+    }
+
+    /// Stops recording for good, freeing what the record held.
+    fn stop(&mut self, why: &str) {
+        tracing::warn!("virtio-fs: {why}; no more is recorded, so changes to other paths will count as conflicts");
         self.stopped = true;
         self.dirs = HashMap::new();
         self.written = HashSet::new();
@@ -185,11 +197,16 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for Recording<F> {
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         let result = self.inner.lookup(ctx, parent, name);
-        match &result {
-            Ok(entry) if entry.inode != 0 => self.sighting(parent, name.to_bytes(), Some(entry)),
-            Ok(_) => self.sighting(parent, name.to_bytes(), None),
-            Err(e) if is_enoent(e) => self.sighting(parent, name.to_bytes(), None),
-            Err(_) => {}
+        let seen = match &result {
+            Ok(entry) if entry.inode != 0 => Some(Some(entry)),
+            Ok(_) => Some(None),
+            Err(e) if is_enoent(e) => Some(None),
+            Err(_) => None,
+        };
+        if let Some(entry) = seen {
+            let mut record = self.record();
+            record.note(parent, name.to_bytes(), entry);
+            record.write();
         }
         result
     }
@@ -290,14 +307,17 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for Recording<F> {
     ) -> io::Result<()> {
         // Each entry the guest receives with its attributes is a lookup it
         // will not send.
-        self.inner.readdirplus(ctx, inode, handle, size, offset, &mut |dir_entry, entry| {
+        let listed = self.inner.readdirplus(ctx, inode, handle, size, offset, &mut |dir_entry, entry| {
             let name = dir_entry.name;
             let took = add_entry(dir_entry, entry)?;
             if took != 0 && entry.inode != 0 {
-                self.sighting(inode, name, Some(&entry));
+                self.record().note(inode, name, Some(&entry));
             }
             Ok(took)
-        })
+        });
+        // One write for the whole listing.
+        self.record().write();
+        listed
     }
 
     fn releasedir(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
@@ -334,6 +354,7 @@ mod tests {
             dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
             written: HashSet::new(),
             bytes: 0,
+            pending: Vec::new(),
             max_paths,
             max_bytes,
             keys: RandomState::new(),
@@ -357,6 +378,7 @@ mod tests {
         let (mut record, file) = recorder(3, u64::MAX);
         for (i, name) in ["a", "b", "a", "c", "d", "e"].iter().enumerate() {
             record.note(ROOT_INODE, name.as_bytes(), Some(&entry(10 + i as u64, libc::S_IFREG)));
+            record.write();
         }
         assert_eq!(paths(&file), ["a", "b", "c"], "each path once, then nothing");
         assert!(record.stopped);
@@ -383,10 +405,12 @@ mod tests {
             record.note(parent, &name, Some(&entry(inode, libc::S_IFDIR)));
             parent = inode;
         }
+        record.write();
         assert!(record.stopped);
         assert_eq!(paths(&file).len(), 2, "records of 297 and 548 bytes fit in 900");
         let (mut record, file) = recorder(10, 1 << 20);
         record.note(77, b"orphan", None);
+        record.write();
         assert!(paths(&file).is_empty());
     }
 }
