@@ -147,3 +147,30 @@ fn no_descriptor_survives_an_exec() {
     }
     assert_result(&Setup::new("jail-fds").probe("fds"), "fds: all close-on-exec");
 }
+
+#[test]
+fn the_read_only_worker_cannot_open_to_truncate_even_where_landlock_would_let_it() {
+    if !require("the_read_only_worker_cannot_open_to_truncate_even_where_landlock_would_let_it") {
+        return;
+    }
+    let s = Setup::new("jail-trunc");
+    // The writable share is one Landlock lets this process truncate; the
+    // read-only worker still may not, so a Landlock ABI below 3 (no
+    // truncate right) leaves no hole: seccomp stops the open itself.
+    for share in ["share/file", "rw/file"] {
+        let out = s.probe(&format!("truncate:{}", s.path(share)));
+        assert_eq!(out.status.code(), Some(159), "{share}: {}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "virtio-fs thread made system call {}, which its seccomp allowlist forbids",
+                libc::SYS_openat
+            )),
+            "{share}: {}",
+            text(&out)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(s.path("share/file")).unwrap(), "shared\n");
+    assert_eq!(std::fs::read_to_string(s.path("rw/file")).unwrap(), "writable\n");
+    assert_result(&s.probe(&format!("open:{}", s.path("share/file"))), "allowed");
+}

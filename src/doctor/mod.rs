@@ -157,10 +157,7 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
     });
 
     checks.push(match &facts.landlock {
-        Ok(abi) => Check::ok(
-            "landlock",
-            format!("ABI {abi}: the VMM sees only the shared directories (read-only unless a policy says rw)"),
-        ),
+        Ok(abi) => landlock_check(*abi),
         Err(e) => Check::fail(
             "landlock",
             format!("unavailable ({e}); `run` refuses without --no-jail"),
@@ -279,6 +276,18 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
+/// Landlock's line: what it enforces here and, on an older kernel, each
+/// right it lacks with what holds that right instead.
+fn landlock_check(abi: u32) -> Check {
+    let base = format!("ABI {abi}: the VMM sees only the shared directories (read-only unless a policy says rw)");
+    let gaps = jail::landlock::gaps(abi);
+    if gaps.is_empty() {
+        return Check::ok("landlock", base);
+    }
+    let lacking: Vec<String> = gaps.iter().map(|g| format!("{} (held by {})", g.right, g.held_by)).collect();
+    Check::ok("landlock", format!("{base}; this kernel's Landlock lacks {}", lacking.join("; ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +373,20 @@ mod tests {
         assert!(text.contains("warn  session store   900 sessions (3 with staged changes) take 12.0 GiB"), "{text}");
         assert!(text.contains("fix: `stockade sessions --prune` removes"), "{text}");
         assert!(text.contains("--include-staged"), "{text}");
+    }
+
+    #[test]
+    fn an_older_landlock_says_which_rights_it_lacks_and_what_holds_them() {
+        let text = render(&judge(&good_facts()));
+        assert!(!text.contains("lacks"), "{text}");
+        let mut facts = good_facts();
+        facts.landlock = Ok(2);
+        let checks = judge(&facts);
+        assert!(can_run(&checks), "the jail holds through seccomp");
+        let text = render(&checks);
+        assert!(text.contains("ABI 2"), "{text}");
+        assert!(text.contains("lacks truncation (held by seccomp: the read-only share's worker cannot open"), "{text}");
+        assert!(text.contains("TCP bind and connect (held by seccomp: no VMM thread may make a socket)"), "{text}");
     }
 
     #[test]

@@ -65,6 +65,41 @@ pub enum LandlockError {
     },
 }
 
+/// A right this kernel's Landlock cannot enforce, and what holds instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// The first ABI with the right.
+    pub since: u32,
+    pub right: &'static str,
+    pub held_by: &'static str,
+}
+
+/// Every right the jail asks Landlock for that came after ABI 1.
+const LATER_RIGHTS: &[Gap] = &[
+    Gap {
+        since: 2,
+        right: "moving files between directories",
+        held_by: "Landlock 1 refuses such moves outright, so a writable share cannot take a rename across folders",
+    },
+    Gap {
+        since: 3,
+        right: "truncation",
+        held_by: "seccomp: the read-only share's worker cannot open with write or truncate flags, nor call truncate",
+    },
+    Gap { since: 4, right: "TCP bind and connect", held_by: "seccomp: no VMM thread may make a socket" },
+    Gap { since: 5, right: "device ioctls", held_by: "seccomp: the only ioctl any VMM thread may make is KVM_RUN" },
+    Gap {
+        since: 6,
+        right: "abstract Unix sockets and signals outside the VMM",
+        held_by: "seccomp: no VMM thread may make a socket or send a signal",
+    },
+];
+
+/// The rights Landlock at `abi` lacks, oldest first, with what holds them.
+pub fn gaps(abi: u32) -> Vec<Gap> {
+    LATER_RIGHTS.iter().filter(|g| g.since > abi).copied().collect()
+}
+
 /// The newest ABI whose rights we ask for; older kernels enforce the subset
 /// they know (best effort), which `restrict` reports.
 const TARGET_ABI: ABI = ABI::V6;
@@ -100,4 +135,26 @@ pub fn restrict(rules: &FsRules) -> Result<u32, LandlockError> {
         return Err(LandlockError::Unavailable("the kernel enforced none of the rules".into()));
     }
     Ok(abi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn older_abis_name_each_right_they_lack_and_what_holds_it() {
+        assert!(gaps(6).is_empty());
+        assert!(gaps(7).is_empty());
+        let rights: Vec<&str> = gaps(2).iter().map(|g| g.right).collect();
+        assert_eq!(
+            rights,
+            [
+                "truncation",
+                "TCP bind and connect",
+                "device ioctls",
+                "abstract Unix sockets and signals outside the VMM"
+            ]
+        );
+        assert_eq!(gaps(1).len(), 5);
+    }
 }

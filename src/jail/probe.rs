@@ -14,8 +14,11 @@ use super::{FsRules, JailError, ThreadKind, thread};
 pub enum Probe {
     /// Open a file for reading.
     Open(PathBuf),
-    /// Open a file for writing.
+    /// Open a file for writing, from a writable share's worker.
     Write(PathBuf),
+    /// Open a file read-only with `O_TRUNC`, from the read-only worker (what
+    /// Landlock below ABI 3 would not stop).
+    Truncate(PathBuf),
     /// Make a TCP socket.
     Socket,
     /// Run a program.
@@ -31,10 +34,22 @@ impl FromStr for Probe {
         match s.split_once(':') {
             Some(("open", path)) => Ok(Probe::Open(path.into())),
             Some(("write", path)) => Ok(Probe::Write(path.into())),
+            Some(("truncate", path)) => Ok(Probe::Truncate(path.into())),
             Some(("exec", path)) => Ok(Probe::Exec(path.into())),
             None if s == "socket" => Ok(Probe::Socket),
             None if s == "fds" => Ok(Probe::Fds),
-            _ => Err("use open:PATH, write:PATH, exec:PATH, socket or fds".into()),
+            _ => Err("use open:PATH, write:PATH, truncate:PATH, exec:PATH, socket or fds".into()),
+        }
+    }
+}
+
+impl Probe {
+    /// The worker that would make this call: writes come from a writable
+    /// share's worker, everything else from the read-only one.
+    fn thread_kind(&self) -> ThreadKind {
+        match self {
+            Probe::Write(_) => ThreadKind::FsWritable,
+            _ => ThreadKind::FsReadOnly,
         }
     }
 }
@@ -44,7 +59,7 @@ impl FromStr for Probe {
 pub fn run(rules: &FsRules, probe: Probe) -> Result<String, JailError> {
     super::enter(rules)?;
     let (tx, rx) = mpsc::channel();
-    thread::spawn("probe", ThreadKind::FsReadOnly, move || {
+    thread::spawn("probe", probe.thread_kind(), move || {
         let _ = tx.send(attempt(&probe));
     })
     .map_err(JailError::Launcher)?;
@@ -60,6 +75,10 @@ fn attempt(probe: &Probe) -> String {
     match probe {
         Probe::Open(path) => outcome(std::fs::File::open(path).map(drop)),
         Probe::Write(path) => outcome(std::fs::OpenOptions::new().write(true).open(path).map(drop)),
+        Probe::Truncate(path) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            outcome(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(path).map(drop))
+        }
         Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
         Probe::Exec(path) => {
             let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {

@@ -138,9 +138,10 @@ const BLOCK: &[i64] = &[
 ];
 
 /// Looking up, reading and listing files beneath the shares (Landlock
-/// decides which files; this decides which operations).
+/// decides which files; this decides which operations). `openat` is not
+/// here: the read-only worker gets it only without modifying flags
+/// (`read_only_open`), the writable one gets it plain.
 const FS_READ: &[i64] = &[
-    libc::SYS_openat,
     libc::SYS_newfstatat,
     libc::SYS_fstat,
     libc::SYS_statx,
@@ -223,13 +224,30 @@ fn plain(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Rng => &[WORKER],
         ThreadKind::Block => &[WORKER, BLOCK],
         ThreadKind::FsReadOnly => &[WORKER, FS_READ],
-        ThreadKind::FsWritable => &[WORKER, FS_READ, FS_WRITE],
+        ThreadKind::FsWritable => &[WORKER, FS_READ, FS_WRITE, &[libc::SYS_openat]],
     };
     COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().collect()
 }
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
     SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
+}
+
+/// open(2) flags that can change a file: write access (either access bit),
+/// truncation, appending, creation and O_TMPFILE's own bit. Landlock only
+/// governs truncation from ABI 3 on, so on older kernels this filter is what
+/// keeps `O_RDONLY|O_TRUNC` from emptying a shared file.
+const MODIFYING_OPEN_FLAGS: u64 =
+    (libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT | TMPFILE_BIT) as u64;
+/// `__O_TMPFILE`: O_TMPFILE without the O_DIRECTORY bit it includes.
+const TMPFILE_BIT: libc::c_int = libc::O_TMPFILE & !libc::O_DIRECTORY;
+
+/// `openat` for the read-only worker: flags (argument 2, an int) with no
+/// modifying bit. `openat2` stays out of every list, since its flags sit
+/// behind a pointer that seccomp cannot read.
+fn read_only_open() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    let flags = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(MODIFYING_OPEN_FLAGS), 0)?;
+    Ok(vec![SeccompRule::new(vec![flags])?])
 }
 
 /// The rules of `kind`, arguments checked where it matters.
@@ -241,6 +259,9 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompile
     };
     map.insert(libc::SYS_mmap, no_exec()?);
     map.insert(libc::SYS_mprotect, no_exec()?);
+    if kind == ThreadKind::FsReadOnly {
+        map.insert(libc::SYS_openat, read_only_open()?);
+    }
     if matches!(kind, ThreadKind::Vcpu | ThreadKind::Launcher) {
         map.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, KVM_RUN)?])?]);
     }
@@ -309,7 +330,17 @@ mod tests {
     fn no_kind_may_make_sockets_or_run_programs() {
         for kind in ThreadKind::ALL {
             let allowed = rules(kind).unwrap();
-            for nr in [libc::SYS_socket, libc::SYS_connect, libc::SYS_bind, libc::SYS_execve, libc::SYS_execveat] {
+            for nr in [
+                libc::SYS_socket,
+                libc::SYS_connect,
+                libc::SYS_bind,
+                libc::SYS_execve,
+                libc::SYS_execveat,
+                libc::SYS_kill,
+                libc::SYS_tgkill,
+                libc::SYS_tkill,
+                libc::SYS_truncate,
+            ] {
                 assert!(!allowed.contains_key(&nr), "{} may call {nr}", kind.name());
             }
         }
@@ -322,6 +353,26 @@ mod tests {
             assert_eq!(allowed.contains_key(&libc::SYS_clone), kind == ThreadKind::Launcher, "{}", kind.name());
             let writes = allowed.contains_key(&libc::SYS_unlinkat);
             assert_eq!(writes, matches!(kind, ThreadKind::FsWritable | ThreadKind::Launcher), "{}", kind.name());
+        }
+    }
+
+    #[test]
+    fn the_read_only_worker_opens_only_without_modifying_flags() {
+        let ro = rules(ThreadKind::FsReadOnly).unwrap();
+        assert_eq!(ro[&libc::SYS_openat].len(), 1, "openat is conditional for the read-only worker");
+        assert!(rules(ThreadKind::FsWritable).unwrap()[&libc::SYS_openat].is_empty());
+        for kind in ThreadKind::ALL {
+            assert!(!rules(kind).unwrap().contains_key(&libc::SYS_openat2), "{} may call openat2", kind.name());
+            assert!(!rules(kind).unwrap().contains_key(&libc::SYS_open), "{} may call open", kind.name());
+            assert!(!rules(kind).unwrap().contains_key(&libc::SYS_creat), "{} may call creat", kind.name());
+        }
+        for flag in [libc::O_WRONLY, libc::O_RDWR, libc::O_TRUNC, libc::O_APPEND, libc::O_CREAT, libc::O_TMPFILE] {
+            assert_ne!(flag as u64 & MODIFYING_OPEN_FLAGS, 0, "flag {flag:#o}");
+        }
+        for flag in
+            [libc::O_RDONLY, libc::O_PATH, libc::O_DIRECTORY, libc::O_NOFOLLOW, libc::O_CLOEXEC, libc::O_NONBLOCK]
+        {
+            assert_eq!(flag as u64 & MODIFYING_OPEN_FLAGS, 0, "flag {flag:#o}");
         }
     }
 }
