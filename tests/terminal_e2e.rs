@@ -71,3 +71,31 @@ sleep 1; cmp before.txt after.txt && echo terminal-restored"#,
     assert_eq!(out.status, 0, "{out}");
     assert!(out.stdout.contains("terminal-restored"), "{out}");
 }
+
+#[test]
+fn guest_output_cannot_hide_or_garble_the_review() {
+    let Some(rig) = rig::require("guest_output_cannot_hide_or_garble_the_review") else { return };
+    // The command leaves the terminal in every state that would hide or
+    // garble what follows: DEC line drawing in G0 and G1 (shifted out),
+    // concealed text, a two-line scroll region, a hidden cursor, the
+    // alternate screen, mouse reports, insert mode. The review must still
+    // read plainly.
+    let out = rig.sh(
+        &script(
+            r#"cat > hostile.sh <<'END'
+echo plain > staged-file.txt
+printf '\033(0\033)0\016\033[8m\033[1;2r\033[?25l\033[?1049h\033[?1000h\033[4h'
+END
+tm new-session -d -s t -x 100 -y 30 "$S run -- sh hostile.sh; sleep 600"
+set -e
+screen_has 'staged by session'
+screen_has 'staged-file.txt'
+echo "flags: $(tm display -p -t t '#{cursor_flag} #{alternate_on} #{scroll_region_upper} #{scroll_region_lower} #{mouse_any_flag} #{insert_flag}')"
+if tm capture-pane -p -e -t t | grep 'staged by session' | grep -q "$(printf '\033')\[[0-9;]*8m"; then echo heading-concealed; fi"#,
+        ),
+        T,
+    );
+    assert_eq!(out.status, 0, "{out}");
+    assert!(out.stdout.contains("flags: 1 0 0 29 0 0"), "the terminal was not put back: {out}");
+    assert!(!out.stdout.contains("heading-concealed"), "the heading is concealed: {out}");
+}

@@ -47,7 +47,7 @@ pub use apply::{
 };
 pub use conflict::ConflictReason;
 pub use model::{Base, Entry, EntryState, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget, TreeDigest};
-pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes};
+pub use path::{MAX_NAME, MAX_PATH, PathError, RelPath, display_bytes, is_invisible};
 pub use seen::{Seen, SessionChange};
 pub use selection::Selection;
 pub(crate) use store::write_atomically;

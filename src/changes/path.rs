@@ -194,13 +194,17 @@ impl<'de> Deserialize<'de> for RelPath {
     }
 }
 
-/// Bytes as text for messages, with anything unprintable escaped.
+/// Bytes as text for messages, with anything unprintable escaped: control
+/// characters (C0 and C1, so no escape sequence reaches the terminal), bytes
+/// that are not UTF-8, and marks that reorder or hide text.
 pub fn display_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
             if c.is_control() {
                 out.extend(c.escape_default());
+            } else if is_invisible(c) {
+                out.push_str(&format!("<U+{:04X}>", c as u32));
             } else {
                 out.push(c);
             }
@@ -210,6 +214,13 @@ pub fn display_bytes(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// Characters that reorder or hide the text around them: bidi marks,
+/// embeddings, overrides and isolates, zero-width characters, the
+/// byte-order mark.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
 }
 
 fn lossy(bytes: &[u8]) -> String {

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::ProxyError;
+use crate::changes::display_bytes;
 use crate::logcap::{CapNote, Capped, NETWORK_LOG_CAP, Style};
 
 /// The audit log's name in a session directory.
@@ -248,7 +249,14 @@ fn row(r: &Record) -> [String; 6] {
     if let Some(saved) = &r.signin_saved {
         let _ = write!(why, "; {saved}");
     }
-    [time, decision.into(), kind, target, request.trim().to_string(), why]
+    [time, decision.into(), kind, target, request.trim().to_string(), why].map(|cell| shown(&cell))
+}
+
+/// A cell as it may reach the terminal: hosts, paths and methods are the
+/// guest's words, so controls (C1 and tab included) and invisible marks are
+/// escaped rather than left to move the cursor or reorder the line.
+fn shown(cell: &str) -> String {
+    display_bytes(cell.as_bytes())
 }
 
 fn bytes(n: u64) -> String {
@@ -265,6 +273,25 @@ fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_chosen_hosts_and_paths_cannot_drive_the_terminal() {
+        let mut r = Record::new(Kind::Https, "evil\u{1b}]0;title\u{7}.example", 443, Decision::Deny);
+        r.method = Some("GET\u{9b}2J".into());
+        r.path = Some("/a\u{202e}txt.exe\u{200b}/\u{1b}[8m\tz".into());
+        r.reason = Some("no rule allows \u{85}x".into());
+        let text = render(&[r]);
+        for c in text.chars() {
+            assert!(
+                c == '\n' || !(c.is_control() || crate::changes::is_invisible(c)),
+                "{:?} reached the output: {text:?}",
+                c
+            );
+        }
+        assert!(text.contains("evil\\u{1b}]0;title\\u{7}.example:443"), "{text}");
+        assert!(text.contains("GET\\u{9b}2J /a<U+202E>txt.exe<U+200B>/\\u{1b}[8m\\tz"), "{text}");
+        assert!(text.contains("\\u{85}x"), "{text}");
+    }
 
     #[test]
     fn records_round_trip_through_the_file() {

@@ -269,6 +269,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         limits,
     );
     drop(raw);
+    terminal::sane_display();
     interrupts.vm_gone();
     // The guest has said all it will; its VMM powers off (or is killed after
     // the grace) while the network stops and the changes are reviewed. If
