@@ -615,7 +615,9 @@ impl<'a> Session<'a> {
         }
         if !forced {
             let judged = match &self.judge {
-                Judge::Seen(seen) => host.check_session(seen, &entry.path, &entry.kind),
+                Judge::Seen(seen) => {
+                    host.check_base_kind(&entry.base).and_then(|()| host.check_session(seen, &entry.path, &entry.kind))
+                }
                 Judge::Base => host.check_base(&entry.base),
             };
             if let Err(reason) = judged {

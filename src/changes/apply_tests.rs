@@ -837,3 +837,29 @@ fn a_run_whose_sightings_are_lost_counts_as_having_seen_nothing() {
     );
     assert_eq!(fs::read(f.ws.join("notes.txt")).unwrap(), b"host");
 }
+
+#[test]
+fn apply_does_no_more_than_the_base_shows_in_review() {
+    let f = fx();
+    write(&f.ws.join("config.toml"), b"the host's");
+    write(&f.ws.join("tree/deep/file"), b"the host's tree");
+    fs::create_dir(f.ws.join("private")).unwrap();
+    fs::set_permissions(f.ws.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    with_sightings(&f);
+    let file = Base::File { mode: Mode::from_raw(0o644), size: 1, sha256: Sha256::of(b"x") };
+    let mut w = Writer::new(Vec::new()).unwrap();
+    // Shown as added, though the guest saw the host's file.
+    w.file(&p("config.toml"), 0o644, 5, &mut &b"guest"[..], &Base::Absent).unwrap();
+    // Shown as a modified file, though a directory tree is there.
+    w.file(&p("tree"), 0o644, 5, &mut &b"guest"[..], &file).unwrap();
+    // Shown as a new directory (and folded away), though it is a chmod.
+    w.dir(&p("private"), 0o777, &Base::Absent).unwrap();
+    w.file(&p("private/x"), 0o644, 1, &mut &b"x"[..], &Base::Absent).unwrap();
+    f.store.stage(&w.finish().unwrap().0[..], Limits::default()).unwrap();
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    let conflicted: Vec<String> = report.conflicts.iter().map(|c| c.path.to_string()).collect();
+    assert_eq!(conflicted, ["config.toml", "private", "tree"], "{report:?}");
+    assert_eq!(fs::read(f.ws.join("config.toml")).unwrap(), b"the host's");
+    assert_eq!(fs::read(f.ws.join("tree/deep/file")).unwrap(), b"the host's tree");
+    assert_eq!(mode_of(&f.ws.join("private")), 0o700);
+}

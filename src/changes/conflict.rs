@@ -146,6 +146,27 @@ impl<D: AsFd> HostPath<'_, D> {
         }
     }
 
+    /// Whether the host has the kind of thing the base names (nothing, a
+    /// file, a directory...). Review shows a change by its base (added,
+    /// modified, a new directory), so apply must not do more than that shows:
+    /// a file shown as added never replaces a host file, nor a "modified"
+    /// file a host directory. Only the kind is compared: the base's content,
+    /// mode and tree digest are the guest's word and decide nothing.
+    pub fn check_base_kind(&self, base: &Base) -> Result<(), ConflictReason> {
+        let named = match base {
+            Base::Absent => None,
+            Base::File { .. } => Some(FileType::File),
+            Base::Symlink { .. } => Some(FileType::Symlink),
+            Base::Dir { .. } => Some(FileType::Dir),
+            Base::Special => Some(FileType::Special),
+        };
+        if named == self.file_type() {
+            Ok(())
+        } else {
+            Err(ConflictReason::Changed { guest_saw: describe_base(base), host_has: self.describe() })
+        }
+    }
+
     /// Whether the host already holds what the entry wants (nothing to do).
     /// A mode change is there when the host's file has that mode; given the
     /// base (a set the host built), also its content.
