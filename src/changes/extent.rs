@@ -42,7 +42,7 @@ pub fn next_data(fd: &impl AsFd, from: u64, size: u64) -> io::Result<Option<(u64
 /// Hashes `len` zero bytes, what a hole of that length reads as.
 pub fn hash_zeros(hasher: &mut Hasher, mut len: u64) {
     while len > 0 {
-        let n = len.min(ZEROS.len() as u64) as usize;
+        let n = usize::try_from(len).map_or(ZEROS.len(), |l| l.min(ZEROS.len()));
         hasher.update(&ZEROS[..n]);
         len -= n as u64;
     }

@@ -877,7 +877,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                x as u8 | 1
+                x.to_le_bytes()[0] | 1
             })
             .collect()
     }
@@ -994,7 +994,7 @@ mod tests {
         out.extend_from_slice(&crate::changes::wire::VERSION.to_le_bytes());
         let json = br#"{"path":"exabyte","change":{"type":"file","mode":420,"size":1152921504606846976},"base":{"type":"absent"}}"#;
         out.push(1);
-        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
         out.extend_from_slice(json);
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
