@@ -23,9 +23,10 @@ exe=$(cargo test --release --bin stockade --no-run --message-format=json 2>/dev/
 printf '%-8s %-9s %9s %10s  %s\n' shape step "time" "max RSS" outcome
 for shape in "${shapes[@]}"; do
     for step in generate stage apply; do
-        out=$(STOCKADE_BENCH_DIR=$dir STOCKADE_BENCH_SHAPE=$shape STOCKADE_BENCH_STEP=$step \
-            STOCKADE_BENCH_NO_CAP=${NO_CAP:-} /usr/bin/time -v "$exe" changes::bench::scale \
-            --ignored --nocapture --exact --test-threads=1 2>&1)
+        nocap=()
+        [[ -z "${NO_CAP:-}" ]] || nocap=(STOCKADE_BENCH_NO_CAP=1)
+        out=$(env "${nocap[@]}" STOCKADE_BENCH_DIR="$dir" STOCKADE_BENCH_SHAPE="$shape" STOCKADE_BENCH_STEP="$step" \
+            /usr/bin/time -v "$exe" changes::bench::scale --ignored --nocapture --exact --test-threads=1 2>&1)
         result=$(grep '^RESULT' <<<"$out" | head -1)
         rss=$(sed -n 's/.*Maximum resident set size (kbytes): //p' <<<"$out")
         secs=$(grep -o ' s=[^ ]*' <<<"$result" | cut -d= -f2)
