@@ -12,7 +12,7 @@ use nix::unistd::{Whence, lseek};
 
 use super::model::Hasher;
 
-const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// The next data extent at or after `from`, as `start..end` with `end` at
 /// most `size`; `None` when only a hole is left. Filesystems without hole

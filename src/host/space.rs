@@ -21,8 +21,8 @@ pub fn available_bytes(path: &Path) -> std::io::Result<(PathBuf, u64)> {
 /// filesystem holding `path` (which must exist).
 pub fn filesystem(path: &Path) -> std::io::Result<(u64, u64)> {
     let stat = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
-    let available = u64::from(stat.blocks_available()).saturating_mul(stat.fragment_size());
-    let total = u64::from(stat.blocks()).saturating_mul(stat.fragment_size());
+    let available = stat.blocks_available().saturating_mul(stat.fragment_size());
+    let total = stat.blocks().saturating_mul(stat.fragment_size());
     Ok((available, total))
 }
 
