@@ -223,7 +223,7 @@ pub(crate) fn apply_with_hook(
             None => Check::Full,
         };
         let outcome = session.execute(&plan, i, check, &run, before_write);
-        let ok = run.record(op, outcome, &mut report);
+        let ok = run.record(op, Run::holds_children(&session, op), outcome, &mut report);
         journal.done(i, ok)?;
         progress.set(i as u64 + 1);
     }
@@ -261,7 +261,7 @@ fn recover_locked(store: &Store, workspace: &Path) -> Result<Option<ApplyReport>
         // half done (a tree half removed): redo it without checks.
         let check = if i == interrupted.finished || op.forced { Check::Trusted } else { Check::Full };
         let outcome = session.execute(plan, i, check, &run, &mut |_| {});
-        let ok = run.record(op, outcome, &mut report);
+        let ok = run.record(op, Run::holds_children(&session, op), outcome, &mut report);
         journal.done(i, ok)?;
     }
     session.finish(Some(journal), &mut report)?;
@@ -279,6 +279,7 @@ enum Check {
     Trusted,
 }
 
+#[derive(Clone)]
 enum Verdict {
     Ready(Option<StatKey>),
     Already,
@@ -313,7 +314,7 @@ struct Run {
 
 impl Run {
     /// Files an outcome in the report; returns whether the entry is applied.
-    fn record(&mut self, op: &Op, outcome: Outcome, report: &mut ApplyReport) -> bool {
+    fn record(&mut self, op: &Op, holds_children: bool, outcome: Outcome, report: &mut ApplyReport) -> bool {
         let path = op.path.clone();
         let ok = matches!(outcome, Outcome::Applied | Outcome::Already);
         match (op.step, outcome) {
@@ -327,7 +328,8 @@ impl Run {
             }
             (Step::DirMode, _) | (_, Outcome::Skipped) => {}
         }
-        if op.step == Step::Write {
+        // Only directories can be parents; files are not remembered.
+        if op.step == Step::Write && holds_children {
             if ok {
                 self.dirs.insert(path);
             } else {
@@ -349,27 +351,52 @@ impl Run {
             self.skipped.insert(op.path.clone());
         }
     }
+
+    fn holds_children(session: &Session<'_>, op: &Op) -> bool {
+        session.entry(&op.path).is_some_and(|e| e.kind.holds_children())
+    }
+}
+
+/// What decides whether the host changed a path under the guest.
+enum Judge {
+    /// What the guest saw, as the host's file server recorded it, against
+    /// the host now: the entries' bases (the guest's word) are not used.
+    Seen(Seen),
+    /// The entries' bases: only for sets the host built itself (no
+    /// sightings were recorded when they were staged).
+    Base,
 }
 
 struct Session<'a> {
     store: &'a Store,
     root: Root,
+    header: store::Header,
+    /// In tree order (the manifest's order, checked when read).
     entries: Vec<StoredEntry>,
-    index: HashMap<RelPath, usize>,
-    seen: Option<Seen>,
+    judge: Judge,
 }
 
 impl<'a> Session<'a> {
     fn open(store: &'a Store, workspace: &Path) -> Result<Session<'a>, ChangesError> {
-        let entries = store.entries()?;
-        let index = store::index(&entries);
+        let (header, entries) = store.read_all()?;
         let root = Root::open(workspace).map_err(ChangesError::io("open the workspace", workspace))?;
-        let seen = store.load_seen()?;
-        Ok(Session { store, root, entries, index, seen })
+        let judge = match store.load_seen()? {
+            Some(seen) => Judge::Seen(seen),
+            // The run recorded sightings but the record is gone: the guest
+            // counts as having seen nothing, so any host file it would
+            // replace is a conflict.
+            None if header.sightings => Judge::Seen(Seen::default()),
+            None => Judge::Base,
+        };
+        Ok(Session { store, root, header, entries, judge })
+    }
+
+    fn position(&self, path: &RelPath) -> Option<usize> {
+        self.entries.binary_search_by(|e| e.entry.path.cmp(path)).ok()
     }
 
     fn entry(&self, path: &RelPath) -> Option<&Entry> {
-        self.index.get(path).map(|&i| &self.entries[i].entry)
+        self.position(path).map(|i| &self.entries[i].entry)
     }
 
     /// Whether the set has entries strictly below `path`.
@@ -381,95 +408,272 @@ impl<'a> Session<'a> {
         self.entries.get(i).is_some_and(|e| e.entry.path.starts_with(path))
     }
 
+    /// For each entry, the nearest entry above it in the set (in tree
+    /// order such entries precede it and form a stack): one pass, linear in
+    /// the paths' bytes however deep they are.
+    fn parents(&self) -> Vec<Option<usize>> {
+        let mut parents = Vec::with_capacity(self.entries.len());
+        let mut stack: Vec<usize> = Vec::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            while stack.last().is_some_and(|&j| !e.entry.path.is_below(&self.entries[j].entry.path)) {
+                stack.pop();
+            }
+            parents.push(stack.last().copied());
+            stack.push(i);
+        }
+        parents
+    }
+
+    /// Whether the host has nothing at `path` now (so creating a directory
+    /// there overwrites nothing).
+    fn host_lacks(&self, path: &RelPath) -> bool {
+        match self.root.parent_of(path) {
+            Ok(dir) => matches!(dirfd::stat_at(&dir, path.file_name()), Ok(None)),
+            Err(ResolveError::Missing(_)) => true,
+            Err(_) => false,
+        }
+    }
+
     fn plan(&self, options: &ApplyOptions) -> (Vec<Planned>, ApplyReport) {
         let mut report = ApplyReport::default();
         let staged = self.entries.iter().filter(|e| e.state == EntryState::Staged).count();
-        let mut chosen = BTreeSet::new();
+        let parents = self.parents();
+        // Selected entries, and the staged directories they need: those
+        // where the host has nothing now (the guest's word that it saw
+        // nothing there is not asked), so that bringing one along
+        // overwrites nothing the user did not choose.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Pick {
+            Unknown,
+            Chosen,
+            Left,
+        }
+        let mut picks = vec![Pick::Unknown; self.entries.len()];
         for (i, stored) in self.entries.iter().enumerate() {
             if stored.state != EntryState::Staged || !options.selection.matches(&stored.entry.path) {
                 continue;
             }
-            chosen.insert(i);
-            // New directories the path needs come along.
-            for ancestor in stored.entry.path.ancestors() {
-                if let Some(&j) = self.index.get(&ancestor) {
-                    let a = &self.entries[j];
-                    if a.state == EntryState::Staged && a.entry.kind.holds_children() && a.entry.base == Base::Absent {
-                        chosen.insert(j);
-                    }
-                }
+            picks[i] = Pick::Chosen;
+            // Ancestors come first in tree order: a walk stops at the first
+            // one already decided, so each is looked at once.
+            let mut up = parents[i];
+            while let Some(j) = up
+                && picks[j] == Pick::Unknown
+            {
+                let a = &self.entries[j];
+                let needed =
+                    a.state == EntryState::Staged && a.entry.kind.holds_children() && self.host_lacks(&a.entry.path);
+                picks[j] = if needed { Pick::Chosen } else { Pick::Left };
+                up = parents[j];
             }
         }
-        report.not_selected = staged - chosen.len();
+        report.not_selected = staged - picks.iter().filter(|&&p| p == Pick::Chosen).count();
 
         let mut planned = Vec::new();
         // Directories that will exist: planned or already there.
         let mut dirs: HashSet<RelPath> = HashSet::new();
         // Directories the plan makes where the host has none: nothing is below them.
         let mut created: HashSet<RelPath> = HashSet::new();
-        let mut blocked: HashSet<RelPath> = HashSet::new();
-        for i in chosen {
+        // Per entry: itself or its nearest entry above that was not planned.
+        let mut blocked: Vec<Option<usize>> = vec![None; self.entries.len()];
+        // The last directory resolved, for the siblings that follow it.
+        let mut last_dir: Option<(RelPath, DirFd<'_>)> = None;
+        // The last path that could not be resolved, and why: everything below
+        // it (which follows it in tree order) fails the same way, so it is
+        // diagnosed once.
+        let mut last_failure: Option<(RelPath, Verdict)> = None;
+        for i in 0..self.entries.len() {
+            if picks[i] != Pick::Chosen {
+                blocked[i] = parents[i].and_then(|j| blocked[j]);
+                continue;
+            }
             let entry = &self.entries[i].entry;
             let forced = options.force.matches(&entry.path);
-            let verdict = if entry.path.parent().is_some_and(|parent| created.contains(&parent)) {
+            let parent = entry.path.parent();
+            let blocked_above = parents[i].and_then(|j| blocked[j]);
+            let verdict = if parent.as_ref().is_some_and(|parent| created.contains(parent)) {
                 // A new tree (an npm install): no need to look at the host.
-                empty_there(entry, forced)
+                self.empty_there(entry, forced)
+            } else if let Some((failed, verdict)) = &last_failure
+                && entry.path.is_below(failed)
+            {
+                match (verdict, blocked_above) {
+                    (_, Some(j)) => {
+                        Verdict::Refused(RefusalReason::ParentNotApplied(self.entries[j].entry.path.clone()))
+                    }
+                    (v, None) => v.clone(),
+                }
             } else {
-                match self.root.parent_of(&entry.path) {
-                    Ok(dir) => match dirfd::stat_at(&dir, entry.path.file_name()) {
-                        Ok(stat) => {
-                            self.evaluate(&HostPath { dir: &dir, name: entry.path.file_name(), stat }, entry, forced)
+                let reuse = matches!((&last_dir, &parent), (Some((p, _)), Some(q)) if p == q);
+                if !reuse {
+                    last_dir = None;
+                    if let Some(parent) = &parent {
+                        match self.root.dir(parent) {
+                            Ok(fd) => last_dir = Some((parent.clone(), DirFd::Owned(fd))),
+                            Err(err) => {
+                                let component = failing_component(&err).cloned();
+                                let verdict = self.unresolved(entry, err, forced, &dirs, blocked_above);
+                                // An earlier operation makes that directory:
+                                // what is below it is judged one by one.
+                                if let Some(c) = component.filter(|c| !dirs.contains(c)) {
+                                    last_failure = Some((c, verdict.clone()));
+                                }
+                                self.record_verdict(
+                                    i,
+                                    verdict,
+                                    forced,
+                                    &mut planned,
+                                    &mut report,
+                                    &mut dirs,
+                                    &mut created,
+                                    &mut blocked,
+                                    parents[i],
+                                );
+                                continue;
+                            }
                         }
-                        Err(e) => Verdict::Conflict(ConflictReason::Unreadable(e.to_string())),
-                    },
-                    Err(err) => unresolved(entry, err, forced, &dirs, &blocked),
+                    }
+                }
+                let root_dir = DirFd::Root(self.root.fd());
+                let dir = last_dir.as_ref().map_or(&root_dir, |(_, d)| d);
+                match dirfd::stat_at(dir, entry.path.file_name()) {
+                    Ok(stat) => self.evaluate(&HostPath { dir, name: entry.path.file_name(), stat }, entry, forced),
+                    Err(e) => Verdict::Conflict(ConflictReason::Unreadable(e.to_string())),
                 }
             };
-            let path = entry.path.clone();
-            match verdict {
-                Verdict::Ready(seen) => {
-                    if entry.kind.holds_children() {
-                        if seen.is_none_or(|s| s.kind != FileType::Dir) {
-                            created.insert(path.clone());
-                        }
-                        dirs.insert(path);
-                    }
-                    planned.push(Planned { index: i, forced, seen });
-                }
-                Verdict::Already => {
-                    if entry.kind.holds_children() {
-                        dirs.insert(path.clone());
-                    }
-                    report.already.push(path);
-                }
-                Verdict::Conflict(reason) => {
-                    blocked.insert(path.clone());
-                    report.conflicts.push(Conflict { path, reason });
-                }
-                Verdict::Refused(reason) => {
-                    blocked.insert(path.clone());
-                    report.refused.push(Refusal { path, reason });
-                }
-            }
+            self.record_verdict(
+                i,
+                verdict,
+                forced,
+                &mut planned,
+                &mut report,
+                &mut dirs,
+                &mut created,
+                &mut blocked,
+                parents[i],
+            );
         }
         (planned, report)
     }
 
+    /// Files one entry's verdict in the plan and the report.
+    #[allow(clippy::too_many_arguments)]
+    fn record_verdict(
+        &self,
+        i: usize,
+        verdict: Verdict,
+        forced: bool,
+        planned: &mut Vec<Planned>,
+        report: &mut ApplyReport,
+        dirs: &mut HashSet<RelPath>,
+        created: &mut HashSet<RelPath>,
+        blocked: &mut [Option<usize>],
+        parent: Option<usize>,
+    ) {
+        let entry = &self.entries[i].entry;
+        let path = entry.path.clone();
+        blocked[i] = parent.and_then(|j| blocked[j]);
+        match verdict {
+            Verdict::Ready(seen) => {
+                if entry.kind.holds_children() {
+                    if seen.is_none_or(|s| s.kind != FileType::Dir) {
+                        created.insert(path.clone());
+                    }
+                    dirs.insert(path);
+                }
+                planned.push(Planned { index: i, forced, seen });
+            }
+            Verdict::Already => {
+                if entry.kind.holds_children() {
+                    dirs.insert(path.clone());
+                }
+                report.already.push(path);
+            }
+            Verdict::Conflict(reason) => {
+                blocked[i] = Some(i);
+                report.conflicts.push(Conflict { path, reason });
+            }
+            Verdict::Refused(reason) => {
+                blocked[i] = Some(i);
+                report.refused.push(Refusal { path, reason });
+            }
+        }
+    }
+
     fn evaluate<D: std::os::fd::AsFd>(&self, host: &HostPath<'_, D>, entry: &Entry, forced: bool) -> Verdict {
-        if host.reached(&entry.kind, &entry.base) {
+        let by_base = matches!(self.judge, Judge::Base);
+        if host.reached(&entry.kind, by_base.then_some(&entry.base)) {
             return Verdict::Already;
         }
+        if matches!(entry.kind, Kind::Mode { .. }) && host.file_type() != Some(FileType::File) {
+            // Only a file's permission bits change; whatever the guest said
+            // was there, the host has no file to change.
+            return Verdict::Conflict(ConflictReason::Changed {
+                guest_saw: "a file".into(),
+                host_has: host.describe(),
+            });
+        }
         if !forced {
-            if let Err(reason) = host.check_base(&entry.base) {
-                return Verdict::Conflict(reason);
-            }
-            if let Some(seen) = &self.seen
-                && let Err(reason) = host.check_session(seen, &entry.path, &entry.kind)
-            {
+            let judged = match &self.judge {
+                Judge::Seen(seen) => {
+                    host.check_base_kind(&entry.base).and_then(|()| host.check_session(seen, &entry.path, &entry.kind))
+                }
+                Judge::Base => host.check_base(&entry.base),
+            };
+            if let Err(reason) = judged {
                 return Verdict::Conflict(reason);
             }
         }
         Verdict::Ready(host.stat.as_ref().map(StatKey::of))
+    }
+
+    /// The verdict for a path whose directory the plan creates: the host
+    /// will have nothing there. A file the guest saw there and the host
+    /// removed since is still a conflict.
+    fn empty_there(&self, entry: &Entry, forced: bool) -> Verdict {
+        if matches!(entry.kind, Kind::Delete) {
+            return Verdict::Already;
+        }
+        if forced {
+            return Verdict::Ready(None);
+        }
+        match &self.judge {
+            Judge::Seen(seen) => match seen.change(&entry.path, None) {
+                Some(change) => Verdict::Conflict(ConflictReason::Session { path: entry.path.clone(), change }),
+                None => Verdict::Ready(None),
+            },
+            Judge::Base => match &entry.base {
+                Base::Absent => Verdict::Ready(None),
+                base => Verdict::Conflict(ConflictReason::Changed {
+                    guest_saw: describe_base(base),
+                    host_has: "nothing (its directory is new or replaced)".into(),
+                }),
+            },
+        }
+    }
+
+    /// The verdict for a path whose parent cannot be resolved on the host now.
+    fn unresolved(
+        &self,
+        entry: &Entry,
+        err: ResolveError,
+        forced: bool,
+        dirs: &HashSet<RelPath>,
+        blocked_above: Option<usize>,
+    ) -> Verdict {
+        if let Some(c) = failing_component(&err)
+            && dirs.contains(c)
+        {
+            // An earlier operation creates or replaces that directory.
+            return self.empty_there(entry, forced);
+        }
+        if let Some(j) = blocked_above {
+            return Verdict::Refused(RefusalReason::ParentNotApplied(self.entries[j].entry.path.clone()));
+        }
+        match refusal(err) {
+            Ok(reason) => Verdict::Refused(reason),
+            Err(e) => Verdict::Conflict(ConflictReason::Unreadable(e.to_string())),
+        }
     }
 
     fn execute(
@@ -551,20 +755,19 @@ impl<'a> Session<'a> {
                 if host_type == Some(FileType::Dir) {
                     dirfd::remove_tree(dir, name)?;
                 }
-                let mut blob = self.store.open_blob(sha256).map_err(io::Error::other)?;
-                let mut out = match dirfd::create_exclusive(dir, temp) {
+                let out = match dirfd::create_exclusive(dir, temp) {
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                         dirfd::unlink(dir, temp)?;
                         dirfd::create_exclusive(dir, temp)?
                     }
                     other => other?,
                 };
-                let written = io::copy(&mut blob, &mut out).and_then(|n| {
-                    if n != *size {
-                        return Err(io::Error::other(format!("staged content is {n} bytes, expected {size}")));
-                    }
-                    dirfd::set_file_mode(&out, mode.bits())
-                });
+                // Hashed as it is copied: a blob changed in the store since
+                // review never reaches the workspace (the temp is removed).
+                let written = self
+                    .store
+                    .copy_blob_verified(sha256, *size, &out)
+                    .and_then(|()| dirfd::set_file_mode(&out, mode.bits()));
                 drop(out);
                 if let Err(e) = written.and_then(|()| dirfd::rename(dir, temp, name)) {
                     let _ = dirfd::unlink(dir, temp);
@@ -650,21 +853,32 @@ impl<'a> Session<'a> {
             dirfd::sync_fs(&self.root.fd()).map_err(ChangesError::io("flush", self.root.path()))?;
         }
         let sync_ms = started.elapsed().as_millis();
-        if let Some(mut seen) = self.seen.take() {
+        if let Judge::Seen(seen) = &mut self.judge {
+            let mut seen = std::mem::take(seen);
+            // In tree order: below a path already forgotten, nothing is left to forget.
+            let mut forgotten: Option<&RelPath> = None;
             for path in &report.applied {
                 let Some(entry) = self.entry(path) else { continue };
-                if !matches!(entry.kind, Kind::Dir { .. } | Kind::Mode { .. }) {
+                if !matches!(entry.kind, Kind::Dir { .. } | Kind::Mode { .. })
+                    && !forgotten.is_some_and(|f| path.is_below(f))
+                {
                     self.forget_removed(&mut seen, path);
+                    forgotten = Some(path);
                 }
                 let now =
                     self.root.parent_of(path).ok().and_then(|d| dirfd::stat_at(&d, path.file_name()).ok().flatten());
                 seen.record(path, now.as_ref());
             }
             self.store.save_seen(&seen)?;
-            self.seen = Some(seen);
+            self.judge = Judge::Seen(seen);
         }
-        let done: Vec<RelPath> = report.applied.iter().chain(&report.already).cloned().collect();
-        self.store.set_states(&done, EntryState::Applied)?;
+        let header = self.header.clone();
+        self.store.set_states_in(
+            header,
+            &mut self.entries,
+            report.applied.iter().chain(&report.already),
+            EntryState::Applied,
+        )?;
         if let Some(journal) = journal {
             journal.finish()?;
         }
@@ -696,48 +910,15 @@ fn done<D: std::os::fd::AsFd>(host: &HostPath<'_, D>, entry: &Entry) -> bool {
     match entry.kind {
         // Created 0700; the mode comes with its own operation.
         Kind::Dir { .. } => host.file_type() == Some(FileType::Dir),
-        _ => host.reached(&entry.kind, &entry.base),
+        _ => host.reached(&entry.kind, None),
     }
 }
 
-/// The verdict for a path whose directory the plan creates: the host will
-/// have nothing there.
-fn empty_there(entry: &Entry, forced: bool) -> Verdict {
-    match (&entry.kind, &entry.base) {
-        (Kind::Delete, _) => Verdict::Already,
-        (_, Base::Absent) => Verdict::Ready(None),
-        _ if forced => Verdict::Ready(None),
-        (_, base) => Verdict::Conflict(ConflictReason::Changed {
-            guest_saw: describe_base(base),
-            host_has: "nothing (its directory is new or replaced)".into(),
-        }),
-    }
-}
-
-/// The verdict for a path whose parent cannot be resolved on the host now.
-fn unresolved(
-    entry: &Entry,
-    err: ResolveError,
-    forced: bool,
-    dirs: &HashSet<RelPath>,
-    blocked: &HashSet<RelPath>,
-) -> Verdict {
-    let component = match &err {
+/// The path whose resolution failed, if the error names one.
+fn failing_component(err: &ResolveError) -> Option<&RelPath> {
+    match err {
         ResolveError::Symlink(c) | ResolveError::NotDir(c) | ResolveError::Missing(c) => Some(c),
         ResolveError::Io(_) => None,
-    };
-    if let Some(c) = component
-        && dirs.contains(c)
-    {
-        // An earlier operation creates or replaces that directory.
-        return empty_there(entry, forced);
-    }
-    if let Some(parent) = entry.path.ancestors().find(|a| blocked.contains(a)) {
-        return Verdict::Refused(RefusalReason::ParentNotApplied(parent));
-    }
-    match refusal(err) {
-        Ok(reason) => Verdict::Refused(reason),
-        Err(e) => Verdict::Conflict(ConflictReason::Unreadable(e.to_string())),
     }
 }
 

@@ -742,3 +742,124 @@ fn an_apply_killed_at_any_point_is_completed_by_the_next() {
     );
     assert!(interrupted > 0, "no round killed the apply while it ran");
 }
+
+#[test]
+fn a_blob_changed_in_the_store_after_review_is_not_applied() {
+    let f = fx();
+    write(&f.ws.join("a.txt"), b"host");
+    Set::new(&f.ws).file("a.txt", b"reviewed content", 0o644).file("b.txt", b"also reviewed", 0o644).stage(&f.store);
+    // Between review and apply, something rewrites a staged blob: same
+    // size, then a different size.
+    let blob = f.store.blob_path(&Sha256::of(b"reviewed content"));
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(&blob, b"tampered content").unwrap();
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    assert_eq!(names(&report.applied), ["b.txt"], "{report:?}");
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    let error = &report.failed[0].error;
+    assert!(
+        error.contains("not what was staged and reviewed") && error.contains(&blob.display().to_string()),
+        "{error}"
+    );
+    assert_eq!(fs::read(f.ws.join("a.txt")).unwrap(), b"host", "nothing of it landed");
+    assert!(temps(&f.ws).is_empty());
+    assert_eq!(f.store.state().unwrap(), SetState::Partial, "it stays staged");
+
+    fs::write(&blob, b"short").unwrap();
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    assert!(report.failed[0].error.contains("is 5 bytes, not 16"), "{report:?}");
+    assert_eq!(fs::read(f.ws.join("a.txt")).unwrap(), b"host");
+}
+
+/// Stages `set` with sightings recorded before it (what a run does).
+fn with_sightings(f: &Fx) {
+    f.store.save_seen(&Seen::everything(&f.ws).unwrap()).unwrap();
+}
+
+#[test]
+fn a_base_the_guest_forged_neither_makes_nor_hides_a_conflict() {
+    let f = fx();
+    write(&f.ws.join("calm.txt"), b"the host never touched this");
+    write(&f.ws.join("edited.txt"), b"v1");
+    with_sightings(&f);
+    write(&f.ws.join("edited.txt"), b"the host's edit during the run");
+    let lie = Base::File { mode: Mode::from_raw(0o600), size: 1, sha256: Sha256::of(b"?") };
+    Set::new(&f.ws)
+        // A false base on a path the host left alone: no conflict to push
+        // the user towards --force.
+        .file_on("calm.txt", b"guest", 0o644, lie)
+        // The host's current version as the base: the host's edit after the
+        // guest looked is still a conflict.
+        .file("edited.txt", b"guest", 0o644)
+        .stage(&f.store);
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    assert_eq!(names(&report.applied), ["calm.txt"], "{report:?}");
+    assert_eq!(report.conflicts.len(), 1);
+    assert_eq!(report.conflicts[0].reason.to_string(), "edited.txt was changed on the host after the guest saw it");
+    assert_eq!(fs::read(f.ws.join("edited.txt")).unwrap(), b"the host's edit during the run");
+}
+
+#[test]
+fn a_directory_comes_along_only_where_the_host_has_none() {
+    let f = fx();
+    write(&f.ws.join("src/main.rs"), b"fn main() {}");
+    write(&f.ws.join("src/lib.rs"), b"pub fn lib() {}");
+    with_sightings(&f);
+    // The guest says it saw no src/ and replaced it: choosing only the new
+    // file must not bring along a replacement that empties the host's src/.
+    let mut w = Writer::new(Vec::new()).unwrap();
+    w.opaque_dir(&p("src"), 0o755, &Base::Absent).unwrap();
+    w.file(&p("src/new.rs"), 0o644, 3, &mut &b"new"[..], &Base::Absent).unwrap();
+    w.dir(&p("fresh"), 0o755, &Base::Absent).unwrap();
+    w.file(&p("fresh/x"), 0o644, 1, &mut &b"x"[..], &Base::Absent).unwrap();
+    f.store.stage(&w.finish().unwrap().0[..], Limits::default()).unwrap();
+    let report = apply(&f.store, &f.ws, &only(&["src/new.rs", "fresh/x"])).unwrap();
+    assert_eq!(names(&report.applied), ["fresh", "fresh/x", "src/new.rs"], "{report:?}");
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(fs::read(f.ws.join("src/main.rs")).unwrap(), b"fn main() {}");
+    assert_eq!(fs::read(f.ws.join("src/lib.rs")).unwrap(), b"pub fn lib() {}");
+}
+
+#[test]
+fn a_run_whose_sightings_are_lost_counts_as_having_seen_nothing() {
+    let f = fx();
+    write(&f.ws.join("notes.txt"), b"host");
+    f.store.start_seen().unwrap();
+    // The guest's base matches the host exactly; with the run's record gone,
+    // only the host's view may decide, and it has no sighting of the file.
+    Set::new(&f.ws).file("notes.txt", b"guest", 0o644).file("new.txt", b"guest", 0o644).stage(&f.store);
+    fs::remove_file(f.store.dir().join("seen")).unwrap();
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    assert_eq!(names(&report.applied), ["new.txt"], "{report:?}");
+    assert_eq!(
+        report.conflicts[0].reason.to_string(),
+        "notes.txt was created on the host after the guest looked for it"
+    );
+    assert_eq!(fs::read(f.ws.join("notes.txt")).unwrap(), b"host");
+}
+
+#[test]
+fn apply_does_no_more_than_the_base_shows_in_review() {
+    let f = fx();
+    write(&f.ws.join("config.toml"), b"the host's");
+    write(&f.ws.join("tree/deep/file"), b"the host's tree");
+    fs::create_dir(f.ws.join("private")).unwrap();
+    fs::set_permissions(f.ws.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    with_sightings(&f);
+    let file = Base::File { mode: Mode::from_raw(0o644), size: 1, sha256: Sha256::of(b"x") };
+    let mut w = Writer::new(Vec::new()).unwrap();
+    // Shown as added, though the guest saw the host's file.
+    w.file(&p("config.toml"), 0o644, 5, &mut &b"guest"[..], &Base::Absent).unwrap();
+    // Shown as a modified file, though a directory tree is there.
+    w.file(&p("tree"), 0o644, 5, &mut &b"guest"[..], &file).unwrap();
+    // Shown as a new directory (and folded away), though it is a chmod.
+    w.dir(&p("private"), 0o777, &Base::Absent).unwrap();
+    w.file(&p("private/x"), 0o644, 1, &mut &b"x"[..], &Base::Absent).unwrap();
+    f.store.stage(&w.finish().unwrap().0[..], Limits::default()).unwrap();
+    let report = apply(&f.store, &f.ws, &all()).unwrap();
+    let conflicted: Vec<String> = report.conflicts.iter().map(|c| c.path.to_string()).collect();
+    assert_eq!(conflicted, ["config.toml", "private", "tree"], "{report:?}");
+    assert_eq!(fs::read(f.ws.join("config.toml")).unwrap(), b"the host's");
+    assert_eq!(fs::read(f.ws.join("tree/deep/file")).unwrap(), b"the host's tree");
+    assert_eq!(mode_of(&f.ws.join("private")), 0o700);
+}

@@ -360,3 +360,144 @@ fn review_big_workspace_context() {
         format!("{} entries", d.entries)
     });
 }
+
+// Per-entry cost at scale (issue #17), run by `benches/scale.sh`: change sets
+// of a million entries, of 4 KiB paths, and of a tree 1,500 levels deep,
+// each staged and applied in a process of its own so that `/usr/bin/time -v`
+// gives its peak memory. STOCKADE_BENCH_SHAPE picks the set,
+// STOCKADE_BENCH_STEP the step (`generate`, `stage`, `apply`),
+// STOCKADE_BENCH_DIR where its stream, session and workspace live, and
+// STOCKADE_BENCH_NO_CAP=1 lifts the metadata cap to show the cost past it.
+
+/// Writes the change set of `shape` to `out`; returns its entry count.
+fn scale_set(shape: &str, out: impl Write) -> u64 {
+    use super::model::Base;
+    use super::path::RelPath;
+    let mut w = Writer::new(std::io::BufWriter::with_capacity(1 << 20, out)).unwrap();
+    let p = |s: &str| RelPath::new(s.as_bytes()).unwrap();
+    let content = b"module.exports = 1;\n";
+    let mut sha = None;
+    let mut file = |w: &mut Writer<_>, path: &RelPath| match sha {
+        None => sha = Some(w.file(path, 0o644, content.len() as u64, &mut &content[..], &Base::Absent).unwrap()),
+        Some(s) => w.file_again(path, 0o644, &s, &Base::Absent).unwrap(),
+    };
+    match shape {
+        // 1,000 directories of 999 files: 1,000,000 entries, short paths.
+        "million" => {
+            for d in 0..1000 {
+                let dir = p(&format!("node_modules/pkg{d:04}"));
+                if d == 0 {
+                    w.dir(&p("node_modules"), 0o755, &Base::Absent).unwrap();
+                }
+                w.dir(&dir, 0o755, &Base::Absent).unwrap();
+                for f in 0..(if d == 0 { 998 } else { 999 }) {
+                    file(&mut w, &dir.join(format!("file{f:04}.js").as_bytes()).unwrap());
+                }
+            }
+        }
+        // 1,000,000 paths of 4 KiB: 16 names of 255 bytes, the first one
+        // different for each path (nothing shared).
+        "long" => {
+            for i in 0..1_000_000u64 {
+                let mut path = String::with_capacity(4096);
+                for level in 0..16 {
+                    if level > 0 {
+                        path.push('/');
+                    }
+                    let name = format!("{i:0>12}{level:0>3}");
+                    path.push_str(&name.repeat(17)[..255]);
+                }
+                w.delete(&p(&path), &Base::Absent).unwrap();
+            }
+        }
+        // A chain of 1,500 directories with 200,000 files spread over its levels.
+        "deep" => {
+            let mut dir = String::new();
+            let mut files = 0u64;
+            for level in 0..1500u64 {
+                if level > 0 {
+                    dir.push('/');
+                }
+                dir.push('d');
+                w.dir(&p(&dir), 0o755, &Base::Absent).unwrap();
+                let here = 200_000 / 1500 + u64::from(level < 200_000 % 1500);
+                for f in 0..here {
+                    file(&mut w, &p(&format!("{dir}/f{f}")));
+                    files += 1;
+                }
+            }
+            assert_eq!(files, 200_000);
+        }
+        // The worst within the caps: paths of 4 KiB that are 2,047 levels
+        // deep, as many as the metadata cap allows (65,000), every one
+        // resolved through the whole chain when applied.
+        "worst" => {
+            let mut dir = String::new();
+            for level in 0..2040 {
+                if level > 0 {
+                    dir.push('/');
+                }
+                dir.push('d');
+                w.dir(&p(&dir), 0o755, &Base::Absent).unwrap();
+            }
+            for f in 0..61_000 {
+                file(&mut w, &p(&format!("{dir}/{f:x}")));
+            }
+        }
+        other => panic!("unknown STOCKADE_BENCH_SHAPE {other}"),
+    }
+    let (mut out, summary) = w.finish().unwrap();
+    out.flush().unwrap();
+    summary.entries
+}
+
+#[test]
+#[ignore = "a benchmark: run benches/scale.sh"]
+fn scale() {
+    let shape = std::env::var("STOCKADE_BENCH_SHAPE").unwrap_or_else(|_| "million".into());
+    let step = std::env::var("STOCKADE_BENCH_STEP").unwrap_or_else(|_| "stage".into());
+    let base = std::env::var_os("STOCKADE_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = base.join(format!("stockade-scale-{shape}"));
+    fs::create_dir_all(&dir).unwrap();
+    let stream = dir.join("stream");
+    let session = dir.join("session");
+    let ws = dir.join("ws");
+    let mut limits = Limits::default();
+    if std::env::var_os("STOCKADE_BENCH_NO_CAP").is_some() {
+        limits.max_metadata_bytes = u64::MAX;
+    }
+    let started = Instant::now();
+    let outcome = match step.as_str() {
+        "generate" => {
+            let entries = scale_set(&shape, fs::File::create(&stream).unwrap());
+            let bytes = fs::metadata(&stream).unwrap().len();
+            format!("entries={entries} stream_mib={:.1}", bytes as f64 / (1 << 20) as f64)
+        }
+        "stage" => {
+            let _ = fs::remove_dir_all(&session);
+            let store = Store::open(&session).unwrap();
+            let input = std::io::BufReader::with_capacity(256 << 10, fs::File::open(&stream).unwrap());
+            match store.stage(input, limits) {
+                Ok(report) => format!("staged entries={}", report.summary.entries),
+                Err(e) => format!("refused: {:#}", anyhow::Error::from(e)).replace('\n', " "),
+            }
+        }
+        "apply" => {
+            let _ = fs::remove_dir_all(&ws);
+            fs::create_dir_all(&ws).unwrap();
+            let store = Store::open(&session).unwrap();
+            if !store.is_staged() {
+                println!("\nRESULT shape={shape} step={step} nothing staged");
+                return;
+            }
+            let report = apply(&store, &ws, &ApplyOptions::all()).unwrap();
+            format!("applied={} skipped={}", report.applied.len(), report.skipped())
+        }
+        other => panic!("unknown STOCKADE_BENCH_STEP {other}"),
+    };
+    println!(
+        "\nRESULT shape={shape} step={step} s={:.2} peak_mib={:.0} {outcome}",
+        started.elapsed().as_secs_f64(),
+        proc_kib("VmHWM") as f64 / 1024.0
+    );
+}

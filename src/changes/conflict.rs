@@ -1,7 +1,9 @@
-//! Whether the host still holds what the guest saw (an entry's base), whether
-//! it already holds what the entry wants, and, with what the guest saw of the
-//! workspace, whether the host touched the path after the guest saw it. `stat` decides
-//! first; content is hashed only when sizes and types agree.
+//! Whether the host touched a path after the guest saw it (judged by what
+//! the host's file server recorded of the guest's lookups, never by what the
+//! guest says it saw), whether the host already holds what an entry wants,
+//! and, for sets the host built itself, whether the host still holds the
+//! entry's base. `stat` decides first; content is hashed only when sizes and
+//! types agree.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -87,7 +89,7 @@ impl<D: AsFd> HostPath<'_, D> {
         dirfd::read_link(self.dir, self.name)
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.file_type() {
             None => "nothing".into(),
             Some(FileType::File) => format!("a file of {} bytes, mode {}", self.size(), self.mode()),
@@ -144,8 +146,31 @@ impl<D: AsFd> HostPath<'_, D> {
         }
     }
 
+    /// Whether the host has the kind of thing the base names (nothing, a
+    /// file, a directory...). Review shows a change by its base (added,
+    /// modified, a new directory), so apply must not do more than that shows:
+    /// a file shown as added never replaces a host file, nor a "modified"
+    /// file a host directory. Only the kind is compared: the base's content,
+    /// mode and tree digest are the guest's word and decide nothing.
+    pub fn check_base_kind(&self, base: &Base) -> Result<(), ConflictReason> {
+        let named = match base {
+            Base::Absent => None,
+            Base::File { .. } => Some(FileType::File),
+            Base::Symlink { .. } => Some(FileType::Symlink),
+            Base::Dir { .. } => Some(FileType::Dir),
+            Base::Special => Some(FileType::Special),
+        };
+        if named == self.file_type() {
+            Ok(())
+        } else {
+            Err(ConflictReason::Changed { guest_saw: describe_base(base), host_has: self.describe() })
+        }
+    }
+
     /// Whether the host already holds what the entry wants (nothing to do).
-    pub fn reached(&self, kind: &Kind, base: &Base) -> bool {
+    /// A mode change is there when the host's file has that mode; given the
+    /// base (a set the host built), also its content.
+    pub fn reached(&self, kind: &Kind, base: Option<&Base>) -> bool {
         let yes = |r: Result<bool, ConflictReason>| r.unwrap_or(false);
         match kind {
             Kind::File { mode, size, sha256 } => yes(self.is_file(*mode, *size, sha256)),
@@ -155,8 +180,9 @@ impl<D: AsFd> HostPath<'_, D> {
             Kind::Symlink { target } => yes(self.is_symlink_to(target.as_bytes())),
             Kind::Delete => self.stat.is_none(),
             Kind::Mode { mode } => match base {
-                Base::File { size, sha256, .. } => yes(self.is_file(*mode, *size, sha256)),
-                _ => false,
+                Some(Base::File { size, sha256, .. }) => yes(self.is_file(*mode, *size, sha256)),
+                Some(_) => false,
+                None => self.file_type() == Some(FileType::File) && self.mode() == *mode,
             },
         }
     }

@@ -26,6 +26,7 @@ mod apply;
 mod bench;
 mod conflict;
 mod dirfd;
+mod extent;
 mod journal;
 mod model;
 mod path;
@@ -54,7 +55,7 @@ pub(crate) use store::write_atomically;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub use tree::digest_at as tree_digest_at;
 pub use validate::SetError;
-pub use wire::{BlobSink, DiscardSink, Item, Limits, Reader, Summary, WireError, Writer, skipped};
+pub use wire::{BlobSink, BlobWrite, DiscardSink, Item, Limits, Reader, Summary, WireError, Writer, skipped};
 
 #[derive(Debug, Error)]
 pub enum ChangesError {
@@ -84,6 +85,16 @@ pub enum ChangesError {
         #[source]
         source: io::Error,
     },
+    /// Staging would have left less than the margin free: nothing was
+    /// staged, what was received is freed, the workspace was never touched.
+    #[error(
+        "staging the guest's changes would leave less than {} free on the filesystem holding {} \
+         (the data directory; {} left): nothing was staged and what was received is freed \
+         (the workspace is unchanged). Free space there, or remove old sessions with \
+         `stockade sessions --prune` (`--include-staged` also drops unreviewed ones), then run the command again",
+        crate::host::space::human_bytes(*margin), dir.display(), crate::host::space::human_bytes(*available)
+    )]
+    LowSpace { dir: PathBuf, available: u64, margin: u64 },
     #[error("changes were already staged for this session in {}", .0.display())]
     AlreadyStaged(PathBuf),
     #[error("no changes are staged in {}", .0.display())]

@@ -112,6 +112,11 @@ impl RelPath {
         self.0.iter().enumerate().rev().filter(|(_, b)| **b == b'/').map(|(i, _)| RelPath(self.0[..i].to_vec()))
     }
 
+    /// Whether `self` lies strictly below `ancestor`.
+    pub fn is_below(&self, ancestor: &RelPath) -> bool {
+        self.0.len() > ancestor.0.len() && self.starts_with(ancestor)
+    }
+
     /// Whether `self` is `prefix` or lies below it (whole components only:
     /// `ab` does not start with `a`).
     pub fn starts_with(&self, prefix: &RelPath) -> bool {
@@ -155,10 +160,30 @@ fn check(bytes: &[u8]) -> Result<(), PathError> {
 }
 
 /// Tree order: a directory comes right before its contents, siblings by bytes.
+/// That is the components compared in turn, which is the bytes compared with
+/// `/` below every other byte (names hold no NUL), so one pass over the
+/// common prefix decides, however deep the paths.
 impl Ord for RelPath {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.components().cmp(other.components())
+        let (a, b) = (&self.0[..], &other.0[..]);
+        let i = common_prefix(a, b);
+        let key = |bytes: &[u8]| bytes.get(i).map(|&c| if c == b'/' { 0 } else { u16::from(c) + 1 });
+        key(a).cmp(&key(b))
     }
+}
+
+/// The length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const CHUNK: usize = 32;
+    let len = a.len().min(b.len());
+    let mut i = 0;
+    while i + CHUNK <= len && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    while i < len && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 impl PartialOrd for RelPath {
@@ -320,6 +345,17 @@ mod tests {
         paths.sort();
         let shown: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
         assert_eq!(shown, ["a", "a/b", "a/b/c", "a-b", "a0", "b"]);
+        // Byte order with `/` lowest is the components' order.
+        let names = ["a", "a/b", "ab", "a b", "a/b/c", "a.", "a/\u{e9}", "a\u{e9}", "z", "a/b-c", "a/b/c/d", "\u{7f}"];
+        for x in names {
+            for y in names {
+                let (px, py) = (RelPath::new(x.as_bytes()).unwrap(), RelPath::new(y.as_bytes()).unwrap());
+                assert_eq!(px.cmp(&py), px.components().cmp(py.components()), "{x} vs {y}");
+            }
+        }
+        let long = RelPath::new("d/".repeat(1000) + "x").unwrap();
+        assert!(RelPath::new("d/".repeat(1000) + "w").unwrap() < long);
+        assert!(long.is_below(&RelPath::new("d/d").unwrap()) && !long.is_below(&long));
     }
 
     #[test]

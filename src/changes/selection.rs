@@ -25,7 +25,18 @@ impl Selection {
 
     /// Each path selects itself and everything below it.
     pub fn paths(paths: impl IntoIterator<Item = RelPath>) -> Selection {
-        Selection { prefixes: Some(paths.into_iter().collect()), exact: HashSet::new() }
+        // Sorted, with paths below another left out: then the only prefix
+        // that can hold a path is the last one not after it in tree order,
+        // so a match is one binary search however many paths were chosen.
+        let mut sorted: Vec<RelPath> = paths.into_iter().collect();
+        sorted.sort_unstable();
+        let mut prefixes: Vec<RelPath> = Vec::with_capacity(sorted.len());
+        for path in sorted {
+            if !prefixes.last().is_some_and(|last| path.starts_with(last)) {
+                prefixes.push(path);
+            }
+        }
+        Selection { prefixes: Some(prefixes), exact: HashSet::new() }
     }
 
     /// Each path selects itself only.
@@ -36,7 +47,12 @@ impl Selection {
     pub fn matches(&self, path: &RelPath) -> bool {
         match &self.prefixes {
             None => true,
-            Some(prefixes) => self.exact.contains(path) || prefixes.iter().any(|prefix| path.starts_with(prefix)),
+            Some(prefixes) => {
+                self.exact.contains(path) || {
+                    let after = prefixes.partition_point(|prefix| prefix <= path);
+                    after > 0 && path.starts_with(&prefixes[after - 1])
+                }
+            }
         }
     }
 }
@@ -62,6 +78,12 @@ mod tests {
         assert!(!sel.matches(&p("srcx")));
         assert!(Selection::all().matches(&p("x")));
         assert!(!Selection::none().matches(&p("x")));
+        // Nested and interleaved choices; each match is one binary search.
+        let sel = Selection::paths([p("a/b/x"), p("a"), p("a-b"), p("c/d"), p("a/b")]);
+        assert!(sel.matches(&p("a/c")) && sel.matches(&p("a/b/y")) && sel.matches(&p("a-b/z")));
+        assert!(sel.matches(&p("c/d/e")) && !sel.matches(&p("c")) && !sel.matches(&p("c/de")));
+        let many = Selection::paths((0..10_000).map(|i| p(&format!("dir{i}"))));
+        assert!(many.matches(&p("dir9999/f")) && !many.matches(&p("dir10000")));
     }
 
     #[test]

@@ -2,8 +2,6 @@
 //! path once, and nothing below a path the set makes a file, symlink or
 //! deletion. The host checks them when staging and again before applying.
 
-use std::collections::HashMap;
-
 use thiserror::Error;
 
 use super::model::{Base, Entry, Kind};
@@ -21,32 +19,62 @@ pub enum SetError {
 
 /// Puts entries in tree order (a directory before its contents).
 pub fn sort(entries: &mut [Entry]) {
-    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
 }
 
 /// Checks the set rules; `entries` may be in any order.
 pub fn check_set<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<(), SetError> {
-    let mut kinds: HashMap<&RelPath, &Kind> = HashMap::new();
-    let mut all = Vec::new();
-    for entry in entries {
-        if kinds.insert(&entry.path, &entry.kind).is_some() {
-            return Err(SetError::Duplicate(entry.path.clone()));
-        }
-        if matches!(entry.kind, Kind::Mode { .. }) && !matches!(entry.base, Base::File { .. }) {
-            return Err(SetError::ModeWithoutFile(entry.path.clone()));
-        }
-        all.push(entry);
-    }
-    for entry in all {
-        for ancestor in entry.path.ancestors() {
-            if let Some(kind) = kinds.get(&ancestor)
-                && !kind.holds_children()
-            {
-                return Err(SetError::BelowNonDirectory { path: entry.path.clone(), ancestor, kind: kind.word() });
+    let mut sorted: Vec<&Entry> = entries.into_iter().collect();
+    sorted.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    check_sorted_by(&sorted, |e| e)
+}
+
+/// Checks the set rules on entries in tree order.
+pub fn check_sorted(entries: &[Entry]) -> Result<(), SetError> {
+    check_sorted_by(entries, |e| e)
+}
+
+/// Checks the set rules on items in tree order of their entries, in one
+/// pass: linear in the paths' bytes, whatever their depth. In tree order a
+/// path's ancestors in the set come before it and everything below a path
+/// comes right after it, so the set entries that are ancestors of the
+/// current one form a stack, and only its top can be the nearest one.
+pub fn check_sorted_by<T>(items: &[T], entry: impl Fn(&T) -> &Entry) -> Result<(), SetError> {
+    let mut ancestors: Vec<&Entry> = Vec::new();
+    let mut previous: Option<&Entry> = None;
+    for item in items {
+        let e = entry(item);
+        if let Some(prev) = previous {
+            match prev.path.cmp(&e.path) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Err(SetError::Duplicate(e.path.clone())),
+                std::cmp::Ordering::Greater => unreachable_order(),
             }
         }
+        previous = Some(e);
+        if matches!(e.kind, Kind::Mode { .. }) && !matches!(e.base, Base::File { .. }) {
+            return Err(SetError::ModeWithoutFile(e.path.clone()));
+        }
+        while ancestors.last().is_some_and(|a| !e.path.is_below(&a.path)) {
+            ancestors.pop();
+        }
+        if let Some(a) = ancestors.last()
+            && !a.kind.holds_children()
+        {
+            return Err(SetError::BelowNonDirectory {
+                path: e.path.clone(),
+                ancestor: a.path.clone(),
+                kind: a.kind.word(),
+            });
+        }
+        ancestors.push(e);
     }
     Ok(())
+}
+
+/// Callers sort first; an unsorted slice is a bug here, not bad input.
+fn unreachable_order() {
+    debug_assert!(false, "entries must be in tree order");
 }
 
 #[cfg(test)]
@@ -82,5 +110,35 @@ mod tests {
         ));
         let mode_only = entry("m", Kind::Mode { mode: Mode::from_raw(0o755) });
         assert!(matches!(check_set(&[mode_only]), Err(SetError::ModeWithoutFile(_))));
+        // A sibling between a file and what is forged below it does not hide it.
+        assert!(matches!(
+            check_set(&[entry("a", file()), entry("a-b", file()), entry("a/b/c", file())]),
+            Err(SetError::BelowNonDirectory { kind: "file", .. })
+        ));
+    }
+
+    #[test]
+    fn a_deep_set_is_checked_in_linear_time() {
+        // 1,500 levels, a file at each: an ancestor walk per entry would do
+        // over a million hashed lookups of kilobyte paths.
+        let dir = Kind::Dir { mode: Mode::from_raw(0o755) };
+        let mut set = Vec::new();
+        let mut path = String::from("d");
+        for _ in 0..1500 {
+            set.push(entry(&path, dir.clone()));
+            set.push(entry(&format!("{path}/f"), file()));
+            path.push_str("/d");
+            if path.len() > 4000 {
+                break;
+            }
+        }
+        sort(&mut set);
+        assert_eq!(check_sorted(&set), Ok(()));
+        let last = set.len() - 1;
+        set[last - 1].kind = file();
+        let bad = set[last - 1].path.clone();
+        set.push(entry(&format!("{bad}/below"), file()));
+        sort(&mut set);
+        assert!(matches!(check_sorted(&set), Err(SetError::BelowNonDirectory { .. })));
     }
 }

@@ -6,14 +6,17 @@
 //! stream  = MAGIC (8 bytes) VERSION (u32 LE) record* end
 //! record  = tag (u8) length (u32 LE) payload
 //! entry   = ENTRY {json WireEntry}                      for all but new content
-//!         | ENTRY {json, file} DATA* FILE_END {sha256}  content follows, exactly `size` bytes
+//!         | ENTRY {json, file} (DATA | HOLE)* FILE_END {sha256}
+//!                                                      content follows, exactly `size` bytes
 //! skipped = SKIPPED {json Skipped}                      a fifo/socket/device not exported
 //! end     = END {json Summary}                          counts; a stream without it is truncated
 //! ```
 //!
 //! A file whose content was already sent in this stream (a hard link, or a
 //! copy) names that content's hash in `same_as` instead of resending it.
-//! Every length is bounded before anything is allocated.
+//! A hole (a sparse file's unwritten range, or a run of zeros) is sent as
+//! its length (`HOLE {u64 LE}`), stored as a hole, and hashed as the zeros
+//! it reads as. Every length is bounded before anything is allocated.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -25,13 +28,15 @@ use super::model::{Base, Entry, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind
 use super::path::RelPath;
 
 pub const MAGIC: [u8; 8] = *b"STKDCHG\n";
-pub const VERSION: u32 = 1;
+/// 2: holes (`HOLE` records), and the end record counts the bytes carried.
+pub const VERSION: u32 = 2;
 
 const TAG_ENTRY: u8 = 1;
 const TAG_DATA: u8 = 2;
 const TAG_FILE_END: u8 = 3;
 const TAG_SKIPPED: u8 = 4;
 const TAG_END: u8 = 5;
+const TAG_HOLE: u8 = 6;
 
 /// An entry record: two escaped paths of at most 4095 bytes each (three
 /// bytes per escaped byte) and a little JSON fit well within this.
@@ -40,21 +45,40 @@ const MAX_META_FRAME: usize = 64 << 10;
 const MAX_DATA_FRAME: usize = 1 << 20;
 const WRITE_CHUNK: usize = 256 << 10;
 
-/// Caps on what one change set may make the host store. Staging holds
-/// each entry's metadata (not content) in memory, a few hundred bytes each,
-/// so `max_entries` also bounds the host's memory.
+/// Caps on what one change set may make the host store, hold and hash.
+/// Staging, review and apply hold each entry's metadata (not content) in
+/// memory: `max_entries` and `max_metadata_bytes` bound that memory, whatever
+/// the paths' length or depth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_entries: u64,
+    /// Bytes of paths and symlink targets, summed over the entries.
+    pub max_metadata_bytes: u64,
+    /// One file's logical size, holes included: every byte of it is hashed
+    /// (holes as zeros) when staged and again when applied.
     pub max_file_size: u64,
+    /// Content bytes carried and stored (holes excluded).
     pub max_total_bytes: u64,
+    /// Logical bytes of all files, holes included (what is hashed).
+    pub max_total_logical: u64,
     /// How many skipped paths are listed (all are counted).
     pub max_skipped_listed: usize,
+    /// Free space staging leaves on the store's filesystem at least; `None`
+    /// is [`crate::host::space::staging_margin`] of that filesystem.
+    pub min_free: Option<u64>,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_entries: 1_000_000, max_file_size: 8 << 30, max_total_bytes: 32 << 30, max_skipped_listed: 1000 }
+        Limits {
+            max_entries: 1_000_000,
+            max_metadata_bytes: 256 << 20,
+            max_file_size: 64 << 30,
+            max_total_bytes: 32 << 30,
+            max_total_logical: 128 << 30,
+            max_skipped_listed: 1000,
+            min_free: None,
+        }
     }
 }
 
@@ -81,10 +105,20 @@ pub enum WireError {
     Entry(#[source] serde_json::Error),
     #[error("the change set has more than {0} entries; nothing was staged")]
     TooManyEntries(u64),
-    #[error("{path} is {size} bytes; one file may be at most {max} bytes")]
+    #[error(
+        "the change set's paths and symlink targets come to more than {max} bytes (after {entries} entries); \
+         nothing was staged"
+    )]
+    TooMuchMetadata { max: u64, entries: u64 },
+    #[error("{path} is {size} bytes long (holes included); one file may be at most {max} bytes; nothing was staged")]
     FileTooLarge { path: RelPath, size: u64, max: u64 },
     #[error("the change set holds more than {max} bytes of content; nothing was staged")]
     TooMuchContent { max: u64 },
+    #[error(
+        "the change set's files come to more than {max} bytes counting their holes (each byte is checked); \
+         nothing was staged"
+    )]
+    TooMuchLogical { max: u64 },
     #[error("the content of {path} does not match its checksum: the stream was corrupted")]
     ChecksumMismatch { path: RelPath },
     #[error("{path} changed size while it was exported (expected {expected} bytes); stop writers before exporting")]
@@ -107,8 +141,12 @@ pub struct Summary {
     pub entries: u64,
     /// File entries whose content was carried (not `same_as`).
     pub files: u64,
+    /// Their logical size, holes included.
     pub bytes: u64,
     pub skipped: u64,
+    /// Content bytes actually carried (holes excluded).
+    #[serde(default)]
+    pub stored: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -210,12 +248,32 @@ impl<W: Write> Writer<W> {
     ) -> Result<Sha256, WireError> {
         self.entry(path, WireKind::File { mode: raw_mode, size, same_as: None }, base)?;
         let result = self.stream_content(path, size, content);
+        self.sent_file(size, result)
+    }
+
+    /// A regular file of `size` bytes read from `file` by its data extents
+    /// (`SEEK_DATA`/`SEEK_HOLE`): holes are sent as lengths, never read.
+    pub fn sparse_file(
+        &mut self,
+        path: &RelPath,
+        raw_mode: u32,
+        size: u64,
+        file: &std::fs::File,
+        base: &Base,
+    ) -> Result<Sha256, WireError> {
+        self.entry(path, WireKind::File { mode: raw_mode, size, same_as: None }, base)?;
+        let result = self.stream_extents(path, size, file);
+        self.sent_file(size, result)
+    }
+
+    fn sent_file(&mut self, size: u64, result: Result<(Sha256, u64), WireError>) -> Result<Sha256, WireError> {
         if result.is_err() {
             self.broken = true;
         }
-        let sha256 = result?;
+        let (sha256, stored) = result?;
         self.summary.files += 1;
         self.summary.bytes += size;
+        self.summary.stored += stored;
         self.sent.insert(sha256, size);
         Ok(sha256)
     }
@@ -256,8 +314,15 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    fn stream_content(&mut self, path: &RelPath, size: u64, content: &mut dyn Read) -> Result<Sha256, WireError> {
+    /// Returns the hash and the bytes carried as data.
+    fn stream_content(
+        &mut self,
+        path: &RelPath,
+        size: u64,
+        content: &mut dyn Read,
+    ) -> Result<(Sha256, u64), WireError> {
         let mut hasher = Hasher::default();
+        let mut stored = 0;
         let mut remaining = size;
         self.chunk.resize(WRITE_CHUNK, 0);
         while remaining > 0 {
@@ -268,8 +333,7 @@ impl<W: Write> Writer<W> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.into()),
             };
-            hasher.update(&self.chunk[..n]);
-            write_frame(&mut self.out, TAG_DATA, &self.chunk[..n])?;
+            stored += self.send_chunk(&mut hasher, n)?;
             remaining -= n as u64;
         }
         // A file that grew would be sent cut short; refuse rather than ship half of it.
@@ -279,7 +343,59 @@ impl<W: Write> Writer<W> {
         }
         let sha256 = hasher.finish();
         write_frame(&mut self.out, TAG_FILE_END, &sha256.0)?;
-        Ok(sha256)
+        Ok((sha256, stored))
+    }
+
+    fn stream_extents(&mut self, path: &RelPath, size: u64, file: &std::fs::File) -> Result<(Sha256, u64), WireError> {
+        use std::os::unix::fs::FileExt;
+        let changed = || WireError::FileChanged { path: path.clone(), expected: size };
+        let mut hasher = Hasher::default();
+        let mut stored = 0;
+        let mut pos = 0u64;
+        self.chunk.resize(WRITE_CHUNK, 0);
+        while pos < size {
+            let (start, end) = super::extent::next_data(file, pos, size)?.unwrap_or((size, size));
+            if start > pos {
+                self.send_hole(&mut hasher, start - pos)?;
+            }
+            pos = start;
+            while pos < end {
+                let want = usize::try_from((end - pos).min(WRITE_CHUNK as u64)).unwrap_or(WRITE_CHUNK);
+                let n = match file.read_at(&mut self.chunk[..want], pos) {
+                    Ok(0) => return Err(changed()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                stored += self.send_chunk(&mut hasher, n)?;
+                pos += n as u64;
+            }
+        }
+        // Grown or shrunk while being sent: refuse rather than ship a mix.
+        if file.metadata()?.len() != size {
+            return Err(changed());
+        }
+        let sha256 = hasher.finish();
+        write_frame(&mut self.out, TAG_FILE_END, &sha256.0)?;
+        Ok((sha256, stored))
+    }
+
+    /// Sends `self.chunk[..n]`, as a hole when it is all zeros; returns the
+    /// data bytes sent.
+    fn send_chunk(&mut self, hasher: &mut Hasher, n: usize) -> Result<u64, WireError> {
+        if super::extent::all_zero(&self.chunk[..n]) {
+            self.send_hole(hasher, n as u64)?;
+            return Ok(0);
+        }
+        hasher.update(&self.chunk[..n]);
+        write_frame(&mut self.out, TAG_DATA, &self.chunk[..n])?;
+        Ok(n as u64)
+    }
+
+    fn send_hole(&mut self, hasher: &mut Hasher, len: u64) -> Result<(), WireError> {
+        super::extent::hash_zeros(hasher, len);
+        write_frame(&mut self.out, TAG_HOLE, &len.to_le_bytes())?;
+        Ok(())
     }
 
     fn guard(&mut self, f: impl FnOnce(&mut Self) -> io::Result<()>) -> Result<(), WireError> {
@@ -295,12 +411,24 @@ impl<W: Write> Writer<W> {
 
 /// Where the reader puts file content: the host's store, or memory in tests.
 pub trait BlobSink {
-    type Blob: Write;
+    type Blob: BlobWrite;
     fn begin(&mut self) -> io::Result<Self::Blob>;
-    /// Keeps a completely received blob under its verified hash.
-    fn commit(&mut self, blob: Self::Blob, sha256: &Sha256) -> io::Result<()>;
+    /// Keeps a completely received blob of `size` bytes under its verified hash.
+    fn commit(&mut self, blob: Self::Blob, sha256: &Sha256, size: u64) -> io::Result<()>;
     /// Drops a blob that failed verification or was cut off.
     fn abort(&mut self, blob: Self::Blob);
+}
+
+/// Where a blob's content goes: data, and holes (which read as zeros).
+pub trait BlobWrite: Write {
+    /// Skips `len` bytes, leaving a hole.
+    fn hole(&mut self, len: u64) -> io::Result<()>;
+}
+
+impl BlobWrite for io::Sink {
+    fn hole(&mut self, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// One thing read from a stream.
@@ -319,6 +447,8 @@ pub struct Reader<R: Read> {
     input: R,
     limits: Limits,
     seen: Summary,
+    /// Bytes of paths and symlink targets so far.
+    metadata: u64,
     blobs: HashMap<Sha256, u64>,
     buf: Vec<u8>,
     end: Option<Summary>,
@@ -336,7 +466,15 @@ impl<R: Read> Reader<R> {
         if version != VERSION {
             return Err(WireError::Version(version));
         }
-        Ok(Reader { input, limits, seen: Summary::default(), blobs: HashMap::new(), buf: Vec::new(), end: None })
+        Ok(Reader {
+            input,
+            limits,
+            seen: Summary::default(),
+            metadata: 0,
+            blobs: HashMap::new(),
+            buf: Vec::new(),
+            end: None,
+        })
     }
 
     /// The next entry or skipped path, with file content handed to `sink`;
@@ -378,6 +516,14 @@ impl<R: Read> Reader<R> {
         if self.seen.entries >= self.limits.max_entries {
             return Err(WireError::TooManyEntries(self.limits.max_entries));
         }
+        let target = match &wire.change {
+            WireKind::Symlink { target } => target.as_bytes().len(),
+            _ => 0,
+        };
+        self.metadata += (wire.path.as_bytes().len() + target) as u64;
+        if self.metadata > self.limits.max_metadata_bytes {
+            return Err(WireError::TooMuchMetadata { max: self.limits.max_metadata_bytes, entries: self.seen.entries });
+        }
         self.seen.entries += 1;
         let mut stripped_bits = false;
         let mut mode = |raw: u32| {
@@ -409,14 +555,14 @@ impl<R: Read> Reader<R> {
         if size > self.limits.max_file_size {
             return Err(WireError::FileTooLarge { path: path.clone(), size, max: self.limits.max_file_size });
         }
-        if self.seen.bytes.saturating_add(size) > self.limits.max_total_bytes {
-            return Err(WireError::TooMuchContent { max: self.limits.max_total_bytes });
+        if self.seen.bytes.saturating_add(size) > self.limits.max_total_logical {
+            return Err(WireError::TooMuchLogical { max: self.limits.max_total_logical });
         }
         let sink_err = |source| WireError::Sink { path: path.clone(), source };
         let mut blob = sink.begin().map_err(sink_err)?;
         match self.receive(path, size, &mut blob) {
             Ok(Ok(sha256)) => {
-                sink.commit(blob, &sha256).map_err(sink_err)?;
+                sink.commit(blob, &sha256, size).map_err(sink_err)?;
                 self.seen.files += 1;
                 self.seen.bytes += size;
                 self.blobs.insert(sha256, size);
@@ -434,19 +580,42 @@ impl<R: Read> Reader<R> {
     }
 
     /// Stream errors outside, sink errors inside.
-    fn receive(&mut self, path: &RelPath, size: u64, blob: &mut impl Write) -> Result<io::Result<Sha256>, WireError> {
+    fn receive(
+        &mut self,
+        path: &RelPath,
+        size: u64,
+        blob: &mut impl BlobWrite,
+    ) -> Result<io::Result<Sha256>, WireError> {
         let mut hasher = Hasher::default();
         let mut remaining = size;
         while remaining > 0 {
-            if self.frame(MAX_DATA_FRAME)? != TAG_DATA {
-                return Err(WireError::Corrupt(format!("{path}: content ends {remaining} bytes early")));
-            }
-            if self.buf.len() as u64 > remaining {
+            let tag = self.frame(MAX_DATA_FRAME)?;
+            let len = match tag {
+                TAG_DATA => self.buf.len() as u64,
+                TAG_HOLE => {
+                    let bytes: [u8; 8] = self.buf[..].try_into().map_err(|_| {
+                        WireError::Corrupt(format!("{path}: a hole record of {} bytes", self.buf.len()))
+                    })?;
+                    u64::from_le_bytes(bytes)
+                }
+                _ => return Err(WireError::Corrupt(format!("{path}: content ends {remaining} bytes early"))),
+            };
+            if len > remaining {
                 return Err(WireError::Corrupt(format!("{path}: more content than its size of {size} bytes")));
             }
-            remaining -= self.buf.len() as u64;
-            hasher.update(&self.buf);
-            if let Err(e) = blob.write_all(&self.buf) {
+            remaining -= len;
+            let written = if tag == TAG_DATA {
+                self.seen.stored += len;
+                if self.seen.stored > self.limits.max_total_bytes {
+                    return Err(WireError::TooMuchContent { max: self.limits.max_total_bytes });
+                }
+                hasher.update(&self.buf);
+                blob.write_all(&self.buf)
+            } else {
+                super::extent::hash_zeros(&mut hasher, len);
+                blob.hole(len)
+            };
+            if let Err(e) = written {
                 return Ok(Err(e));
             }
         }
@@ -493,7 +662,7 @@ impl BlobSink for DiscardSink {
     fn begin(&mut self) -> io::Result<io::Sink> {
         Ok(io::sink())
     }
-    fn commit(&mut self, _blob: io::Sink, _sha256: &Sha256) -> io::Result<()> {
+    fn commit(&mut self, _blob: io::Sink, _sha256: &Sha256, _size: u64) -> io::Result<()> {
         self.blobs += 1;
         Ok(())
     }
@@ -516,12 +685,19 @@ mod tests {
         aborted: usize,
     }
 
+    impl BlobWrite for Vec<u8> {
+        fn hole(&mut self, len: u64) -> io::Result<()> {
+            self.resize(self.len() + usize::try_from(len).map_err(io::Error::other)?, 0);
+            Ok(())
+        }
+    }
+
     impl BlobSink for MemSink {
         type Blob = Vec<u8>;
         fn begin(&mut self) -> io::Result<Vec<u8>> {
             Ok(Vec::new())
         }
-        fn commit(&mut self, blob: Vec<u8>, sha256: &Sha256) -> io::Result<()> {
+        fn commit(&mut self, blob: Vec<u8>, sha256: &Sha256, _size: u64) -> io::Result<()> {
             self.blobs.insert(*sha256, blob);
             Ok(())
         }
@@ -548,7 +724,7 @@ mod tests {
         w.opaque_dir(&p("node_modules"), 0o755, &Base::Dir { mode: Mode::from_raw(0o755), tree: None }).unwrap();
         w.skipped(&skipped(b"run/fifo", SpecialKind::Fifo)).unwrap();
         let (out, summary) = w.finish().unwrap();
-        assert_eq!(summary, Summary { entries: 8, files: 2, bytes: 700_000, skipped: 1 });
+        assert_eq!(summary, Summary { entries: 8, files: 2, bytes: 700_000, skipped: 1, stored: 700_000 });
         out
     }
 

@@ -12,8 +12,9 @@
 //!   as in the lower): nothing; a chmod: `Dir`;
 //! - a file whose content equals the lower's (a chmod, chown or touch copied
 //!   it up): `Mode` when the mode differs, else nothing;
-//! - other regular files: `File`, content streamed; hard links inside the
-//!   upper become copies, their content sent once;
+//! - other regular files: `File`, content streamed by data extents (a
+//!   sparse file's holes go as lengths); hard links inside the upper become
+//!   copies, their content sent once;
 //! - symlinks: `Symlink` unless identical to the lower's;
 //! - fifos, sockets and device nodes: not exported, listed as skipped.
 //!
@@ -312,8 +313,9 @@ impl<W: Write> Walk<'_, W> {
             self.out.file_again(path, mode, sha256, &base)?;
             return Ok(());
         }
-        let mut content = open_nofollow(up).map_err(upper_err(up))?;
-        let sha256 = self.out.file(path, mode, meta.len(), &mut content, &base)?;
+        let content = open_nofollow(up).map_err(upper_err(up))?;
+        // By extents: a sparse file's holes are sent as lengths, not read.
+        let sha256 = self.out.sparse_file(path, mode, meta.len(), &content, &base)?;
         if meta.nlink() > 1 {
             self.links.insert(key, sha256);
         }

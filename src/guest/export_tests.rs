@@ -409,3 +409,23 @@ fn export_looks_at_the_lower_only_along_the_changed_paths() {
     assert_eq!(counts(3, 3), (7, 5));
     assert_eq!(counts(20, 50), (7, 5), "a thousand more lower files cost nothing");
 }
+
+#[test]
+fn a_sparse_upper_file_is_exported_as_holes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (upper, lower) = (tmp.path().join("upper"), tmp.path().join("lower"));
+    fs::create_dir(&upper).unwrap();
+    fs::create_dir(&lower).unwrap();
+    // Hashing is over every logical byte; keep it short in debug builds.
+    let size: u64 = if cfg!(debug_assertions) { 64 << 20 } else { 1 << 30 };
+    let file = fs::File::create(upper.join("disk.img")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0xa5; 4096], (size / 3) & !4095).unwrap();
+    file.set_len(size).unwrap();
+    drop(file);
+    let mut writer = Writer::new(Vec::new()).unwrap();
+    let report = export(&upper, &lower, &Fake::default(), &mut writer).unwrap();
+    let (stream, summary) = writer.finish().unwrap();
+    assert_eq!((report.files, report.bytes), (1, size));
+    assert_eq!(summary.stored, 4096, "only the data is carried");
+    assert!(stream.len() < 16 << 10, "{} bytes on the wire for {size} sparse bytes", stream.len());
+}

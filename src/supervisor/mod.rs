@@ -636,3 +636,27 @@ fn vm_ended_message(session: &session::Session) -> String {
         format!("the VM stopped before the command finished; the kernel log is {}", log.display())
     }
 }
+
+#[cfg(test)]
+mod dockerd_log_tests {
+    use super::*;
+
+    /// A guest may send dockerd output without end (or without --docker at
+    /// all): the session's dockerd.log stops at its cap with a note.
+    #[test]
+    fn dockerd_log_stops_at_its_cap_whatever_the_guest_sends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = session::Session::create(tmp.path()).unwrap();
+        let mut log = DockerdLog::default();
+        let line = b"level=info msg=\"a guest flooding its daemon log\"\n".repeat(1000);
+        for _ in 0..300 {
+            log.write(&session, &line);
+        }
+        drop(log);
+        let text = std::fs::read(session.dockerd_log()).unwrap();
+        let cap = crate::logcap::DOCKERD_LOG_CAP;
+        assert!(text.len() as u64 <= cap + 4096, "{} bytes for a cap of {cap}", text.len());
+        let tail = String::from_utf8_lossy(&text[text.len() - 200..]);
+        assert!(tail.contains("of dockerd.log dropped after the cap"), "{tail}");
+    }
+}
