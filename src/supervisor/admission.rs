@@ -55,6 +55,22 @@ impl Tampering {
     }
 }
 
+/// What to report of a connection the VMM refused on an init port: it
+/// came from an unprivileged guest port, so not from the init. (The guest
+/// port is left out so that repeats count as one report.)
+pub fn refused_by_the_vmm(host_port: u32) -> String {
+    let name = match host_port {
+        crate::protocol::CONTROL_PORT => "control",
+        crate::protocol::STDIN_PORT => "stdin",
+        crate::protocol::CHANGES_PORT => "change",
+        _ => "init's",
+    };
+    format!(
+        "a guest process that is not the init tried to connect to the {name} port from an unprivileged port; \
+         the VMM refused it"
+    )
+}
+
 /// The init's ports whose connections carry the token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {

@@ -237,7 +237,12 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
     };
-    let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &vsock_base)?;
+    let refusals = tampering.clone();
+    let mut vmm =
+        vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &vsock_base, move |host, guest| {
+            refusals.report(admission::refused_by_the_vmm(host));
+            tracing::debug!("the VMM refused host port {host} to guest port {guest}");
+        })?;
     tracing::info!("session {} in {}", session.id, session.dir.display());
     tracing::debug!("VMM started after {:?}", started.elapsed());
 

@@ -249,6 +249,12 @@ impl Muxer {
             Refusal::Unprivileged => "only the guest init may connect there, from a privileged port",
         };
         if self.refusals <= REFUSALS_LOGGED {
+            // A guest process trying to speak for the init: the run reports it.
+            if why == Refusal::Unprivileged {
+                if let Err(e) = self.dialer.report_refused(key.host_port, key.guest_port) {
+                    tracing::warn!("virtio-vsock: cannot report a refusal to the supervisor: {e}");
+                }
+            }
             tracing::warn!(
                 "virtio-vsock: refused a connection from guest port {} to host port {}: {what}",
                 key.guest_port,

@@ -61,8 +61,21 @@ impl TempDir {
     fn dialer(&self) -> Dialer {
         let (vmm, supervisor) = UnixStream::pair().unwrap();
         let base = self.base();
-        std::thread::spawn(move || broker::serve(supervisor, &base));
+        std::thread::spawn(move || broker::serve(supervisor, &base, |_, _| {}));
         Dialer::from_stream(vmm)
+    }
+
+    /// A dialer whose broker passes on the VMM's refusal notices.
+    fn reporting_dialer(&self) -> (Dialer, std::sync::mpsc::Receiver<(u32, u32)>) {
+        let (vmm, supervisor) = UnixStream::pair().unwrap();
+        let (tx, notices) = std::sync::mpsc::channel();
+        let base = self.base();
+        std::thread::spawn(move || {
+            broker::serve(supervisor, &base, move |host, guest| {
+                let _ = tx.send((host, guest));
+            })
+        });
+        (Dialer::from_stream(vmm), notices)
     }
 
     fn listen(&self, port: u32) -> UnixListener {
@@ -181,6 +194,10 @@ impl<'m> Guest<'m> {
     }
 
     fn with_ports(mem: &'m GuestMemoryMmap, dir: &TempDir, ports: HostPorts) -> Guest<'m> {
+        Guest::with(mem, dir.dialer(), ports)
+    }
+
+    fn with(mem: &'m GuestMemoryMmap, dialer: Dialer, ports: HostPorts) -> Guest<'m> {
         let rx = DriverQueue::new(mem, RX_RING);
         let tx = DriverQueue::new(mem, TX_RING);
         let (rxq, txq) = (rx.queue(), tx.queue());
@@ -190,7 +207,7 @@ impl<'m> Guest<'m> {
             tx,
             rxq,
             txq,
-            muxer: Muxer::new(GUEST_CID, dir.dialer(), ports).unwrap(),
+            muxer: Muxer::new(GUEST_CID, dialer, ports).unwrap(),
             rx_bufs: HashMap::new(),
             next_buf: BUF_START,
             buf_alloc: 64 * 1024,
@@ -870,13 +887,16 @@ fn socket_paths_follow_the_hybrid_convention() {
 #[test]
 fn the_inits_ports_refuse_unprivileged_guest_ports() {
     let (dir, mem) = (TempDir::new(), guest_memory());
-    let mut g = Guest::with_ports(&mem, &dir, HostPorts::stockade());
+    let (dialer, notices) = dir.reporting_dialer();
+    let mut g = Guest::with(&mem, dialer, HostPorts::stockade());
     for port in [CONTROL_PORT, STDIN_PORT, CHANGES_PORT] {
         let listener = dir.listen(port);
         // What an unprivileged process gets: an auto-bound port above 1023.
         for guest_port in [1024, 50_000, u32::MAX - 1] {
             assert_eq!(g.request_from(guest_port, port), [OP_RST], "host port {port} from {guest_port}");
             assert!(pending(&listener).is_none(), "host port {port} was dialled for guest port {guest_port}");
+            let notice = notices.recv_timeout(Duration::from_secs(10)).expect("the supervisor hears of it");
+            assert_eq!(notice, (port, guest_port));
         }
         // Only CAP_NET_BIND_SERVICE binds below 1024.
         for guest_port in [1023, 1] {
