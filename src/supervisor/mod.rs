@@ -381,7 +381,11 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     }
     record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
     record.status = Some(i32::from(status));
-    record.outcome = Some(outcome_text);
+    record.outcome = Some(if tampered.is_empty() {
+        outcome_text
+    } else {
+        format!("{outcome_text}; the guest tampered with the init's channels")
+    });
     if let Err(e) = session.write_record(&record) {
         tracing::warn!("cannot update the run record: {e:#}");
     }
