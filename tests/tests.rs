@@ -11,6 +11,7 @@ mod docker_e2e;
 mod doctor;
 mod help;
 mod image_e2e;
+mod init_channels_e2e;
 mod jail;
 mod limits_e2e;
 mod man_pages;

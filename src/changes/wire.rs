@@ -499,10 +499,27 @@ impl<R: Read> Reader<R> {
                         self.seen
                     )));
                 }
+                self.expect_eof()?;
                 self.end = Some(end);
                 Ok(None)
             }
             other => Err(WireError::Corrupt(format!("unexpected record type {other}"))),
+        }
+    }
+
+    /// Nothing may follow the end record: the stream must end there, so
+    /// that whatever checks the whole stream as it is read (the host's
+    /// digest of what the init sent) has seen all of it before the set is
+    /// taken as complete.
+    fn expect_eof(&mut self) -> Result<(), WireError> {
+        let mut probe = [0u8; 1];
+        loop {
+            match self.input.read(&mut probe) {
+                Ok(0) => return Ok(()),
+                Ok(_) => return Err(WireError::Corrupt("data after the end record".into())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

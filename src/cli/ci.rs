@@ -11,14 +11,19 @@
 //!   "changes": { "staged": 3, "applied": 0, "discarded": 0, "added": 2, "modified": 1,
 //!                "deleted": 0, "other": 0, "conflicts": 0, "runs_code": 0,
 //!                "lines_added": 40, "lines_removed": 2 },
-//!   "network": { "allowed": 12, "denied": 1, "failed": 0, "denied_hosts": ["example.com:443"] } }
+//!   "network": { "allowed": 12, "denied": 1, "failed": 0, "denied_hosts": ["example.com:443"] },
+//!   "tampering": [] }
 //! ```
 //!
 //! `status` is "passed" when the command exited 0, "failed" when it ended
 //! otherwise (its own status, 126/127 when it could not start, 128+n when
 //! killed), "error" when stockade itself failed (then `error` says why and
-//! `exit_code` is 125). New fields may be added within a version; a change
-//! of meaning bumps it.
+//! `exit_code` is 125). `tampering` lists what the guest did on the init's
+//! channels that the init never does (a forged or second change set, a
+//! second control connection...); when it is not empty the run is an
+//! "error" whatever the command did, and exits 125 if the command's own
+//! status was 0. New fields may be added within a version; a change of
+//! meaning bumps it.
 
 use std::fs::File;
 use std::io::Write;
@@ -72,6 +77,7 @@ pub struct RunSummary {
     pub error: Option<String>,
     pub changes: ChangeCounts,
     pub network: NetworkCounts,
+    pub tampering: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -117,6 +123,7 @@ impl RunSummary {
             error: None,
             changes: ChangeCounts::default(),
             network: NetworkCounts::default(),
+            tampering: Vec::new(),
         };
         let finished = match result {
             Ok(finished) => finished,
@@ -132,6 +139,14 @@ impl RunSummary {
             (None, _) => Status::Failed,
         };
         summary.error = finished.failure.clone();
+        if !finished.tampering.is_empty() {
+            summary.status = Status::Error;
+            summary.exit_code = exit_code(finished);
+            summary.tampering = finished.tampering.clone();
+            summary.error.get_or_insert_with(|| {
+                format!("the guest tampered with the init's channels: {}", finished.tampering.join("; "))
+            });
+        }
         summary.session = Some(finished.session_id.clone());
         summary.session_dir = Some(finished.session_dir.clone());
         let record = read_record(&finished.session_dir);
@@ -150,6 +165,15 @@ impl RunSummary {
             Err(e) => eprintln!("stockade: warning: the summary has no network counts: {e:#}"),
         }
         summary
+    }
+}
+
+/// The exit status under `--ci`: the run's own, but never 0 when the guest
+/// tampered with the init's channels.
+pub fn exit_code(finished: &Finished) -> u8 {
+    match (finished.tampering.is_empty(), finished.status) {
+        (false, 0) => crate::supervisor::EXIT_STOCKADE,
+        (_, status) => status,
     }
 }
 
@@ -249,6 +273,7 @@ mod tests {
             session_id: ID.into(),
             session_dir: sessions_dir(&f.data).join(ID),
             failure: failure.map(str::to_string),
+            tampering: Vec::new(),
         }
     }
 
@@ -298,6 +323,7 @@ mod tests {
                 "session_dir",
                 "started",
                 "status",
+                "tampering",
                 "workspace"
             ]
         );
@@ -337,6 +363,29 @@ mod tests {
         let early = RunSummary::of(&[], &Err(anyhow::anyhow!("no /dev/kvm")), Duration::ZERO);
         assert_eq!((early.status, early.exit_code, early.session), (Status::Error, 125, None));
         assert_eq!(early.error.as_deref(), Some("no /dev/kvm"));
+    }
+
+    #[test]
+    fn tampering_fails_the_run_and_says_why() {
+        let f = fixture();
+        session(&f, ID, |_, _| {});
+        let mut run = finished(&f, 0, None);
+        run.tampering = vec!["a second change set with this run's token was refused".into()];
+        let summary = RunSummary::of(&[], &Ok(run.clone()), Duration::ZERO);
+        assert_eq!((summary.status, summary.exit_code), (Status::Error, 125));
+        assert_eq!(exit_code(&run), 125);
+        let json = serde_json::to_value(&summary).unwrap();
+        assert_eq!(json["tampering"], serde_json::json!(["a second change set with this run's token was refused"]));
+        assert!(json["error"].as_str().unwrap().contains("tampered"), "{json}");
+
+        run.status = 3;
+        assert_eq!(exit_code(&run), 3, "a failing command keeps its own status");
+        let clean = finished(&f, 0, None);
+        assert_eq!(exit_code(&clean), 0);
+        assert_eq!(
+            serde_json::to_value(RunSummary::of(&[], &Ok(clean), Duration::ZERO)).unwrap()["tampering"],
+            serde_json::json!([])
+        );
     }
 
     #[test]

@@ -146,6 +146,7 @@ pub struct RunArgs {
 pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let (report, summary_file) = (args.ci || args.summary.is_some(), args.summary.clone());
+    let ci_mode = args.ci;
     let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let docker = args.vm.docker;
     let result = prepare(args, global).and_then(|config| {
@@ -158,7 +159,8 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     if report {
         ci::write(&ci::RunSummary::of(&command, &result, started.elapsed()), summary_file.as_deref())?;
     }
-    Ok(ExitCode::from(result?.status))
+    let finished = result?;
+    Ok(ExitCode::from(if ci_mode { ci::exit_code(&finished) } else { finished.status }))
 }
 
 /// With --docker, names the destinations the policy refused: a refused

@@ -32,7 +32,7 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
             message: format!("the working directory {} is not visible in the guest", spec.cwd),
         });
     }
-    let stdin_conn = channel::connect_host(STDIN_PORT)?;
+    let stdin_conn = channel::connect_with_token(STDIN_PORT, &spec.token)?;
 
     let mut cmd = Command::new(program);
     cmd.args(&spec.argv[1..])

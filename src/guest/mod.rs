@@ -50,7 +50,7 @@ fn run() -> anyhow::Result<()> {
             trace::mark("command ended");
             mounts::save_state_files(&spec.root);
             if let Some(layers) = layers {
-                changes::send(&layers, &control)?;
+                changes::send(&layers, &control, &spec.token)?;
                 trace::mark("changes sent");
             }
             report

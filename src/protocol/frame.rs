@@ -130,6 +130,7 @@ mod tests {
             network: true,
             pids: None,
             docker: true,
+            token: crate::protocol::auth::Token::from_bytes([7; 32]),
         };
         let host = [
             HostMsg::Run(spec),
@@ -142,6 +143,13 @@ mod tests {
             GuestMsg::Stdout(b"out".to_vec()),
             GuestMsg::Stderr(vec![0, 255]),
             GuestMsg::DockerdLog(b"level=info".to_vec()),
+            GuestMsg::Changes(ExportOutcome::Sent {
+                entries: 1,
+                files: 1,
+                bytes: 3,
+                skipped: 0,
+                stream: crate::protocol::auth::StreamDigest { bytes: 90, sha256: crate::changes::Sha256::of(b"x") },
+            }),
             GuestMsg::Exit(ExitReport::Signaled { signal: 9 }),
         ];
         let mut buf = Vec::new();

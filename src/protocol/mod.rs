@@ -5,9 +5,14 @@
 //! carries framed messages both ways, `STDIN_PORT` carries the command's
 //! standard input as a raw byte stream whose end is the input's end. Keeping
 //! stdin apart means a command that never reads its input cannot stall the
-//! control messages (signals, finish) behind it.
+//! control messages (signals, finish) behind it. After the command, the
+//! change set goes out on `CHANGES_PORT`.
+//!
+//! Only the init (PID 1) may use those three ports; `auth` says how the
+//! VMM and the host tell it from any other guest process.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod frame;
 pub mod seen;
 pub mod transparent;
@@ -101,6 +106,9 @@ pub struct RunSpec {
     /// until it answers.
     #[serde(default)]
     pub docker: bool,
+    /// This boot's secret: stdin and change connections start with it
+    /// (see `auth`). For the init only; never passed to the command.
+    pub token: auth::Token,
 }
 
 /// How the command ended.
@@ -138,8 +146,18 @@ pub enum HostMsg {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ExportOutcome {
-    Sent { entries: u64, files: u64, bytes: u64, skipped: u64 },
-    Failed { message: String },
+    /// `stream` is what went over the change connection after the token:
+    /// the host stages only a stream that matches it.
+    Sent {
+        entries: u64,
+        files: u64,
+        bytes: u64,
+        skipped: u64,
+        stream: auth::StreamDigest,
+    },
+    Failed {
+        message: String,
+    },
 }
 
 /// Guest to host. Output travels as raw frames (see `frame`), not JSON.

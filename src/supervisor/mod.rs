@@ -3,6 +3,7 @@
 //! output, and turns its end into our exit status.
 #![forbid(unsafe_code)]
 
+mod admission;
 mod agent_state;
 mod deadline;
 mod home_tools;
@@ -30,6 +31,7 @@ use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
+use crate::protocol::auth::Token;
 use crate::protocol::{
     CHANGES_PORT, CONTROL_PORT, ExitReport, ExportOutcome, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize,
     read_frame, write_frame,
@@ -135,6 +137,10 @@ pub struct Finished {
     /// What went wrong when stockade or the VM failed, rather than the
     /// command (whose own status may be 125 too).
     pub failure: Option<String>,
+    /// What the guest did on the init's channels that the init never does
+    /// (forged or second connections, a change set the init did not send).
+    /// Reported as warnings; `--ci` fails the run.
+    pub tampering: Vec<String>,
 }
 
 /// Runs the command in a fresh VM and says how it ended.
@@ -179,7 +185,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     let (control_listener, control_path) = vm::listen(&vsock_base, CONTROL_PORT)?;
     let (stdin_listener, stdin_path) = vm::listen(&vsock_base, STDIN_PORT)?;
     let (changes_listener, changes_path) = vm::listen(&vsock_base, CHANGES_PORT)?;
-    let receiver = staging::receive(changes_listener, changes_path, &store)?;
+    let token = Token::generate().context("cannot draw this run's token from /dev/urandom")?;
+    let tampering = admission::Tampering::default();
+    let receiver = staging::receive(changes_listener, changes_path, &store, token.clone(), tampering.clone())?;
     let (network, guest_net) = network::start(&config.policy, &dirs.data, &session.dir, &vsock_base)?;
     let root::Layout { mut shares, root: mut root_layout, env: trust_env } =
         root::layout(&workspace, &user, system, &guest_net)?;
@@ -229,7 +237,12 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
     };
-    let mut vmm = vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &vsock_base)?;
+    let refusals = tampering.clone();
+    let mut vmm =
+        vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &vsock_base, move |host, guest| {
+            refusals.report(admission::refused_by_the_vmm(host));
+            tracing::debug!("the VMM refused host port {host} to guest port {guest}");
+        })?;
     tracing::info!("session {} in {}", session.id, session.dir.display());
     tracing::debug!("VMM started after {:?}", started.elapsed());
 
@@ -252,22 +265,14 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         network: true,
         pids: config.pids,
         docker: config.docker,
+        token: token.clone(),
     };
     let raw = if spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
     let interrupts = Arc::new(signals::Interrupts::default());
     let expired = deadline::Expired::default();
     let limits = Limits { timeout: config.timeout, expired: expired.clone() };
-    let result = converse(
-        &mut vmm,
-        &control_listener,
-        stdin_listener,
-        spec,
-        &session,
-        formatting,
-        receiver,
-        interrupts.clone(),
-        limits,
-    );
+    let channels = Channels { control: &control_listener, stdin: stdin_listener, token, tampering: tampering.clone() };
+    let result = converse(&mut vmm, channels, spec, &session, formatting, receiver, interrupts.clone(), limits);
     drop(raw);
     terminal::sane_display();
     interrupts.vm_gone();
@@ -294,6 +299,21 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
         }
     }
     tracing::debug!("network stopped after {:?}", started.elapsed());
+    let tampered = tampering.lines();
+    for what in &tampered {
+        eprintln!("stockade: warning: the guest tampered with the init's channels: {what}");
+    }
+    let apply = match config.apply {
+        changes::review::ApplyMode::All if !tampered.is_empty() => {
+            eprintln!(
+                "stockade: warning: not applying anything despite --apply all, since the guest tampered with \
+                 the init's channels; review the staged changes with `stockade diff {}`",
+                session.id
+            );
+            changes::review::ApplyMode::None
+        }
+        mode => mode,
+    };
     let (status, outcome_text) = match &result {
         Ok(Conversation::Ended { report, staged }) => {
             let (status, message) = outcome::exit_status(report);
@@ -313,9 +333,7 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
             }
             match staged {
                 Some(Ok(_)) => {
-                    if let Err(e) =
-                        changes::review::after_run(&store, &workspace, &session.id, config.apply, config.color)
-                    {
+                    if let Err(e) = changes::review::after_run(&store, &workspace, &session.id, apply, config.color) {
                         eprintln!(
                             "stockade: error: {e:#}; the changes stay staged: see `stockade diff {}`",
                             session.id
@@ -364,11 +382,21 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     }
     record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
     record.status = Some(i32::from(status));
-    record.outcome = Some(outcome_text);
+    record.outcome = Some(if tampered.is_empty() {
+        outcome_text
+    } else {
+        format!("{outcome_text}; the guest tampered with the init's channels")
+    });
     if let Err(e) = session.write_record(&record) {
         tracing::warn!("cannot update the run record: {e:#}");
     }
-    Ok(Finished { status, session_id: session.id.clone(), session_dir: session.dir.clone(), failure })
+    Ok(Finished {
+        status,
+        session_id: session.id.clone(),
+        session_dir: session.dir.clone(),
+        failure,
+        tampering: tampered,
+    })
 }
 
 /// Refuses early, with the fix, when this host cannot run the VM.
@@ -410,10 +438,17 @@ enum Conversation {
     VmEnded,
 }
 
+/// The listeners of the init's ports, and what connections on them need.
+struct Channels<'a> {
+    control: &'a std::os::unix::net::UnixListener,
+    stdin: std::os::unix::net::UnixListener,
+    token: Token,
+    tampering: admission::Tampering,
+}
+
 fn converse(
     vmm: &mut vm::VmProcess,
-    control_listener: &std::os::unix::net::UnixListener,
-    stdin_listener: std::os::unix::net::UnixListener,
+    channels: Channels<'_>,
     spec: RunSpec,
     session: &session::Session,
     formatting: scratch::Formatting,
@@ -424,6 +459,7 @@ fn converse(
     let mut receiver = Some(receiver);
     let mut staged = None;
     let started = Instant::now();
+    let Channels { control: control_listener, stdin: stdin_listener, token, tampering } = channels;
     let Some(control) = vm::accept(control_listener, vmm, BOOT_TIMEOUT)? else {
         if vmm.is_running() {
             vmm.kill();
@@ -435,6 +471,9 @@ fn converse(
         }
         return Ok(Conversation::VmEnded);
     };
+    // The first control connection is PID 1's: no other guest process
+    // existed to open one.
+    let _further_control = admission::refuse_further_control(control_listener, tampering.clone())?;
     let mut reader = std::io::BufReader::new(control.try_clone()?);
     let writer = Arc::new(Mutex::new(control));
     match read_frame::<GuestMsg>(&mut reader) {
@@ -480,7 +519,7 @@ fn converse(
         }
         None => None,
     };
-    let stdin_pump = StdinPump::spawn(stdin_listener)?;
+    let stdin_pump = StdinPump::spawn(stdin_listener, token, tampering.clone())?;
     let _stop_pump = StopOnDrop(stdin_pump);
 
     let mut stdout = std::io::stdout().lock();
@@ -512,11 +551,11 @@ fn converse(
             }
             GuestMsg::Changes(outcome) => {
                 let Some(receiver) = receiver.take() else {
-                    tracing::warn!("the guest sent its changes twice");
+                    tampering.report("the guest init reported its changes twice; the second report was ignored");
                     continue;
                 };
                 staged = Some(match outcome {
-                    ExportOutcome::Sent { .. } => receiver.finish(),
+                    ExportOutcome::Sent { stream, .. } => receiver.finish(stream),
                     ExportOutcome::Failed { message } => {
                         receiver.abandon();
                         Err(anyhow::anyhow!("the guest could not export its changes: {message}"))
@@ -571,45 +610,57 @@ fn send(writer: &Mutex<UnixStream>, msg: &HostMsg) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Copies our stdin to the guest once it connects for it; our EOF becomes the
-/// command's EOF. The guest connects only if the command starts. Stopped
-/// when the conversation ends, so that it cannot swallow the first key of
-/// the review that follows.
+/// Copies our stdin to the guest once the init connects for it (with the
+/// token; any other connection is refused and reported, so no other guest
+/// process reads what the user types); our EOF becomes the command's EOF.
+/// The init connects only if the command starts. Stopped when the
+/// conversation ends, so that it cannot swallow the first key of the review
+/// that follows.
 struct StdinPump {
     stop: std::os::fd::OwnedFd,
+    _listening: admission::Listening,
 }
 
 impl StdinPump {
-    fn spawn(listener: std::os::unix::net::UnixListener) -> anyhow::Result<StdinPump> {
+    fn spawn(
+        listener: std::os::unix::net::UnixListener,
+        token: Token,
+        tampering: admission::Tampering,
+    ) -> anyhow::Result<StdinPump> {
         let (stop_rx, stop) = nix::unistd::pipe().context("cannot create a pipe")?;
-        std::thread::Builder::new().name("stdin".into()).spawn(move || {
-            let _ = listener.set_nonblocking(false);
-            let Ok((mut conn, _)) = listener.accept() else { return };
-            let stdin = std::io::stdin();
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-                use std::os::fd::AsFd;
-                let mut fds =
-                    [PollFd::new(stdin.as_fd(), PollFlags::POLLIN), PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN)];
-                if poll(&mut fds, PollTimeout::NONE).is_err() {
-                    continue;
-                }
-                if fds[1].any().unwrap_or(false) {
-                    return;
-                }
-                let n = match nix::unistd::read(&stdin, &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                if conn.write_all(&buf[..n]).is_err() {
-                    return;
-                }
+        let listening = admission::admit_first(listener, admission::Channel::Stdin, token, tampering, move |conn| {
+            let pumping = std::thread::Builder::new().name("stdin".into()).spawn(move || pump_stdin(conn, stop_rx));
+            if let Err(e) = pumping {
+                tracing::warn!("cannot start the stdin thread: {e}");
             }
-            let _ = conn.shutdown(std::net::Shutdown::Write);
         })?;
-        Ok(StdinPump { stop })
+        Ok(StdinPump { stop, _listening: listening })
     }
+}
+
+/// Copies our stdin into `conn` until our EOF or `stop_rx` is readable.
+fn pump_stdin(mut conn: UnixStream, stop_rx: std::os::fd::OwnedFd) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN), PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        if fds[1].any().unwrap_or(false) {
+            return;
+        }
+        let n = match nix::unistd::read(&stdin, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if conn.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+    let _ = conn.shutdown(std::net::Shutdown::Write);
 }
 
 struct StopOnDrop(StdinPump);

@@ -23,7 +23,15 @@ pub struct VmProcess {
 impl VmProcess {
     /// Writes the VM description into the session, starts the VMM, and
     /// brokers its connections to the listeners under `vsock_base`.
-    pub fn start(config: &VmConfig, session_dir: &Path, log: &Path, vsock_base: &Path) -> anyhow::Result<VmProcess> {
+    /// `on_refused(host_port, guest_port)` hears of the guest connections
+    /// the VMM refused on the init's ports.
+    pub fn start(
+        config: &VmConfig,
+        session_dir: &Path,
+        log: &Path,
+        vsock_base: &Path,
+        on_refused: impl Fn(u32, u32) + Send + 'static,
+    ) -> anyhow::Result<VmProcess> {
         let broker = UnixListener::bind(&config.vsock_broker)
             .with_context(|| format!("cannot listen on {}", config.vsock_broker.display()))?;
         let config_path = session_dir.join("vmm.json");
@@ -46,7 +54,7 @@ impl VmProcess {
         let (pid, base) = (child.id(), vsock_base.to_path_buf());
         std::thread::Builder::new()
             .name("vsock-broker".into())
-            .spawn(move || serve_broker(&broker, pid, &base))
+            .spawn(move || serve_broker(&broker, pid, &base, on_refused))
             .context("cannot start the vsock broker thread")?;
         Ok(VmProcess { child })
     }
@@ -87,13 +95,13 @@ impl Drop for VmProcess {
 
 /// Serves the dial requests of the VMM `pid`: the first connection to the
 /// broker socket from that process, no other.
-fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path) {
+fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path, on_refused: impl Fn(u32, u32)) {
     loop {
         let Ok((stream, _)) = listener.accept() else { return };
         let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials);
         match peer {
             Ok(cred) if u32::try_from(cred.pid()).ok() == Some(pid) => {
-                return broker::serve(stream, vsock_base);
+                return broker::serve(stream, vsock_base, on_refused);
             }
             _ => tracing::warn!("refused a broker connection that is not from the VMM"),
         }

@@ -229,7 +229,12 @@ fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn Virtio
     let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
     let vsock_error = |source| VmmError::Device { device: "virtio-vsock", source };
     let dialer = devices::broker::Dialer::connect(&config.vsock_broker).map_err(vsock_error)?;
-    let vsock = devices::virtio::vsock::Vsock::new(crate::protocol::GUEST_CID, dialer.clone()).map_err(vsock_error)?;
+    let vsock = devices::virtio::vsock::Vsock::new(
+        crate::protocol::GUEST_CID,
+        dialer.clone(),
+        devices::virtio::vsock::HostPorts::stockade(),
+    )
+    .map_err(vsock_error)?;
     let mut devices: Vec<(&'static str, Box<dyn VirtioDevice>)> =
         vec![("virtio-vsock", Box::new(vsock)), ("virtio-rng", Box::new(rng))];
     if config.network {

@@ -5,8 +5,14 @@
 //! A jailed VMM therefore cannot reach any other socket on the host, not
 //! even a Unix socket its Landlock rules would not stop it from naming.
 //!
-//! Wire: the request is the port as 4 bytes little-endian; the reply is an
-//! errno as 4 bytes little-endian, 0 with the descriptor attached.
+//! The VMM also tells the supervisor, through the same channel, of
+//! connections the guest was refused on the init's ports (a guest process
+//! trying to speak for the init), so that the run can report them.
+//!
+//! Wire: a request is three u32 little-endian: the kind, then two
+//! arguments. A dial (kind 0, port, 0) is answered with an errno as 4 bytes
+//! little-endian, 0 with the descriptor attached. A refusal notice (kind 1,
+//! host port, guest port) has no answer.
 
 use std::ffi::OsString;
 use std::io::{self, IoSlice, IoSliceMut, Read};
@@ -18,6 +24,25 @@ use std::sync::{Arc, Mutex};
 use nix::sys::socket::{
     self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
 };
+
+const KIND_DIAL: u32 = 0;
+const KIND_REFUSED: u32 = 1;
+
+fn request(kind: u32, a: u32, b: u32) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    out[..4].copy_from_slice(&kind.to_le_bytes());
+    out[4..8].copy_from_slice(&a.to_le_bytes());
+    out[8..].copy_from_slice(&b.to_le_bytes());
+    out
+}
+
+fn send_all(channel: &UnixStream, bytes: &[u8]) -> io::Result<()> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        sent += socket::send(channel.as_raw_fd(), &bytes[sent..], MsgFlags::MSG_NOSIGNAL)?;
+    }
+    Ok(())
+}
 
 /// The VMM's end: turns a port into a connected, non-blocking stream.
 /// Clones share the one channel (vsock and net both dial through it), one
@@ -41,11 +66,7 @@ impl Dialer {
     /// A stream connected to host port `port`, or the supervisor's errno.
     pub fn dial(&mut self, port: u32) -> io::Result<UnixStream> {
         let mut channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
-        let mut sent = 0;
-        let request = port.to_le_bytes();
-        while sent < request.len() {
-            sent += socket::send(channel.as_raw_fd(), &request[sent..], MsgFlags::MSG_NOSIGNAL)?;
-        }
+        send_all(&channel, &request(KIND_DIAL, port, 0))?;
         let mut reply = [0u8; 4];
         let mut space = nix::cmsg_space!(RawFd);
         let (got, fd) = {
@@ -75,17 +96,34 @@ impl Dialer {
             (errno, _) => Err(io::Error::from_raw_os_error(errno)),
         }
     }
+
+    /// Tells the supervisor that the guest was refused `host_port` from
+    /// `guest_port` (see `vsock::HostPorts`).
+    pub fn report_refused(&mut self, host_port: u32, guest_port: u32) -> io::Result<()> {
+        let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        send_all(&channel, &request(KIND_REFUSED, host_port, guest_port))
+    }
 }
 
 /// The supervisor's end: serves dial requests on `channel` until the VMM
-/// closes it.
-pub fn serve(mut channel: UnixStream, uds_base: &Path) {
+/// closes it, and hands refusal notices (host port, guest port) to
+/// `on_refused`.
+pub fn serve(mut channel: UnixStream, uds_base: &Path, on_refused: impl Fn(u32, u32)) {
     loop {
-        let mut request = [0u8; 4];
+        let mut request = [0u8; 12];
         if channel.read_exact(&mut request).is_err() {
             return;
         }
-        let port = u32::from_le_bytes(request);
+        let word = |i: usize| u32::from_le_bytes([request[i], request[i + 1], request[i + 2], request[i + 3]]);
+        let (kind, port) = (word(0), word(4));
+        if kind == KIND_REFUSED {
+            on_refused(port, word(8));
+            continue;
+        }
+        if kind != KIND_DIAL {
+            tracing::warn!("the VMM sent an unknown broker request ({kind}); closing its channel");
+            return;
+        }
         let reply = match connect_nonblocking(&socket_path(uds_base, port)) {
             Ok(fd) => send_reply(&channel, 0, Some(&fd)),
             Err(e) => send_reply(&channel, e.raw_os_error().unwrap_or(libc::EIO), None),
@@ -139,7 +177,8 @@ mod tests {
         let base = dir.join("vsock");
         let listener = UnixListener::bind(socket_path(&base, 1024)).unwrap();
         let (vmm, supervisor) = UnixStream::pair().unwrap();
-        let serving = std::thread::spawn(move || serve(supervisor, &base));
+        let (tx, refused) = std::sync::mpsc::channel();
+        let serving = std::thread::spawn(move || serve(supervisor, &base, move |h, g| tx.send((h, g)).unwrap()));
         let mut dialer = Dialer::from_stream(vmm);
 
         let mut stream = dialer.dial(1024).unwrap();
@@ -152,6 +191,11 @@ mod tests {
 
         let err = dialer.dial(9).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+
+        // A notice has no answer: the next dial still gets its own.
+        dialer.report_refused(1026, 50_000).unwrap();
+        assert!(dialer.dial(1024).is_ok());
+        assert_eq!(refused.recv().unwrap(), (1026, 50_000));
         drop(dialer);
         serving.join().unwrap();
         let _ = std::fs::remove_dir_all(&dir);

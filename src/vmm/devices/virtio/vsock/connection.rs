@@ -109,6 +109,10 @@ impl Connection {
         self.token
     }
 
+    pub fn key(&self) -> ConnKey {
+        self.key
+    }
+
     pub fn has_pending_write(&self) -> bool {
         !self.pending_write.is_empty()
     }

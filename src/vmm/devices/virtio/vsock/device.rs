@@ -5,6 +5,7 @@ use std::io;
 
 use super::super::{ActivateError, Activation, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
 use super::muxer::Muxer;
+use super::ports::HostPorts;
 use super::worker;
 use crate::vmm::devices::broker::Dialer;
 
@@ -30,15 +31,16 @@ pub struct Vsock {
 }
 
 impl Vsock {
-    /// guest_cid: the guest's context id; dialer: how host ports are reached.
-    pub fn new(guest_cid: u64, dialer: Dialer) -> io::Result<Vsock> {
+    /// guest_cid: the guest's context id; dialer: how host ports are
+    /// reached; ports: which of them the guest may dial, from where.
+    pub fn new(guest_cid: u64, dialer: Dialer, ports: HostPorts) -> io::Result<Vsock> {
         if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&guest_cid) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("guest CID {guest_cid} is reserved or out of range"),
             ));
         }
-        Ok(Vsock { guest_cid, muxer: Some(Muxer::new(guest_cid, dialer)?) })
+        Ok(Vsock { guest_cid, muxer: Some(Muxer::new(guest_cid, dialer, ports)?) })
     }
 }
 

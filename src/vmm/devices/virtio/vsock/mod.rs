@@ -4,6 +4,9 @@
 //! vsock, through the supervisor's broker (`devices::broker`), since the jailed VMM
 //! opens no sockets itself.
 //!
+//! Which ports the guest may dial, and from where, is `ports`: the init's
+//! own ports only from privileged guest ports (see `protocol::auth`).
+//!
 //! `device` is what the transport sees, `worker` the thread that serves the
 //! queues, `muxer` the protocol engine over all connections, `connection`
 //! one bridged stream with its credit accounting, `packet` the wire header.
@@ -13,9 +16,11 @@ mod device;
 mod error;
 mod muxer;
 mod packet;
+mod ports;
 mod worker;
 
 #[cfg(test)]
 mod tests;
 
 pub use device::Vsock;
+pub use ports::HostPorts;

@@ -17,10 +17,18 @@ use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RST, OP_RW, OP_SHUTDOWN,
     PacketHeader, TYPE_STREAM,
 };
+use super::ports::{Class, HostPorts, Refusal};
 use crate::vmm::devices::broker::Dialer;
 
-/// Open Unix streams the guest may hold at once (each costs a host fd).
+/// Open Unix streams the guest may hold at once on ports open to any guest
+/// process (each costs a host fd).
 pub(super) const MAX_CONNECTIONS: usize = 1024;
+/// Slots of the init's own ports, apart from the others: it holds at most
+/// three at once; a guest filling every other slot cannot refuse it one.
+pub(super) const MAX_INIT_CONNECTIONS: usize = 16;
+/// Refusals logged at warning level; the rest at debug, so a guest
+/// retrying in a loop cannot flood the VMM's log.
+const REFUSALS_LOGGED: u32 = 16;
 /// Replies not tied to a live connection (RSTs) waiting for rx buffers; past
 /// this we stop taking tx packets until the guest supplies rx buffers.
 pub(super) const MAX_PENDING_CONTROL: usize = 256;
@@ -39,6 +47,8 @@ pub(super) struct QueueOutcome {
 pub(super) struct Muxer {
     guest_cid: u64,
     dialer: Dialer,
+    ports: HostPorts,
+    refusals: u32,
     /// Readiness of every connection's Unix stream; its own fd is pollable,
     /// so the worker nests it in its epoll.
     epoll: Epoll,
@@ -57,10 +67,12 @@ pub(super) struct Muxer {
 }
 
 impl Muxer {
-    pub fn new(guest_cid: u64, dialer: Dialer) -> io::Result<Muxer> {
+    pub fn new(guest_cid: u64, dialer: Dialer, ports: HostPorts) -> io::Result<Muxer> {
         Ok(Muxer {
             guest_cid,
             dialer,
+            ports,
+            refusals: 0,
             epoll: Epoll::new()?,
             conns: HashMap::new(),
             by_token: HashMap::new(),
@@ -192,8 +204,20 @@ impl Muxer {
             self.reset(key);
             return;
         }
-        if self.conns.len() + self.draining.len() >= MAX_CONNECTIONS {
-            tracing::warn!("virtio-vsock: refusing {key:?}: {MAX_CONNECTIONS} connections open");
+        let class = match self.ports.admit(key.host_port, key.guest_port) {
+            Ok(class) => class,
+            Err(why) => {
+                self.refused(key, why);
+                self.push_rst(key);
+                return;
+            }
+        };
+        let (open, limit) = match class {
+            Class::Init => (self.open_on(|port| self.ports.is_init(port)), MAX_INIT_CONNECTIONS),
+            Class::Open => (self.open_on(|port| !self.ports.is_init(port)), MAX_CONNECTIONS),
+        };
+        if open >= limit {
+            tracing::warn!("virtio-vsock: refusing {key:?}: {limit} connections open");
             self.push_rst(key);
             return;
         }
@@ -209,6 +233,35 @@ impl Muxer {
                 tracing::debug!("virtio-vsock: cannot connect to host port {}: {e}", key.host_port);
                 self.push_rst(key);
             }
+        }
+    }
+
+    /// Connections (live or draining) whose host port satisfies `which`.
+    fn open_on(&self, which: impl Fn(u32) -> bool) -> usize {
+        let live = self.conns.keys().filter(|k| which(k.host_port)).count();
+        live + self.draining.values().filter(|c| which(c.key().host_port)).count()
+    }
+
+    fn refused(&mut self, key: ConnKey, why: Refusal) {
+        self.refusals = self.refusals.saturating_add(1);
+        let what = match why {
+            Refusal::NotOffered => "the host offers nothing there",
+            Refusal::Unprivileged => "only the guest init may connect there, from a privileged port",
+        };
+        if self.refusals <= REFUSALS_LOGGED {
+            // A guest process trying to speak for the init: the run reports it.
+            if why == Refusal::Unprivileged {
+                if let Err(e) = self.dialer.report_refused(key.host_port, key.guest_port) {
+                    tracing::warn!("virtio-vsock: cannot report a refusal to the supervisor: {e}");
+                }
+            }
+            tracing::warn!(
+                "virtio-vsock: refused a connection from guest port {} to host port {}: {what}",
+                key.guest_port,
+                key.host_port
+            );
+        } else {
+            tracing::debug!("virtio-vsock: refused {key:?}: {what}");
         }
     }
 

@@ -9,19 +9,20 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use virtio_queue::Queue;
 use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::Vsock;
 use super::connection::BUF_ALLOC;
-use super::muxer::{MAX_PENDING_CONTROL, Muxer};
+use super::muxer::{MAX_CONNECTIONS, MAX_INIT_CONNECTIONS, MAX_PENDING_CONTROL, Muxer};
 use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RESPONSE, OP_RST, OP_RW,
     OP_SHUTDOWN, PacketHeader, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
+use super::{HostPorts, Vsock};
+use crate::protocol::{CHANGES_PORT, CONTROL_PORT, DNS_PORT, PROXY_PORT, STDIN_PORT, TRANSPARENT_PORT};
 use crate::vmm::devices::broker::{self, Dialer};
 use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice};
 
@@ -60,8 +61,21 @@ impl TempDir {
     fn dialer(&self) -> Dialer {
         let (vmm, supervisor) = UnixStream::pair().unwrap();
         let base = self.base();
-        std::thread::spawn(move || broker::serve(supervisor, &base));
+        std::thread::spawn(move || broker::serve(supervisor, &base, |_, _| {}));
         Dialer::from_stream(vmm)
+    }
+
+    /// A dialer whose broker passes on the VMM's refusal notices.
+    fn reporting_dialer(&self) -> (Dialer, std::sync::mpsc::Receiver<(u32, u32)>) {
+        let (vmm, supervisor) = UnixStream::pair().unwrap();
+        let (tx, notices) = std::sync::mpsc::channel();
+        let base = self.base();
+        std::thread::spawn(move || {
+            broker::serve(supervisor, &base, move |host, guest| {
+                let _ = tx.send((host, guest));
+            })
+        });
+        (Dialer::from_stream(vmm), notices)
     }
 
     fn listen(&self, port: u32) -> UnixListener {
@@ -83,19 +97,39 @@ fn guest_memory() -> GuestMemoryMmap {
 type Desc = (u64, u32, bool);
 
 /// The driver's side of one split queue.
+/// Where a queue's used ring lives, from its base. The mock places it
+/// right after the avail ring's first `len` bytes (not `2 * len`), over
+/// the avail ring's upper half; a queue that ever posts more than half its
+/// size would see its own avail entries as used ones.
+const USED_RING_OFFSET: u64 = 0x2000;
+
 struct DriverQueue<'m> {
     mock: MockSplitQueue<'m, GuestMemoryMmap>,
+    mem: &'m GuestMemoryMmap,
+    used_ring: u64,
     next_desc: u16,
     used_seen: u16,
 }
 
 impl<'m> DriverQueue<'m> {
     fn new(mem: &'m GuestMemoryMmap, ring: u64) -> DriverQueue<'m> {
-        DriverQueue { mock: MockSplitQueue::create(mem, GuestAddress(ring), QSIZE), next_desc: 0, used_seen: 0 }
+        let used_ring = ring + USED_RING_OFFSET;
+        mem.write_slice(&[0u8; 4], GuestAddress(used_ring)).unwrap();
+        DriverQueue {
+            mock: MockSplitQueue::create(mem, GuestAddress(ring), QSIZE),
+            mem,
+            used_ring,
+            next_desc: 0,
+            used_seen: 0,
+        }
     }
 
     fn queue(&self) -> Queue {
-        self.mock.create_queue().unwrap()
+        let mut queue: Queue = self.mock.create_queue().unwrap();
+        queue.set_ready(false);
+        queue.set_used_ring_address(Some(u32::try_from(self.used_ring).unwrap()), Some(0));
+        queue.set_ready(true);
+        queue
     }
 
     /// Makes a chain available; returns its head index.
@@ -122,10 +156,12 @@ impl<'m> DriverQueue<'m> {
     /// Used entries since the last call: (head, length written).
     fn take_used(&mut self) -> Vec<(u16, u32)> {
         let mut out = Vec::new();
-        let idx = self.mock.used().idx().load();
+        let idx: u16 = self.mem.read_obj(GuestAddress(self.used_ring + 2)).unwrap();
         while self.used_seen != idx {
-            let elem = self.mock.used().ring().ref_at(usize::from(self.used_seen % QSIZE)).unwrap().load();
-            out.push((u16::try_from(elem.id()).unwrap(), elem.len()));
+            let elem = GuestAddress(self.used_ring + 4 + 8 * u64::from(self.used_seen % QSIZE));
+            let id: u32 = self.mem.read_obj(elem).unwrap();
+            let len: u32 = self.mem.read_obj(GuestAddress(elem.0 + 4)).unwrap();
+            out.push((u16::try_from(id).unwrap(), len));
             self.used_seen = self.used_seen.wrapping_add(1);
         }
         out
@@ -154,6 +190,14 @@ struct Guest<'m> {
 
 impl<'m> Guest<'m> {
     fn new(mem: &'m GuestMemoryMmap, dir: &TempDir) -> Guest<'m> {
+        Guest::with_ports(mem, dir, HostPorts::any_other())
+    }
+
+    fn with_ports(mem: &'m GuestMemoryMmap, dir: &TempDir, ports: HostPorts) -> Guest<'m> {
+        Guest::with(mem, dir.dialer(), ports)
+    }
+
+    fn with(mem: &'m GuestMemoryMmap, dialer: Dialer, ports: HostPorts) -> Guest<'m> {
         let rx = DriverQueue::new(mem, RX_RING);
         let tx = DriverQueue::new(mem, TX_RING);
         let (rxq, txq) = (rx.queue(), tx.queue());
@@ -163,7 +207,7 @@ impl<'m> Guest<'m> {
             tx,
             rxq,
             txq,
-            muxer: Muxer::new(GUEST_CID, dir.dialer()).unwrap(),
+            muxer: Muxer::new(GUEST_CID, dialer, ports).unwrap(),
             rx_bufs: HashMap::new(),
             next_buf: BUF_START,
             buf_alloc: 64 * 1024,
@@ -274,6 +318,29 @@ impl<'m> Guest<'m> {
         let (peer, _) = listener.accept().unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         peer
+    }
+}
+
+impl Guest<'_> {
+    /// Asks for host port `host_port` from guest port `guest_port`; returns
+    /// the ops of the answer.
+    fn request_from(&mut self, guest_port: u32, host_port: u32) -> Vec<u16> {
+        let mut hdr = self.header(OP_REQUEST, host_port);
+        hdr.src_port = guest_port;
+        self.send(hdr, &[]);
+        // Other connections may speak meanwhile (a peer closing).
+        let packets = self.recv();
+        packets.iter().filter(|(h, _)| (h.src_port, h.dst_port) == (host_port, guest_port)).map(|(h, _)| h.op).collect()
+    }
+}
+
+/// Whether a connection waits on `listener`, without blocking.
+fn pending(listener: &UnixListener) -> Option<UnixStream> {
+    listener.set_nonblocking(true).unwrap();
+    match listener.accept() {
+        Ok((stream, _)) => Some(stream),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+        Err(e) => panic!("accept: {e}"),
     }
 }
 
@@ -728,7 +795,7 @@ fn replies_waiting_for_rx_buffers_hold_back_tx() {
 #[test]
 fn device_reports_identity_and_config() {
     let dir = TempDir::new();
-    let dev = Vsock::new(GUEST_CID, dir.dialer()).unwrap();
+    let dev = Vsock::new(GUEST_CID, dir.dialer(), HostPorts::stockade()).unwrap();
     assert_eq!(dev.device_type(), TYPE_VSOCK);
     assert_eq!(dev.queue_max_sizes(), [256, 256, 256]);
     assert_eq!(dev.features(), VIRTIO_F_VERSION_1);
@@ -738,8 +805,8 @@ fn device_reports_identity_and_config() {
     let mut tail = [0xffu8; 4];
     dev.read_config(6, &mut tail);
     assert_eq!(tail, [0; 4]);
-    assert!(Vsock::new(2, dir.dialer()).is_err());
-    assert!(Vsock::new(u64::from(u32::MAX), dir.dialer()).is_err());
+    assert!(Vsock::new(2, dir.dialer(), HostPorts::stockade()).is_err());
+    assert!(Vsock::new(u64::from(u32::MAX), dir.dialer(), HostPorts::stockade()).is_err());
 }
 
 #[test]
@@ -756,7 +823,7 @@ fn activated_device_serves_the_queues_from_its_worker() {
         .zip(&kicks)
         .map(|(dq, kick)| DeviceQueue { queue: dq.queue(), kick: kick.try_clone().unwrap() })
         .collect();
-    let mut dev = Vsock::new(GUEST_CID, dir.dialer()).unwrap();
+    let mut dev = Vsock::new(GUEST_CID, dir.dialer(), HostPorts::any_other()).unwrap();
     dev.activate(Activation {
         mem: mem.clone(),
         queues,
@@ -815,4 +882,85 @@ fn socket_paths_follow_the_hybrid_convention() {
     let mem = guest_memory();
     let mut g = Guest::new(&mem, &dir);
     g.connect(&listener, u32::MAX);
+}
+
+#[test]
+fn the_inits_ports_refuse_unprivileged_guest_ports() {
+    let (dir, mem) = (TempDir::new(), guest_memory());
+    let (dialer, notices) = dir.reporting_dialer();
+    let mut g = Guest::with(&mem, dialer, HostPorts::stockade());
+    for port in [CONTROL_PORT, STDIN_PORT, CHANGES_PORT] {
+        let listener = dir.listen(port);
+        // What an unprivileged process gets: an auto-bound port above 1023.
+        for guest_port in [1024, 50_000, u32::MAX - 1] {
+            assert_eq!(g.request_from(guest_port, port), [OP_RST], "host port {port} from {guest_port}");
+            assert!(pending(&listener).is_none(), "host port {port} was dialled for guest port {guest_port}");
+            let notice = notices.recv_timeout(Duration::from_secs(10)).expect("the supervisor hears of it");
+            assert_eq!(notice, (port, guest_port));
+        }
+        // Only CAP_NET_BIND_SERVICE binds below 1024.
+        for guest_port in [1023, 1] {
+            assert_eq!(g.request_from(guest_port, port), [OP_RESPONSE], "host port {port} from {guest_port}");
+            assert!(pending(&listener).is_some(), "host port {port} not dialled for guest port {guest_port}");
+        }
+    }
+}
+
+#[test]
+fn the_proxy_is_open_to_any_guest_port_and_the_net_devices_ports_to_none() {
+    let (dir, mem) = (TempDir::new(), guest_memory());
+    let mut g = Guest::with_ports(&mem, &dir, HostPorts::stockade());
+    let proxy = dir.listen(PROXY_PORT);
+    assert_eq!(g.request_from(50_000, PROXY_PORT), [OP_RESPONSE]);
+    assert!(pending(&proxy).is_some());
+    assert_eq!(g.request_from(1000, PROXY_PORT), [OP_RESPONSE]);
+    assert!(pending(&proxy).is_some());
+    // DNS and transparent TCP are dialled by the VMM's own network device,
+    // which writes the transparent header itself; over vsock the guest
+    // could forge it.
+    for port in [DNS_PORT, TRANSPARENT_PORT, 7] {
+        let listener = dir.listen(port);
+        for guest_port in [50_000, 1000] {
+            assert_eq!(g.request_from(guest_port, port), [OP_RST], "host port {port} from {guest_port}");
+            assert!(pending(&listener).is_none(), "host port {port} was dialled");
+        }
+    }
+}
+
+#[test]
+fn a_guest_holding_every_open_slot_cannot_crowd_out_the_init() {
+    raise_fd_limit(4 * MAX_CONNECTIONS as u64);
+    let (dir, mem) = (TempDir::new(), guest_memory());
+    let mut g = Guest::with_ports(&mem, &dir, HostPorts::stockade());
+    let proxy = dir.listen(PROXY_PORT);
+    let mut peers = Vec::new();
+    for i in 0..MAX_CONNECTIONS {
+        let guest_port = 40_000 + u32::try_from(i).unwrap();
+        assert_eq!(g.request_from(guest_port, PROXY_PORT), [OP_RESPONSE], "connection {i}");
+        peers.push(pending(&proxy).expect("the proxy was dialled"));
+    }
+    assert_eq!(g.request_from(39_999, PROXY_PORT), [OP_RST], "the open slots are full");
+
+    let changes = dir.listen(CHANGES_PORT);
+    let mut init_peers = Vec::new();
+    for i in 0..MAX_INIT_CONNECTIONS {
+        let guest_port = 1000 - u32::try_from(i).unwrap();
+        assert_eq!(g.request_from(guest_port, CHANGES_PORT), [OP_RESPONSE], "init connection {i}");
+        init_peers.push(pending(&changes).expect("the change port was dialled"));
+    }
+    assert_eq!(g.request_from(1, CHANGES_PORT), [OP_RST], "the init's own slots are bounded too");
+}
+
+/// The slot test holds two descriptors per connection.
+fn raise_fd_limit(want: u64) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    if limit.rlim_cur >= want {
+        return;
+    }
+    assert!(limit.rlim_max >= want, "this test needs {want} open files; the hard limit is {}", limit.rlim_max);
+    limit.rlim_cur = want;
+    // SAFETY: setrlimit reads the struct, which outlives the call.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
 }
