@@ -121,9 +121,19 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
     if let Some((index, rule)) = credential {
         let value = match shared.credentials.header_value(index).await {
             Ok(value) => value,
-            Err(reason) => {
-                flow.fail(reason.clone());
-                return body::text(StatusCode::BAD_GATEWAY, format!("stockade: {reason}"));
+            Err(unavailable) => {
+                // The detail may quote the command and what it printed:
+                // the host's user reads it, the guest and the log do not.
+                if !unavailable.repeated {
+                    tracing::warn!("credential rule {}: {}", unavailable.rule, unavailable.host_detail());
+                }
+                flow.fail(format!("the value of credential rule {} could not be had", unavailable.rule));
+                let message = format!(
+                    "stockade: the credential for {}:{} could not be had on the host (stockade's warning \
+                     there says why); the request was not sent",
+                    this.host, this.port
+                );
+                return body::text(StatusCode::BAD_GATEWAY, message);
             }
         };
         // Whatever the guest holds (a placeholder, or a key of its own) never

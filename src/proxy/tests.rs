@@ -1205,3 +1205,68 @@ fn a_refresh_over_http2_gets_placeholders_too() {
     let host = json(&std::fs::read_to_string(world.host_file()).unwrap());
     assert_eq!(host["claudeAiOauth"]["refreshToken"], "real-refresh-2");
 }
+
+/// Sends one request per (method, target) to `host:port` through the proxy,
+/// each on a connection of its own, as a guest trusting `proxy_ca` does.
+async fn intercepted_requests(
+    proxy: SocketAddr,
+    host: &str,
+    port: u16,
+    proxy_ca: &CertificateDer<'static>,
+    requests: &[(&str, &str)],
+    headers: &[(&str, &str)],
+) -> Vec<(u16, String)> {
+    let authority = format!("{host}:{port}");
+    let mut answers = Vec::new();
+    for (method, target) in requests {
+        let (status, refusal, tcp) = connect(proxy, &authority).await;
+        assert_eq!(status, 200, "{refusal}");
+        let tls = tls_over(tcp, host, proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let mut all = vec![("host", authority.as_str())];
+        all.extend_from_slice(headers);
+        answers.push(send(tls, method, target, &all, "").await);
+    }
+    answers
+}
+
+/// A credential command that fails on a refresh: the guest's 502 and the
+/// audit log say the credential could not be had, but quote neither the
+/// command nor what it printed; a second request soon after does not run
+/// the command again.
+#[test]
+fn a_failing_credential_command_is_never_quoted_to_the_guest() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let dir = std::env::temp_dir().join(format!("stockade-proxy-credfail-cmd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let runs = dir.join("runs");
+    let command = format!(
+        "echo x >> {0}; if [ $(wc -l < {0}) -gt 1 ]; then echo stderr-says-hunter2 >&2; exit 7; fi; echo {SECRET}",
+        runs.display()
+    );
+    let mut policy = policy_for(&[("api.test", api)], None, "");
+    policy.push_str(&format!(
+        "[[credential]]\nhost = \"api.test:{api}\"\nheader = \"x-api-key\"\nvalue = {{ command = '{command}', ttl = \"1s\" }}\n"
+    ));
+    let setup = start_proxy("credfail-cmd", &policy, vec![ca.der.clone()]).unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let answers =
+        rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &[("GET", "/a"), ("GET", "/b")], &[]));
+    for (status, body) in &answers {
+        assert_eq!(*status, 502, "{body}");
+        assert!(body.contains(&format!("the credential for api.test:{api} could not be had")), "{body}");
+        for leak in ["hunter2", "wc -l", "exit 7", "exited with", &runs.display().to_string()] {
+            assert!(!body.contains(leak), "the guest was told {leak:?}: {body}");
+        }
+    }
+    assert!(seen.lock().unwrap().is_empty());
+    let log = std::fs::read_to_string(&setup.audit).unwrap();
+    assert!(!log.contains("hunter2") && !log.contains("wc -l"), "{log}");
+    let count = std::fs::read_to_string(&runs).unwrap().lines().count();
+    assert_eq!(count, 2, "the command ran at the start and once for the refresh, not for each request");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
