@@ -295,7 +295,7 @@ fn counts(policy: &Policy) -> String {
         "{} allow, {} allow_private, {} deny, {} credential, {} signin, {} mount rules",
         policy.allow.len(),
         policy.allow_private.len(),
-        policy.deny.len(),
+        policy.deny.len() + policy.deny_paths.len(),
         policy.credentials.len(),
         policy.signins.len(),
         policy.mounts.len()
@@ -327,6 +327,11 @@ fn describe(policy: &Policy) -> String {
     );
     section(
         &mut out,
+        "Deny requests under a path (HTTPS read by the proxy; no port: 80 and 443)",
+        policy.deny_paths.iter().map(|r| r.to_string()).collect(),
+    );
+    section(
+        &mut out,
         "Pinned names",
         policy.hosts.iter().map(|p| format!("{} = {} ({})", p.name, p.addr, p.origin)).collect(),
     );
@@ -339,7 +344,8 @@ fn describe(policy: &Policy) -> String {
             .map(|c| {
                 let optional = if c.optional { ", optional" } else { "" };
                 let guest = c.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
-                format!("{} from {}{guest}{optional}", c.name(), c.value)
+                let scope = if c.scope.is_all() { String::new() } else { format!(", only for {}", c.scope) };
+                format!("{} from {}{guest}{optional}{scope}", c.name(), c.value)
             })
             .collect(),
     );
