@@ -124,7 +124,7 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::parse;
+    use crate::policy::{RequestPath, parse};
 
     fn policy(text: &str) -> Policy {
         parse(text, "p.toml").unwrap()
@@ -173,6 +173,37 @@ mod tests {
         assert!(matches!(p.verdict(&host("api.x.com"), Port::HTTPS), Verdict::Allow { private_ok: false, .. }));
         assert!(matches!(p.verdict(&host("api.x.com"), Port::HTTP), Verdict::Deny(_)));
         assert!(p.allows_name(&host("api.x.com")));
+    }
+
+    #[test]
+    fn the_github_preset_refuses_gists_keys_and_tokens_on_the_api() {
+        let p = crate::policy::resolve_in(None, &["github".into()], &[]).unwrap();
+        let api = host("api.github.com");
+        let denied = |path: &str| p.denied_path(&api, Port::HTTPS, &RequestPath::parse(path)).map(|r| r.to_string());
+        for path in [
+            "/gists",
+            "/gists/abc/comments",
+            "/user/keys",
+            "/user/gpg_keys",
+            "/user/ssh_signing_keys",
+            "/repos/me/app/keys",
+            "/repos/me/app/hooks/1",
+            "/repos/me/app/actions/runners/registration-token",
+            "/repos/me/app/collaborators/attacker",
+            "/authorizations",
+            "/user/%6beys",
+            "/repos/me/app/../app/keys",
+        ] {
+            let rule = denied(path).unwrap_or_else(|| panic!("{path} is not denied"));
+            assert!(rule.starts_with("api.github.com/") && rule.ends_with("(preset github)"), "{rule}");
+        }
+        for path in ["/graphql", "/repos/me/app/pulls", "/user", "/users/me/keys", "/repos/me/app/issues"] {
+            assert_eq!(denied(path), None, "{path}");
+        }
+        assert!(p.has_path_rules(&api, Port::HTTPS), "api.github.com must be intercepted");
+        assert!(!p.has_path_rules(&host("github.com"), Port::HTTPS));
+        assert!(matches!(p.verdict(&api, Port::HTTPS), Verdict::Allow { .. }), "the host itself stays allowed");
+        assert!(p.allows_name(&api));
     }
 
     #[test]
