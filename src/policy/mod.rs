@@ -1,15 +1,16 @@
 //! Policy files: what the guest may reach, which credentials the proxy
 //! writes for which hosts, which host directories and variables the guest
 //! gets. Schema (`schema`), loading and validation (`load`), presets
-//! (`presets`), host patterns (`pattern`), request paths (`path`) and the
-//! allow/deny decision (`verdict`) are pure: nothing here opens a socket or
-//! reads a secret.
+//! (`presets`), host patterns (`pattern`), request paths (`path`), the
+//! variables passed to the guest (`env`) and the allow/deny decision
+//! (`verdict`) are pure: nothing here opens a socket or reads a secret.
 //!
 //! Several policies merge into one: lists are joined, and a deny rule beats
 //! any allow rule; a mount named twice gets the more restrictive mode.
 #![forbid(unsafe_code)]
 
 mod credential;
+mod env;
 mod load;
 mod path;
 mod pattern;
