@@ -185,7 +185,12 @@ fn decode(raw: &[u8], slashes: Slashes) -> Option<Vec<u8>> {
 }
 
 fn hex(digit: u8) -> Option<u8> {
-    (digit as char).to_digit(16).map(|d| d as u8)
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
 }
 
 /// One reading of a decoded path: split on `/` (and `\` when `Separate`),
