@@ -77,7 +77,9 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// variable). `optional = true` skips a rule whose value is missing.
 /// `methods` and `paths` (patterns as for deny rules) limit the requests
 /// the header is written for: others are sent without it, and without the
-/// guest's own. A path is covered only if every reading of it is.
+/// guest's own. A request is covered only if its method and any method an
+/// X-HTTP-Method-Override header names are listed, and every reading of
+/// its path is under a listed prefix.
 ///
 /// A signin rule keeps a coding agent's subscription sign-in on the host:
 /// the guest's copy of `file` (JSON) holds placeholders at the `tokens`

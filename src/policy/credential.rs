@@ -73,11 +73,12 @@ impl Scope {
         self.methods.is_none() && self.paths.is_none()
     }
 
-    /// Whether a request is covered: its method (in any case) is listed,
-    /// and every reading of its path begins with a listed prefix.
-    pub fn covers(&self, method: &str, path: &RequestPath) -> bool {
+    /// Whether a request is covered: each method it names (its own, and
+    /// any a method-override header asks for; in any case) is listed, and
+    /// every reading of its path begins with a listed prefix.
+    pub fn covers<'a>(&self, mut methods: impl Iterator<Item = &'a str>, path: &RequestPath) -> bool {
         let method_ok = match &self.methods {
-            Some(methods) => methods.iter().any(|m| m.eq_ignore_ascii_case(method)),
+            Some(listed) => methods.all(|method| listed.iter().any(|m| m.eq_ignore_ascii_case(method))),
             None => true,
         };
         let path_ok = match &self.paths {

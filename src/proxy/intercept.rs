@@ -124,7 +124,7 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         },
         None => None,
     };
-    let in_scope = credential.is_some_and(|(_, rule)| rule.scope.covers(req.method().as_str(), &path));
+    let in_scope = credential.is_some_and(|(_, rule)| rule.scope.covers(methods_named(&req), &path));
     match credential {
         Some((_, rule)) if in_scope => record.credential = Some(rule.name()),
         Some((_, rule)) => {
@@ -256,6 +256,19 @@ async fn answer(
     }
     headers.remove(header::CONTENT_LENGTH);
     Ok(body::full(rewritten))
+}
+
+/// Headers some servers take the request's real method from.
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// The methods a request names: its own, and any it asks a server to use
+/// instead, so that a POST saying "DELETE" is judged as both.
+fn methods_named<B>(req: &Request<B>) -> impl Iterator<Item = &str> {
+    let overrides = METHOD_OVERRIDES
+        .iter()
+        .flat_map(|name| req.headers().get_all(*name))
+        .map(|value| value.to_str().unwrap_or("(not text)").trim());
+    std::iter::once(req.method().as_str()).chain(overrides)
 }
 
 /// Whether a message is JSON (`application/json`, `...+json`; not a

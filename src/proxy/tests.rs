@@ -1270,7 +1270,12 @@ fn a_scoped_credential_is_written_only_for_requests_in_its_scope() {
         ("GET", &absolute),
     ];
     let guest = [("authorization", "Bearer guest-own-token")];
-    let answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &outside, &guest));
+    let mut answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &outside, &guest));
+    // A GET asking the server to treat it as a DELETE.
+    let overridden = [("authorization", "Bearer guest-own-token"), ("x-http-method-override", "DELETE")];
+    let get = [("GET", "/repos/o/r")];
+    answers.extend(rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &get, &overridden)));
+    let outside: Vec<(&str, &str)> = outside.into_iter().chain(get).collect();
     for ((method, target), (status, body)) in outside.iter().zip(&answers) {
         assert_eq!(*status, 200, "{method} {target}: {body}");
         assert!(!body.contains(SECRET), "{method} {target} got the credential: {body}");
