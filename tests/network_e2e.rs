@@ -178,3 +178,81 @@ TOML
     assert!(out.stdout.contains("keep\nro-refused\nfetch=0\nrun=0"), "{out}");
     assert!(out.stdout.contains("guest\nov-kept\n1"), "rw reaches the host, overlay does not\n{out}");
 }
+
+/// A real guest's curl against a credential rule limited to GET under
+/// /repos/ and a path deny rule on the same host: the credential is written
+/// only inside the scope (not for a `..` spelt as escapes), the denied path
+/// is refused however it is spelt, and the server never sees the guest's
+/// placeholder.
+#[test]
+fn a_credential_is_written_only_in_its_scope_and_denied_paths_are_refused() {
+    let Some(rig) = rig::require("a_credential_is_written_only_in_its_scope_and_denied_paths_are_refused") else {
+        return;
+    };
+    let out = rig.sh(
+        &script(
+            &[
+                test_certificate("api.test").as_str(),
+                r#"             cat > server.py <<'PY'
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[1], "a") as log:
+            log.write("=== %s %s\n" % (self.command, self.path))
+            log.write("".join("%s: %s\n" % kv for kv in self.headers.items()))
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok\n")
+    do_POST = do_GET
+    def log_message(self, *a): pass
+s = http.server.HTTPServer(("127.0.0.1", 8443), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain("srv.pem", "srv.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+PY
+             python3 server.py "$ws/requests.log" & server=$!
+             cat > p.toml <<'TOML'
+[network]
+allow_private = ["api.test:8443"]
+deny = ["api.test:8443/user/keys"]
+[network.hosts]
+"api.test" = "127.0.0.1"
+[[credential]]
+host = "api.test:8443"
+header = "authorization"
+value = { env = "TEST_SECRET" }
+format = "Bearer {}"
+methods = ["GET"]
+paths = ["/repos/"]
+TOML
+             sleep 1
+             SSL_CERT_FILE="$ws/ca.pem" TEST_SECRET=s3cr3t-token $S run --policy ./p.toml -- sh -c '
+                 curl -sS -H "Authorization: Bearer $TEST_SECRET" https://api.test:8443/repos/o/r
+                 curl -sS --path-as-is -H "Authorization: Bearer $TEST_SECRET" https://api.test:8443/repos/%2e%2e/user
+                 curl -sS -X POST -H "Authorization: Bearer $TEST_SECRET" https://api.test:8443/repos/o/r/issues
+                 curl -sS --path-as-is -w "denied=%{http_code}\n" -X POST https://api.test:8443/x/../user/%6beys'
+             echo "run=$?"
+             kill $server
+             echo "--- requests"; cat requests.log"#,
+            ]
+            .concat(),
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(
+        out.stdout.contains("blocked POST api.test:8443/x/../user/%6beys") && out.stdout.contains("denied=403"),
+        "{out}"
+    );
+    let log = out.stdout.split("--- requests").nth(1).unwrap_or_default().to_ascii_lowercase();
+    let request = |line: &str| {
+        log.split("=== ")
+            .find(|r| r.starts_with(line))
+            .unwrap_or_else(|| panic!("no request {line}\n{out}"))
+            .to_string()
+    };
+    assert!(request("get /repos/o/r\n").contains("authorization: bearer s3cr3t-token"), "{out}");
+    for outside in ["get /repos/%2e%2e/user\n", "post /repos/o/r/issues\n"] {
+        assert!(!request(outside).contains("authorization"), "{outside} got a credential or the placeholder\n{out}");
+    }
+    assert!(!log.contains("keys"), "the denied path reached the server\n{out}");
+    assert!(!log.contains("stockade-placeholder"), "the guest's placeholder reached the server\n{out}");
+}

@@ -54,6 +54,37 @@ fn policy_show_merges_with_deny_winning() {
 }
 
 #[test]
+fn policy_show_and_check_name_credential_scopes_and_path_denials() {
+    let dir = TempDir::new("policy-scope");
+    let out = run(&dir, &["policy", "show", "github"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("Deny requests under a path"), "{shown}");
+    assert!(shown.contains("  api.github.com/user/keys (preset github)\n"), "{shown}");
+    assert!(shown.contains("  api.github.com/repos/*/*/keys (preset github)\n"), "{shown}");
+
+    let file = dir.path().join("scoped.toml");
+    let rule = "[[credential]]\nhost = \"api.test\"\nheader = \"authorization\"\nvalue = { env = \"T\" }\n";
+    std::fs::write(&file, format!("{rule}methods = [\"get\", \"HEAD\"]\npaths = [\"/repos/\", \"/user\"]\n")).unwrap();
+    let out = run(&dir, &["policy", "show", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("from env T, guest T, only for GET, HEAD requests under /repos/, /user\n"), "{shown}");
+
+    std::fs::write(&file, format!("{rule}paths = [\"/repos/../user\"]\n")).unwrap();
+    let out = run(&dir, &["policy", "check", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("{}:5:10:", file.display())) && err.contains(". and .. segments"), "{err}");
+    std::fs::write(&file, "[network]\ndeny = [\"api.test/user/%6beys\"]\n").unwrap();
+    let out = run(&dir, &["policy", "check", file.to_str().unwrap()]);
+    assert!(text(&out.stderr).contains("write the path decoded"), "{}", text(&out.stderr));
+    std::fs::write(&file, "[network]\nallow = [\"api.test/x\"]\n").unwrap();
+    let out = run(&dir, &["policy", "check", file.to_str().unwrap()]);
+    assert!(text(&out.stderr).contains("only deny rules can name a path"), "{}", text(&out.stderr));
+}
+
+#[test]
 fn log_prints_the_latest_session() {
     let dir = TempDir::new("log");
     let out = run(&dir, &["log"]);

@@ -25,7 +25,7 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///
 ///   [network]
 ///   allow = ["registry.npmjs.org", "*.crates.io", "github.com:443", "10.0.0.5:8080"]
-///   deny = ["gist.github.com"]
+///   deny = ["gist.github.com", "api.github.com/gists", "api.github.com/repos/*/*/keys"]
 ///   allow_private = ["localhost:4873"]
 ///
 ///   [network.hosts]
@@ -36,6 +36,8 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///   header = "x-api-key"
 ///   value = { env = "ANTHROPIC_API_KEY" }
 ///   format = "{}"
+///   methods = ["GET", "POST"]
+///   paths = ["/v1/"]
 ///
 ///   [[signin]]
 ///   file = "~/.claude/.credentials.json"
@@ -56,6 +58,16 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// (for a registry on this machine or your network). [network.hosts] gives
 /// names a fixed address instead of asking DNS.
 ///
+/// A deny rule HOST[:PORT]/PATH refuses requests under PATH on that host
+/// (no port: 80 and 443) with a 403 naming the rule; the host stays
+/// allowed, and its TLS is intercepted as for a credential so the proxy
+/// reads each request. PATH is a prefix of the path as text (/gists also
+/// matches /gists/1; end it with / for whole segments), `*` stands for one
+/// whole segment, letters match in any case, and it is written decoded.
+/// The guest's path is judged in every reading a server might give it
+/// (escapes decoded, %2F and \ as separators or not, ;params, dot
+/// segments, //): a deny rule refuses it if any reading matches.
+///
 /// A credential rule (host, port 443 unless given) makes the proxy end TLS
 /// for that host with its own CA, check the real server's certificate, drop
 /// the Authorization header and the rule's header sent from the guest, and
@@ -63,6 +75,11 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// (re-run after `ttl`, e.g. { command = "gh auth token", ttl = "55m" }).
 /// The guest sees only a placeholder in `guest_env` (by default the `env`
 /// variable). `optional = true` skips a rule whose value is missing.
+/// `methods` and `paths` (patterns as for deny rules) limit the requests
+/// the header is written for: others are sent without it, and without the
+/// guest's own. A request is covered only if its method and any method an
+/// X-HTTP-Method-Override header names are listed, and every reading of
+/// its path is under a listed prefix.
 ///
 /// A signin rule keeps a coding agent's subscription sign-in on the host:
 /// the guest's copy of `file` (JSON) holds placeholders at the `tokens`
@@ -70,6 +87,10 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 /// the real values for them in requests, hands the guest placeholders for
 /// tokens in JSON answers, and writes refreshed tokens back to `file`. Its
 /// hosts must also be allowed.
+///
+/// [env] pass gives the guest these host variables, with the user name and
+/// password of any URL in them removed (https://user:TOKEN@host/ becomes
+/// https://host/); -e VAR passes a variable as it is.
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PolicyArgs {
@@ -295,7 +316,7 @@ fn counts(policy: &Policy) -> String {
         "{} allow, {} allow_private, {} deny, {} credential, {} signin, {} mount rules",
         policy.allow.len(),
         policy.allow_private.len(),
-        policy.deny.len(),
+        policy.deny.len() + policy.deny_paths.len(),
         policy.credentials.len(),
         policy.signins.len(),
         policy.mounts.len()
@@ -327,6 +348,11 @@ fn describe(policy: &Policy) -> String {
     );
     section(
         &mut out,
+        "Deny requests under a path (HTTPS read by the proxy; no port: 80 and 443)",
+        policy.deny_paths.iter().map(|r| r.to_string()).collect(),
+    );
+    section(
+        &mut out,
         "Pinned names",
         policy.hosts.iter().map(|p| format!("{} = {} ({})", p.name, p.addr, p.origin)).collect(),
     );
@@ -339,7 +365,8 @@ fn describe(policy: &Policy) -> String {
             .map(|c| {
                 let optional = if c.optional { ", optional" } else { "" };
                 let guest = c.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
-                format!("{} from {}{guest}{optional}", c.name(), c.value)
+                let scope = if c.scope.is_all() { String::new() } else { format!(", only for {}", c.scope) };
+                format!("{} from {}{guest}{optional}{scope}", c.name(), c.value)
             })
             .collect(),
     );

@@ -256,7 +256,9 @@ pub fn validate(
         // Only those set: the rest would be noted as missing, as -e does.
         requested.extend(TOOL_VARS.iter().filter(|v| getenv(v).is_some()).map(|v| v.to_string()));
     }
-    requested.extend(policy.env_pass.iter().cloned());
+    // As NAME=VALUE: the policy's variables lose any token in their URLs.
+    let passed = policy.passed_env(|name| getenv(name).and_then(|v| v.into_string().ok()));
+    requested.extend(passed.into_iter().map(|(name, value)| format!("{name}={value}")));
     requested.extend(vm.env.iter().cloned());
     Ok(RunConfig {
         argv,
@@ -458,6 +460,27 @@ mod tests {
         assert_eq!(get("FOO"), Some("bar"));
         assert_eq!(get("X"), Some("1"));
         assert_eq!(get("SECRET"), None);
+    }
+
+    #[test]
+    fn policy_variables_reach_the_guest_without_url_tokens() {
+        let host =
+            [("PIP_INDEX_URL", "https://__token__:pypi-S3CRET@pypi.corp/simple"), ("CUSTOM", "https://u:p@c.test")];
+        let settings = Settings::defaults(PathBuf::from("/nonexistent/config.toml"));
+        let config = validate(
+            args(&["--policy", "pypi", "-e", "CUSTOM"]),
+            settings,
+            vec!["true".into()],
+            &[],
+            0,
+            env_of(&host),
+            std::iter::empty(),
+        )
+        .unwrap();
+        let get = |k: &str| config.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("PIP_INDEX_URL"), Some("https://pypi.corp/simple"));
+        // What -e names explicitly is passed as it is.
+        assert_eq!(get("CUSTOM"), Some("https://u:p@c.test"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use super::path::{PathPattern, RequestPath};
 use super::pattern::HostRule;
 
 /// The value the guest sees in place of a secret: non-empty, so clients
@@ -52,8 +53,53 @@ pub struct CredentialRule {
     /// The guest variable set to [`PLACEHOLDER`].
     pub guest_env: Option<String>,
     pub optional: bool,
+    /// The requests the header is written for; others on the host are sent
+    /// without it (and without the guest's own).
+    pub scope: Scope,
     /// The policy file or preset the rule came from.
     pub origin: Arc<str>,
+}
+
+/// Which requests on its host a credential rule covers: all, unless
+/// limited by method (upper case) or path prefix.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub methods: Option<Vec<String>>,
+    pub paths: Option<Vec<PathPattern>>,
+}
+
+impl Scope {
+    pub fn is_all(&self) -> bool {
+        self.methods.is_none() && self.paths.is_none()
+    }
+
+    /// Whether a request is covered: each method it names (its own, and
+    /// any a method-override header asks for; in any case) is listed, and
+    /// every reading of its path begins with a listed prefix.
+    pub fn covers<'a>(&self, mut methods: impl Iterator<Item = &'a str>, path: &RequestPath) -> bool {
+        let method_ok = match &self.methods {
+            Some(listed) => methods.all(|method| listed.iter().any(|m| m.eq_ignore_ascii_case(method))),
+            None => true,
+        };
+        let path_ok = match &self.paths {
+            Some(paths) => path.all_match(paths),
+            None => true,
+        };
+        method_ok && path_ok
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let methods = self.methods.as_ref().map(|m| m.join(", "));
+        let paths = self.paths.as_ref().map(|p| p.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "));
+        match (methods, paths) {
+            (None, None) => f.write_str("every request"),
+            (Some(methods), None) => write!(f, "{methods} requests"),
+            (None, Some(paths)) => write!(f, "requests under {paths}"),
+            (Some(methods), Some(paths)) => write!(f, "{methods} requests under {paths}"),
+        }
+    }
 }
 
 impl CredentialRule {

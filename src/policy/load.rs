@@ -10,11 +10,12 @@ use std::time::Duration;
 use http::HeaderName;
 use toml::Spanned;
 
-use super::credential::{CredentialRule, ValueSource};
+use super::credential::{CredentialRule, Scope, ValueSource};
+use super::path::PathPattern;
 use super::pattern::{Host, HostRule, Port, PortSpec};
 use super::schema::{self, PolicyFile};
 use super::signin::{SigninRule, TokenPath};
-use super::{AgentState, Mount, NetworkRule, PinnedHost, Policy, PolicyError, presets};
+use super::{AgentState, Mount, NetworkRule, PathRule, PinnedHost, Policy, PolicyError, presets};
 
 /// Where `--policy NAME` looks before the presets.
 pub fn user_policy_dir() -> Option<PathBuf> {
@@ -67,23 +68,42 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
     let file: PolicyFile = toml::from_str(text).map_err(|err| at(err.span(), err.message().to_string()))?;
     let origin: Arc<str> = Arc::from(origin);
 
-    let rules = |list: &[Spanned<String>], default_ports: PortSpec| -> Result<Vec<NetworkRule>, PolicyError> {
+    let rules = |list: &[&Spanned<String>], default_ports: PortSpec| -> Result<Vec<NetworkRule>, PolicyError> {
         list.iter()
             .map(|item| {
+                if item.get_ref().contains('/') {
+                    return Err(at(
+                        Some(item.span()),
+                        format!(
+                            "{:?}: only deny rules can name a path; limit a credential to paths with `paths`",
+                            item.get_ref()
+                        ),
+                    ));
+                }
                 HostRule::parse(item.get_ref(), default_ports)
                     .map(|rule| NetworkRule { rule, origin: origin.clone() })
                     .map_err(|err| at(Some(item.span()), err.to_string()))
             })
             .collect()
     };
+    let (deny_paths, deny_hosts): (Vec<&Spanned<String>>, Vec<&Spanned<String>>) =
+        file.network.deny.iter().partition(|item| item.get_ref().contains('/'));
     let mut policy = Policy {
         sources: vec![origin.to_string()],
         description: file.description.clone(),
-        allow: rules(&file.network.allow, PortSpec::Web)?,
-        allow_private: rules(&file.network.allow_private, PortSpec::Web)?,
-        deny: rules(&file.network.deny, PortSpec::Any)?,
+        allow: rules(&file.network.allow.iter().collect::<Vec<_>>(), PortSpec::Web)?,
+        allow_private: rules(&file.network.allow_private.iter().collect::<Vec<_>>(), PortSpec::Web)?,
+        deny: rules(&deny_hosts, PortSpec::Any)?,
         ..Policy::default()
     };
+    for item in deny_paths {
+        let text = item.get_ref().trim();
+        let slash = text.find('/').unwrap_or(text.len());
+        // Paths only exist in HTTP: without a port, the web ports.
+        let rule = HostRule::parse(&text[..slash], PortSpec::Web).map_err(|e| at(Some(item.span()), e.to_string()))?;
+        let path = PathPattern::parse(&text[slash..]).map_err(|m| at(Some(item.span()), m))?;
+        policy.deny_paths.push(PathRule { rule, path, origin: origin.clone() });
+    }
 
     for (name, addr) in &file.network.hosts {
         let host = match Host::parse(name.get_ref()) {
@@ -231,7 +251,46 @@ fn credential(
             _ => None,
         },
     };
-    Ok(CredentialRule { host, header, value, format, guest_env, optional: cred.optional, origin: origin.clone() })
+    let mut scope = Scope::default();
+    if let Some(methods) = &cred.methods {
+        if methods.get_ref().is_empty() {
+            return Err(at(
+                Some(methods.span()),
+                "methods: name at least one, as in [\"GET\"], or leave it out".into(),
+            ));
+        }
+        let mut list = Vec::new();
+        for m in methods.get_ref() {
+            let method = http::Method::from_bytes(m.get_ref().as_bytes())
+                .map_err(|_| at(Some(m.span()), format!("{:?} is not an HTTP method", m.get_ref())))?;
+            list.push(method.as_str().to_ascii_uppercase());
+        }
+        scope.methods = Some(list);
+    }
+    if let Some(paths) = &cred.paths {
+        if paths.get_ref().is_empty() {
+            return Err(at(
+                Some(paths.span()),
+                "paths: name at least one, as in [\"/repos/\"], or leave it out".into(),
+            ));
+        }
+        let list = paths
+            .get_ref()
+            .iter()
+            .map(|p| PathPattern::parse(p.get_ref()).map_err(|m| at(Some(p.span()), m)))
+            .collect::<Result<Vec<_>, _>>()?;
+        scope.paths = Some(list);
+    }
+    Ok(CredentialRule {
+        host,
+        header,
+        value,
+        format,
+        guest_env,
+        optional: cred.optional,
+        scope,
+        origin: origin.clone(),
+    })
 }
 
 fn signin(

@@ -1,7 +1,8 @@
 //! Policy files: what the guest may reach, which credentials the proxy
 //! writes for which hosts, which host directories and variables the guest
 //! gets. Schema (`schema`), loading and validation (`load`), presets
-//! (`presets`), host patterns (`pattern`) and the allow/deny decision
+//! (`presets`), host patterns (`pattern`), request paths (`path`), the
+//! variables passed to the guest (`env`) and the allow/deny decision
 //! (`verdict`) are pure: nothing here opens a socket or reads a secret.
 //!
 //! Several policies merge into one: lists are joined, and a deny rule beats
@@ -9,7 +10,9 @@
 #![forbid(unsafe_code)]
 
 mod credential;
+mod env;
 mod load;
+mod path;
 mod pattern;
 pub mod presets;
 mod schema;
@@ -24,6 +27,7 @@ use thiserror::Error;
 
 pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
 pub use load::{is_path, line_column, load_file, parse, user_policy_dir};
+pub use path::{PathPattern, RequestPath};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
 pub use schema::MountMode;
 pub use signin::{SigninRule, TokenPath};
@@ -71,6 +75,22 @@ pub struct NetworkRule {
 impl std::fmt::Display for NetworkRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.rule, self.origin)
+    }
+}
+
+/// A `[network] deny` rule naming a path (`api.github.com/gists`):
+/// requests under it on a host the rule matches are refused. Without a port
+/// it means the web ports, 80 and 443, since only HTTP has paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRule {
+    pub rule: HostRule,
+    pub path: PathPattern,
+    pub origin: Arc<str>,
+}
+
+impl std::fmt::Display for PathRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{} ({})", self.rule, self.path, self.origin)
     }
 }
 
@@ -126,6 +146,8 @@ pub struct Policy {
     /// Allowed even when the name resolves to a loopback or private address.
     pub allow_private: Vec<NetworkRule>,
     pub deny: Vec<NetworkRule>,
+    /// Deny rules naming a path; they refuse requests, not hosts.
+    pub deny_paths: Vec<PathRule>,
     pub hosts: Vec<PinnedHost>,
     pub credentials: Vec<CredentialRule>,
     /// Sign-in token files kept on the host.
@@ -147,6 +169,7 @@ impl Policy {
         self.allow.extend(other.allow);
         self.allow_private.extend(other.allow_private);
         self.deny.extend(other.deny);
+        self.deny_paths.extend(other.deny_paths);
         for pin in other.hosts {
             match self.hosts.iter().find(|p| p.name == pin.name) {
                 Some(old) if old.addr != pin.addr => {

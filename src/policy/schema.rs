@@ -55,6 +55,7 @@ pub struct Network {
     /// addresses (a registry on this machine or the LAN).
     #[serde(default)]
     pub allow_private: Vec<Spanned<String>>,
+    /// `HOST[:PORT]`, or `HOST[:PORT]/PATH` to refuse requests under a path.
     #[serde(default)]
     pub deny: Vec<Spanned<String>>,
     /// Names answered with a fixed address instead of asking DNS.
@@ -75,6 +76,10 @@ pub struct Credential {
     /// Skip the rule, with a warning, when its value cannot be had.
     #[serde(default)]
     pub optional: bool,
+    /// Only requests with these methods get the header.
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Only requests under these path prefixes get the header.
+    pub paths: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// A coding agent's sign-in token file, kept on the host.

@@ -5,8 +5,9 @@
 
 use std::net::IpAddr;
 
-use super::Policy;
+use super::path::RequestPath;
 use super::pattern::{Host, HostPattern, Port, PortSpec};
+use super::{PathRule, Policy};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -63,7 +64,28 @@ impl Denial {
     }
 }
 
+impl PathRule {
+    /// What the guest is told when this rule refuses its request.
+    pub fn message(&self, method: &str, host: &Host, port: Port, path: &str) -> String {
+        format!(
+            "stockade: blocked {method} {host}:{port}{path} (denied by {self}). \
+             Deny rules win over allow rules: remove that rule to reach it."
+        )
+    }
+}
+
 impl Policy {
+    /// The path deny rule that refuses a request to `host:port`, if any.
+    pub fn denied_path(&self, host: &Host, port: Port, path: &RequestPath) -> Option<&PathRule> {
+        self.deny_paths.iter().find(|r| r.rule.matches(host, port) && path.any_matches(std::iter::once(&r.path)))
+    }
+
+    /// Whether a path deny rule names `host:port`: then the proxy must see
+    /// each request there, so its TLS is intercepted.
+    pub fn has_path_rules(&self, host: &Host, port: Port) -> bool {
+        self.deny_paths.iter().any(|r| r.rule.matches(host, port))
+    }
+
     /// Whether the guest may connect to `host:port`, before resolution.
     pub fn verdict(&self, host: &Host, port: Port) -> Verdict {
         if let Some(rule) = self.deny.iter().find(|r| r.rule.matches(host, port)) {
@@ -102,7 +124,7 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::parse;
+    use crate::policy::{RequestPath, parse};
 
     fn policy(text: &str) -> Policy {
         parse(text, "p.toml").unwrap()
@@ -151,6 +173,49 @@ mod tests {
         assert!(matches!(p.verdict(&host("api.x.com"), Port::HTTPS), Verdict::Allow { private_ok: false, .. }));
         assert!(matches!(p.verdict(&host("api.x.com"), Port::HTTP), Verdict::Deny(_)));
         assert!(p.allows_name(&host("api.x.com")));
+    }
+
+    #[test]
+    fn the_github_preset_refuses_gists_keys_and_tokens_on_the_api() {
+        let p = crate::policy::resolve_in(None, &["github".into()], &[]).unwrap();
+        let api = host("api.github.com");
+        let denied = |path: &str| p.denied_path(&api, Port::HTTPS, &RequestPath::parse(path)).map(|r| r.to_string());
+        for path in [
+            "/gists",
+            "/gists/abc/comments",
+            "/user/keys",
+            "/user/gpg_keys",
+            "/user/ssh_signing_keys",
+            "/repos/me/app/keys",
+            "/repos/me/app/hooks/1",
+            "/repos/me/app/actions/runners/registration-token",
+            "/repos/me/app/collaborators/attacker",
+            "/authorizations",
+            "/user/%6beys",
+            "/repos/me/app/../app/keys",
+        ] {
+            let rule = denied(path).unwrap_or_else(|| panic!("{path} is not denied"));
+            assert!(rule.starts_with("api.github.com/") && rule.ends_with("(preset github)"), "{rule}");
+        }
+        for path in ["/graphql", "/repos/me/app/pulls", "/user", "/users/me/keys", "/repos/me/app/issues"] {
+            assert_eq!(denied(path), None, "{path}");
+        }
+        assert!(p.has_path_rules(&api, Port::HTTPS), "api.github.com must be intercepted");
+        assert!(!p.has_path_rules(&host("github.com"), Port::HTTPS));
+        assert!(matches!(p.verdict(&api, Port::HTTPS), Verdict::Allow { .. }), "the host itself stays allowed");
+        assert!(p.allows_name(&api));
+    }
+
+    #[test]
+    fn path_deny_rules_mean_the_web_ports_and_leave_the_host_allowed() {
+        let p = policy("[network]\nallow = [\"a.test:*\"]\ndeny = [\"a.test/x\", \"b.test:8443/y\"]\n");
+        let a = host("a.test");
+        assert!(p.has_path_rules(&a, Port::HTTPS) && p.has_path_rules(&a, Port::HTTP));
+        assert!(!p.has_path_rules(&a, Port::new(22).unwrap()));
+        assert!(p.has_path_rules(&host("b.test"), Port::new(8443).unwrap()));
+        assert!(matches!(p.verdict(&a, Port::HTTPS), Verdict::Allow { .. }));
+        assert_eq!(p.deny_paths[0].to_string(), "a.test/x (p.toml)");
+        assert_eq!(p.deny_paths[1].to_string(), "b.test:8443/y (p.toml)");
     }
 
     #[test]

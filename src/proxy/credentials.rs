@@ -14,6 +14,9 @@ use crate::policy::{CredentialRule, Host, PLACEHOLDER, Port, ValueSource};
 
 /// How long a credential command may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a refresh failed, requests fail without re-running the command for
+/// this long, so a guest cannot make the host run it (and warn) at will.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// The most a credential file or command output may hold.
 const MAX_VALUE: usize = 64 * 1024;
 
@@ -28,7 +31,33 @@ impl std::fmt::Debug for Secret {
 
 struct Active {
     rule: CredentialRule,
-    value: Mutex<(Secret, Instant)>,
+    value: Mutex<Cached>,
+}
+
+struct Cached {
+    secret: Secret,
+    fetched: Instant,
+    /// The last refresh that failed, and why.
+    failed: Option<(Instant, String)>,
+}
+
+/// Why a rule's header could not be written. The detail may quote the
+/// command and what it printed, which can hold a secret: it is for the
+/// host's user alone, never for the guest or the audit log.
+#[derive(Debug)]
+pub struct Unavailable {
+    /// The rule, named as in messages.
+    pub rule: String,
+    detail: String,
+    /// The same failure as a moment ago, not a new attempt.
+    pub repeated: bool,
+}
+
+impl Unavailable {
+    /// What failed, for the host's warning.
+    pub fn host_detail(&self) -> &str {
+        &self.detail
+    }
 }
 
 /// The credential rules in force, with their values.
@@ -51,7 +80,10 @@ impl Credentials {
         let mut active = Vec::new();
         for rule in rules {
             match fetch(rule, home).await {
-                Ok(secret) => active.push(Active { rule: rule.clone(), value: Mutex::new((secret, Instant::now())) }),
+                Ok(secret) => {
+                    let cached = Cached { secret, fetched: Instant::now(), failed: None };
+                    active.push(Active { rule: rule.clone(), value: Mutex::new(cached) })
+                }
                 Err(reason) if rule.optional => {
                     tracing::warn!("credential rule {} is skipped: {reason}", rule.name());
                 }
@@ -75,20 +107,32 @@ impl Credentials {
     }
 
     /// The header value to write for rule `index`, re-fetching the secret
-    /// if its ttl ran out. The error names the rule and what failed.
-    pub async fn header_value(&self, index: usize) -> Result<HeaderValue, String> {
-        let active = self.active.get(index).ok_or("no such credential rule")?;
-        let mut value = active.value.lock().await;
+    /// if its ttl ran out.
+    pub async fn header_value(&self, index: usize) -> Result<HeaderValue, Unavailable> {
+        let Some(active) = self.active.get(index) else {
+            let detail = "no such credential rule".to_string();
+            return Err(Unavailable { rule: format!("#{index}"), detail, repeated: false });
+        };
+        let unavailable = |detail: String, repeated| Unavailable { rule: active.rule.name(), detail, repeated };
+        let mut cached = active.value.lock().await;
         if let ValueSource::Command { ttl: Some(ttl), .. } = &active.rule.value {
-            if value.1.elapsed() >= *ttl {
-                let secret = fetch(&active.rule, self.home.as_deref())
-                    .await
-                    .map_err(|reason| format!("credential rule {}: {reason}", active.rule.name()))?;
-                *value = (secret, Instant::now());
+            if cached.fetched.elapsed() >= *ttl {
+                if let Some((when, detail)) = &cached.failed {
+                    if when.elapsed() < RETRY_AFTER {
+                        return Err(unavailable(detail.clone(), true));
+                    }
+                }
+                match fetch(&active.rule, self.home.as_deref()).await {
+                    Ok(secret) => *cached = Cached { secret, fetched: Instant::now(), failed: None },
+                    Err(detail) => {
+                        cached.failed = Some((Instant::now(), detail.clone()));
+                        return Err(unavailable(detail, false));
+                    }
+                }
             }
         }
-        let mut header = HeaderValue::from_str(&active.rule.render(&value.0.0))
-            .map_err(|_| format!("credential rule {}: the value is not a valid header value", active.rule.name()))?;
+        let mut header = HeaderValue::from_str(&active.rule.render(&cached.secret.0))
+            .map_err(|_| unavailable("the value is not a valid header value".into(), false))?;
         header.set_sensitive(true);
         Ok(header)
     }

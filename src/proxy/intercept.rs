@@ -1,10 +1,11 @@
-//! Intercepted CONNECT tunnels, for hosts with a credential or sign-in
-//! rule: the proxy ends the guest's TLS with a leaf from its CA, and sends
-//! each request on over TLS it has verified itself, with the guest's auth
-//! headers removed and the real credential written in, and sign-in
-//! placeholders replaced by the real tokens (whose answers get placeholders
-//! in turn, `signin`). Requests for any other authority on that connection
-//! are refused, so a secret only goes where its rule says.
+//! Intercepted CONNECT tunnels, for hosts with a credential, sign-in or
+//! path deny rule: the proxy ends the guest's TLS with a leaf from its CA,
+//! refuses requests under a denied path, and sends the others on over TLS
+//! it has verified itself, with the guest's auth headers removed and the
+//! real credential written in where the rule's scope covers the request,
+//! and sign-in placeholders replaced by the real tokens (whose answers get
+//! placeholders in turn, `signin`). Requests for any other authority on
+//! that connection are refused, so a secret only goes where its rule says.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use super::audit::{Decision, Kind, Record};
 use super::body::{self, Buffered, Counted, Direction, Flow, ProxyBody};
 use super::signin::{self, Grant, MAX_BODY};
 use super::upstream::TlsUpstream;
-use crate::policy::{Host, Port};
+use crate::policy::{Host, Port, RequestPath};
 
 /// One intercepted guest connection.
 pub struct Interception {
@@ -106,6 +107,16 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         shared.audit.record(&record);
         return body::text(StatusCode::MISDIRECTED_REQUEST, message);
     }
+    // Judged in every reading a server might give the path (`RequestPath`).
+    let path = RequestPath::parse(req.uri().path());
+    if let Some(rule) = shared.policy.denied_path(&this.host, this.port, &path) {
+        let message = rule.message(req.method().as_str(), &this.host, this.port, req.uri().path());
+        record.decision = Decision::Deny;
+        record.rule = Some(rule.to_string());
+        record.reason = Some(format!("denied by {rule}"));
+        shared.audit.record(&record);
+        return body::text(StatusCode::FORBIDDEN, message);
+    }
     let credential = match this.credential {
         Some(index) => match shared.credentials.rule(index) {
             Some(rule) => Some((index, rule)),
@@ -113,24 +124,44 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         },
         None => None,
     };
-    record.credential = credential.map(|(_, rule)| rule.name());
+    let in_scope = credential.is_some_and(|(_, rule)| rule.scope.covers(methods_named(&req), &path));
+    match credential {
+        Some((_, rule)) if in_scope => record.credential = Some(rule.name()),
+        Some((_, rule)) => {
+            record.reason = Some(format!("outside the scope of credential rule {}: sent without it", rule.name()))
+        }
+        None => {}
+    }
     let flow = Flow::new(shared.audit.clone(), record);
 
     let (mut parts, incoming) = req.into_parts();
     body::strip_hop_by_hop(&mut parts.headers);
     if let Some((index, rule)) = credential {
-        let value = match shared.credentials.header_value(index).await {
-            Ok(value) => value,
-            Err(reason) => {
-                flow.fail(reason.clone());
-                return body::text(StatusCode::BAD_GATEWAY, format!("stockade: {reason}"));
-            }
-        };
         // Whatever the guest holds (a placeholder, or a key of its own) never
-        // reaches the server: only the rule's credential does.
+        // reaches the server, in the rule's scope or out of it: only the
+        // rule's credential does, and only in its scope.
         parts.headers.remove(header::AUTHORIZATION);
         parts.headers.remove(&rule.header);
-        parts.headers.insert(rule.header.clone(), value);
+        if in_scope {
+            let value = match shared.credentials.header_value(index).await {
+                Ok(value) => value,
+                Err(unavailable) => {
+                    // The detail may quote the command and what it printed:
+                    // the host's user reads it, the guest and the log do not.
+                    if !unavailable.repeated {
+                        tracing::warn!("credential rule {}: {}", unavailable.rule, unavailable.host_detail());
+                    }
+                    flow.fail(format!("the value of credential rule {} could not be had", unavailable.rule));
+                    let message = format!(
+                        "stockade: the credential for {}:{} could not be had on the host (stockade's warning \
+                         there says why); the request was not sent",
+                        this.host, this.port
+                    );
+                    return body::text(StatusCode::BAD_GATEWAY, message);
+                }
+            };
+            parts.headers.insert(rule.header.clone(), value);
+        }
     }
     let mut up = Counted::boxed(incoming, flow.clone(), Direction::Up);
     let (mut grant, mut own) = (None, None);
@@ -225,6 +256,19 @@ async fn answer(
     }
     headers.remove(header::CONTENT_LENGTH);
     Ok(body::full(rewritten))
+}
+
+/// Headers some servers take the request's real method from.
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// The methods a request names: its own, and any it asks a server to use
+/// instead, so that a POST saying "DELETE" is judged as both.
+fn methods_named<B>(req: &Request<B>) -> impl Iterator<Item = &str> {
+    let overrides = METHOD_OVERRIDES
+        .iter()
+        .flat_map(|name| req.headers().get_all(*name))
+        .map(|value| value.to_str().unwrap_or("(not text)").trim());
+    std::iter::once(req.method().as_str()).chain(overrides)
 }
 
 /// Whether a message is JSON (`application/json`, `...+json`; not a

@@ -4,8 +4,9 @@
 //! - `server`: guest connections (HTTP/1.1 proxy: CONNECT and absolute-URI
 //!   http://), deny by default with a message saying how to allow.
 //! - `tunnel`: CONNECT tunnels passed through, after checking the TLS SNI.
-//! - `intercept` + `upstream`: TLS interception for hosts with a credential
-//!   rule; the upstream certificate is verified before the header is written.
+//! - `intercept` + `upstream`: TLS interception for hosts with a credential,
+//!   sign-in or path deny rule; the upstream certificate is verified before
+//!   the header is written, and only requests in the rule's scope get it.
 //! - `resolve` + `address`: DNS via hickory, internal addresses refused.
 //! - `dns`: answers to the guest's DNS questions, from the policy; `names`
 //!   remembers which names each answered address stands for.
@@ -171,7 +172,7 @@ pub(crate) struct Shared {
     resolver: Resolver,
     credentials: Credentials,
     signins: Signins,
-    /// Present when some credential or sign-in rule is in force.
+    /// Present when some credential, sign-in or path deny rule is in force.
     ca: Option<Arc<CertificateAuthority>>,
     upstream_tls: Option<Arc<ClientConfig>>,
     audit: Arc<AuditLog>,
@@ -208,7 +209,9 @@ impl Proxy {
     async fn prepare(config: ProxyConfig) -> Result<Shared, ProxyError> {
         let credentials = Credentials::load(&config.policy.credentials, config.home.as_deref()).await?;
         let signins = Signins::load(&config.policy.signins, config.home.as_deref())?;
-        let (ca, upstream_tls) = if credentials.is_empty() && signins.is_empty() {
+        // Path deny rules need the requests read too, so the CA as well.
+        let (ca, upstream_tls) = if credentials.is_empty() && signins.is_empty() && config.policy.deny_paths.is_empty()
+        {
             (None, None)
         } else {
             let ca = CertificateAuthority::load_or_create(&config.data_dir)?;

@@ -26,7 +26,7 @@ use super::intercept::{self, Interception};
 use super::resolve::{self, Unreachable};
 use super::tunnel;
 use super::upstream::{self, TlsUpstream};
-use crate::policy::{Host, Port, Verdict};
+use crate::policy::{Host, Port, RequestPath, Verdict};
 
 /// A guest that sends no request head within this is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -227,7 +227,8 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
 }
 
 /// Whether a destination is intercepted, and for which rules: a host with
-/// a credential or a sign-in rule is, once the CA and upstream trust exist.
+/// a credential, sign-in or path deny rule is (the CA and upstream trust
+/// exist whenever such a rule does).
 pub(super) fn interception_for(
     shared: &Shared,
     host: &Host,
@@ -235,7 +236,9 @@ pub(super) fn interception_for(
 ) -> Option<(Option<usize>, Vec<usize>, Arc<rustls::ClientConfig>)> {
     let credential = shared.credentials.rule_for(host, port);
     let signin = shared.signins.rules_for(host, port);
-    if credential.is_none() && signin.is_empty() {
+    // A path rule can only be kept where the proxy reads the requests.
+    let paths = shared.policy.has_path_rules(host, port);
+    if credential.is_none() && signin.is_empty() && !paths {
         return None;
     }
     shared.ca.as_ref()?;
@@ -285,6 +288,15 @@ pub(super) async fn forward(
         Err(response) => return response,
     };
     record.rule = Some(rule);
+    let path = RequestPath::parse(req.uri().path());
+    if let Some(rule) = shared.policy.denied_path(&target.host, target.port, &path) {
+        let message = rule.message(req.method().as_str(), &target.host, target.port, req.uri().path());
+        record.decision = Decision::Deny;
+        record.rule = Some(rule.to_string());
+        record.reason = Some(format!("denied by {rule}"));
+        shared.audit.record(&record);
+        return body::text(StatusCode::FORBIDDEN, message);
+    }
     let key = format!("{}:{}", target.host, target.port);
     let flow = Flow::new(shared.audit.clone(), record);
 

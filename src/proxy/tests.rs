@@ -1205,3 +1205,250 @@ fn a_refresh_over_http2_gets_placeholders_too() {
     let host = json(&std::fs::read_to_string(world.host_file()).unwrap());
     assert_eq!(host["claudeAiOauth"]["refreshToken"], "real-refresh-2");
 }
+
+/// Sends one request per (method, target) to `host:port` through the proxy,
+/// each on a connection of its own, as a guest trusting `proxy_ca` does.
+async fn intercepted_requests(
+    proxy: SocketAddr,
+    host: &str,
+    port: u16,
+    proxy_ca: &CertificateDer<'static>,
+    requests: &[(&str, &str)],
+    headers: &[(&str, &str)],
+) -> Vec<(u16, String)> {
+    let authority = format!("{host}:{port}");
+    let mut answers = Vec::new();
+    for (method, target) in requests {
+        let (status, refusal, tcp) = connect(proxy, &authority).await;
+        assert_eq!(status, 200, "{refusal}");
+        let tls = tls_over(tcp, host, proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let mut all = vec![("host", authority.as_str())];
+        all.extend_from_slice(headers);
+        answers.push(send(tls, method, target, &all, "").await);
+    }
+    answers
+}
+
+/// A `[[credential]]` rule writing `Bearer SECRET` for `host:port`, with
+/// `scope` (`methods`, `paths`) added.
+fn bearer_rule(host: &str, port: u16, scope: &str) -> String {
+    format!(
+        "[[credential]]\nhost = \"{host}:{port}\"\nheader = \"authorization\"\nformat = \"Bearer {{}}\"\n\
+         value = {{ command = \"echo {SECRET}\" }}\nguest_env = \"TEST_TOKEN\"\n{scope}\n"
+    )
+}
+
+/// A rule limited to GET under /repos/: other methods and paths, however
+/// spelt, are sent on without the secret and without the guest's own
+/// Authorization (so the placeholder never reaches the server).
+#[test]
+fn a_scoped_credential_is_written_only_for_requests_in_its_scope() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let mut policy = policy_for(&[("api.test", api)], None, "");
+    policy.push_str(&bearer_rule("api.test", api, "methods = [\"get\"]\npaths = [\"/repos/\"]"));
+    let setup = start_proxy("scope", &policy, vec![ca.der.clone()]).unwrap();
+    let proxy_ca = rustls::pki_types::pem::PemObject::from_pem_slice(
+        setup.proxy.guest_trust().expect("a credential rule means interception").ca_pem.as_bytes(),
+    )
+    .unwrap();
+    let absolute = format!("https://api.test:{api}/repos/../user/keys");
+    let outside: Vec<(&str, &str)> = vec![
+        ("POST", "/repos/o/r/issues"),
+        ("post", "/repos/o/r/issues"),
+        ("DELETE", "/repos/o/r"),
+        ("GET", "/user"),
+        ("GET", "/repository"),
+        ("GET", "/repos/../user/keys"),
+        ("GET", "/repos/%2e%2e/user/keys"),
+        ("GET", "/repos/%252E%252E/user/keys"),
+        ("GET", "/repos/..%2fuser/keys"),
+        ("GET", "/repos/..;/user/keys"),
+        ("GET", "//repos/..//user/keys"),
+        ("GET", "/REPOS/../user"),
+        ("GET", &absolute),
+    ];
+    let guest = [("authorization", "Bearer guest-own-token")];
+    let mut answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &outside, &guest));
+    // A GET asking the server to treat it as a DELETE.
+    let overridden = [("authorization", "Bearer guest-own-token"), ("x-http-method-override", "DELETE")];
+    let get = [("GET", "/repos/o/r")];
+    answers.extend(rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &get, &overridden)));
+    let outside: Vec<(&str, &str)> = outside.into_iter().chain(get).collect();
+    for ((method, target), (status, body)) in outside.iter().zip(&answers) {
+        assert_eq!(*status, 200, "{method} {target}: {body}");
+        assert!(!body.contains(SECRET), "{method} {target} got the credential: {body}");
+        assert!(!body.contains("authorization"), "{method} {target} kept the guest's Authorization: {body}");
+    }
+    let inside = [("GET", "/repos/o/r/pulls"), ("get", "/Repos/o/r"), ("GET", "/repos/o/r/contents/a%20b.txt")];
+    let answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &inside, &guest));
+    for ((method, target), (status, body)) in inside.iter().zip(&answers) {
+        assert_eq!(*status, 200, "{method} {target}: {body}");
+        assert!(body.contains(&format!("authorization: Bearer {SECRET}")), "{method} {target}: {body}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), outside.len() + inside.len());
+    let records = audit_records(&setup);
+    let without: Vec<_> = records.iter().filter(|r| r.kind == Kind::Https && r.credential.is_none()).collect();
+    assert_eq!(without.len(), outside.len(), "{records:?}");
+    assert!(without.iter().all(|r| r.reason.as_deref().unwrap_or("").contains("outside the scope")), "{without:?}");
+}
+
+/// Path deny rules on a host without a credential rule: the host is
+/// intercepted all the same, and every spelling of a denied path is refused
+/// with a 403 naming the host, path and rule, before anything reaches the
+/// server; other paths pass.
+#[test]
+fn path_deny_rules_refuse_every_spelling_of_the_path() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let deny = format!("deny = [\"api.test:{api}/user/keys\", \"api.test:{api}/repos/*/*/keys\"]");
+    let setup = start_proxy("denypath", &policy_for(&[("api.test", api)], None, &deny), vec![ca.der.clone()]).unwrap();
+    let trust = setup.proxy.guest_trust().expect("a path deny rule means interception");
+    let proxy_ca = rustls::pki_types::pem::PemObject::from_pem_slice(trust.ca_pem.as_bytes()).unwrap();
+    let absolute = format!("https://api.test:{api}/user/keys");
+    let denied: Vec<(&str, &str)> = vec![
+        ("POST", "/user/keys"),
+        ("post", "/user/keys"),
+        ("GET", "/user/keys/1"),
+        ("POST", "/USER/Keys"),
+        ("POST", "/user//keys"),
+        ("POST", "//user/keys"),
+        ("POST", "/user/./keys"),
+        ("POST", "/x/../user/keys"),
+        ("POST", "/../user/keys"),
+        ("POST", "/user/%6beys"),
+        ("POST", "/user%2Fkeys"),
+        ("POST", "/user/%252e/keys"),
+        ("POST", "/x/%2e%2e/user/keys"),
+        ("POST", "/x/..;/user/keys"),
+        ("POST", "/user;a=b/keys"),
+        ("POST", "/user/keys?x=1"),
+        ("POST", &absolute),
+        ("POST", "/repos/o/r/keys"),
+        ("POST", "/repos/o/r%2fkeys/../r/keys"),
+        ("DELETE", "/repos/O/R/keys/5"),
+    ];
+    let answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &denied, &[]));
+    for ((method, target), (status, body)) in denied.iter().zip(&answers) {
+        assert_eq!(*status, 403, "{method} {target} was not refused: {body}");
+        assert!(body.contains(&format!("api.test:{api}")) && body.contains("(test.toml)"), "{body}");
+    }
+    assert!(
+        answers[0].1.contains(&format!("blocked POST api.test:{api}/user/keys (denied by api.test:{api}/user/keys"))
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the server got {}", seen_text(&seen));
+
+    let allowed = [("POST", "/user/emails"), ("GET", "/repos/o/r"), ("GET", "/users/keys")];
+    let answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &allowed, &[]));
+    assert!(answers.iter().all(|(status, _)| *status == 200), "{answers:?}");
+    assert_eq!(seen.lock().unwrap().len(), allowed.len());
+
+    let records = audit_records(&setup);
+    let refused: Vec<_> = records.iter().filter(|r| r.kind == Kind::Https && r.decision == Decision::Deny).collect();
+    assert_eq!(refused.len(), denied.len(), "{records:?}");
+    let rule = refused[0].rule.as_deref().unwrap_or("");
+    assert_eq!(rule, format!("api.test:{api}/user/keys (test.toml)"), "{:?}", refused[0]);
+    assert_eq!(refused[0].path.as_deref(), Some("/user/keys"));
+}
+
+/// A path deny rule holds for plain http:// too, and beside a credential
+/// rule: the denied request is refused before the credential is written.
+#[test]
+fn path_deny_rules_hold_over_plain_http_and_on_credential_hosts() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (plain, plain_seen) = rt.block_on(echo_server(None));
+    let (api, api_seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let deny = format!("deny = [\"plain.test:{plain}/gists\", \"api.test:{api}/gists\"]");
+    let mut policy = policy_for(&[("plain.test", plain), ("api.test", api)], None, &deny);
+    policy.push_str(&bearer_rule("api.test", api, ""));
+    let setup = start_proxy("denyplain", &policy, vec![ca.der.clone()]).unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    let (status, body) = rt.block_on(async {
+        let tcp = TcpStream::connect(setup.addr).await.unwrap();
+        let host = format!("plain.test:{plain}");
+        send(tcp, "POST", &format!("http://{host}/x/../GISTS"), &[("host", &host)], "data").await
+    });
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains(&format!("denied by plain.test:{plain}/gists (test.toml)")), "{body}");
+    assert!(plain_seen.lock().unwrap().is_empty());
+    let answers = rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &[("POST", "/gists")], &[]));
+    assert_eq!(answers[0].0, 403, "{answers:?}");
+    assert!(api_seen.lock().unwrap().is_empty(), "{}", seen_text(&api_seen));
+    let log = std::fs::read_to_string(&setup.audit).unwrap();
+    assert!(!log.contains(SECRET));
+}
+
+/// A credential command that fails on a refresh: the guest's 502 and the
+/// audit log say the credential could not be had, but quote neither the
+/// command nor what it printed; a second request soon after does not run
+/// the command again.
+#[test]
+fn a_failing_credential_command_is_never_quoted_to_the_guest() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (api, seen) = rt.block_on(echo_server(Some(ca.server_config("api.test", &[b"http/1.1"]))));
+    let dir = std::env::temp_dir().join(format!("stockade-proxy-credfail-cmd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let runs = dir.join("runs");
+    let command = format!(
+        "echo x >> {0}; if [ $(wc -l < {0}) -gt 1 ]; then echo stderr-says-hunter2 >&2; exit 7; fi; echo {SECRET}",
+        runs.display()
+    );
+    let mut policy = policy_for(&[("api.test", api)], None, "");
+    policy.push_str(&format!(
+        "[[credential]]\nhost = \"api.test:{api}\"\nheader = \"x-api-key\"\nvalue = {{ command = '{command}', ttl = \"1s\" }}\n"
+    ));
+    let setup = start_proxy("credfail-cmd", &policy, vec![ca.der.clone()]).unwrap();
+    let proxy_ca =
+        rustls::pki_types::pem::PemObject::from_pem_slice(setup.proxy.guest_trust().unwrap().ca_pem.as_bytes())
+            .unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let answers =
+        rt.block_on(intercepted_requests(setup.addr, "api.test", api, &proxy_ca, &[("GET", "/a"), ("GET", "/b")], &[]));
+    for (status, body) in &answers {
+        assert_eq!(*status, 502, "{body}");
+        assert!(body.contains(&format!("the credential for api.test:{api} could not be had")), "{body}");
+        for leak in ["hunter2", "wc -l", "exit 7", "exited with", &runs.display().to_string()] {
+            assert!(!body.contains(leak), "the guest was told {leak:?}: {body}");
+        }
+    }
+    assert!(seen.lock().unwrap().is_empty());
+    let log = std::fs::read_to_string(&setup.audit).unwrap();
+    assert!(!log.contains("hunter2") && !log.contains("wc -l"), "{log}");
+    let count = std::fs::read_to_string(&runs).unwrap().lines().count();
+    assert_eq!(count, 2, "the command ran at the start and once for the refresh, not for each request");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A transparent connection that names no site, to a host with path deny
+/// rules on that port: tunnelled, it would pass bytes the proxy cannot
+/// read, so it is refused.
+#[test]
+fn transparent_raw_flows_to_a_host_with_path_rules_are_refused() {
+    let rt = runtime();
+    let (port, seen) = rt.block_on(echo_server(None));
+    let deny = format!("deny = [\"raw.test:{port}/admin\"]");
+    let setup = start_proxy("transparent-raw", &policy_for(&[("raw.test", port)], None, &deny), vec![]).unwrap();
+    let entry = serve_transparent(&setup);
+    setup.proxy.answer_dns(&dns_query("raw.test.", RecordType::A));
+    let dst: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let got = rt.block_on(async {
+        let mut tcp = transparent(entry, dst).await;
+        tcp.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").await.unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut buf)).await;
+        buf
+    });
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert!(seen.lock().unwrap().is_empty());
+    let records = audit_records(&setup);
+    assert!(
+        records.iter().any(|r| r.decision == Decision::Deny && r.reason.as_deref().unwrap_or("").contains("path deny")),
+        "{records:?}"
+    );
+}

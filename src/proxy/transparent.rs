@@ -198,6 +198,15 @@ where
         Ok(host) => host,
         Err(reason) => return deny(&shared, Kind::Connect, dst, reason),
     };
+    // A host with path rules is only reached through requests the proxy reads.
+    if shared.policy.has_path_rules(&host, port) {
+        return deny(
+            &shared,
+            Kind::Connect,
+            dst,
+            format!("{host}:{port} has path deny rules, so only HTTP(S) reaches it"),
+        );
+    }
     let target = Target { host, port };
     let Some((server, _, record)) = open(&shared, &target, dst).await else { return };
     tunnel::relay(&shared.audit, client, server, &target.host, record).await;
