@@ -58,7 +58,7 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         None if args.force.is_empty() => Selection::none(),
         None => Selection::all(),
     };
-    let sensitive = sensitive_paths(&target.store, &target.workspace, &selection).unwrap_or_default();
+    let sensitive = sensitive_paths(&target.store, &target.workspace, &selection, &[]).unwrap_or_default();
     let implied = implied_dirs(&target.store)?;
     let mut meter = Meter::stderr("applying the changes", "writes");
     let options = ApplyOptions { selection, force };

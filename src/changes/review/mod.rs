@@ -228,13 +228,17 @@ pub fn sensitive_paths(
     store: &Store,
     workspace: &Path,
     selection: &Selection,
+    runs_code: &[String],
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
     let host = Host::open(workspace);
-    let classifier = classify::Classifier::new(&host, workspace, false);
-    Ok(store
-        .entries()?
+    let mut classifier = classify::Classifier::new(&host, workspace, false).with_patterns(runs_code);
+    let staged: Vec<StoredEntry> = store.entries()?.into_iter().filter(|e| e.state == EntryState::Staged).collect();
+    // The whole staged set informs the judgement (a symlink elsewhere may
+    // make a selected file a hook).
+    classifier.learn(staged.iter().map(|e| &e.entry));
+    Ok(staged
         .into_iter()
-        .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
+        .filter(|e| selection.matches(&e.entry.path))
         .filter_map(|e| classifier.danger(&e.entry).map(|d| (e.entry.path, d.explain())))
         .collect())
 }

@@ -101,6 +101,9 @@ pub struct Item {
     pub status: Status,
     pub place: Place,
     pub danger: Option<Danger>,
+    /// For a file flagged as reached through a symlink: the path it is
+    /// reached as.
+    pub via: Option<RelPath>,
     pub now_executable: bool,
     pub outside_link: bool,
     /// Why apply would not write it now (a conflict or a refusal).
@@ -200,6 +203,8 @@ pub struct SummaryOptions {
     pub line_budget: Duration,
     /// Use the user's global git excludes file too.
     pub global_excludes: bool,
+    /// The user's own patterns of files that run code (`runs_code`).
+    pub runs_code: Vec<String>,
 }
 
 impl Default for SummaryOptions {
@@ -209,6 +214,7 @@ impl Default for SummaryOptions {
             count_lines: true,
             line_budget: LINE_BUDGET,
             global_excludes: true,
+            runs_code: Vec::new(),
         }
     }
 }
@@ -232,11 +238,9 @@ impl Summary {
         let stored = store.entries()?;
         let report = store.report()?;
         let counts = super::counts_of(&stored);
-        let entries: Vec<Entry> = stored
-            .into_iter()
-            .filter(|e| e.state == EntryState::Staged && options.selection.matches(&e.entry.path))
-            .map(|e| e.entry)
-            .collect();
+        let staged: Vec<Entry> =
+            stored.into_iter().filter(|e| e.state == EntryState::Staged).map(|e| e.entry).collect();
+        let entries: Vec<&Entry> = staged.iter().filter(|e| options.selection.matches(&e.path)).collect();
         if entries.is_empty() {
             // Nothing to classify: skip reading the workspace's git settings,
             // which is most of the time an unchanged workspace would cost.
@@ -253,7 +257,11 @@ impl Summary {
         }
         let host = Host::open(workspace);
         let blocked = blocked_paths(store, workspace);
-        let mut classifier = Classifier::new(&host, workspace, options.global_excludes);
+        let mut classifier =
+            Classifier::new(&host, workspace, options.global_excludes).with_patterns(&options.runs_code);
+        // Everything staged informs the judgement (a symlink outside the
+        // selection may make a selected file a hook).
+        classifier.learn(staged.iter());
         let mut items: Vec<Item> = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
             let implied = matches!((&entry.kind, &entry.base), (Kind::Dir { .. }, Base::Absent))
@@ -262,16 +270,18 @@ impl Summary {
                 Kind::Symlink { target } => points_outside(&entry.path, target.as_bytes()),
                 _ => false,
             };
+            let judged = classifier.judge(entry);
             items.push(Item {
                 status: Status::of(entry),
                 place: classifier.place(entry),
-                danger: classifier.danger(entry),
+                danger: judged.as_ref().map(|(d, _)| *d),
+                via: judged.and_then(|(_, via)| via),
                 now_executable: became_executable(entry),
                 outside_link,
                 blocked: blocked.get(&entry.path).cloned(),
                 lines: Lines::None,
                 implied,
-                entry: entry.clone(),
+                entry: (*entry).clone(),
             });
         }
         let classified = started.elapsed();
