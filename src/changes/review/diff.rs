@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sha1::Digest;
 use similar::{Algorithm, DiffOp, DiffTag, capture_diff_slices_deadline, group_diff_ops};
 
-use crate::changes::path::RelPath;
+use crate::changes::path::{RelPath, is_invisible};
 
 use super::content::{FileData, Side, human_size, is_binary};
 use super::style::{Painter, Role};
@@ -356,10 +356,6 @@ pub fn escape_content(bytes: &[u8]) -> Vec<(bool, String)> {
         }
     }
     pieces
-}
-
-fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
 }
 
 /// Git's quoting of a path in a patch: C-style in double quotes when it has

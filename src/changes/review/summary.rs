@@ -423,7 +423,8 @@ pub struct RenderOptions<'a> {
 
 /// Items listed when a directory is shown file by file.
 const MAX_LISTED_DIRS: usize = 40;
-/// Execution-sensitive entries and blocked paths listed at most.
+/// Blocked paths listed at most. (Execution-sensitive entries are all
+/// listed, however many: decoys must not push a real hook out of sight.)
 const MAX_ATTENTION: usize = 50;
 /// Ref changes listed per repository.
 const MAX_GIT_EVENTS: usize = 20;
@@ -504,11 +505,8 @@ impl Summary {
         if !dangers.is_empty() {
             writeln!(out)?;
             writeln!(out, "  {}", p.paint(Role::Danger, "runs code by itself, review before applying:"))?;
-            for group in dangers.iter().take(MAX_ATTENTION) {
+            for group in &dangers {
                 self.render_item(out, p, &self.items[group.items[0]], width)?;
-            }
-            if dangers.len() > MAX_ATTENTION {
-                writeln!(out, "    … and {} more", dangers.len() - MAX_ATTENTION)?;
             }
         }
 
@@ -572,6 +570,9 @@ impl Summary {
         let mut notes: Vec<(Role, String)> = Vec::new();
         if let Some(danger) = item.danger {
             notes.push((Role::Danger, danger.explain().to_string()));
+        }
+        if let Some(via) = &item.via {
+            notes.push((Role::Danger, format!("as {via}")));
         }
         match (&item.entry.kind, &item.entry.base) {
             (Kind::Symlink { target }, _) => {
