@@ -336,6 +336,26 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
     builder.build().map(|_| ()).map_err(|e| format!("{pattern:?}: {e}"))
 }
 
+/// The last `BUILTIN_DEPTH` names of a path: all the built-in patterns can
+/// see (each is a name, or `**/` and at most this many names), so a path
+/// the guest made thousands of levels deep costs no more to match.
+const BUILTIN_DEPTH: usize = 3;
+
+fn tail(path: &[u8]) -> &[u8] {
+    let mut start = 0;
+    let mut names = 0;
+    for (i, &b) in path.iter().enumerate().rev() {
+        if b == b'/' {
+            names += 1;
+            if names == BUILTIN_DEPTH {
+                start = i + 1;
+                break;
+            }
+        }
+    }
+    &path[start..]
+}
+
 fn builtin() -> &'static Patterns {
     static BUILTIN: OnceLock<Patterns> = OnceLock::new();
     BUILTIN.get_or_init(|| Patterns::build(FLAGGED).expect("the built-in patterns are valid"))
@@ -464,7 +484,7 @@ impl<'h> Classifier<'h> {
         let user = self.user.as_ref();
         if builtin().dir_names.contains(name)
             || user.is_some_and(|u| u.any_dir || u.dir_names.contains(name))
-            || builtin().matched(path.as_bytes(), true).is_some()
+            || builtin().matched(tail(path.as_bytes()), true).is_some()
             || user.is_some_and(|u| u.matched(path.as_bytes(), true).is_some())
         {
             return true;
@@ -572,7 +592,7 @@ impl<'h> Classifier<'h> {
     /// Rule 3: the path or one of its directories matches a pattern.
     fn by_name(&mut self, path: &RelPath) -> Option<Danger> {
         let own = builtin()
-            .matched(path.as_bytes(), false)
+            .matched(tail(path.as_bytes()), false)
             .or_else(|| self.user.as_ref().and_then(|u| u.matched(path.as_bytes(), false)));
         if own.is_some() {
             return own;
@@ -883,20 +903,34 @@ fn git_config_values(text: &str, section: &str, key: &str) -> Vec<String> {
     found
 }
 
-/// Gitignore rules read from the host, per directory, on demand.
+/// Gitignore rules read from the host, per directory, on demand. Every
+/// directory is judged once, from its parent's verdict, so a deep path
+/// costs one lookup, not a walk of its ancestors.
 struct Ignores<'h> {
     host: &'h Host,
     /// `.gitignore` of each directory looked at (key: the directory's path
     /// bytes, empty for the root).
-    per_dir: HashMap<Vec<u8>, Option<Gitignore>>,
+    per_dir: HashMap<Vec<u8>, Option<Rc<Gitignore>>>,
+    /// Per directory: the `.gitignore` rules of it and its ancestors,
+    /// shallowest first, each with its directory's length.
+    chains: HashMap<Vec<u8>, Rc<Vec<(usize, Rc<Gitignore>)>>>,
     /// `.git/info/exclude` and the global excludes, below any `.gitignore`.
     fallback: Vec<Gitignore>,
-    /// Directories already judged.
-    dirs: HashMap<Vec<u8>, bool>,
+    /// Per directory: the length of the shallowest ignored path among it
+    /// and its ancestors.
+    dirs: HashMap<Vec<u8>, Option<usize>>,
 }
 
 /// A `.gitignore` larger than this is not read (it is surely not one).
 const MAX_IGNORE_FILE: u64 = 4 << 20;
+
+/// The directory part of a path (empty for a top-level name).
+fn parent_bytes(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(slash) => &path[..slash],
+        None => &path[..0],
+    }
+}
 
 impl<'h> Ignores<'h> {
     fn new(host: &'h Host, global: bool) -> Ignores<'h> {
@@ -913,48 +947,61 @@ impl<'h> Ignores<'h> {
                 fallback.push(matcher);
             }
         }
-        Ignores { host, per_dir: HashMap::new(), fallback, dirs: HashMap::new() }
+        Ignores { host, per_dir: HashMap::new(), chains: HashMap::new(), fallback, dirs: HashMap::new() }
     }
 
     /// The shallowest ignored path among `path` and its directories.
     fn ignored_root(&mut self, path: &RelPath, is_dir: bool) -> Option<RelPath> {
         let bytes = path.as_bytes();
-        let mut ends: Vec<usize> = bytes.iter().enumerate().filter(|(_, b)| **b == b'/').map(|(i, _)| i).collect();
-        ends.push(bytes.len());
-        let last = ends.len() - 1;
-        for (i, &end) in ends.iter().enumerate() {
-            let prefix = &bytes[..end];
-            let prefix_is_dir = i < last || is_dir;
-            let ignored = match (prefix_is_dir, self.dirs.get(prefix)) {
-                (true, Some(&known)) => known,
-                _ => {
-                    let verdict = self.judge(prefix, prefix_is_dir);
-                    if prefix_is_dir {
-                        self.dirs.insert(prefix.to_vec(), verdict);
-                    }
-                    verdict
-                }
-            };
-            if ignored {
-                return RelPath::new(prefix).ok();
-            }
+        let parent = parent_bytes(bytes);
+        let above = if parent.is_empty() { None } else { self.dir_root(parent) };
+        let end = match above {
+            Some(end) => Some(end),
+            None if is_dir => self.dir_root(bytes),
+            None => self.judge(bytes, false).then_some(bytes.len()),
+        };
+        end.and_then(|end| RelPath::new(&bytes[..end]).ok())
+    }
+
+    /// The length of the shallowest ignored path among the directory `dir`
+    /// and its ancestors. Below an ignored directory nothing is judged (and
+    /// no `.gitignore` read): git does not look there either.
+    fn dir_root(&mut self, dir: &[u8]) -> Option<usize> {
+        if let Some(&known) = self.dirs.get(dir) {
+            return known;
         }
-        None
+        let mut pending = vec![dir.len()];
+        let mut above = None;
+        let mut at = dir;
+        while let Some(slash) = at.iter().rposition(|&b| b == b'/') {
+            at = &at[..slash];
+            if let Some(&known) = self.dirs.get(at) {
+                above = known;
+                break;
+            }
+            pending.push(slash);
+        }
+        for &end in pending.iter().rev() {
+            let verdict = match above {
+                Some(root) => Some(root),
+                None => self.judge(&dir[..end], true).then_some(end),
+            };
+            self.dirs.insert(dir[..end].to_vec(), verdict);
+            above = verdict;
+        }
+        above
     }
 
     /// One path's verdict, ignoring its parents: the deepest `.gitignore`
     /// with a matching rule decides, then the fallbacks.
     fn judge(&mut self, path: &[u8], is_dir: bool) -> bool {
-        let slashes: Vec<usize> = path.iter().enumerate().filter(|(_, b)| **b == b'/').map(|(i, _)| i).collect();
-        // Deepest directory first, the root last.
-        let dirs = slashes.iter().rev().map(|&i| (&path[..i], &path[i + 1..])).chain([(&path[..0], path)]);
-        for (dir, rel) in dirs {
-            if let Some(rules) = self.rules(dir) {
-                match rules.matched(Path::new(OsStr::from_bytes(rel)), is_dir) {
-                    Match::Ignore(_) => return true,
-                    Match::Whitelist(_) => return false,
-                    Match::None => {}
-                }
+        let chain = self.chain(parent_bytes(path));
+        for (len, rules) in chain.iter().rev() {
+            let rel = if *len == 0 { path } else { &path[len + 1..] };
+            match rules.matched(Path::new(OsStr::from_bytes(rel)), is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
             }
         }
         let rel = Path::new(OsStr::from_bytes(path));
@@ -968,17 +1015,45 @@ impl<'h> Ignores<'h> {
         false
     }
 
-    fn rules(&mut self, dir: &[u8]) -> Option<&Gitignore> {
+    /// The rules of `dir` and its ancestors, shallowest first.
+    fn chain(&mut self, dir: &[u8]) -> Rc<Vec<(usize, Rc<Gitignore>)>> {
+        if let Some(chain) = self.chains.get(dir) {
+            return chain.clone();
+        }
+        let mut pending = vec![dir];
+        let mut chain = Rc::new(Vec::new());
+        let mut at = dir;
+        while !at.is_empty() {
+            let parent = parent_bytes(at);
+            if let Some(known) = self.chains.get(parent) {
+                chain = known.clone();
+                break;
+            }
+            pending.push(parent);
+            at = parent;
+        }
+        for &d in pending.iter().rev() {
+            if let Some(rules) = self.rules(d) {
+                let mut longer = (*chain).clone();
+                longer.push((d.len(), rules));
+                chain = Rc::new(longer);
+            }
+            self.chains.insert(d.to_vec(), chain.clone());
+        }
+        chain
+    }
+
+    fn rules(&mut self, dir: &[u8]) -> Option<Rc<Gitignore>> {
         if !self.per_dir.contains_key(dir) {
             let file = if dir.is_empty() {
                 RelPath::new(&b".gitignore"[..]).ok()
             } else {
                 RelPath::new(dir).ok().and_then(|d| d.join(b".gitignore").ok())
             };
-            let rules = file.and_then(|f| load(self.host, &f));
+            let rules = file.and_then(|f| load(self.host, &f)).map(Rc::new);
             self.per_dir.insert(dir.to_vec(), rules);
         }
-        self.per_dir.get(dir).and_then(Option::as_ref)
+        self.per_dir.get(dir).cloned().flatten()
     }
 }
 
@@ -1270,6 +1345,18 @@ mod tests {
             judge_all(tmp.path(), &["tools/*.sh", "Makefile.*"], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
         assert_eq!(judged, [Some(Danger::UserListed), None, Some(Danger::UserListed)]);
         assert!(check_pattern("!keep").is_err() && check_pattern("  ").is_err() && check_pattern("a/**").is_ok());
+    }
+
+    #[test]
+    fn built_in_patterns_see_at_most_the_last_names() {
+        for (pattern, _) in FLAGGED {
+            let names = pattern.trim_end_matches('/').split('/').filter(|n| *n != "**").count();
+            let floating = !pattern.trim_end_matches('/').contains('/') || pattern.starts_with("**/");
+            assert!(floating && names <= BUILTIN_DEPTH, "{pattern} would need the whole path");
+        }
+        assert_eq!(tail(b"a/b/c/d/e"), b"c/d/e");
+        assert_eq!(tail(b"d/e"), b"d/e");
+        assert_eq!(danger_of(&format!("{}.github/workflows/ci.yml", "x/".repeat(1000))), Some(Danger::Ci));
     }
 
     #[test]

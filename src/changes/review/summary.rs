@@ -271,9 +271,10 @@ impl Summary {
                 _ => false,
             };
             let judged = classifier.judge(entry);
+            let place = classifier.place(entry);
             items.push(Item {
                 status: Status::of(entry),
-                place: classifier.place(entry),
+                place,
                 danger: judged.as_ref().map(|(d, _)| *d),
                 via: judged.and_then(|(_, via)| via),
                 now_executable: became_executable(entry),

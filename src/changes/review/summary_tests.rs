@@ -362,3 +362,30 @@ fn names_and_symlink_targets_cannot_hide_or_reorder_text() {
     assert!(out.contains("invoice\\u{202e}gpj.sh") && out.contains(".env\\u{200b}rc"), "{out}");
     assert!(out.contains("safe\\u{2066}/../../../home/u/.ssh/id\\u{2069}"), "{out}");
 }
+
+/// Classification of a change set 1,500 directories deep (the guest chooses
+/// the depth): each directory is judged once, from its parent's verdict.
+/// Prints the time; run with `--ignored --nocapture` for the number.
+#[test]
+#[ignore = "a measurement: prints the time of a deep change set"]
+fn deep_change_sets_classify_in_linear_time() {
+    let f = fx();
+    write(&f.ws.join(".gitignore"), b"*.tmp\n");
+    let mut set = Set::new(&f.ws);
+    let mut dir = String::new();
+    let depth: usize = std::env::var("DEEP").ok().and_then(|d| d.parse().ok()).unwrap_or(1_500);
+    for level in 0..depth {
+        dir = if dir.is_empty() { "a".to_string() } else { format!("{dir}/a") };
+        set = set.dir(&dir, 0o755);
+        if level % 10 == 0 {
+            for i in 0..10 {
+                set = set.file(&format!("{dir}/f{i}"), b"x\n", 0o644);
+            }
+        }
+    }
+    set.stage(&f.store);
+    let started = Instant::now();
+    let options = SummaryOptions { count_lines: false, ..options() };
+    let s = Summary::build(&f.store, &f.ws, &options).unwrap();
+    eprintln!("summary of {} entries up to 1,500 deep: {:?}", s.items.len(), started.elapsed());
+}
