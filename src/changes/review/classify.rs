@@ -913,13 +913,17 @@ struct Ignores<'h> {
     per_dir: HashMap<Vec<u8>, Option<Rc<Gitignore>>>,
     /// Per directory: the `.gitignore` rules of it and its ancestors,
     /// shallowest first, each with its directory's length.
-    chains: HashMap<Vec<u8>, Rc<Vec<(usize, Rc<Gitignore>)>>>,
+    chains: HashMap<Vec<u8>, RuleChain>,
     /// `.git/info/exclude` and the global excludes, below any `.gitignore`.
     fallback: Vec<Gitignore>,
     /// Per directory: the length of the shallowest ignored path among it
     /// and its ancestors.
     dirs: HashMap<Vec<u8>, Option<usize>>,
 }
+
+/// The `.gitignore` rules that apply in a directory, shallowest first, each
+/// with the length of its directory's path.
+type RuleChain = Rc<Vec<(usize, Rc<Gitignore>)>>;
 
 /// A `.gitignore` larger than this is not read (it is surely not one).
 const MAX_IGNORE_FILE: u64 = 4 << 20;
@@ -1016,7 +1020,7 @@ impl<'h> Ignores<'h> {
     }
 
     /// The rules of `dir` and its ancestors, shallowest first.
-    fn chain(&mut self, dir: &[u8]) -> Rc<Vec<(usize, Rc<Gitignore>)>> {
+    fn chain(&mut self, dir: &[u8]) -> RuleChain {
         if let Some(chain) = self.chains.get(dir) {
             return chain.clone();
         }
