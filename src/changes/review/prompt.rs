@@ -364,7 +364,10 @@ impl Prompt<'_> {
             }
             GroupKey::Danger(i) => {
                 let item = &self.summary.items[*i];
-                let why = item.danger.map(|d| d.explain()).unwrap_or_default();
+                let mut why = item.danger.map(|d| d.explain()).unwrap_or_default().to_string();
+                if let Some(via) = &item.via {
+                    why.push_str(&format!(", as {via}"));
+                }
                 format!(
                     "{} {} {}  {}{lines}{conflicts}",
                     p.paint(Role::Danger, "!"),
