@@ -179,7 +179,7 @@ fn a_hostile_guests_hooks_are_shown_and_held_back_under_ci_apply_all() {
                  chmod +x lib/.git/hooks/pre-push
                  echo guest > README'
              echo \"run=$?\"
-             echo \"summary=$(cat summary.json)\"
+             printf 'summary=%s\\n' \"$(cat summary.json)\"
              test -L .git/hooks && echo hooks-swapped || echo hooks-kept
              test -e tools/hooks/pre-commit && echo hook-applied || echo hook-held
              test -e lib/.git/hooks/pre-push && echo lib-hook-applied || echo lib-hook-held

@@ -310,7 +310,8 @@ impl Summary {
 
         let mut git = BTreeMap::new();
         let mut by_git_dir: BTreeMap<RelPath, Vec<&Entry>> = BTreeMap::new();
-        for item in &items {
+        // Flagged internals are shown on their own, not counted in the group.
+        for item in items.iter().filter(|i| i.danger.is_none()) {
             if let Place::Git { git_dir } = &item.place {
                 by_git_dir.entry(git_dir.clone()).or_default().push(&item.entry);
             }
