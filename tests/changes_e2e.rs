@@ -153,3 +153,71 @@ for i in range(100):
     assert!(out.stdout.contains("apply=0"), "{out}");
     assert!(out.stdout.contains("\n10000\nmodule.exports = 99;"), "{out}");
 }
+
+/// A hostile guest swaps `.git/hooks` for a symlink into the workspace (its
+/// hook then looks like an ordinary new file), hides a real hook of a second
+/// repository behind 50 decoy `.envrc` files, and writes `.git/info/exclude`.
+/// Under `--ci --apply all` every one of them is shown and held back, the
+/// ordinary change is applied, and the JSON summary names what was held back
+/// and the command that applies it.
+#[test]
+fn a_hostile_guests_hooks_are_shown_and_held_back_under_ci_apply_all() {
+    let Some(rig) = rig::require("a_hostile_guests_hooks_are_shown_and_held_back_under_ci_apply_all") else {
+        return;
+    };
+    let out = rig.sh(
+        &script(
+            "git init -q; git config user.email t@example.com; git config user.name t
+             echo base > README; git add -A; git commit -qm init
+             $S run --ci --apply all --summary summary.json -- sh -c '
+                 for i in $(seq -w 0 49); do mkdir -p d$i; echo \"echo hi\" > d$i/.envrc; done
+                 mkdir -p tools/hooks lib
+                 printf \"#!/bin/sh\\necho pwned\\n\" > tools/hooks/pre-commit; chmod +x tools/hooks/pre-commit
+                 rm -rf .git/hooks; ln -s ../tools/hooks .git/hooks
+                 echo \"*.secret\" >> .git/info/exclude
+                 git init -q lib; printf \"#!/bin/sh\\necho pwned\\n\" > lib/.git/hooks/pre-push
+                 chmod +x lib/.git/hooks/pre-push
+                 echo guest > README'
+             echo \"run=$?\"
+             printf 'summary=%s\\n' \"$(cat summary.json)\"
+             test -L .git/hooks && echo hooks-swapped || echo hooks-kept
+             test -e tools/hooks/pre-commit && echo hook-applied || echo hook-held
+             test -e lib/.git/hooks/pre-push && echo lib-hook-applied || echo lib-hook-held
+             test -e d07/.envrc && echo envrc-applied || echo envrc-held
+             grep -q secret .git/info/exclude && echo exclude-applied || echo exclude-held
+             echo \"readme=$(cat README)\"
+             $S apply --include-code; echo \"include=$?\"
+             test -L .git/hooks && echo now-swapped
+             test -e lib/.git/hooks/pre-push && echo lib-hook-now",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    for kept in ["hooks-kept", "hook-held", "lib-hook-held", "envrc-held", "exclude-held"] {
+        assert!(out.stdout.contains(kept), "{kept}\n{out}");
+    }
+    assert!(out.stdout.contains("readme=guest"), "ordinary changes are applied\n{out}");
+    let attention = &out.stderr[out.stderr.find("runs code by itself").unwrap_or(0)..];
+    assert!(!attention.contains("… and"), "nothing flagged is cut\n{out}");
+    for line in [
+        ".git/hooks  ",
+        "symlink inside a git directory",
+        "as .git/hooks/pre-commit",
+        "lib/.git/hooks/pre-push",
+        ".git/info/exclude",
+        "d49/.envrc",
+    ] {
+        assert!(attention.contains(line), "{line} not shown\n{out}");
+    }
+    assert!(out.stderr.contains("held back") && out.stderr.contains("--include-code`"), "{out}");
+    let summary_line = out.stdout.lines().find_map(|l| l.strip_prefix("summary=")).expect("the summary");
+    let summary: serde_json::Value = serde_json::from_str(summary_line).expect("JSON summary");
+    let held: Vec<&str> =
+        summary["changes"]["held_back"].as_array().expect("held_back").iter().filter_map(|v| v.as_str()).collect();
+    for path in [".git/hooks", "tools/hooks/pre-commit", "lib/.git/hooks/pre-push", ".git/info/exclude", "d00/.envrc"] {
+        assert!(held.contains(&path), "{path} not in held_back {held:?}");
+    }
+    let session = summary["session"].as_str().expect("session");
+    assert_eq!(summary["changes"]["apply_held_back"], format!("stockade apply {session} --include-code"));
+    assert!(out.stdout.contains("include=0\nnow-swapped\nlib-hook-now"), "--include-code applies them\n{out}");
+}

@@ -287,7 +287,7 @@ fn review_big_workspace() {
                     pager: Pager::Off,
                     progress: &mut crate::progress::Silent,
                 };
-                review::review(&store, &ws, "bench", ApplyMode::All, &mut console, &options).unwrap()
+                review::review(&store, &ws, "bench", ApplyMode::All, true, &mut console, &options).unwrap()
             });
             assert_eq!(outcome.not_applied, 0, "{}", String::from_utf8_lossy(&out));
             (outcome.applied, time, peak, work)
@@ -295,7 +295,7 @@ fn review_big_workspace() {
         // `stockade apply`: the execution-sensitive check, then apply.
         "apply" => {
             let ((sensitive, report), time, peak, work) = phase(|| {
-                let sensitive = review::sensitive_paths(&store, &ws, &super::Selection::all()).unwrap();
+                let sensitive = review::sensitive_paths(&store, &ws, &super::Selection::all(), &[]).unwrap();
                 (sensitive, apply(&store, &ws, &ApplyOptions::all()).unwrap())
             });
             assert_eq!(report.skipped(), 0, "{report:?}");

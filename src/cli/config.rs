@@ -87,7 +87,8 @@ mod tests {
              color = \"never\"      # --color\n\
              home_tools = true    # default\n\
              keep_sessions = 100  # default\n\
-             keep_days = 14       # default\n"
+             keep_days = 14       # default\n\
+             runs_code = []       # default\n"
         );
         let missing = Settings::defaults(PathBuf::from("/c/config.toml"));
         assert!(show(&missing).starts_with("# /c/config.toml (does not exist)\n"), "{}", show(&missing));

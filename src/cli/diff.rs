@@ -50,9 +50,14 @@ pub struct DiffArgs {
     /// Changes inside .git/ are left out: git cannot apply them.
     #[arg(long)]
     patch: bool,
+
+    /// The config file's `runs_code` patterns (read by `run`).
+    #[arg(skip)]
+    runs_code: Vec<String>,
 }
 
-pub fn run(args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
+pub fn run(mut args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
+    args.runs_code = super::settings::Settings::load()?.runs_code.value;
     Here::with_process(global, |here| execute(args, here))
 }
 
@@ -62,7 +67,12 @@ pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<Exi
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
     let expand = paths.is_some();
-    let options = SummaryOptions { selection, count_lines: !args.patch, ..SummaryOptions::default() };
+    let options = SummaryOptions {
+        selection,
+        count_lines: !args.patch,
+        runs_code: args.runs_code.clone(),
+        ..SummaryOptions::default()
+    };
     let summary = Summary::build(&target.store, &target.workspace, &options)
         .with_context(|| format!("cannot read the staged changes of session {}", target.id))?;
     if summary.is_empty() {

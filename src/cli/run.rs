@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::changes::review::ApplyMode;
+use crate::changes::review::{ApplyMode, CodeChoice};
 use crate::supervisor::{self, RunConfig, TOOL_VARS};
 
 use super::settings::{Flags, Settings};
@@ -36,9 +36,17 @@ pub struct VmOptions {
 
     /// What to do with the command's changes to the workspace: ask (on a
     /// terminal; otherwise keep them staged), all (apply what does not
-    /// conflict), none (keep them staged for `stockade apply`) [default: ask].
+    /// conflict, except files that run code by themselves), none (keep them
+    /// staged for `stockade apply`) [default: ask].
     #[arg(long, value_enum, value_name = "MODE")]
     apply: Option<ApplyMode>,
+
+    /// With --apply all: also apply the files that run code by themselves
+    /// (git hooks and config, CI, editor, direnv and tool settings; flagged
+    /// with ! in the summary). Without it they are held back, staged, and
+    /// the summary says how to apply them.
+    #[arg(long)]
+    include_code: bool,
 
     /// Network and credential policy: a preset (npm, cargo, pypi, github,
     /// docker, claude, codex, gemini), a name in ~/.config/stockade/policies/, or a TOML file.
@@ -149,7 +157,9 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     let ci_mode = args.ci;
     let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let docker = args.vm.docker;
+    let mut review = ci::Review::default();
     let result = prepare(args, global).and_then(|config| {
+        review = ci::Review { apply_all: config.apply == ApplyMode::All, code: config.code.clone() };
         super::sessions::prune_before_run();
         supervisor::run(config)
     });
@@ -157,7 +167,7 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
         explain_refusals(finished);
     }
     if report {
-        ci::write(&ci::RunSummary::of(&command, &result, started.elapsed()), summary_file.as_deref())?;
+        ci::write(&ci::RunSummary::of(&command, &result, started.elapsed(), &review), summary_file.as_deref())?;
     }
     let finished = result?;
     Ok(ExitCode::from(if ci_mode { ci::exit_code(&finished) } else { finished.status }))
@@ -209,6 +219,7 @@ fn prepare(args: RunArgs, global: Global) -> anyhow::Result<RunConfig> {
         validate(args.vm, settings, argv, &[], global.verbose, |name| std::env::var_os(name), std::env::vars_os())?;
     if args.ci {
         config.apply = ci::apply_mode(apply_flag)?;
+        check_include_code(config.code.include_code, config.apply)?;
     } else {
         first_run::show_once();
     }
@@ -236,6 +247,7 @@ pub fn validate(
         color: None,
         no_home_tools: vm.no_home_tools,
     })?;
+    check_include_code(vm.include_code, settings.apply.value)?;
     let timeout =
         vm.timeout.as_deref().map(|t| parse_duration(t).with_context(|| format!("--timeout {t}"))).transpose()?;
     if vm.pids == Some(0) {
@@ -267,6 +279,7 @@ pub fn validate(
         memory_bytes: settings.memory.value.bytes,
         disk_bytes: settings.disk.value.bytes,
         apply: settings.apply.value,
+        code: CodeChoice { include_code: vm.include_code, runs_code: settings.runs_code.value.clone() },
         color: settings.color.value,
         policy,
         timeout,
@@ -286,6 +299,18 @@ pub fn validate(
             None
         },
     })
+}
+
+/// `--include-code` says what "apply all" includes: alone it would do
+/// nothing, which the user should hear rather than guess.
+fn check_include_code(include_code: bool, mode: ApplyMode) -> anyhow::Result<()> {
+    if include_code && mode != ApplyMode::All {
+        bail!(
+            "--include-code goes with --apply all (it lets \"all\" include the files that run code by \
+             themselves); add --apply all, or apply them later with `stockade apply SESSION --include-code`"
+        );
+    }
+    Ok(())
 }
 
 /// The command's environment: identity and search path, the terminal and
@@ -402,6 +427,16 @@ mod tests {
         let err = check(&["--timeout", "soon"]).unwrap_err();
         assert!(format!("{err:#}").contains("--timeout soon"), "{err:#}");
         assert!(check(&["--pids", "0"]).is_err());
+    }
+
+    #[test]
+    fn include_code_goes_with_apply_all() {
+        let err = format!("{:#}", check(&["--include-code"]).unwrap_err());
+        assert!(err.contains("--include-code goes with --apply all"), "{err}");
+        assert!(check(&["--apply", "none", "--include-code"]).is_err());
+        let config = check(&["--apply", "all", "--include-code"]).unwrap();
+        assert!(config.code.include_code && config.apply == ApplyMode::All);
+        assert!(!check(&["--apply", "all"]).unwrap().code.include_code);
     }
 
     #[test]

@@ -15,7 +15,14 @@
 //! home_tools = true # share the toolchains on PATH under ~ read-only
 //! keep_sessions = 100 # finished sessions kept (none staged), newest first
 //! keep_days = 14      # and none older than this
+//! runs_code = ["tools/*.sh", "scripts/git-hooks/"] # also flagged in review
 //! ```
+//!
+//! `runs_code` adds gitignore-style patterns to the built-in list of files
+//! that run code by themselves (`changes::review::FLAGGED`): such files are
+//! flagged in the review and held back from `--apply all`. It can only add;
+//! nothing built in can be un-flagged, and there is no setting for
+//! `--include-code`, which must be said each time.
 //!
 //! Unknown keys and bad values are errors naming the file, line and key, so
 //! a typo never silently leaves a default in place.
@@ -43,8 +50,8 @@ const MIN_MEMORY: u64 = 128 << 20;
 const MIN_DISK: u64 = 64 << 20;
 
 /// The keys the file may hold, in the order `config show` prints them.
-const KEYS: [&str; 9] =
-    ["policy", "cpus", "memory", "disk", "apply", "color", "home_tools", "keep_sessions", "keep_days"];
+const KEYS: [&str; 10] =
+    ["policy", "cpus", "memory", "disk", "apply", "color", "home_tools", "keep_sessions", "keep_days", "runs_code"];
 
 #[derive(Debug, Error)]
 pub enum SettingsError {
@@ -132,6 +139,8 @@ pub struct Settings {
     pub keep_sessions: Setting<u32>,
     /// Days such a session is kept at most.
     pub keep_days: Setting<u32>,
+    /// The user's patterns of files that run code, flagged in review.
+    pub runs_code: Setting<Vec<String>>,
 }
 
 /// What the command line gave for the settings; `None` or empty keeps the
@@ -184,6 +193,7 @@ impl Settings {
             home_tools: Setting::default(true),
             keep_sessions: Setting::default(retention::DEFAULT_KEEP),
             keep_days: Setting::default(retention::DEFAULT_KEEP_DAYS),
+            runs_code: Setting::default(Vec::new()),
         }
     }
 
@@ -273,6 +283,22 @@ impl Settings {
                 ("keep_sessions", toml::Value::Integer(n)) => {
                     settings.keep_sessions = Setting { value: check_keep_sessions(*n).map_err(refuse)?, source };
                 }
+                ("runs_code", toml::Value::Array(items)) => {
+                    let mut patterns = Vec::with_capacity(items.len());
+                    for item in items {
+                        let Some(pattern) = item.as_str() else {
+                            return Err(refuse(Refusal::new(
+                                "must list patterns as strings",
+                                Some("[\"tools/*.sh\"]"),
+                            )));
+                        };
+                        if let Err(why) = crate::changes::review::check_pattern(pattern) {
+                            return Err(invalid(value.span(), format!("runs_code: {why}")));
+                        }
+                        patterns.push(pattern.to_string());
+                    }
+                    settings.runs_code = Setting { value: patterns, source };
+                }
                 ("keep_days", toml::Value::Integer(n)) => {
                     settings.keep_days = Setting { value: check_keep_days(*n).map_err(refuse)?, source };
                 }
@@ -326,6 +352,7 @@ impl Settings {
     pub fn entries(&self) -> Vec<(&'static str, String, Source)> {
         let quoted = |s: &str| format!("{s:?}");
         let names: Vec<String> = self.policy.value.iter().map(|n| quoted(n)).collect();
+        let runs_code: Vec<String> = self.runs_code.value.iter().map(|n| quoted(n)).collect();
         vec![
             ("policy", format!("[{}]", names.join(", ")), self.policy.source),
             ("cpus", self.cpus.value.to_string(), self.cpus.source),
@@ -336,6 +363,7 @@ impl Settings {
             ("home_tools", self.home_tools.value.to_string(), self.home_tools.source),
             ("keep_sessions", self.keep_sessions.value.to_string(), self.keep_sessions.source),
             ("keep_days", self.keep_days.value.to_string(), self.keep_days.source),
+            ("runs_code", format!("[{}]", runs_code.join(", ")), self.runs_code.source),
         ]
     }
 
@@ -444,6 +472,7 @@ fn expected(key: &str) -> &'static str {
         "home_tools" => "give true or false, e.g. home_tools = false",
         "keep_sessions" => "give a number, e.g. keep_sessions = 100",
         "keep_days" => "give a number of days, e.g. keep_days = 14",
+        "runs_code" => "give a list of patterns, e.g. runs_code = [\"tools/*.sh\"]",
         _ => "give \"auto\", \"always\" or \"never\"",
     }
 }
@@ -523,6 +552,19 @@ mod tests {
         assert_eq!(s.apply.value, ApplyMode::None);
         assert_eq!(s.color.value, ColorChoice::Never);
         assert_eq!(s.color.source, Source::File { line: 7 });
+    }
+
+    #[test]
+    fn runs_code_takes_patterns_and_refuses_negations() {
+        let s = parse("runs_code = [\"tools/*.sh\", \".githooks/\"]\n").unwrap();
+        assert_eq!(s.runs_code.value, ["tools/*.sh", ".githooks/"]);
+        assert_eq!(s.runs_code.source, Source::File { line: 1 });
+        let err = error("runs_code = [\"!.envrc\"]\n");
+        assert!(err.contains(":1:13: runs_code:") && err.contains("nothing can be un-flagged"), "{err}");
+        let err = error("runs_code = \"tools/*.sh\"\n");
+        assert!(err.contains("give a list of patterns"), "{err}");
+        let err = error("runs_code = [1]\n");
+        assert!(err.contains("must list patterns as strings"), "{err}");
     }
 
     #[test]

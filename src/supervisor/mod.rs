@@ -59,6 +59,8 @@ pub struct RunConfig {
     pub disk_bytes: u64,
     /// What happens to the guest's workspace changes after the command.
     pub apply: changes::review::ApplyMode,
+    /// `--include-code` and the user's `runs_code` patterns.
+    pub code: changes::review::CodeChoice,
     /// Colour for the review on stderr.
     pub color: changes::review::ColorChoice,
     /// What the guest may reach on the network, and the credentials the
@@ -123,7 +125,7 @@ fn offer_agent_settings(
         changes::review::ApplyMode::Ask => changes::review::ApplyMode::Ask,
         _ => changes::review::ApplyMode::None,
     };
-    changes::review::after_run(&store, home, &session.id, mode, config.color)?;
+    changes::review::after_run(&store, home, &session.id, mode, config.color, &config.code)?;
     Ok(())
 }
 
@@ -333,7 +335,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
             }
             match staged {
                 Some(Ok(_)) => {
-                    if let Err(e) = changes::review::after_run(&store, &workspace, &session.id, apply, config.color) {
+                    if let Err(e) =
+                        changes::review::after_run(&store, &workspace, &session.id, apply, config.color, &config.code)
+                    {
                         eprintln!(
                             "stockade: error: {e:#}; the changes stay staged: see `stockade diff {}`",
                             session.id

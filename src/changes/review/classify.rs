@@ -1,39 +1,49 @@
 //! What kind of path a change touches, for review: inside a git directory,
 //! ignored by git (collapsed in the summary), or execution-sensitive
-//! (highlighted, always listed and asked about on its own).
+//! ("runs code by itself": listed one by one, never cut from the summary,
+//! and held back from `--apply all` unless the user adds `--include-code`).
 //!
 //! # Execution-sensitive paths
 //!
 //! Flagged are files that make code run *without the user choosing to run
 //! this project's code*: on a git command, on opening the folder in an
-//! editor or shell, on a push (CI), or by pointing a tool at another program:
+//! editor or entering it in a shell, on a push (CI), or by pointing a tool
+//! at another program. Four rules decide, in this order:
 //!
-//! - git: hooks (`.git/hooks/*` except `*.sample`, also in submodules and
-//!   under the host's `core.hooksPath`, and `.husky/`), `.git/config`
-//!   (fsmonitor, hooksPath, aliases, filters, pager and ssh commands), a
-//!   `.git` *file* (redirects git to another repository), and
-//!   `.pre-commit-config.yaml` (what pre-commit runs on every commit);
-//! - direnv and mise: `.envrc`, `mise.toml`, `.mise.toml`;
-//! - editors: `.vscode/` (folder-open tasks, interpreter paths),
-//!   `.idea/`, `.devcontainer/`, `.zed/`, `.helix/` (language-server
-//!   commands), vim/neovim `exrc` files, Emacs `.dir-locals.el`;
-//! - CI: `.github/workflows/` and `.github/actions/`, `.gitlab-ci.yml`,
-//!   `.circleci/`, `.travis.yml`, `Jenkinsfile`, `.buildkite/`,
-//!   `azure-pipelines.yml`, `.drone.yml`, `bitbucket-pipelines.yml`,
-//!   Woodpecker, Forgejo and Gitea workflows;
-//! - shell startup files (`.bashrc`, `.profile`, `.zshrc`, ...);
-//! - coding agents: `.claude/settings{,.local}.json` and `.claude/hooks/`
-//!   (hooks, status line and key helper commands), `.mcp.json`,
-//!   `.codex/config.toml` (notify, MCP servers), `.gemini/settings.json`;
-//! - tool redirection: `.cargo/config{,.toml}` (runner, rustc wrapper,
-//!   linker), `rust-toolchain{,.toml}` (a toolchain `path`), `.npmrc`
-//!   (script shell, node options), `.yarnrc{,.yml}` (`yarnPath` runs a file
-//!   on every `yarn`), `.pnpmfile.cjs`.
+//! 1. **Git directories** (`.git/`, also a submodule's `.git/modules/<name>/`
+//!    and a worktree's `.git/worktrees/<name>/`, and an *embedded bare
+//!    repository*: any directory holding `HEAD`, `objects/` and `refs/`,
+//!    which git uses as a repository under `git -C` or
+//!    `safe.bareRepository`). Everything the guest adds or changes in one is
+//!    flagged except the history git keeps by itself: `objects/` (but
+//!    `objects/info/alternates`), `refs/`, `logs/`, `index`, `HEAD`,
+//!    `packed-refs`, `ORIG_HEAD`, `FETCH_HEAD`, `MERGE_HEAD`,
+//!    `CHERRY_PICK_HEAD`, `REVERT_HEAD`, `AUTO_MERGE`, `COMMIT_EDITMSG`,
+//!    `MERGE_MSG`, `MERGE_MODE`, `SQUASH_MSG`, `description`, `shallow`,
+//!    `lfs/objects/` and `hooks/*.sample`. So hooks, every `config` (with its
+//!    `core.fsmonitor`, `core.hooksPath`, `include.path`, `includeIf`,
+//!    aliases, filters), `info/exclude` and `info/attributes`, `commondir`,
+//!    `gitdir`, rebase and sequencer state (`exec` lines) are each shown on
+//!    their own. A `.git` that is a file or a symlink (it points git at
+//!    another repository) is flagged, and so is **any symlink inside a git
+//!    directory**, whatever its name.
+//! 2. **The host's git config**: files under its `core.hooksPath`, the files
+//!    its `include.path`/`includeIf.*.path` name and the program its
+//!    `core.fsmonitor` names, when they lie in the workspace.
+//! 3. **Names**: the patterns in [`FLAGGED`] (gitignore syntax: a pattern
+//!    without a slash matches a name at any depth, a trailing `/` a
+//!    directory and everything below it, `**/` any directories), and the
+//!    user's own, from `runs_code` in the config file (same syntax).
+//! 4. **Symlinks**: a symlink whose name is a directory those rules look
+//!    into (`.cargo`, `.github`, `.vscode`, `.git`, `hooks`, ...) is flagged,
+//!    and a file the change set or the host's workspace root makes reachable
+//!    through one (`.cargo -> ci/cargo` with `ci/cargo/config.toml`) is
+//!    judged by the path it is reached as, and flagged when that path is.
 //!
 //! Not flagged: Makefiles, `build.rs`, `package.json` scripts, `setup.py`,
-//! test fixtures and the like. They run when the user builds or tests, they
-//! are ordinary project source shown in the diff, and they change in almost
-//! every session: flagging them would drown the signal.
+//! test fixtures, `.env` files and the like. They run when the user builds
+//! or tests, they are ordinary project source shown in the diff, and they
+//! change in almost every session: flagging them would drown the signal.
 //!
 //! Separately, a file that *became executable* and a symlink pointing
 //! outside the workspace are noted on their line, but stay in their group.
@@ -47,10 +57,12 @@
 //! guest wrote cannot hide its own changes. Tracked files that match a
 //! rule are still treated as ignored (the git index is not read).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::OnceLock;
 
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -58,7 +70,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use crate::changes::model::{Base, Entry, Kind, Mode};
 use crate::changes::path::RelPath;
 
-use super::host::Host;
+use super::host::{Host, HostState};
 
 /// Why a path runs code by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,6 +78,10 @@ pub enum Danger {
     GitHook,
     GitConfig,
     GitLink,
+    /// Other git internals that change what git does or shows.
+    GitInternal,
+    /// A symlink inside a git directory.
+    GitSymlink,
     PreCommit,
     Direnv,
     Editor,
@@ -73,6 +89,12 @@ pub enum Danger {
     ShellStartup,
     ToolConfig,
     AgentConfig,
+    /// A symlink standing where tools look for settings or hooks.
+    SymlinkedLocation,
+    /// A file reached through such a symlink as a flagged path.
+    Reached,
+    /// Listed in the user's `runs_code` setting.
+    UserListed,
 }
 
 impl Danger {
@@ -81,51 +103,80 @@ impl Danger {
         match self {
             Danger::GitHook => "git hook: runs on git commands",
             Danger::GitConfig => "git config: can make git run programs",
-            Danger::GitLink => "a .git file: points git at another repository",
-            Danger::PreCommit => "pre-commit config: runs on every commit",
-            Danger::Direnv => "runs when you enter the directory (direnv/mise)",
+            Danger::GitLink => "a .git file or symlink: points git at another repository",
+            Danger::GitInternal => "git internals: change what git does or shows",
+            Danger::GitSymlink => "symlink inside a git directory: git reads and writes through it",
+            Danger::PreCommit => "git hook configuration: runs on git commands",
+            Danger::Direnv => "runs when you enter the directory (direnv/mise/asdf)",
             Danger::Editor => "editor settings: can run tasks when the folder is opened",
             Danger::Ci => "CI configuration: runs when pushed",
             Danger::ShellStartup => "shell startup file",
             Danger::ToolConfig => "tool configuration: can make build tools run other programs",
             Danger::AgentConfig => "coding agent settings: hooks and MCP servers run commands",
+            Danger::SymlinkedLocation => "symlink where tools read settings or hooks: what it points to runs",
+            Danger::Reached => "reached through a symlink as a file that runs code",
+            Danger::UserListed => "listed in runs_code in your config file",
         }
     }
 }
 
-/// Where a path belongs in review.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Place {
-    /// Inside a git directory (`git_dir` is `.git` or `sub/.git`).
-    Git {
-        git_dir: RelPath,
-    },
-    /// Under `root`, the shallowest path git ignores.
-    Ignored {
-        root: RelPath,
-    },
-    Normal,
-}
-
-/// File names flagged wherever they are.
-const DANGER_NAMES: &[(&str, Danger)] = &[
+/// The built-in flagged names, in gitignore syntax (see the module docs).
+/// Users add their own with `runs_code = [...]` in the config file.
+pub const FLAGGED: &[(&str, Danger)] = &[
+    // Git hook managers.
+    (".husky/", Danger::GitHook),
+    (".pre-commit-config.yaml", Danger::PreCommit),
+    ("lefthook.y*ml", Danger::PreCommit),
+    (".lefthook.y*ml", Danger::PreCommit),
+    ("lefthook-local.y*ml", Danger::PreCommit),
+    (".lefthook-local.y*ml", Danger::PreCommit),
+    (".lefthook/", Danger::PreCommit),
+    // Entering the directory: direnv, mise (formerly rtx), asdf.
     (".envrc", Danger::Direnv),
+    (".envrc.*", Danger::Direnv),
     ("mise.toml", Danger::Direnv),
     (".mise.toml", Danger::Direnv),
-    (".pre-commit-config.yaml", Danger::PreCommit),
+    ("mise.*.toml", Danger::Direnv),
+    (".mise.*.toml", Danger::Direnv),
+    (".mise/", Danger::Direnv),
+    ("**/mise/config.toml", Danger::Direnv),
+    ("**/.config/mise.toml", Danger::Direnv),
+    ("**/.config/mise/", Danger::Direnv),
+    (".rtx.toml", Danger::Direnv),
+    (".tool-versions", Danger::Direnv),
+    // Editors: folder-open tasks, interpreter and language-server paths.
+    (".vscode/", Danger::Editor),
+    ("*.code-workspace", Danger::Editor),
+    (".idea/", Danger::Editor),
+    (".devcontainer/", Danger::Editor),
+    (".devcontainer.json", Danger::Editor),
+    (".zed/", Danger::Editor),
+    (".helix/", Danger::Editor),
     (".exrc", Danger::Editor),
     (".nvimrc", Danger::Editor),
     (".nvim.lua", Danger::Editor),
     (".lvimrc", Danger::Editor),
     (".dir-locals.el", Danger::Editor),
-    (".devcontainer.json", Danger::Editor),
+    (".dir-locals-2.el", Danger::Editor),
+    // CI: runs with the repository's secrets when pushed.
+    ("**/.github/workflows/", Danger::Ci),
+    ("**/.github/actions/", Danger::Ci),
+    ("**/.forgejo/workflows/", Danger::Ci),
+    ("**/.gitea/workflows/", Danger::Ci),
     (".gitlab-ci.yml", Danger::Ci),
+    (".circleci/", Danger::Ci),
     (".travis.yml", Danger::Ci),
     ("Jenkinsfile", Danger::Ci),
+    (".buildkite/", Danger::Ci),
     ("azure-pipelines.yml", Danger::Ci),
     (".drone.yml", Danger::Ci),
     ("bitbucket-pipelines.yml", Danger::Ci),
     (".woodpecker.yml", Danger::Ci),
+    (".woodpecker/", Danger::Ci),
+    (".cirrus.yml", Danger::Ci),
+    ("appveyor.yml", Danger::Ci),
+    (".appveyor.yml", Danger::Ci),
+    // Shell startup files.
     (".bashrc", Danger::ShellStartup),
     (".bash_profile", Danger::ShellStartup),
     (".bash_login", Danger::ShellStartup),
@@ -136,56 +187,315 @@ const DANGER_NAMES: &[(&str, Danger)] = &[
     (".zprofile", Danger::ShellStartup),
     (".zlogin", Danger::ShellStartup),
     (".zlogout", Danger::ShellStartup),
+    // Tool redirection: another program run in the tool's place.
+    ("**/.cargo/config", Danger::ToolConfig),
+    ("**/.cargo/config.toml", Danger::ToolConfig),
+    ("rust-toolchain", Danger::ToolConfig),
+    ("rust-toolchain.toml", Danger::ToolConfig),
     (".npmrc", Danger::ToolConfig),
     (".yarnrc", Danger::ToolConfig),
     (".yarnrc.yml", Danger::ToolConfig),
     (".pnpmfile.cjs", Danger::ToolConfig),
-    ("rust-toolchain", Danger::ToolConfig),
-    ("rust-toolchain.toml", Danger::ToolConfig),
+    (".pnpmfile.mjs", Danger::ToolConfig),
+    (".bazelrc", Danger::ToolConfig),
+    (".bazelversion", Danger::ToolConfig),
+    (".bazeliskrc", Danger::ToolConfig),
+    (".gdbinit", Danger::ToolConfig),
+    (".lldbinit", Danger::ToolConfig),
+    // Coding agents: hooks, status line, MCP servers.
+    ("**/.claude/settings.json", Danger::AgentConfig),
+    ("**/.claude/settings.local.json", Danger::AgentConfig),
+    ("**/.claude/hooks/", Danger::AgentConfig),
     (".mcp.json", Danger::AgentConfig),
+    ("**/.codex/config.toml", Danger::AgentConfig),
+    ("**/.gemini/settings.json", Danger::AgentConfig),
+    ("**/.cursor/mcp.json", Danger::AgentConfig),
 ];
 
-/// Directories whose whole content is flagged, wherever they are.
-const DANGER_DIRS: &[(&str, Danger)] = &[
-    (".vscode", Danger::Editor),
-    (".idea", Danger::Editor),
-    (".devcontainer", Danger::Editor),
-    (".zed", Danger::Editor),
-    (".helix", Danger::Editor),
-    (".circleci", Danger::Ci),
-    (".buildkite", Danger::Ci),
-    (".woodpecker", Danger::Ci),
-    (".husky", Danger::GitHook),
+/// Names in a git directory that are its own history, not behaviour.
+const GIT_HARMLESS: &[&[u8]] = &[
+    b"index",
+    b"HEAD",
+    b"packed-refs",
+    b"ORIG_HEAD",
+    b"FETCH_HEAD",
+    b"MERGE_HEAD",
+    b"CHERRY_PICK_HEAD",
+    b"REVERT_HEAD",
+    b"AUTO_MERGE",
+    b"COMMIT_EDITMSG",
+    b"MERGE_MSG",
+    b"MERGE_MODE",
+    b"SQUASH_MSG",
+    b"description",
+    b"shallow",
 ];
 
-/// Two-level locations: `parent/child` and everything below.
-const DANGER_PAIRS: &[(&str, &str, Danger)] = &[
-    (".github", "workflows", Danger::Ci),
-    (".github", "actions", Danger::Ci),
-    (".forgejo", "workflows", Danger::Ci),
-    (".gitea", "workflows", Danger::Ci),
-    (".cargo", "config", Danger::ToolConfig),
-    (".cargo", "config.toml", Danger::ToolConfig),
-    (".claude", "settings.json", Danger::AgentConfig),
-    (".claude", "settings.local.json", Danger::AgentConfig),
-    (".claude", "hooks", Danger::AgentConfig),
-    (".codex", "config.toml", Danger::AgentConfig),
-    (".gemini", "settings.json", Danger::AgentConfig),
+/// Top-level names of a git directory, where a submodule's or worktree's
+/// own git directory may start.
+const GIT_TOP: &[&[u8]] = &[
+    b"objects",
+    b"refs",
+    b"logs",
+    b"hooks",
+    b"info",
+    b"config",
+    b"config.worktree",
+    b"commondir",
+    b"gitdir",
+    b"modules",
+    b"worktrees",
+    b"lfs",
+    b"index",
+    b"HEAD",
+    b"packed-refs",
+    b"ORIG_HEAD",
+    b"FETCH_HEAD",
+    b"MERGE_HEAD",
+    b"CHERRY_PICK_HEAD",
+    b"REVERT_HEAD",
+    b"AUTO_MERGE",
+    b"COMMIT_EDITMSG",
+    b"MERGE_MSG",
+    b"MERGE_MODE",
+    b"SQUASH_MSG",
+    b"description",
+    b"shallow",
 ];
+
+/// Places below the root where the host's symlinks are looked for too.
+const HOST_PROBES: &[&[u8]] = &[
+    b".git/hooks",
+    b".git/info",
+    b".github/workflows",
+    b".github/actions",
+    b".forgejo/workflows",
+    b".gitea/workflows",
+    b".claude/hooks",
+    b".config/mise",
+];
+
+/// Patterns compiled: the matcher, and each pattern's danger.
+struct Patterns {
+    matcher: Gitignore,
+    dangers: HashMap<String, Danger>,
+    /// Directory names the patterns look into (a symlink so named is flagged).
+    dir_names: HashSet<Vec<u8>>,
+    /// A pattern looks into directories of any name (`tools/*/run.sh`).
+    any_dir: bool,
+}
+
+impl Patterns {
+    fn build(patterns: &[(&str, Danger)]) -> Result<Patterns, String> {
+        let mut builder = GitignoreBuilder::new("");
+        let mut dangers = HashMap::new();
+        let mut dir_names = HashSet::new();
+        let mut any_dir = false;
+        for &(pattern, danger) in patterns {
+            check_pattern(pattern)?;
+            builder.add_line(None, pattern).map_err(|e| format!("{pattern:?}: {e}"))?;
+            dangers.insert(pattern.to_string(), danger);
+            let trimmed = pattern.trim_start_matches('/');
+            let mut parts: Vec<&str> = trimmed.split('/').collect();
+            let dir_only = pattern.ends_with('/');
+            if dir_only {
+                parts.pop();
+            }
+            // A directory pattern's last name is a directory too.
+            let dirs = if dir_only { &parts[..] } else { &parts[..parts.len().saturating_sub(1)] };
+            for part in dirs.iter().filter(|p| !p.is_empty() && **p != "**") {
+                if part.contains(['*', '?', '[', '\\']) {
+                    any_dir = true;
+                } else {
+                    dir_names.insert(part.as_bytes().to_vec());
+                }
+            }
+        }
+        let matcher = builder.build().map_err(|e| e.to_string())?;
+        Ok(Patterns { matcher, dangers, dir_names, any_dir })
+    }
+
+    fn matched(&self, path: &[u8], is_dir: bool) -> Option<Danger> {
+        match self.matcher.matched(Path::new(OsStr::from_bytes(path)), is_dir) {
+            Match::Ignore(glob) => Some(self.dangers.get(glob.original()).copied().unwrap_or(Danger::UserListed)),
+            _ => None,
+        }
+    }
+}
+
+/// Why a `runs_code` pattern cannot be used, if it cannot.
+pub fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.trim().is_empty() {
+        return Err("an empty pattern would match nothing".into());
+    }
+    if pattern.starts_with('!') || pattern.starts_with('#') {
+        return Err(format!("{pattern:?}: a pattern may not start with `!` or `#` (nothing can be un-flagged)"));
+    }
+    let mut builder = GitignoreBuilder::new("");
+    builder.add_line(None, pattern).map_err(|e| format!("{pattern:?}: {e}"))?;
+    builder.build().map(|_| ()).map_err(|e| format!("{pattern:?}: {e}"))
+}
+
+/// The last `BUILTIN_DEPTH` names of a path: all the built-in patterns can
+/// see (each is a name, or `**/` and at most this many names), so a path
+/// the guest made thousands of levels deep costs no more to match.
+const BUILTIN_DEPTH: usize = 3;
+
+fn tail(path: &[u8]) -> &[u8] {
+    let mut start = 0;
+    let mut names = 0;
+    for (i, &b) in path.iter().enumerate().rev() {
+        if b == b'/' {
+            names += 1;
+            if names == BUILTIN_DEPTH {
+                start = i + 1;
+                break;
+            }
+        }
+    }
+    &path[start..]
+}
+
+fn builtin() -> &'static Patterns {
+    static BUILTIN: OnceLock<Patterns> = OnceLock::new();
+    BUILTIN.get_or_init(|| Patterns::build(FLAGGED).expect("the built-in patterns are valid"))
+}
+
+/// A symlink that makes the files below `dir` reachable as `link/...`.
+#[derive(Debug, Clone)]
+struct Alias {
+    /// The directory it resolves to (empty: the workspace root).
+    dir: Vec<u8>,
+    link: RelPath,
+}
 
 /// Classifies paths of one workspace.
 pub struct Classifier<'h> {
+    host: &'h Host,
     /// The host's `core.hooksPath` inside the workspace, if set.
     hooks_path: Option<RelPath>,
+    /// Files the host's git config runs or includes.
+    config_files: Vec<RelPath>,
+    user: Option<Patterns>,
     ignores: Ignores<'h>,
+    /// Per directory: whether a name pattern flags it (and all below).
+    dir_verdicts: HashMap<Vec<u8>, Option<Danger>>,
+    /// Aliases by the directory they resolve to.
+    aliases: HashMap<Vec<u8>, Vec<RelPath>>,
+    /// Per directory: the aliases of it and its ancestors.
+    alias_chains: HashMap<Vec<u8>, Rc<Vec<Alias>>>,
+    /// Paths the change set leaves holding `HEAD`, `objects` or `refs`.
+    repo_marks: HashSet<Vec<u8>>,
+    /// Directories judged as embedded bare repositories or not.
+    bare: HashMap<Vec<u8>, bool>,
 }
 
 impl<'h> Classifier<'h> {
     /// `global_excludes`: also use the user's global git excludes file
     /// (tests turn it off, so the machine's settings do not leak in).
     pub fn new(host: &'h Host, workspace: &Path, global_excludes: bool) -> Classifier<'h> {
-        let hooks_path = hooks_path(host, workspace);
-        Classifier { hooks_path, ignores: Ignores::new(host, global_excludes) }
+        let (hooks_path, config_files) = host_git_config(host, workspace);
+        Classifier {
+            host,
+            hooks_path,
+            config_files,
+            user: None,
+            ignores: Ignores::new(host, global_excludes),
+            dir_verdicts: HashMap::new(),
+            aliases: HashMap::new(),
+            alias_chains: HashMap::new(),
+            repo_marks: HashSet::new(),
+            bare: HashMap::new(),
+        }
+    }
+
+    /// Also flag paths matching these patterns (the `runs_code` setting).
+    /// Patterns that do not compile are left out with a warning: settings
+    /// checked them when the file was read.
+    pub fn with_patterns(mut self, patterns: &[String]) -> Classifier<'h> {
+        if patterns.is_empty() {
+            return self;
+        }
+        let rows: Vec<(&str, Danger)> = patterns.iter().map(|p| (p.as_str(), Danger::UserListed)).collect();
+        match Patterns::build(&rows) {
+            Ok(user) => self.user = Some(user),
+            Err(e) => tracing::warn!("runs_code: {e}"),
+        }
+        self
+    }
+
+    /// Reads what the whole change set says about other paths: symlinks
+    /// that make directories reachable under flagged names, and the marks
+    /// of embedded repositories. Call before `danger`.
+    pub fn learn<'e, I>(&mut self, entries: I)
+    where
+        I: IntoIterator<Item = &'e Entry> + Clone,
+    {
+        let mut seen_near_root: HashSet<Vec<u8>> = HashSet::new();
+        for entry in entries.clone() {
+            let path = &entry.path;
+            if path.depth() <= 2 {
+                seen_near_root.insert(path.as_bytes().to_vec());
+            }
+            if entry.kind != Kind::Delete && matches!(path.file_name(), b"HEAD" | b"objects" | b"refs") {
+                self.repo_marks.insert(path.as_bytes().to_vec());
+            }
+        }
+        for entry in entries {
+            if let Kind::Symlink { target } = &entry.kind
+                && self.is_location(&entry.path)
+                && let Some(dir) = resolve(&entry.path, target.as_bytes())
+            {
+                self.aliases.entry(dir).or_default().push(entry.path.clone());
+            }
+        }
+        // Symlinks already on the host where tools look: the workspace
+        // root, the git directory, the hooks path.
+        let mut probes: Vec<Vec<u8>> = self.location_names().map(<[u8]>::to_vec).collect();
+        for extra in HOST_PROBES {
+            probes.push(extra.to_vec());
+        }
+        probes.extend(self.hooks_path.iter().map(|p| p.as_bytes().to_vec()));
+        for probe in probes {
+            if seen_near_root.contains(&probe) {
+                continue;
+            }
+            let Ok(link) = RelPath::new(probe) else { continue };
+            if let HostState::Symlink { target } = self.host.state(&link)
+                && let Some(dir) = resolve(&link, &target)
+            {
+                self.aliases.entry(dir).or_default().push(link);
+            }
+        }
+    }
+
+    /// Directory names the rules look into.
+    fn location_names(&self) -> impl Iterator<Item = &[u8]> {
+        let user = self.user.iter().flat_map(|u| u.dir_names.iter());
+        builtin().dir_names.iter().chain(user).map(Vec::as_slice).chain([&b".git"[..]])
+    }
+
+    /// Whether a symlink at `path` would stand where a rule looks.
+    fn is_location(&mut self, path: &RelPath) -> bool {
+        if git_dir_of(path).is_some() {
+            return true;
+        }
+        let name = path.file_name();
+        let user = self.user.as_ref();
+        if builtin().dir_names.contains(name)
+            || user.is_some_and(|u| u.any_dir || u.dir_names.contains(name))
+            || builtin().matched(tail(path.as_bytes()), true).is_some()
+            || user.is_some_and(|u| u.matched(path.as_bytes(), true).is_some())
+        {
+            return true;
+        }
+        let named = self.hooks_path.iter().chain(&self.config_files);
+        if named.into_iter().any(|target| target.starts_with(path) || path.starts_with(target)) {
+            return true;
+        }
+        // A directory of an embedded repository (`x/hooks`, `x/info`).
+        let parent = path.parent().map(|p| p.as_bytes().to_vec()).unwrap_or_default();
+        matches!(name, b"hooks" | b"info" | b"objects") && self.is_bare(&parent)
     }
 
     /// Directories whose `.gitignore` was looked for so far.
@@ -212,43 +522,218 @@ impl<'h> Classifier<'h> {
         }
     }
 
-    pub fn danger(&self, entry: &Entry) -> Option<Danger> {
+    pub fn danger(&mut self, entry: &Entry) -> Option<Danger> {
+        self.judge(entry).map(|(danger, _)| danger)
+    }
+
+    /// Whether the entry runs code by itself, and why; for a file reached
+    /// through a symlink, the path it is reached as.
+    pub fn judge(&mut self, entry: &Entry) -> Option<(Danger, Option<RelPath>)> {
         // What runs is a file or a link to one; a directory or a deletion
         // runs nothing (its files, if any, are judged themselves).
         if entry.kind.holds_children() || entry.kind == Kind::Delete {
             return None;
         }
-        let path = &entry.path;
+        let symlink = matches!(entry.kind, Kind::Symlink { .. });
+        if let Some(danger) = self.direct(&entry.path, symlink) {
+            return Some((danger, None));
+        }
+        if symlink && self.is_location(&entry.path) {
+            return Some((Danger::SymlinkedLocation, None));
+        }
+        if self.aliases.is_empty() {
+            return None;
+        }
+        let parent = entry.path.parent().map(|p| p.as_bytes().to_vec()).unwrap_or_default();
+        let chain = self.alias_chain(&parent);
+        for alias in chain.iter() {
+            let rest = if alias.dir.is_empty() {
+                entry.path.as_bytes()
+            } else {
+                &entry.path.as_bytes()[alias.dir.len() + 1..]
+            };
+            let Ok(reached) = alias.link.join(rest) else { continue };
+            if self.direct(&reached, symlink).is_some() {
+                return Some((Danger::Reached, Some(reached)));
+            }
+        }
+        None
+    }
+
+    /// The rules that look at the path itself (1 to 3 of the module docs).
+    fn direct(&mut self, path: &RelPath, symlink: bool) -> Option<Danger> {
+        if let Some(git_dir) = git_dir_of(path) {
+            if *path == git_dir {
+                return Some(Danger::GitLink);
+            }
+            if symlink {
+                return Some(Danger::GitSymlink);
+            }
+            return git_internal_danger(&path.as_bytes()[git_dir.as_bytes().len() + 1..]);
+        }
         if let Some(hooks) = &self.hooks_path
             && path.starts_with(hooks)
             && path != hooks
         {
             return Some(Danger::GitHook);
         }
-        if let Some(git_dir) = git_dir_of(path) {
-            if *path == git_dir {
-                let is_file = !entry.kind.holds_children() && entry.kind != Kind::Delete;
-                return is_file.then_some(Danger::GitLink);
+        if self.config_files.contains(path) {
+            return Some(Danger::GitConfig);
+        }
+        if let Some(danger) = self.in_bare_repo(path, symlink) {
+            return Some(danger);
+        }
+        if let Some(danger) = self.by_name(path) {
+            return Some(danger);
+        }
+        None
+    }
+
+    /// Rule 3: the path or one of its directories matches a pattern.
+    fn by_name(&mut self, path: &RelPath) -> Option<Danger> {
+        let own = builtin()
+            .matched(tail(path.as_bytes()), false)
+            .or_else(|| self.user.as_ref().and_then(|u| u.matched(path.as_bytes(), false)));
+        if own.is_some() {
+            return own;
+        }
+        let parent = path.parent()?;
+        self.dir_verdict(parent.as_bytes())
+    }
+
+    /// Whether a pattern flags this directory or one above it, each
+    /// directory judged once (in tree order the parent is nearly always
+    /// known already, so a deep path costs no walk).
+    fn dir_verdict(&mut self, dir: &[u8]) -> Option<Danger> {
+        if let Some(&known) = self.dir_verdicts.get(dir) {
+            return known;
+        }
+        // The directories not judged yet, nearest first, up to a known one.
+        let mut pending = vec![dir.len()];
+        let mut above = None;
+        let mut at = dir;
+        while let Some(slash) = at.iter().rposition(|&b| b == b'/') {
+            at = &at[..slash];
+            if let Some(&known) = self.dir_verdicts.get(at) {
+                above = known;
+                break;
             }
-            return git_internal_danger(&path.as_bytes()[git_dir.as_bytes().len() + 1..]);
+            pending.push(slash);
         }
+        for &end in pending.iter().rev() {
+            let d = &dir[..end];
+            let own = builtin().matched(d, true).or_else(|| self.user.as_ref().and_then(|u| u.matched(d, true)));
+            above = above.or(own);
+            self.dir_verdicts.insert(d.to_vec(), above);
+        }
+        above
+    }
+
+    /// The aliases that reach into `dir` or a directory above it.
+    fn alias_chain(&mut self, dir: &[u8]) -> Rc<Vec<Alias>> {
+        if let Some(chain) = self.alias_chains.get(dir) {
+            return chain.clone();
+        }
+        let mut pending = vec![dir.len()];
+        let mut chain = Rc::new(self.root_aliases());
+        let mut at = dir;
+        while !at.is_empty() {
+            match at.iter().rposition(|&b| b == b'/') {
+                Some(slash) => {
+                    at = &at[..slash];
+                    if let Some(known) = self.alias_chains.get(at) {
+                        chain = known.clone();
+                        break;
+                    }
+                    pending.push(slash);
+                }
+                None => break,
+            }
+        }
+        for &end in pending.iter().rev() {
+            let d = &dir[..end];
+            if d.is_empty() {
+                continue;
+            }
+            if let Some(links) = self.aliases.get(d) {
+                let mut longer = (*chain).clone();
+                longer.extend(links.iter().map(|link| Alias { dir: d.to_vec(), link: link.clone() }));
+                chain = Rc::new(longer);
+            }
+            self.alias_chains.insert(d.to_vec(), chain.clone());
+        }
+        chain
+    }
+
+    fn root_aliases(&self) -> Vec<Alias> {
+        self.aliases
+            .get(&b""[..])
+            .map(|links| links.iter().map(|link| Alias { dir: Vec::new(), link: link.clone() }).collect())
+            .unwrap_or_default()
+    }
+
+    /// Rule 1 for an embedded bare repository: `path` is its `config`, a
+    /// hook or other internals.
+    fn in_bare_repo(&mut self, path: &RelPath, symlink: bool) -> Option<Danger> {
         let parts: Vec<&[u8]> = path.components().collect();
-        let name = path.file_name();
-        if let Some((_, d)) = DANGER_NAMES.iter().find(|(n, _)| n.as_bytes() == name) {
-            return Some(*d);
+        let n = parts.len();
+        let bytes = path.as_bytes();
+        // The repository is the parent (`x/config`) or the grandparent
+        // (`x/hooks/pre-commit`, `x/info/exclude`, `x/objects/info`).
+        let mut candidates: Vec<(usize, &[u8])> = Vec::new();
+        if GIT_TOP.contains(&parts[n - 1]) {
+            let end = bytes.len() - parts[n - 1].len();
+            candidates.push((end, &bytes[end..]));
         }
-        if let Some((_, d)) = DANGER_DIRS.iter().find(|(n, _)| parts.contains(&n.as_bytes())) {
-            return Some(*d);
+        if n >= 2 && matches!(parts[n - 2], b"hooks" | b"info" | b"objects") {
+            let end = bytes.len() - parts[n - 1].len() - 1 - parts[n - 2].len();
+            candidates.push((end, &bytes[end..]));
         }
-        for window in parts.windows(2) {
-            if let Some((_, _, d)) =
-                DANGER_PAIRS.iter().find(|(a, b, _)| window[0] == a.as_bytes() && window[1] == b.as_bytes())
-            {
-                return Some(*d);
+        for (end, rest) in candidates {
+            let dir = if end == 0 { &bytes[..0] } else { &bytes[..end - 1] };
+            if self.is_bare(dir) {
+                return if symlink { Some(Danger::GitSymlink) } else { git_internal_danger(rest) };
             }
         }
         None
     }
+
+    /// Whether `dir` holds `HEAD`, `objects` and `refs` after the change
+    /// (in the change set or on the host).
+    fn is_bare(&mut self, dir: &[u8]) -> bool {
+        if let Some(&known) = self.bare.get(dir) {
+            return known;
+        }
+        let has = |name: &[u8], this: &Self| {
+            let mut full = dir.to_vec();
+            if !full.is_empty() {
+                full.push(b'/');
+            }
+            full.extend_from_slice(name);
+            if this.repo_marks.contains(&full) {
+                return true;
+            }
+            RelPath::new(full)
+                .is_ok_and(|p| !matches!(this.host.state(&p), HostState::Absent | HostState::Unreachable(_)))
+        };
+        let verdict = has(b"HEAD", self) && has(b"objects", self) && has(b"refs", self);
+        self.bare.insert(dir.to_vec(), verdict);
+        verdict
+    }
+}
+
+/// Where a path belongs in review.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// Inside a git directory (`git_dir` is `.git` or `sub/.git`).
+    Git {
+        git_dir: RelPath,
+    },
+    /// Under `root`, the shallowest path git ignores.
+    Ignored {
+        root: RelPath,
+    },
+    Normal,
 }
 
 /// The git directory a path is in or is: the prefix up to the first `.git`
@@ -266,26 +751,56 @@ pub fn git_dir_of(path: &RelPath) -> Option<RelPath> {
     None
 }
 
-/// Hooks and config inside a git directory (also a submodule's or a
-/// worktree's: `modules/<name>/…`, `worktrees/<name>/…`); `rest` is the
-/// path below the git directory.
+/// Rule 1 inside a git directory; `rest` is the path below it.
 fn git_internal_danger(rest: &[u8]) -> Option<Danger> {
     let parts: Vec<&[u8]> = rest.split(|&b| b == b'/').collect();
-    let n = parts.len();
-    let nested_ok = |prefix: &[&[u8]]| {
-        prefix.is_empty()
-            || ((prefix[0] == b"modules" || prefix[0] == b"worktrees")
-                && !prefix.iter().any(|p| matches!(*p, b"refs" | b"logs" | b"objects" | b"info")))
-    };
-    if n >= 2 && parts[n - 2] == b"hooks" && !parts[n - 1].ends_with(b".sample") && nested_ok(&parts[..n - 2]) {
-        return Some(Danger::GitHook);
+    if matches!(parts[0], b"modules" | b"worktrees") && parts.len() >= 3 {
+        // A submodule's or worktree's own git directory: its name may hold
+        // slashes (or be `objects`), so it ends before the last name that
+        // starts a git directory's content; `objects/info` is not one.
+        let start = (2..parts.len())
+            .rev()
+            .find(|&k| GIT_TOP.contains(&parts[k]) && !(parts[k] == b"info" && parts[k - 1] == b"objects"));
+        return match start {
+            Some(k) => git_internal_danger(&rest[parts[..k].iter().map(|p| p.len() + 1).sum::<usize>()..]),
+            None => Some(Danger::GitInternal),
+        };
     }
-    if matches!(parts[n - 1], b"config" | b"config.worktree") && nested_ok(&parts[..n - 1]) {
-        return Some(Danger::GitConfig);
+    match parts[0] {
+        b"objects" => match parts.get(1..) {
+            Some([b"info", b"alternates" | b"http-alternates"]) => Some(Danger::GitInternal),
+            _ => None,
+        },
+        b"refs" | b"logs" => None,
+        b"lfs" if matches!(parts.get(1), Some(&(b"objects" | b"tmp"))) => None,
+        b"hooks" if parts.len() == 2 && parts[1].ends_with(b".sample") => None,
+        b"hooks" => Some(Danger::GitHook),
+        b"config" | b"config.worktree" if parts.len() == 1 => Some(Danger::GitConfig),
+        name if parts.len() == 1 && GIT_HARMLESS.contains(&name) => None,
+        _ => Some(Danger::GitInternal),
     }
-    None
 }
 
+/// Where a symlink at `link` with `target` leads, as a workspace path
+/// (empty for the root), resolving `.` and `..` by name; `None` when it
+/// leaves the workspace.
+fn resolve(link: &RelPath, target: &[u8]) -> Option<Vec<u8>> {
+    if target.starts_with(b"/") {
+        return None;
+    }
+    let mut parts: Vec<&[u8]> = link.components().collect();
+    parts.pop();
+    for part in target.split(|&b| b == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop()?;
+            }
+            name => parts.push(name),
+        }
+    }
+    Some(parts.join(&b'/'))
+}
 /// Whether a change leaves a file executable that was not before.
 pub fn became_executable(entry: &Entry) -> bool {
     let was = |base: &Base| matches!(base, Base::File { mode, .. } if executable(*mode));
@@ -321,25 +836,58 @@ pub fn points_outside(path: &RelPath, target: &[u8]) -> bool {
     false
 }
 
-/// The host's `core.hooksPath`, when it lies inside the workspace.
-fn hooks_path(host: &Host, workspace: &Path) -> Option<RelPath> {
-    let config = host.read(&RelPath::new(&b".git/config"[..]).ok()?, 1 << 20).ok()??;
-    let value = git_config_value(&String::from_utf8_lossy(&config), "core", "hookspath")?;
-    let path = PathBuf::from(value);
-    let relative = if path.is_absolute() { path.strip_prefix(workspace).ok()?.to_path_buf() } else { path };
-    let text = relative.to_str()?.trim_start_matches("./").trim_end_matches('/');
-    RelPath::new(text.as_bytes()).ok()
+/// What the host's `.git/config` points at inside the workspace: the
+/// `core.hooksPath` directory, and the files it includes or runs
+/// (`include.path`, `includeIf.*.path`, a `core.fsmonitor` program).
+fn host_git_config(host: &Host, workspace: &Path) -> (Option<RelPath>, Vec<RelPath>) {
+    let Some(config) = RelPath::new(&b".git/config"[..]).ok().and_then(|c| host.read(&c, 1 << 20).ok().flatten())
+    else {
+        return (None, Vec::new());
+    };
+    let text = String::from_utf8_lossy(&config);
+    let inside = |value: &str| -> Option<PathBuf> {
+        let path = PathBuf::from(value);
+        if path.is_absolute() { path.strip_prefix(workspace).ok().map(Path::to_path_buf) } else { Some(path) }
+    };
+    let normal = |path: PathBuf, base: &[u8]| -> Option<RelPath> {
+        let text = path.to_str()?;
+        if text.starts_with('~') {
+            return None;
+        }
+        let dir = resolve(&RelPath::new(base).ok()?, text.as_bytes())?;
+        RelPath::new(dir).ok()
+    };
+    let hooks =
+        git_config_values(&text, "core", "hookspath").pop().and_then(|v| inside(&v)).and_then(|p| normal(p, AT_ROOT));
+    let mut files = Vec::new();
+    for section in ["include", "includeif"] {
+        for value in git_config_values(&text, section, "path") {
+            // Relative includes are relative to the including file.
+            let base: &[u8] = if Path::new(&value).is_absolute() { AT_ROOT } else { b".git/config" };
+            files.extend(inside(&value).and_then(|p| normal(p, base)));
+        }
+    }
+    if let Some(program) = git_config_values(&text, "core", "fsmonitor").pop()
+        && !matches!(program.to_ascii_lowercase().as_str(), "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0")
+        && let Some(first) = program.split_whitespace().next()
+    {
+        files.extend(inside(first).and_then(|p| normal(p, AT_ROOT)));
+    }
+    (hooks, files)
 }
 
-/// The last value of `section.key` in git config text (case-insensitive
-/// names, no includes, no subsections).
-fn git_config_value(text: &str, section: &str, key: &str) -> Option<String> {
+/// A top-level name: `resolve` from it is relative to the workspace root.
+const AT_ROOT: &[u8] = b"-";
+
+/// Every value of `section.key` in git config text, in order
+/// (case-insensitive names, no includes, subsections of any name).
+fn git_config_values(text: &str, section: &str, key: &str) -> Vec<String> {
     let mut current = String::new();
-    let mut found = None;
+    let mut found = Vec::new();
     for line in text.lines() {
         let line = line.trim();
         if let Some(rest) = line.strip_prefix('[') {
-            current = rest.split([']', ' ', '"']).next().unwrap_or("").to_ascii_lowercase();
+            current = rest.split([']', ' ', '"', '\t']).next().unwrap_or("").to_ascii_lowercase();
             continue;
         }
         if current != section {
@@ -349,26 +897,44 @@ fn git_config_value(text: &str, section: &str, key: &str) -> Option<String> {
             && k.trim().eq_ignore_ascii_case(key)
         {
             let v = v.split([';', '#']).next().unwrap_or("").trim().trim_matches('"');
-            found = Some(v.to_string());
+            found.push(v.to_string());
         }
     }
     found
 }
 
-/// Gitignore rules read from the host, per directory, on demand.
+/// Gitignore rules read from the host, per directory, on demand. Every
+/// directory is judged once, from its parent's verdict, so a deep path
+/// costs one lookup, not a walk of its ancestors.
 struct Ignores<'h> {
     host: &'h Host,
     /// `.gitignore` of each directory looked at (key: the directory's path
     /// bytes, empty for the root).
-    per_dir: HashMap<Vec<u8>, Option<Gitignore>>,
+    per_dir: HashMap<Vec<u8>, Option<Rc<Gitignore>>>,
+    /// Per directory: the `.gitignore` rules of it and its ancestors,
+    /// shallowest first, each with its directory's length.
+    chains: HashMap<Vec<u8>, RuleChain>,
     /// `.git/info/exclude` and the global excludes, below any `.gitignore`.
     fallback: Vec<Gitignore>,
-    /// Directories already judged.
-    dirs: HashMap<Vec<u8>, bool>,
+    /// Per directory: the length of the shallowest ignored path among it
+    /// and its ancestors.
+    dirs: HashMap<Vec<u8>, Option<usize>>,
 }
+
+/// The `.gitignore` rules that apply in a directory, shallowest first, each
+/// with the length of its directory's path.
+type RuleChain = Rc<Vec<(usize, Rc<Gitignore>)>>;
 
 /// A `.gitignore` larger than this is not read (it is surely not one).
 const MAX_IGNORE_FILE: u64 = 4 << 20;
+
+/// The directory part of a path (empty for a top-level name).
+fn parent_bytes(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(slash) => &path[..slash],
+        None => &path[..0],
+    }
+}
 
 impl<'h> Ignores<'h> {
     fn new(host: &'h Host, global: bool) -> Ignores<'h> {
@@ -385,48 +951,61 @@ impl<'h> Ignores<'h> {
                 fallback.push(matcher);
             }
         }
-        Ignores { host, per_dir: HashMap::new(), fallback, dirs: HashMap::new() }
+        Ignores { host, per_dir: HashMap::new(), chains: HashMap::new(), fallback, dirs: HashMap::new() }
     }
 
     /// The shallowest ignored path among `path` and its directories.
     fn ignored_root(&mut self, path: &RelPath, is_dir: bool) -> Option<RelPath> {
         let bytes = path.as_bytes();
-        let mut ends: Vec<usize> = bytes.iter().enumerate().filter(|(_, b)| **b == b'/').map(|(i, _)| i).collect();
-        ends.push(bytes.len());
-        let last = ends.len() - 1;
-        for (i, &end) in ends.iter().enumerate() {
-            let prefix = &bytes[..end];
-            let prefix_is_dir = i < last || is_dir;
-            let ignored = match (prefix_is_dir, self.dirs.get(prefix)) {
-                (true, Some(&known)) => known,
-                _ => {
-                    let verdict = self.judge(prefix, prefix_is_dir);
-                    if prefix_is_dir {
-                        self.dirs.insert(prefix.to_vec(), verdict);
-                    }
-                    verdict
-                }
-            };
-            if ignored {
-                return RelPath::new(prefix).ok();
-            }
+        let parent = parent_bytes(bytes);
+        let above = if parent.is_empty() { None } else { self.dir_root(parent) };
+        let end = match above {
+            Some(end) => Some(end),
+            None if is_dir => self.dir_root(bytes),
+            None => self.judge(bytes, false).then_some(bytes.len()),
+        };
+        end.and_then(|end| RelPath::new(&bytes[..end]).ok())
+    }
+
+    /// The length of the shallowest ignored path among the directory `dir`
+    /// and its ancestors. Below an ignored directory nothing is judged (and
+    /// no `.gitignore` read): git does not look there either.
+    fn dir_root(&mut self, dir: &[u8]) -> Option<usize> {
+        if let Some(&known) = self.dirs.get(dir) {
+            return known;
         }
-        None
+        let mut pending = vec![dir.len()];
+        let mut above = None;
+        let mut at = dir;
+        while let Some(slash) = at.iter().rposition(|&b| b == b'/') {
+            at = &at[..slash];
+            if let Some(&known) = self.dirs.get(at) {
+                above = known;
+                break;
+            }
+            pending.push(slash);
+        }
+        for &end in pending.iter().rev() {
+            let verdict = match above {
+                Some(root) => Some(root),
+                None => self.judge(&dir[..end], true).then_some(end),
+            };
+            self.dirs.insert(dir[..end].to_vec(), verdict);
+            above = verdict;
+        }
+        above
     }
 
     /// One path's verdict, ignoring its parents: the deepest `.gitignore`
     /// with a matching rule decides, then the fallbacks.
     fn judge(&mut self, path: &[u8], is_dir: bool) -> bool {
-        let slashes: Vec<usize> = path.iter().enumerate().filter(|(_, b)| **b == b'/').map(|(i, _)| i).collect();
-        // Deepest directory first, the root last.
-        let dirs = slashes.iter().rev().map(|&i| (&path[..i], &path[i + 1..])).chain([(&path[..0], path)]);
-        for (dir, rel) in dirs {
-            if let Some(rules) = self.rules(dir) {
-                match rules.matched(Path::new(OsStr::from_bytes(rel)), is_dir) {
-                    Match::Ignore(_) => return true,
-                    Match::Whitelist(_) => return false,
-                    Match::None => {}
-                }
+        let chain = self.chain(parent_bytes(path));
+        for (len, rules) in chain.iter().rev() {
+            let rel = if *len == 0 { path } else { &path[len + 1..] };
+            match rules.matched(Path::new(OsStr::from_bytes(rel)), is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
             }
         }
         let rel = Path::new(OsStr::from_bytes(path));
@@ -440,17 +1019,45 @@ impl<'h> Ignores<'h> {
         false
     }
 
-    fn rules(&mut self, dir: &[u8]) -> Option<&Gitignore> {
+    /// The rules of `dir` and its ancestors, shallowest first.
+    fn chain(&mut self, dir: &[u8]) -> RuleChain {
+        if let Some(chain) = self.chains.get(dir) {
+            return chain.clone();
+        }
+        let mut pending = vec![dir];
+        let mut chain = Rc::new(Vec::new());
+        let mut at = dir;
+        while !at.is_empty() {
+            let parent = parent_bytes(at);
+            if let Some(known) = self.chains.get(parent) {
+                chain = known.clone();
+                break;
+            }
+            pending.push(parent);
+            at = parent;
+        }
+        for &d in pending.iter().rev() {
+            if let Some(rules) = self.rules(d) {
+                let mut longer = (*chain).clone();
+                longer.push((d.len(), rules));
+                chain = Rc::new(longer);
+            }
+            self.chains.insert(d.to_vec(), chain.clone());
+        }
+        chain
+    }
+
+    fn rules(&mut self, dir: &[u8]) -> Option<Rc<Gitignore>> {
         if !self.per_dir.contains_key(dir) {
             let file = if dir.is_empty() {
                 RelPath::new(&b".gitignore"[..]).ok()
             } else {
                 RelPath::new(dir).ok().and_then(|d| d.join(b".gitignore").ok())
             };
-            let rules = file.and_then(|f| load(self.host, &f));
+            let rules = file.and_then(|f| load(self.host, &f)).map(Rc::new);
             self.per_dir.insert(dir.to_vec(), rules);
         }
-        self.per_dir.get(dir).and_then(Option::as_ref)
+        self.per_dir.get(dir).cloned().flatten()
     }
 }
 
@@ -471,7 +1078,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::changes::model::Sha256;
+    use crate::changes::model::{Sha256, SymlinkTarget};
 
     fn p(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()
@@ -489,6 +1096,24 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let host = Host::open(tmp.path());
         Classifier::new(&host, tmp.path(), false).danger(&file(path, 0o644))
+    }
+
+    fn link(path: &str, target: &str) -> Entry {
+        Entry { path: p(path), kind: Kind::Symlink { target: SymlinkTarget::new(target).unwrap() }, base: Base::Absent }
+    }
+
+    fn dir(path: &str) -> Entry {
+        Entry { path: p(path), kind: Kind::Dir { mode: Mode::from_raw(0o755) }, base: Base::Absent }
+    }
+
+    /// Each entry's judgement, the whole set learned first, against the
+    /// host workspace `ws`.
+    fn judge_all(ws: &Path, patterns: &[&str], entries: &[Entry]) -> Vec<Option<(Danger, Option<String>)>> {
+        let host = Host::open(ws);
+        let patterns: Vec<String> = patterns.iter().map(|s| s.to_string()).collect();
+        let mut c = Classifier::new(&host, ws, false).with_patterns(&patterns);
+        c.learn(entries.iter());
+        entries.iter().map(|e| c.judge(e).map(|(d, via)| (d, via.map(|v| v.to_string())))).collect()
     }
 
     #[test]
@@ -519,12 +1144,223 @@ mod tests {
         assert_eq!(danger_of("src/main.rs"), None);
         let tmp = tempfile::tempdir().unwrap();
         let host = Host::open(tmp.path());
-        let c = Classifier::new(&host, tmp.path(), false);
-        let dir =
-            Entry { path: p(".github/workflows"), kind: Kind::Dir { mode: Mode::from_raw(0o755) }, base: Base::Absent };
-        assert_eq!(c.danger(&dir), None, "a new directory runs nothing by itself");
+        let mut c = Classifier::new(&host, tmp.path(), false);
+        assert_eq!(c.danger(&dir(".github/workflows")), None, "a new directory runs nothing by itself");
         let gone = Entry { path: p(".envrc"), kind: Kind::Delete, base: Base::Absent };
         assert_eq!(c.danger(&gone), None);
+    }
+
+    #[test]
+    fn everything_in_git_but_its_history_is_flagged() {
+        for path in [
+            ".git/info/exclude",
+            ".git/info/attributes",
+            ".git/info/sparse-checkout",
+            ".git/commondir",
+            ".git/objects/info/alternates",
+            ".git/rebase-merge/git-rebase-todo",
+            ".git/sequencer/todo",
+            ".git/fsmonitor--daemon.ipc",
+            ".git/worktrees/wt/commondir",
+            ".git/worktrees/wt/gitdir",
+            ".git/modules/vendor/lib/info/exclude",
+            ".git/modules/a/b/commondir",
+            ".git/modules/x",
+        ] {
+            assert_eq!(danger_of(path), Some(Danger::GitInternal), "{path}");
+        }
+        assert_eq!(danger_of(".git/worktrees/wt/config.worktree"), Some(Danger::GitConfig));
+        assert_eq!(danger_of(".git/modules/objects/config"), Some(Danger::GitConfig), "a module named objects");
+        assert_eq!(danger_of(".git/modules/refs/hooks/pre-commit"), Some(Danger::GitHook), "a module named refs");
+        assert_eq!(danger_of(".git/hooks/sub/pre-commit"), Some(Danger::GitHook));
+        for path in [
+            ".git/objects/ab/cdef0123",
+            ".git/objects/pack/pack-1.pack",
+            ".git/objects/info/commit-graph",
+            ".git/refs/heads/main",
+            ".git/refs/heads/info/exclude",
+            ".git/logs/HEAD",
+            ".git/logs/refs/heads/main",
+            ".git/index",
+            ".git/HEAD",
+            ".git/packed-refs",
+            ".git/ORIG_HEAD",
+            ".git/FETCH_HEAD",
+            ".git/COMMIT_EDITMSG",
+            ".git/description",
+            ".git/lfs/objects/ab/cd/abcd",
+            ".git/modules/vendor/lib/objects/pack/pack-1.idx",
+            ".git/modules/vendor/lib/objects/info/commit-graph",
+            ".git/modules/vendor/lib/refs/heads/main",
+            ".git/modules/vendor/lib/logs/refs/heads/main",
+            ".git/modules/vendor/lib/HEAD",
+            ".git/worktrees/wt/HEAD",
+            ".git/worktrees/wt/index",
+            ".git/worktrees/wt/logs/HEAD",
+        ] {
+            assert_eq!(danger_of(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn any_symlink_in_git_is_flagged_and_what_it_makes_a_hook_too() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = [
+            link(".git/COMMIT_EDITMSG", "/home/user/.bashrc"),
+            link(".git/refs/heads/main", "../../../notes"),
+            link(".git/hooks", "../tools/git"),
+            dir("tools"),
+            dir("tools/git"),
+            file("tools/git/pre-commit", 0o755),
+            file("tools/git/README", 0o644),
+            file("tools/other", 0o755),
+            link("sub/.git", "../elsewhere"),
+        ];
+        let judged = judge_all(tmp.path(), &[], &set);
+        assert_eq!(judged[0], Some((Danger::GitSymlink, None)));
+        assert_eq!(judged[1], Some((Danger::GitSymlink, None)));
+        assert_eq!(judged[2], Some((Danger::GitSymlink, None)));
+        assert_eq!(judged[3], None);
+        assert_eq!(judged[5], Some((Danger::Reached, Some(".git/hooks/pre-commit".into()))));
+        assert_eq!(judged[6], Some((Danger::Reached, Some(".git/hooks/README".into()))), "git runs any hook name");
+        assert_eq!(judged[7], None);
+        assert_eq!(judged[8], Some((Danger::GitLink, None)));
+    }
+
+    #[test]
+    fn a_symlinked_parent_of_a_flagged_path_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = [
+            link(".cargo", "ci/cargo"),
+            file("ci/cargo/config.toml", 0o644),
+            file("ci/cargo/notes.md", 0o644),
+            link(".vscode", "editor"),
+            file("editor/tasks.json", 0o644),
+            link("web/.github", "../gh"),
+            file("gh/workflows/deploy.yml", 0o644),
+            link("docs", "src"),
+            file("src/.envrc-not", 0o644),
+        ];
+        let judged = judge_all(tmp.path(), &[], &set);
+        assert_eq!(judged[0], Some((Danger::SymlinkedLocation, None)));
+        assert_eq!(judged[1], Some((Danger::Reached, Some(".cargo/config.toml".into()))));
+        assert_eq!(judged[2], None);
+        assert_eq!(judged[3], Some((Danger::SymlinkedLocation, None)));
+        assert_eq!(judged[4], Some((Danger::Reached, Some(".vscode/tasks.json".into()))));
+        assert_eq!(judged[5], Some((Danger::SymlinkedLocation, None)));
+        assert_eq!(judged[6], Some((Danger::Reached, Some("web/.github/workflows/deploy.yml".into()))));
+        assert_eq!(judged[7], None, "an ordinary symlink is not flagged");
+        assert_eq!(judged[8], None);
+
+        // The symlink already on the host counts too.
+        fs::create_dir_all(tmp.path().join("ci/cargo")).unwrap();
+        std::os::unix::fs::symlink("ci/cargo", tmp.path().join(".cargo")).unwrap();
+        let judged = judge_all(tmp.path(), &[], &[file("ci/cargo/config.toml", 0o644)]);
+        assert_eq!(judged[0], Some((Danger::Reached, Some(".cargo/config.toml".into()))));
+        // Unless the change set replaces it.
+        let gone = Entry { path: p(".cargo"), kind: Kind::Delete, base: Base::Absent };
+        let judged = judge_all(tmp.path(), &[], &[gone, file("ci/cargo/config.toml", 0o644)]);
+        assert_eq!(judged[1], None);
+    }
+
+    #[test]
+    fn an_embedded_bare_repository_is_judged_like_a_git_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = [
+            dir("x"),
+            file("x/HEAD", 0o644),
+            file("x/config", 0o644),
+            dir("x/objects"),
+            file("x/objects/ab/cdef", 0o444),
+            dir("x/refs"),
+            file("x/refs/heads/main", 0o644),
+            file("x/hooks/post-checkout", 0o755),
+            file("x/hooks/update.sample", 0o755),
+            file("x/info/exclude", 0o644),
+            file("y/config", 0o644),
+        ];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        assert_eq!(judged[2], Some(Danger::GitConfig));
+        assert_eq!(judged[4], None);
+        assert_eq!(judged[6], None);
+        assert_eq!(judged[7], Some(Danger::GitHook));
+        assert_eq!(judged[8], None);
+        assert_eq!(judged[9], Some(Danger::GitInternal));
+        assert_eq!(judged[10], None, "not a repository: no HEAD, objects, refs");
+
+        // A bare repository already on the host.
+        for d in ["fixtures/repo.git/objects", "fixtures/repo.git/refs"] {
+            fs::create_dir_all(tmp.path().join(d)).unwrap();
+        }
+        fs::write(tmp.path().join("fixtures/repo.git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        let judged = judge_all(
+            tmp.path(),
+            &[],
+            &[file("fixtures/repo.git/hooks/pre-receive", 0o755), link("fixtures/repo.git/hooks", "/tmp/h")],
+        );
+        assert_eq!(judged[0], Some((Danger::GitHook, None)));
+        assert_eq!(judged[1], Some((Danger::GitSymlink, None)));
+    }
+
+    #[test]
+    fn the_host_configs_includes_and_fsmonitor_are_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join(".git")).unwrap();
+        let config = format!(
+            "[include]\n\tpath = ../shared.gitconfig\n[includeIf \"gitdir:~/w/\"]\n\tpath = {}/more.gitconfig\n\
+             [core]\n\tfsmonitor = tools/fsmon --fast\n",
+            tmp.path().display()
+        );
+        fs::write(tmp.path().join(".git/config"), config).unwrap();
+        let set = [file("shared.gitconfig", 0o644), file("more.gitconfig", 0o644), file("tools/fsmon", 0o755)];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        assert_eq!(judged, [Some(Danger::GitConfig); 3]);
+    }
+
+    #[test]
+    fn tool_files_and_the_users_own_patterns_are_flagged() {
+        for (path, danger) in [
+            (".bazelrc", Danger::ToolConfig),
+            (".bazelversion", Danger::ToolConfig),
+            ("sub/.bazelrc", Danger::ToolConfig),
+            ("mise.toml", Danger::Direnv),
+            ("mise.local.toml", Danger::Direnv),
+            (".mise.local.toml", Danger::Direnv),
+            ("mise.dev.toml", Danger::Direnv),
+            (".config/mise.toml", Danger::Direnv),
+            (".config/mise/config.toml", Danger::Direnv),
+            (".mise/tasks/build", Danger::Direnv),
+            (".tool-versions", Danger::Direnv),
+            (".envrc.local", Danger::Direnv),
+            ("lefthook.yml", Danger::PreCommit),
+            ("app.code-workspace", Danger::Editor),
+            (".cursor/mcp.json", Danger::AgentConfig),
+        ] {
+            assert_eq!(danger_of(path), Some(danger), "{path}");
+        }
+        assert_eq!(danger_of(".config/other.toml"), None);
+        assert_eq!(danger_of("mise.rs"), None);
+
+        let tmp = tempfile::tempdir().unwrap();
+        let set = [file("tools/release.sh", 0o755), file("src/tools/x.sh", 0o755), file("Makefile.local", 0o644)];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &["tools/*.sh", "Makefile.*"], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        assert_eq!(judged, [Some(Danger::UserListed), None, Some(Danger::UserListed)]);
+        assert!(check_pattern("!keep").is_err() && check_pattern("  ").is_err() && check_pattern("a/**").is_ok());
+    }
+
+    #[test]
+    fn built_in_patterns_see_at_most_the_last_names() {
+        for (pattern, _) in FLAGGED {
+            let names = pattern.trim_end_matches('/').split('/').filter(|n| *n != "**").count();
+            let floating = !pattern.trim_end_matches('/').contains('/') || pattern.starts_with("**/");
+            assert!(floating && names <= BUILTIN_DEPTH, "{pattern} would need the whole path");
+        }
+        assert_eq!(tail(b"a/b/c/d/e"), b"c/d/e");
+        assert_eq!(tail(b"d/e"), b"d/e");
+        assert_eq!(danger_of(&format!("{}.github/workflows/ci.yml", "x/".repeat(1000))), Some(Danger::Ci));
     }
 
     #[test]
@@ -545,7 +1381,7 @@ mod tests {
         fs::create_dir_all(tmp.path().join(".git")).unwrap();
         fs::write(tmp.path().join(".git/config"), "[core]\n\tbare = false\n\thooksPath = tools/hooks\n").unwrap();
         let host = Host::open(tmp.path());
-        let c = Classifier::new(&host, tmp.path(), false);
+        let mut c = Classifier::new(&host, tmp.path(), false);
         assert_eq!(c.danger(&file("tools/hooks/pre-commit", 0o755)), Some(Danger::GitHook));
         assert_eq!(c.danger(&file("tools/other", 0o755)), None);
     }
@@ -619,7 +1455,7 @@ mod tests {
     #[test]
     fn reads_core_hooks_path() {
         let text = "[user]\n name = x\n[core]\n  HooksPath = \".githooks\" ; comment\n";
-        assert_eq!(git_config_value(text, "core", "hookspath").as_deref(), Some(".githooks"));
-        assert_eq!(git_config_value("[core]\n", "core", "hookspath"), None);
+        assert_eq!(git_config_values(text, "core", "hookspath"), [".githooks"]);
+        assert!(git_config_values("[core]\n", "core", "hookspath").is_empty());
     }
 }

@@ -76,6 +76,7 @@ fn item(item: &Item) -> Value {
         "kind": item.entry.kind.word(),
         "place": place,
         "runs_code": item.danger.map(|d| d.explain()),
+        "runs_code_as": item.via.as_ref().map(|v| v.escaped()),
         "now_executable": item.now_executable,
         "symlink_target": target,
         "symlink_outside_workspace": item.outside_link,

@@ -43,6 +43,7 @@ use super::selection::Selection;
 use super::store::{Counts, Store, StoredEntry};
 use crate::progress::{Meter, Progress};
 
+pub use classify::{FLAGGED, check_pattern};
 pub use diff::Format;
 pub use host::Host;
 pub use pager::{Pager, Target};
@@ -54,13 +55,24 @@ pub use style::{ColorChoice, Painter, Role};
 pub use summary::{RenderOptions, Summary, SummaryOptions, plural};
 pub use view::View;
 
+/// What the user said about files that run code by themselves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CodeChoice {
+    /// `--include-code`: "apply all" applies them too. Without it they are
+    /// held back, staged, and the review says how to apply them.
+    pub include_code: bool,
+    /// The user's own patterns of such files (`runs_code` in the config).
+    pub runs_code: Vec<String>,
+}
+
 /// `--apply` on `stockade run`: what to do with the guest's changes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ApplyMode {
     /// Show a summary and ask (only on a terminal; otherwise keep them staged).
     #[default]
     Ask,
-    /// Apply every change that does not conflict with the host.
+    /// Apply every change that does not conflict with the host, except
+    /// files that run code by themselves (unless `--include-code`).
     All,
     /// Apply nothing; keep the changes staged for `stockade apply`.
     None,
@@ -96,6 +108,8 @@ pub struct ReviewOutcome {
     pub staged: usize,
     /// Chosen entries not applied: conflicts, refusals, failures.
     pub not_applied: usize,
+    /// Files that run code, held back from "apply all" (still staged).
+    pub held_back: usize,
 }
 
 /// Where the review talks: output, answers (none: never ask), colour,
@@ -122,6 +136,7 @@ pub fn after_run(
     session_id: &str,
     mode: ApplyMode,
     color: ColorChoice,
+    code: &CodeChoice,
 ) -> Result<ReviewOutcome, ReviewError> {
     let interactive = io::stdin().is_terminal() && io::stderr().is_terminal();
     let mut keys = match (interactive, mode) {
@@ -143,20 +158,23 @@ pub fn after_run(
         pager: if interactive { Pager::from_env(Target::Stderr) } else { Pager::Off },
         progress: &mut meter,
     };
-    review(store, workspace, session_id, mode, &mut console, &SummaryOptions::default())
+    let options = SummaryOptions { runs_code: code.runs_code.clone(), ..SummaryOptions::default() };
+    review(store, workspace, session_id, mode, code.include_code, &mut console, &options)
 }
 
 /// `after_run` with its console and summary options given (tests script
-/// the answers here).
+/// the answers here). `include_code`: "apply all" includes the files that
+/// run code by themselves.
 pub fn review(
     store: &Store,
     workspace: &Path,
     session_id: &str,
     mode: ApplyMode,
+    include_code: bool,
     console: &mut Console<'_>,
     options: &SummaryOptions,
 ) -> Result<ReviewOutcome, ReviewError> {
-    let none = ReviewOutcome { decision: Decision::NoChanges, applied: 0, staged: 0, not_applied: 0 };
+    let none = ReviewOutcome { decision: Decision::NoChanges, applied: 0, staged: 0, not_applied: 0, held_back: 0 };
     if !store.is_staged() {
         return Ok(none);
     }
@@ -202,24 +220,84 @@ pub fn review(
         }
     };
 
+    let hold = match &choice {
+        Choice::AllButCode => true,
+        Choice::All => mode == ApplyMode::All && !include_code,
+        _ => false,
+    };
     let selection = match choice {
         Choice::Keep => {
             write_hint(console.out, p, session_id)?;
-            return Ok(ReviewOutcome { decision: Decision::KeptStaged, applied: 0, staged, not_applied: 0 });
+            return Ok(ReviewOutcome {
+                decision: Decision::KeptStaged,
+                applied: 0,
+                staged,
+                not_applied: 0,
+                held_back: 0,
+            });
         }
         Choice::All => Selection::all(),
+        Choice::AllButCode => Selection::all(),
         Choice::Paths(paths) => Selection::exact(paths),
     };
+    // Files that run code go only where the user said so: by name, by
+    // `--include-code`, or by answering yes to them.
+    let held: Vec<(RelPath, &'static str)> = if hold {
+        summary
+            .items
+            .iter()
+            .filter(|i| !i.implied)
+            .filter_map(|i| i.danger.map(|d| (i.path().clone(), d.explain())))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let selection = selection.except(held.iter().map(|(path, _)| path.clone()));
     let implied = implied_dirs(store)?;
     let options = ApplyOptions { selection, force: Selection::none() };
     let report = apply_with_progress(store, workspace, &options, console.progress)?;
     write_apply_report(console.out, p, &report, &implied, session_id, workspace)?;
+    write_held_back(console.out, p, &held, session_id)?;
     let left = change_counts(store)?.staged;
     if left > 0 {
         writeln!(console.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
         write_hint(console.out, p, session_id)?;
     }
-    Ok(outcome(&report, &implied, left))
+    Ok(ReviewOutcome { held_back: held.len(), ..outcome(&report, &implied, left) })
+}
+
+/// The files that run code held back from an "apply all", each with what
+/// it does, and the commands that apply them.
+pub fn write_held_back(
+    out: &mut dyn Write,
+    p: Painter,
+    held: &[(RelPath, &'static str)],
+    session_id: &str,
+) -> io::Result<()> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let heading = format!(
+        "held back {} that {} code by {} (still staged):",
+        plural(held.len(), "file", "files"),
+        if held.len() == 1 { "runs" } else { "run" },
+        if held.len() == 1 { "itself" } else { "themselves" }
+    );
+    writeln!(out, "stockade: {}", p.paint(style::Role::Danger, heading))?;
+    for (path, why) in held {
+        writeln!(out, "  {path}: {why}")?;
+    }
+    writeln!(
+        out,
+        "stockade: review them with `stockade diff {session_id} PATH`, then apply them all with \
+         `{}` or one by one with `stockade apply {session_id} PATH`",
+        p.paint(style::Role::Heading, include_code_command(session_id))
+    )
+}
+
+/// The command that applies everything staged, held-back files included.
+pub fn include_code_command(session_id: &str) -> String {
+    format!("stockade apply {session_id} --include-code")
 }
 
 /// Staged entries in `selection` that run code by themselves, each with
@@ -228,13 +306,17 @@ pub fn sensitive_paths(
     store: &Store,
     workspace: &Path,
     selection: &Selection,
+    runs_code: &[String],
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
     let host = Host::open(workspace);
-    let classifier = classify::Classifier::new(&host, workspace, false);
-    Ok(store
-        .entries()?
+    let mut classifier = classify::Classifier::new(&host, workspace, false).with_patterns(runs_code);
+    let staged: Vec<StoredEntry> = store.entries()?.into_iter().filter(|e| e.state == EntryState::Staged).collect();
+    // The whole staged set informs the judgement (a symlink elsewhere may
+    // make a selected file a hook).
+    classifier.learn(staged.iter().map(|e| &e.entry));
+    Ok(staged
         .into_iter()
-        .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
+        .filter(|e| selection.matches(&e.entry.path))
         .filter_map(|e| classifier.danger(&e.entry).map(|d| (e.entry.path, d.explain())))
         .collect())
 }
@@ -288,7 +370,7 @@ fn outcome(report: &ApplyReport, implied: &HashSet<RelPath>, staged: usize) -> R
         (_, 0) => Decision::AppliedAll,
         _ => Decision::AppliedSome,
     };
-    ReviewOutcome { decision, applied, staged, not_applied: report.skipped() }
+    ReviewOutcome { decision, applied, staged, not_applied: report.skipped(), held_back: 0 }
 }
 
 #[cfg(test)]

@@ -116,6 +116,8 @@ impl Drop for KeyAnswers {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
     All,
+    /// Everything but the files that run code by themselves.
+    AllButCode,
     /// Nothing now; everything stays staged.
     Keep,
     /// Exactly these entries.
@@ -158,18 +160,49 @@ impl Prompt<'_> {
         loop {
             match answers.ask(out, &question)? {
                 None => return Ok(self.keep(out, "end of input")),
-                Some('a') => return Ok(Choice::All),
+                Some('a') => return self.all(out, answers),
                 Some('n') | Some('q') => return Ok(Choice::Keep),
                 Some('c') => return self.choose(out, answers, show),
                 Some('d') => show(Show::All, out)?,
                 Some('?') => writeln!(
                     out,
-                    "  a: apply every change (conflicting ones are kept staged and listed)\n  \
+                    "  a: apply every change (conflicting ones are kept staged and listed;\n     \
+                     files that run code by themselves are asked about once more)\n  \
                      n, q: apply nothing now; the changes stay staged for `stockade apply`\n  \
                      c: choose directory by directory, or file by file\n  \
                      d: show the whole diff in the pager"
                 )?,
                 Some(_) => writeln!(out, "  please answer a, n, c, d or q (? explains)")?,
+            }
+        }
+    }
+
+    /// "All", with the files that run code confirmed on their own: an
+    /// answer typed ahead must not apply a hook by the way.
+    fn all(&self, out: &mut dyn Write, answers: &mut dyn Answers) -> io::Result<Choice> {
+        let flagged = self.summary.items.iter().filter(|i| !i.implied && i.danger.is_some()).count();
+        if flagged == 0 {
+            return Ok(Choice::All);
+        }
+        let question = format!(
+            "  {} [y]es, [n]o (keep {} staged), [q]uit",
+            self.painter.paint(
+                Role::Danger,
+                format!(
+                    "Also apply the {} listed above that {} code by {}?",
+                    plural(flagged, "file", "files"),
+                    if flagged == 1 { "runs" } else { "run" },
+                    if flagged == 1 { "itself" } else { "themselves" }
+                )
+            ),
+            if flagged == 1 { "it" } else { "them" }
+        );
+        loop {
+            match answers.ask(out, &question)? {
+                Some('y') => return Ok(Choice::All),
+                Some('n') => return Ok(Choice::AllButCode),
+                None | Some('q') => return Ok(self.keep(out, "quit")),
+                Some(_) => writeln!(out, "  please answer y, n or q")?,
             }
         }
     }
@@ -331,7 +364,10 @@ impl Prompt<'_> {
             }
             GroupKey::Danger(i) => {
                 let item = &self.summary.items[*i];
-                let why = item.danger.map(|d| d.explain()).unwrap_or_default();
+                let mut why = item.danger.map(|d| d.explain()).unwrap_or_default().to_string();
+                if let Some(via) = &item.via {
+                    why.push_str(&format!(", as {via}"));
+                }
                 format!(
                     "{} {} {}  {}{lines}{conflicts}",
                     p.paint(Role::Danger, "!"),

