@@ -435,7 +435,7 @@ mod tests {
         session(&f, ID, |_, _| {});
         let mut run = finished(&f, 0, None);
         run.tampering = vec!["a second change set with this run's token was refused".into()];
-        let summary = RunSummary::of(&[], &Ok(run.clone()), Duration::ZERO);
+        let summary = RunSummary::of(&[], &Ok(run.clone()), Duration::ZERO, &Review::default());
         assert_eq!((summary.status, summary.exit_code), (Status::Error, 125));
         assert_eq!(exit_code(&run), 125);
         let json = serde_json::to_value(&summary).unwrap();
@@ -447,7 +447,7 @@ mod tests {
         let clean = finished(&f, 0, None);
         assert_eq!(exit_code(&clean), 0);
         assert_eq!(
-            serde_json::to_value(RunSummary::of(&[], &Ok(clean), Duration::ZERO)).unwrap()["tampering"],
+            serde_json::to_value(RunSummary::of(&[], &Ok(clean), Duration::ZERO, &Review::default())).unwrap()["tampering"],
             serde_json::json!([])
         );
     }

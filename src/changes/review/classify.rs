@@ -608,18 +608,7 @@ impl<'h> Classifier<'h> {
         if let Some(&known) = self.dir_verdicts.get(dir) {
             return known;
         }
-        // The directories not judged yet, nearest first, up to a known one.
-        let mut pending = vec![dir.len()];
-        let mut above = None;
-        let mut at = dir;
-        while let Some(slash) = at.iter().rposition(|&b| b == b'/') {
-            at = &at[..slash];
-            if let Some(&known) = self.dir_verdicts.get(at) {
-                above = known;
-                break;
-            }
-            pending.push(slash);
-        }
+        let (pending, mut above) = unjudged(dir, &self.dir_verdicts);
         for &end in pending.iter().rev() {
             let d = &dir[..end];
             let own = builtin().matched(d, true).or_else(|| self.user.as_ref().and_then(|u| u.matched(d, true)));
@@ -974,17 +963,7 @@ impl<'h> Ignores<'h> {
         if let Some(&known) = self.dirs.get(dir) {
             return known;
         }
-        let mut pending = vec![dir.len()];
-        let mut above = None;
-        let mut at = dir;
-        while let Some(slash) = at.iter().rposition(|&b| b == b'/') {
-            at = &at[..slash];
-            if let Some(&known) = self.dirs.get(at) {
-                above = known;
-                break;
-            }
-            pending.push(slash);
-        }
+        let (pending, mut above) = unjudged(dir, &self.dirs);
         for &end in pending.iter().rev() {
             let verdict = match above {
                 Some(root) => Some(root),
@@ -1071,6 +1050,23 @@ fn load(host: &Host, file: &RelPath) -> Option<Gitignore> {
         }
     }
     builder.build().ok().filter(|g| !g.is_empty())
+}
+
+/// For a directory not judged yet: the lengths of it and of its ancestors
+/// not in `known`, nearest first, and the verdict of the nearest ancestor
+/// that is (the default when none is). Judging them from the far end keeps
+/// each directory judged once, so a deep path costs no walk.
+fn unjudged<V: Copy + Default>(dir: &[u8], known: &HashMap<Vec<u8>, V>) -> (Vec<usize>, V) {
+    let mut pending = vec![dir.len()];
+    let mut at = dir;
+    while let Some(slash) = at.iter().rposition(|&b| b == b'/') {
+        at = &at[..slash];
+        if let Some(&verdict) = known.get(at) {
+            return (pending, verdict);
+        }
+        pending.push(slash);
+    }
+    (pending, V::default())
 }
 
 #[cfg(test)]
