@@ -231,8 +231,9 @@ const GIT_HARMLESS: &[&[u8]] = &[
     b"shallow",
 ];
 
-/// Top-level names of a git directory, where a submodule's or worktree's
-/// own git directory may start.
+/// Top-level names of a git directory besides its history files
+/// (`GIT_HARMLESS`), where a submodule's or worktree's own git directory
+/// may start.
 const GIT_TOP: &[&[u8]] = &[
     b"objects",
     b"refs",
@@ -246,22 +247,12 @@ const GIT_TOP: &[&[u8]] = &[
     b"modules",
     b"worktrees",
     b"lfs",
-    b"index",
-    b"HEAD",
-    b"packed-refs",
-    b"ORIG_HEAD",
-    b"FETCH_HEAD",
-    b"MERGE_HEAD",
-    b"CHERRY_PICK_HEAD",
-    b"REVERT_HEAD",
-    b"AUTO_MERGE",
-    b"COMMIT_EDITMSG",
-    b"MERGE_MSG",
-    b"MERGE_MODE",
-    b"SQUASH_MSG",
-    b"description",
-    b"shallow",
 ];
+
+/// Whether `name` is one git keeps at the top of a git directory.
+fn git_top(name: &[u8]) -> bool {
+    GIT_TOP.contains(&name) || GIT_HARMLESS.contains(&name)
+}
 
 /// Places below the root where the host's symlinks are looked for too.
 const HOST_PROBES: &[&[u8]] = &[
@@ -670,7 +661,7 @@ impl<'h> Classifier<'h> {
         // The repository is the parent (`x/config`) or the grandparent
         // (`x/hooks/pre-commit`, `x/info/exclude`, `x/objects/info`).
         let mut candidates: Vec<(usize, &[u8])> = Vec::new();
-        if GIT_TOP.contains(&parts[n - 1]) {
+        if git_top(parts[n - 1]) {
             let end = bytes.len() - parts[n - 1].len();
             candidates.push((end, &bytes[end..]));
         }
@@ -747,9 +738,8 @@ fn git_internal_danger(rest: &[u8]) -> Option<Danger> {
         // A submodule's or worktree's own git directory: its name may hold
         // slashes (or be `objects`), so it ends before the last name that
         // starts a git directory's content; `objects/info` is not one.
-        let start = (2..parts.len())
-            .rev()
-            .find(|&k| GIT_TOP.contains(&parts[k]) && !(parts[k] == b"info" && parts[k - 1] == b"objects"));
+        let start =
+            (2..parts.len()).rev().find(|&k| git_top(parts[k]) && !(parts[k] == b"info" && parts[k - 1] == b"objects"));
         return match start {
             Some(k) => git_internal_danger(&rest[parts[..k].iter().map(|p| p.len() + 1).sum::<usize>()..]),
             None => Some(Danger::GitInternal),
