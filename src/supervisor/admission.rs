@@ -4,10 +4,13 @@
 //! Control: the first connection is PID 1's (no other guest process exists
 //! yet); every later one is refused and reported. Stdin and changes: a
 //! connection must start with this boot's token; one that does not is
-//! refused and reported before anything it sends is used. The first with
-//! the token is the init's; a second one (only a guest that can read PID
-//! 1's memory has the token) is refused and reported, never used. The VMM
-//! has already refused every connection from an unprivileged guest port.
+//! refused and reported before anything it sends is used. Only a guest that
+//! can read PID 1's memory has the token, so a second connection with it is
+//! reported. On stdin the first is the init's and later ones are never
+//! used; on the change port any of them may be the init's (guest root may
+//! have got in first), so each is handed on and the init's own report of
+//! what it sent decides (see `staging`). The VMM has already refused every
+//! connection from an unprivileged guest port.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -86,13 +89,15 @@ impl Channel {
         }
     }
 
-    fn second(self) -> &'static str {
+    /// What to report of every token-bearing connection after the first.
+    pub fn second(self) -> &'static str {
         match self {
             Channel::Stdin => {
                 "a second stdin connection with this run's token was refused (only guest root can forge one)"
             }
             Channel::Changes => {
-                "a second change set with this run's token was refused and not staged (only guest root can forge one)"
+                "a second change connection with this run's token arrived (only guest root can forge one); \
+                 only the change set the guest init says it sent is staged"
             }
         }
     }
@@ -173,7 +178,29 @@ pub fn admit_first(
     tampering: Tampering,
     first: impl FnOnce(UnixStream) + Send + 'static,
 ) -> anyhow::Result<Listening> {
-    let first = Arc::new(Mutex::new(Some(first)));
+    let first = Mutex::new(Some(first));
+    let reports = tampering.clone();
+    admit_each(listener, channel, token, tampering, move |stream, nth| {
+        let taker = if nth == 0 { first.lock().unwrap_or_else(|p| p.into_inner()).take() } else { None };
+        match taker {
+            Some(take) => take(stream),
+            None => reports.report(channel.second()),
+        }
+    })
+}
+
+/// Hands every connection on `listener` that presents `token` to `take`,
+/// with its place among them (0 for the first); refuses and reports the
+/// ones that do not.
+pub fn admit_each(
+    listener: UnixListener,
+    channel: Channel,
+    token: Token,
+    tampering: Tampering,
+    take: impl Fn(UnixStream, usize) + Send + Sync + 'static,
+) -> anyhow::Result<Listening> {
+    let take = Arc::new(take);
+    let admitted = Arc::new(AtomicUsize::new(0));
     let checking = Arc::new(AtomicUsize::new(0));
     let name = format!("{}-admit", channel.name());
     accept_loop(listener, &name, move |stream| {
@@ -185,9 +212,12 @@ pub fn admit_first(
             ));
             return;
         }
-        let (first, checking, token, tampering) = (first.clone(), checking.clone(), token.clone(), tampering.clone());
+        let (take, admitted, checking, token, tampering) =
+            (take.clone(), admitted.clone(), checking.clone(), token.clone(), tampering.clone());
         let checked = std::thread::Builder::new().name("token-check".into()).spawn(move || {
-            check(stream, channel, &token, &tampering, &first);
+            if let Some(stream) = check(stream, channel, &token, &tampering) {
+                take(stream, admitted.fetch_add(1, Ordering::SeqCst));
+            }
             checking.fetch_sub(1, Ordering::SeqCst);
         });
         if checked.is_err() {
@@ -196,34 +226,27 @@ pub fn admit_first(
     })
 }
 
-fn check<F: FnOnce(UnixStream)>(
-    mut stream: UnixStream,
-    channel: Channel,
-    token: &Token,
-    tampering: &Tampering,
-    first: &Mutex<Option<F>>,
-) {
+/// The connection, if it starts with the token; reported if it does not.
+fn check(mut stream: UnixStream, channel: Channel, token: &Token, tampering: &Tampering) -> Option<UnixStream> {
     let presented = stream.set_read_timeout(Some(TOKEN_WAIT)).and_then(|()| token.check(&mut stream));
     match presented {
-        Ok(true) => {
-            if stream.set_read_timeout(None).is_err() {
-                return;
-            }
-            let taker = first.lock().unwrap_or_else(|p| p.into_inner()).take();
-            match taker {
-                Some(take) => take(stream),
-                None => tampering.report(channel.second()),
-            }
+        Ok(true) => stream.set_read_timeout(None).is_ok().then_some(stream),
+        Ok(false) => {
+            tampering.report(format!(
+                "a connection to the {} port without this run's token was refused: it did not come from the guest \
+                 init",
+                channel.name()
+            ));
+            None
         }
-        Ok(false) => tampering.report(format!(
-            "a connection to the {} port without this run's token was refused: it did not come from the guest init",
-            channel.name()
-        )),
-        Err(_) => tampering.report(format!(
-            "a connection to the {} port that never presented this run's token was refused: it did not come \
-             from the guest init",
-            channel.name()
-        )),
+        Err(_) => {
+            tampering.report(format!(
+                "a connection to the {} port that never presented this run's token was refused: it did not come \
+                 from the guest init",
+                channel.name()
+            ));
+            None
+        }
     }
 }
 

@@ -3,17 +3,25 @@
 //! (What the guest saw of the workspace, for conflicts, the VMM records as it
 //! serves the guest's lookups: see `changes::Seen`.)
 //!
-//! Only the init's change set is staged (see `protocol::auth`): the first
-//! change connection that starts with this boot's token is staged as it
-//! streams, but through a [`DigestGate`] that withholds the stream's last
-//! byte until the init has said on the control connection what it sent. A
-//! stream that differs from that, or that the init never vouches for, never
-//! completes: the store commits nothing, and the run reports it.
+//! Only the init's change set is staged (see `protocol::auth`). Every change
+//! connection must start with this boot's token; only the init and a guest
+//! root that read PID 1's memory have it. The first such connection is
+//! staged as it streams, through a [`DigestGate`] that withholds the
+//! stream's last byte until the init has said on the control connection
+//! what it sent: a stream that differs, or that the init never vouches for,
+//! never completes, and the store commits nothing. Any later token-bearing
+//! connection is reported and spooled to an unnamed file beside the store
+//! (a forger may have got in first, with the init's stream second); if the
+//! first does not match, the spooled one that does is staged. So a forged
+//! stream is never staged and never makes the init's changes vanish; the
+//! spooling costs only a run whose guest forged a connection.
 
-use std::io::{self, Read};
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,6 +38,16 @@ const ARRIVAL_WAIT: Duration = Duration::from_secs(60);
 /// After the init reports its export, how long the rest of its stream may
 /// go silent: it has sent everything, so only a forged stream stalls.
 const STALL_WAIT: Duration = Duration::from_secs(60);
+/// Once the first change connection proved not to be the init's, how long
+/// another may take to show up. The init connects and presents its token
+/// before it exports, and reports only after, so its connection is already
+/// being checked when the verdict comes.
+const LATE_WAIT: Duration = Duration::from_secs(5);
+/// Token-bearing change connections spooled besides the first; further
+/// ones are refused unread. Each is bounded by the disk margin.
+const MAX_SPOOLED: usize = 4;
+/// How often (in bytes) spooling looks at the free space again.
+const SPOOL_SPACE_EVERY: u64 = 8 << 20;
 
 /// What the init said about its export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,10 +56,26 @@ pub enum Verdict {
     Failed,
 }
 
-/// The staging of the admitted change connection.
-struct Job {
-    handle: JoinHandle<anyhow::Result<StageReport>>,
-    stream: UnixStream,
+/// A token-bearing change connection, being staged or spooled.
+enum Job {
+    /// The first: staged as it streams; `vouched` is set once its digest
+    /// matched the init's.
+    Live { handle: JoinHandle<anyhow::Result<StageReport>>, stream: UnixStream, vouched: Arc<AtomicBool> },
+    /// A later one: kept in an unnamed file until the verdict.
+    Spooled { handle: JoinHandle<io::Result<(File, StreamDigest)>>, stream: UnixStream },
+}
+
+impl Job {
+    fn stream(&self) -> &UnixStream {
+        match self {
+            Job::Live { stream, .. } | Job::Spooled { stream, .. } => stream,
+        }
+    }
+
+    /// Ends the connection, so its thread stops at its next read.
+    fn stop(&self) {
+        let _ = self.stream().shutdown(std::net::Shutdown::Both);
+    }
 }
 
 /// Receives the guest's change set in the background.
@@ -49,6 +83,7 @@ pub struct Receiver {
     started: mpsc::Receiver<Job>,
     verdict: mpsc::Sender<Verdict>,
     path: PathBuf,
+    store: Store,
     _listening: Listening,
 }
 
@@ -61,24 +96,103 @@ pub fn receive(
     token: Token,
     tampering: Tampering,
 ) -> anyhow::Result<Receiver> {
-    let store = store.clone();
     let (verdict, verdict_rx) = mpsc::channel();
     let (started_tx, started) = mpsc::channel();
-    let gate_tampering = tampering.clone();
-    let listening = admission::admit_first(listener, Channel::Changes, token, tampering, move |stream| {
+    let verdict_rx = Mutex::new(Some(verdict_rx));
+    let started_tx = Mutex::new(started_tx);
+    let reports = tampering.clone();
+    let staging = store.clone();
+    let listening = admission::admit_each(listener, Channel::Changes, token, tampering, move |stream, nth| {
         let Ok(watch) = stream.try_clone() else {
-            return tracing::warn!("cannot duplicate the change stream; it was not staged");
+            return tracing::warn!("cannot duplicate a change connection; it was not received");
         };
-        let gate = DigestGate::new(stream, verdict_rx, gate_tampering);
-        let handle = std::thread::Builder::new().name("changes".into()).spawn(move || stage(gate, &store));
-        match handle {
-            Ok(handle) => {
-                let _ = started_tx.send(Job { handle, stream: watch });
+        let job = if nth == 0 {
+            let Some(verdict_rx) = verdict_rx.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
+            let gate = DigestGate::new(stream, verdict_rx, reports.clone());
+            let vouched = gate.vouched.clone();
+            let store = staging.clone();
+            std::thread::Builder::new()
+                .name("changes".into())
+                .spawn(move || stage(gate, &store))
+                .map(|handle| Job::Live { handle, stream: watch, vouched })
+        } else {
+            reports.report(Channel::Changes.second());
+            if nth > MAX_SPOOLED {
+                reports.report(format!(
+                    "more than {} change connections with this run's token arrived; the rest were refused unread",
+                    MAX_SPOOLED + 1
+                ));
+                return;
             }
-            Err(e) => tracing::warn!("cannot start staging the change set: {e}"),
+            let dir = staging.dir().to_path_buf();
+            std::thread::Builder::new()
+                .name("changes-spool".into())
+                .spawn(move || spool(stream, &dir))
+                .map(|handle| Job::Spooled { handle, stream: watch })
+        };
+        match job {
+            Ok(job) => {
+                let _ = started_tx.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+            }
+            Err(e) => tracing::warn!("cannot start receiving a change connection: {e}"),
         }
     })?;
-    Ok(Receiver { started, verdict, path, _listening: listening })
+    Ok(Receiver { started, verdict, path, store: store.clone(), _listening: listening })
+}
+
+/// A file in `dir` that no name points to, so it goes with its last
+/// descriptor: O_TMPFILE, or create and unlink where the filesystem lacks it.
+fn unnamed_file(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).mode(0o600);
+    match options.clone().custom_flags(libc::O_TMPFILE).open(dir) {
+        Ok(file) => Ok(file),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::EISDIR) => {
+            let path = dir.join(format!("spool.{}.{:?}", std::process::id(), std::thread::current().id()));
+            let file = options.create_new(true).open(&path)?;
+            std::fs::remove_file(&path)?;
+            Ok(file)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn join_live(handle: JoinHandle<anyhow::Result<StageReport>>) -> anyhow::Result<StageReport> {
+    let staged = handle.join().map_err(|_| anyhow!("staging the workspace changes failed"))?;
+    staged.context("the guest's workspace changes were not staged")
+}
+
+/// Copies a change connection into an unnamed file in `dir`, hashing it,
+/// and stops before the disk margin as staging does.
+fn spool(mut stream: UnixStream, dir: &Path) -> io::Result<(File, StreamDigest)> {
+    let mut file = unnamed_file(dir)?;
+    let (_, total) = crate::host::space::filesystem(dir)?;
+    let margin = crate::host::space::staging_margin(total);
+    let mut hasher = StreamHasher::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut unchecked = SPOOL_SPACE_EVERY;
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if unchecked >= SPOOL_SPACE_EVERY {
+            unchecked = 0;
+            let (available, _) = crate::host::space::filesystem(dir)?;
+            if available < margin {
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "a spooled change connection reached the free-space margin",
+                ));
+            }
+        }
+        unchecked += n as u64;
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n])?;
+    }
+    file.rewind()?;
+    Ok((file, hasher.finish()))
 }
 
 fn stage(input: impl Read, store: &Store) -> anyhow::Result<StageReport> {
@@ -114,28 +228,110 @@ impl<R: Read> Read for Counted<R> {
 }
 
 impl Receiver {
-    /// The init has sent `stream`: waits for staging to finish, which
-    /// commits only if what arrived is exactly that.
+    /// The init has sent `stream`: stages the change connection that is
+    /// exactly that, and only it.
     pub fn finish(self, stream: StreamDigest) -> anyhow::Result<StageReport> {
         let _ = self.verdict.send(Verdict::Sent(stream));
-        let job = self.started.recv_timeout(ARRIVAL_WAIT).map_err(|_| {
-            anyhow!(
-                "the guest init reported sending its changes ({} bytes), but no change connection from it \
-                 arrived",
-                stream.bytes
-            )
-        });
+        let result = self.decide(stream);
         let _ = std::fs::remove_file(&self.path);
-        let job = job?;
-        let _ = job.stream.set_read_timeout(Some(STALL_WAIT));
-        let result = job.handle.join().map_err(|_| anyhow!("staging the workspace changes failed"))?;
-        result.context("the guest's workspace changes were not staged")
+        result
+    }
+
+    /// Watches the token-bearing connections until one is known to be the
+    /// init's: the first, once its digest matched, or a spooled one whose
+    /// digest matches (then the first is stopped). A forger that stalls its
+    /// connection holds nothing up once the init's is in.
+    fn decide(&self, sent: StreamDigest) -> anyhow::Result<StageReport> {
+        let mut arrival = Instant::now() + ARRIVAL_WAIT;
+        let mut live: Option<Job> = None;
+        let mut spooled: Vec<Job> = Vec::new();
+        let mut failed: Option<anyhow::Error> = None;
+        loop {
+            for job in self.started.try_iter() {
+                let _ = job.stream().set_read_timeout(Some(STALL_WAIT));
+                match job {
+                    Job::Live { .. } => live = Some(job),
+                    Job::Spooled { .. } => spooled.push(job),
+                }
+            }
+            if let Some(Job::Live { handle, stream, vouched }) = live.take() {
+                if handle.is_finished() {
+                    match join_live(handle) {
+                        Ok(report) => return self.stopping(spooled, Ok(report)),
+                        Err(e) if vouched.load(Ordering::SeqCst) => return self.stopping(spooled, Err(e)),
+                        // Not the init's: a spooled one may be.
+                        Err(e) => {
+                            failed = Some(e);
+                            arrival = Instant::now() + LATE_WAIT;
+                        }
+                    }
+                } else {
+                    live = Some(Job::Live { handle, stream, vouched });
+                }
+            }
+            let mut waiting = Vec::new();
+            let mut pending = std::mem::take(&mut spooled).into_iter();
+            while let Some(job) = pending.next() {
+                let Job::Spooled { handle, stream } = job else { continue };
+                if !handle.is_finished() {
+                    waiting.push(Job::Spooled { handle, stream });
+                    continue;
+                }
+                match handle.join() {
+                    Ok(Ok((file, got))) if got == sent => {
+                        let rest = waiting.into_iter().chain(pending).collect();
+                        return self.stage_spooled(file, live, rest);
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!("a spooled change connection could not be kept: {e}"),
+                    Err(_) => tracing::warn!("spooling a change connection failed"),
+                }
+            }
+            spooled = waiting;
+            if live.is_none() && spooled.is_empty() && Instant::now() >= arrival {
+                return Err(failed.unwrap_or_else(|| {
+                    anyhow!(
+                        "the guest init reported sending its changes ({} bytes), but no change connection from it \
+                         arrived",
+                        sent.bytes
+                    )
+                }));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stages the spooled stream that matched, once the first connection
+    /// (still streaming, and not the init's unless it is the same bytes)
+    /// is stopped.
+    fn stage_spooled(&self, file: File, live: Option<Job>, rest: Vec<Job>) -> anyhow::Result<StageReport> {
+        self.stop_all(&rest);
+        if let Some(Job::Live { handle, stream, .. }) = live {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            if let Ok(report) = join_live(handle) {
+                return Ok(report);
+            }
+        }
+        stage(file, &self.store).context("the guest's workspace changes were not staged")
+    }
+
+    /// Ends the connections still open and returns `result`.
+    fn stopping(&self, jobs: Vec<Job>, result: anyhow::Result<StageReport>) -> anyhow::Result<StageReport> {
+        self.stop_all(&jobs);
+        result
+    }
+
+    fn stop_all(&self, jobs: &[Job]) {
+        for job in jobs {
+            job.stop();
+        }
     }
 
     /// The init could not export, or never said: nothing is staged. A
     /// stream being received ends with an error, and stays unstaged.
     pub fn abandon(self) {
         let _ = self.verdict.send(Verdict::Failed);
+        self.stop_all(&self.started.try_iter().collect::<Vec<_>>());
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -156,6 +352,8 @@ pub struct DigestGate<R> {
     /// The last byte read from `inner`, held back.
     held: Option<u8>,
     verified: bool,
+    /// Set once the stream matched the init's verdict.
+    vouched: Arc<AtomicBool>,
 }
 
 impl<R: Read> DigestGate<R> {
@@ -170,6 +368,7 @@ impl<R: Read> DigestGate<R> {
             pos: 0,
             held: None,
             verified: false,
+            vouched: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -179,6 +378,7 @@ impl<R: Read> DigestGate<R> {
         match self.verdict.recv() {
             Ok(Verdict::Sent(sent)) if sent == got => {
                 self.verified = true;
+                self.vouched.store(true, Ordering::SeqCst);
                 self.ready.clear();
                 self.ready.extend(self.held.take());
                 self.pos = 0;

@@ -103,31 +103,44 @@ fn a_forged_change_set_before_the_inits_is_refused_and_the_inits_is_staged() {
     assert_eq!(rig.staged_paths(), ["made-by-the-command.txt"]);
 }
 
+/// Waits until the admission thread has handed on `n` token-bearing
+/// connections (each is checked on a thread of its own, so the order of
+/// two connections is only known once the first has been taken).
+fn wait_taken(rig: &Rig, n: usize) -> Vec<Job> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut jobs = Vec::new();
+    while jobs.len() < n {
+        jobs.extend(rig.receiver.as_ref().unwrap().started.try_iter());
+        assert!(Instant::now() < deadline, "only {} of {n} connections were admitted", jobs.len());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    jobs
+}
+
+/// Puts jobs taken by `wait_taken` back where `finish` looks for them.
+fn put_back(rig: &mut Rig, jobs: Vec<Job>) -> Receiver {
+    let receiver = rig.receiver.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    for job in jobs {
+        tx.send(job).unwrap();
+    }
+    drop(receiver.started);
+    Receiver { started: rx, ..receiver }
+}
+
 #[test]
-fn a_second_change_set_is_refused_and_the_first_stays_staged() {
+fn a_second_change_set_is_reported_and_the_inits_first_stays_staged() {
     let mut rig = rig();
     let real = change_set("made-by-the-command.txt", b"real work\n");
     let _init = rig.send_open(rig.token.as_bytes(), &real);
-    // The admission thread takes the init's first; wait for it to be
-    // taken before the second arrives.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let job = loop {
-        if let Ok(job) = rig.receiver.as_ref().unwrap().started.try_recv() {
-            break job;
-        }
-        assert!(Instant::now() < deadline, "the init's connection was never admitted");
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let mut jobs = wait_taken(&rig, 1);
     let second = change_set("second.txt", b"sneaky");
-    rig.send(rig.token.as_bytes(), &second);
+    let _forger = rig.send_open(rig.token.as_bytes(), &second);
+    jobs.extend(wait_taken(&rig, 1));
     let reports = rig.wait_reports(1);
-    assert!(reports[0].contains("a second change set with this run's token was refused"), "{reports:?}");
+    assert!(reports[0].contains("a second change connection with this run's token arrived"), "{reports:?}");
 
-    // Put the job back where finish looks for it.
-    let receiver = rig.receiver.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    tx.send(job).unwrap();
-    let receiver = Receiver { started: rx, ..receiver };
+    let receiver = put_back(&mut rig, jobs);
     receiver.finish(digest_of(&real)).unwrap();
     assert_eq!(rig.staged_paths(), ["made-by-the-command.txt"]);
     assert_eq!(rig.tampering.lines().len(), 1);
@@ -136,7 +149,8 @@ fn a_second_change_set_is_refused_and_the_first_stays_staged() {
 #[test]
 fn a_stream_the_init_did_not_send_is_never_staged() {
     let mut rig = rig();
-    // A guest that has the token (it read PID 1's memory) gets in first.
+    // A guest that has the token (it read PID 1's memory) gets in first,
+    // and the init's own connection never comes.
     let forged = change_set("forged.txt", b"evil");
     let _forger = rig.send_open(rig.token.as_bytes(), &forged);
     let real = change_set("made-by-the-command.txt", b"real work\n");
@@ -147,6 +161,59 @@ fn a_stream_the_init_did_not_send_is_never_staged() {
     let reports = rig.tampering.lines();
     assert_eq!(reports.len(), 1, "{reports:?}");
     assert!(reports[0].contains(&format!("the init sent {} bytes", real.len())), "{reports:?}");
+}
+
+#[test]
+fn a_forger_with_the_token_ahead_of_the_init_does_not_make_the_inits_changes_vanish() {
+    // Guest root read the token from PID 1 and connected first; the init's
+    // own connection comes second. Once with the forger's stream complete,
+    // once with it held open (stalled) after a few bytes.
+    for stall in [false, true] {
+        let mut rig = rig();
+        let forged = change_set("forged.txt", b"evil");
+        let _forger = if stall {
+            let mut conn = UnixStream::connect(&rig.path).unwrap();
+            conn.write_all(rig.token.as_bytes()).unwrap();
+            conn.write_all(&forged[..8]).unwrap();
+            conn
+        } else {
+            rig.send_open(rig.token.as_bytes(), &forged)
+        };
+        let mut jobs = wait_taken(&rig, 1);
+        assert!(matches!(jobs[0], Job::Live { .. }), "the forger's is the first");
+        let real = change_set("made-by-the-command.txt", b"real work\n");
+        let _init = rig.send_open(rig.token.as_bytes(), &real);
+        jobs.extend(wait_taken(&rig, 1));
+        let receiver = put_back(&mut rig, jobs);
+        let started = Instant::now();
+        let report = receiver.finish(digest_of(&real)).unwrap();
+        assert!(started.elapsed() < STALL_WAIT / 2, "a stalled forger holds nothing up (stall: {stall})");
+        assert_eq!(report.summary.entries, 1);
+        assert_eq!(rig.staged_paths(), ["made-by-the-command.txt"], "stall: {stall}");
+        let reports = rig.wait_reports(2).join("\n");
+        assert!(reports.contains("a second change connection with this run's token arrived"), "{reports}");
+        if !stall {
+            assert!(reports.contains("not the one the guest init sent"), "{reports}");
+        }
+        let blobs: Vec<_> = std::fs::read_dir(rig.store.dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(!blobs.iter().any(|n| n.to_string_lossy().starts_with("spool")), "no spool is left: {blobs:?}");
+    }
+}
+
+#[test]
+fn too_many_token_bearing_connections_are_refused_unread() {
+    let rig = rig();
+    let forged = change_set("forged.txt", b"evil");
+    let _conns: Vec<_> = (0..MAX_SPOOLED + 3).map(|_| rig.send_open(rig.token.as_bytes(), &forged)).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reports = rig.tampering.lines().join("\n");
+        if reports.contains("the rest were refused unread") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{reports}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -192,15 +259,10 @@ fn an_abandoned_export_stages_nothing() {
     let mut rig = rig();
     let real = change_set("a.txt", b"content\n");
     let _init = rig.send_open(rig.token.as_bytes(), &real);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let job = loop {
-        if let Ok(job) = rig.receiver.as_ref().unwrap().started.try_recv() {
-            break job;
-        }
-        assert!(Instant::now() < deadline, "the connection was never admitted");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    rig.receiver.take().unwrap().abandon();
-    assert!(job.handle.join().unwrap().is_err());
+    let jobs = wait_taken(&rig, 1);
+    let receiver = put_back(&mut rig, Vec::new());
+    receiver.abandon();
+    let Some(Job::Live { handle, .. }) = jobs.into_iter().next() else { panic!("the first job is staged live") };
+    assert!(handle.join().unwrap().is_err());
     assert!(!rig.store.is_staged());
 }
