@@ -22,10 +22,15 @@ const T_DOCKER: Duration = Duration::from_secs(600);
 /// Shell lines: a test CA, a certificate for registry.test signed by it,
 /// the registry started in the background (`$registry` is its pid), and
 /// p.toml, a policy that allows it and injects its token.
+/// The registry's script travels inside the shell script: L1 has a /tmp of
+/// its own, so a checkout there would not be visible at its path.
 fn registry_and_policy() -> String {
-    let registry = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/docker_registry.py");
+    let registry = include_str!("docker_registry.py");
     test_certificate("registry.test")
-        + &format!("python3 {} \"$ws/requests.log\" & registry=$!\n", registry.display())
+        + &format!(
+            "cat > \"$ws.registry.py\" <<'REGISTRY_PY'\n{registry}\nREGISTRY_PY\n\
+             python3 \"$ws.registry.py\" \"$ws/requests.log\" & registry=$!\n"
+        )
         + &credential_policy("registry.test", "127.0.0.1", "REGISTRY_TOKEN")
         + "sleep 1\n"
 }
