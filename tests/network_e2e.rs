@@ -25,6 +25,26 @@ fn only_allowed_hosts_are_reachable() {
 }
 
 #[test]
+fn a_learned_policy_lets_the_denied_run_pass() {
+    let Some(rig) = rig::require("a_learned_policy_lets_the_denied_run_pass") else { return };
+    let out = rig.sh(
+        &script(
+            "$S run -- curl -sS -o /dev/null https://index.crates.io/config.json; echo \"denied=$?\"
+             $S policy learn --output learned.toml; echo \"learn=$?\"
+             cat learned.toml
+             $S policy check learned.toml; echo \"check=$?\"
+             $S run --policy ./learned.toml -- \\
+                 curl -sS -o /dev/null -w 'allowed=%{http_code}\\n' https://index.crates.io/config.json",
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("denied=56"), "the first run is refused\n{out}");
+    assert!(out.stdout.contains("learn=0") && out.stdout.contains("check=0"), "{out}");
+    assert!(out.stdout.contains("\"index.crates.io\", # "), "the learned rule names the host exactly\n{out}");
+    assert!(out.stdout.contains("allowed=200"), "the learned policy lets the same command through\n{out}");
+}
+
+#[test]
 fn npm_install_works_through_the_proxy() {
     let Some(rig) = rig::require("npm_install_works_through_the_proxy") else { return };
     let out = rig.sh(

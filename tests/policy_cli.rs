@@ -103,3 +103,51 @@ fn log_prints_the_latest_session() {
     let log = text(&out.stdout);
     assert!(log.contains("03:04:06  DENY  connect  example.com:443  not in the policy"), "{log}");
 }
+
+#[test]
+fn policy_learn_writes_a_policy_that_policy_check_accepts() {
+    let dir = TempDir::new("learn");
+    let session = dir.path().join("data/sessions/20260102-030405-abcd");
+    std::fs::create_dir_all(&session).unwrap();
+    let line = |kind: &str, host: &str, port: u16, reason: &str| {
+        format!(
+            "{{\"time\":\"2026-01-02T03:04:06.000Z\",\"kind\":\"{kind}\",\"host\":\"{host}\",\"port\":{port},\
+             \"decision\":\"deny\",\"reason\":\"{reason}\"}}\n"
+        )
+    };
+    std::fs::write(
+        session.join("network.jsonl"),
+        line("dns", "pypi.org", 0, "not in the policy")
+            + &line("connect", "pypi.org", 443, "not in the policy")
+            + &line("connect", "db.example.com", 5432, "not in the policy")
+            + &line("https", "api.github.com", 443, "denied by api.github.com/gists (github)"),
+    )
+    .unwrap();
+    std::fs::write(session.join("run.json"), r#"{"command":["pip","install","x"]}"#).unwrap();
+
+    let out = run(&dir, &["policy", "learn"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let learned = text(&out.stdout);
+    assert!(learned.contains("from session 20260102-030405-abcd"), "{learned}");
+    assert!(learned.contains("# (pip install x)."), "{learned}");
+    assert!(learned.contains("    \"db.example.com:5432\", # 1 denial: port 5432"), "{learned}");
+    assert!(learned.contains("    \"pypi.org\", # 2 denials: DNS, port 443"), "{learned}");
+    assert!(learned.contains("#   api.github.com:443: denied by api.github.com/gists (github)"), "{learned}");
+
+    let file = dir.path().join("learned.toml");
+    let out = run(&dir, &["policy", "learn", "20260102", "--output", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), learned);
+    let out = run(&dir, &["policy", "check", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("ok (2 allow"), "{}", text(&out.stdout));
+
+    let out = run(&dir, &["policy", "learn", "--output", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(125), "an existing file is never overwritten");
+    assert!(text(&out.stderr).contains("give a new file's path to --output"), "{}", text(&out.stderr));
+
+    std::fs::write(session.join("network.jsonl"), line("https", "api.github.com", 443, "denied by x (y)")).unwrap();
+    let out = run(&dir, &["policy", "learn"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("denied nothing that an allow rule would lift"), "{}", text(&out.stderr));
+}

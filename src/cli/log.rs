@@ -57,7 +57,7 @@ pub fn run(args: LogArgs) -> anyhow::Result<ExitCode> {
 
 /// The session directory for an id or id prefix; the latest without one.
 /// Ids start with the date and time, so the latest sorts last.
-fn find_session(sessions: &Path, wanted: Option<&str>) -> anyhow::Result<PathBuf> {
+pub(crate) fn find_session(sessions: &Path, wanted: Option<&str>) -> anyhow::Result<PathBuf> {
     let mut ids: Vec<String> = std::fs::read_dir(sessions)
         .map(|entries| {
             entries

@@ -119,6 +119,22 @@ enum PolicyCommand {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// Write the policy that would have allowed what a session was denied.
+    ///
+    /// Reads the session's network log and prints a policy file that allows
+    /// exactly the hosts and ports refused for want of a rule (exact hosts,
+    /// never wildcards), each with what was denied. Refusals by deny rules,
+    /// and those no allow rule lifts, are listed as comments only. Review
+    /// it, save it, and pass it beside your other policies:
+    /// `stockade run --policy ./learned.toml ...`.
+    Learn {
+        /// The session id, or a unique start of it (default: the latest session).
+        #[arg(value_name = "SESSION")]
+        session: Option<String>,
+        /// Write the policy to FILE (which must not exist yet) instead of printing it.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
     /// Debugging aid: run the proxy on this host with these policies until
     /// SIGINT/SIGTERM, and print the variables to point a shell's tools at
     /// it. Host programs are not sandboxed: this only shows what the policy
@@ -158,9 +174,60 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
                 println!("{}: ok ({})", file.display(), counts(&policy));
             }
         }
+        PolicyCommand::Learn { session, output } => return learn(session.as_deref(), output.as_deref()),
         PolicyCommand::Serve { names, allow, listen, dns, audit } => serve(&names, &allow, &listen, dns, audit)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `policy learn`: exits 1, writing nothing, when no denial is learnable.
+fn learn(session: Option<&str>, output: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    use crate::policy::learn::Lessons;
+    let sessions = Dirs::resolve()?.data.join("sessions");
+    let dir = super::log::find_session(&sessions, session)?;
+    let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let log = dir.join(crate::proxy::AUDIT_FILE);
+    let records = if log.exists() {
+        crate::proxy::audit::read(&log).with_context(|| format!("cannot read {}", log.display()))?.0
+    } else {
+        Vec::new()
+    };
+    let lessons = Lessons::from_records(&records);
+    if lessons.is_empty() {
+        eprintln!(
+            "stockade: session {id} was denied nothing that an allow rule would lift; no policy written \
+             (`stockade log {id} --denied` shows its refusals)"
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let text = lessons.render(&id, &run_command(&dir));
+    match output {
+        None => print!("{text}"),
+        Some(path) => {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .with_context(|| format!("cannot create {}; give a new file's path to --output", path.display()))?;
+            std::io::Write::write_all(&mut file, text.as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!(
+                "stockade: wrote {}; review it, then: stockade run --policy {} ...",
+                path.display(),
+                path.display()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The session's command as its run record has it, for the learned
+/// policy's header; empty when the record cannot be read.
+fn run_command(dir: &std::path::Path) -> String {
+    let record = std::fs::read(dir.join("run.json")).ok();
+    let value: Option<serde_json::Value> = record.and_then(|r| serde_json::from_slice(&r).ok());
+    let words = value.as_ref().and_then(|v| v.get("command")).and_then(|c| c.as_array()).cloned();
+    words.unwrap_or_default().iter().filter_map(|w| w.as_str()).collect::<Vec<_>>().join(" ")
 }
 
 fn serve(

@@ -11,6 +11,7 @@
 
 mod credential;
 mod env;
+pub mod learn;
 mod load;
 mod path;
 mod pattern;

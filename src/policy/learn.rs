@@ -1,0 +1,240 @@
+//! `stockade policy learn`: a session's denials turned into the smallest
+//! policy file that would have allowed them, for the user to review.
+//!
+//! Only denials that an allow rule lifts are learned: a host or address no
+//! rule names, and a host allowed by name whose addresses are internal
+//! (`allow_private`). A deny rule's refusal is the policy working as its
+//! author meant, and the rest (a TLS name that does not match its tunnel,
+//! an address that names no site) are not a missing rule: those are listed
+//! in comments, never allowed. Rules name exact hosts, never wildcards, and
+//! a port only when it is not one of the web ports a bare host covers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use super::pattern::Host;
+use super::verdict::Denial;
+use crate::proxy::audit::{Decision, Kind, Record};
+
+/// Where a learned rule goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Section {
+    Allow,
+    AllowPrivate,
+}
+
+/// What one host was denied, by port (0: a DNS question only).
+#[derive(Debug, Default)]
+struct Denied {
+    ports: BTreeSet<u16>,
+    count: usize,
+}
+
+/// What a session's denials teach.
+#[derive(Debug, Default)]
+pub struct Lessons {
+    hosts: BTreeMap<(Section, String), Denied>,
+    /// Denials no allow rule would lift: (reason, host:port), counted.
+    kept: BTreeMap<(String, String), usize>,
+}
+
+impl Lessons {
+    pub fn from_records(records: &[Record]) -> Lessons {
+        let mut lessons = Lessons::default();
+        for record in records.iter().filter(|r| r.decision == Decision::Deny) {
+            let reason = record.reason.as_deref().unwrap_or("");
+            let section = if reason == Denial::NotAllowed.reason() || reason == Denial::IpNeedsRule.reason() {
+                Some(Section::Allow)
+            } else if reason.starts_with(private_prefix()) {
+                Some(Section::AllowPrivate)
+            } else {
+                None
+            };
+            // An exact host, never a pattern: the guest chose these names.
+            let host = Host::parse(&record.host).ok();
+            match section.zip(host) {
+                Some((section, host)) => {
+                    let denied = lessons.hosts.entry((section, host.to_string())).or_default();
+                    denied.count += 1;
+                    denied.ports.insert(if record.kind == Kind::Dns { 0 } else { record.port });
+                }
+                None => {
+                    let target = if record.kind == Kind::Dns {
+                        record.host.clone()
+                    } else {
+                        format!("{}:{}", record.host, record.port)
+                    };
+                    *lessons.kept.entry((reason.to_string(), target)).or_default() += 1;
+                }
+            }
+        }
+        lessons
+    }
+
+    /// Whether there is any rule to write.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// The rules, as `policy check` reads them, per section.
+    fn rules(&self, section: Section) -> Vec<(String, &Denied)> {
+        let mut rules = Vec::new();
+        for ((_, host), denied) in self.hosts.range((section, String::new())..).take_while(|((s, _), _)| *s == section)
+        {
+            let web = denied.ports.iter().any(|&p| p == 0 || p == 80 || p == 443);
+            if web {
+                rules.push((host.clone(), denied));
+            }
+            for port in denied.ports.iter().filter(|&&p| p != 0 && p != 80 && p != 443) {
+                rules.push((format!("{host}:{port}"), denied));
+            }
+        }
+        rules
+    }
+
+    /// The policy file: a header saying where it came from and how to use
+    /// it, the rules with what each was denied, and the denials kept.
+    pub fn render(&self, session: &str, command: &str) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# Learned by `stockade policy learn` from session {session}");
+        if !command.is_empty() {
+            let _ = writeln!(out, "# ({}).", one_line(command));
+        }
+        out.push_str(
+            "# Each rule lets the guest reach that host: keep only the ones you trust.\n\
+             # Use it beside the policies the run had: stockade run --policy THIS_FILE ...\n",
+        );
+        let _ = writeln!(out, "description = {}", toml_string(&format!("Learned from session {session}")));
+        out.push_str("\n[network]\n");
+        for (section, key, note) in [
+            (Section::Allow, "allow", None),
+            (
+                Section::AllowPrivate,
+                "allow_private",
+                Some("# These resolve to loopback or private addresses: a service on this machine or your network."),
+            ),
+        ] {
+            let rules = self.rules(section);
+            if rules.is_empty() {
+                continue;
+            }
+            if let Some(note) = note {
+                let _ = writeln!(out, "{note}");
+            }
+            let _ = writeln!(out, "{key} = [");
+            for (rule, denied) in rules {
+                let _ = writeln!(out, "    {}, # {}", toml_string(&rule), what_was_denied(denied));
+            }
+            out.push_str("]\n");
+        }
+        if !self.kept.is_empty() {
+            out.push_str("\n# Denied and not learned (an allow rule would not lift these):\n");
+            for ((reason, target), count) in &self.kept {
+                let times = if *count > 1 { format!(" ({count} times)") } else { String::new() };
+                let _ = writeln!(out, "#   {}: {}{times}", one_line(target), one_line(reason));
+            }
+        }
+        out
+    }
+}
+
+/// How the audit log words an internal-address denial, up to the address.
+fn private_prefix() -> &'static str {
+    "resolves to the internal address"
+}
+
+fn what_was_denied(denied: &Denied) -> String {
+    let ports: Vec<String> =
+        denied.ports.iter().map(|&p| if p == 0 { "DNS".to_string() } else { format!("port {p}") }).collect();
+    let times = if denied.count == 1 { "1 denial".to_string() } else { format!("{} denials", denied.count) };
+    format!("{times}: {}", ports.join(", "))
+}
+
+/// A TOML basic string: quotes, backslashes and controls escaped.
+fn toml_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Text from the guest or the run record, safe in a comment line: controls
+/// (newlines included) and bidi or zero-width characters escaped.
+fn one_line(text: &str) -> String {
+    crate::changes::display_bytes(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied(kind: Kind, host: &str, port: u16, reason: &str) -> Record {
+        let mut r = Record::new(kind, host, port, Decision::Deny);
+        r.reason = Some(reason.into());
+        r
+    }
+
+    #[test]
+    fn learns_hosts_and_ports_and_keeps_deny_rules() {
+        let records = vec![
+            denied(Kind::Dns, "pypi.org", 0, "not in the policy"),
+            denied(Kind::Connect, "pypi.org", 443, "not in the policy"),
+            denied(Kind::Connect, "files.pythonhosted.org", 443, "not in the policy"),
+            denied(Kind::Connect, "db.example.com", 5432, "not in the policy"),
+            denied(Kind::Dns, "only-dns.example", 0, "not in the policy"),
+            denied(Kind::Connect, "10.1.2.3", 8080, "an IP address needs an explicit rule"),
+            denied(Kind::Connect, "registry.local", 443, "resolves to the internal address 192.168.1.5"),
+            denied(Kind::Https, "api.github.com", 443, "denied by api.github.com/gists (github)"),
+            denied(Kind::Connect, "evil.example", 22, "denied by evil.example (mine)"),
+            Record::new(Kind::Connect, "allowed.example", 443, Decision::Allow),
+        ];
+        let text = Lessons::from_records(&records).render("20261202-abc", "pip install x");
+        let file: toml::Value = toml::from_str(&text).expect(&text);
+        let allow: Vec<&str> =
+            file["network"]["allow"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(
+            allow,
+            ["10.1.2.3:8080", "db.example.com:5432", "files.pythonhosted.org", "only-dns.example", "pypi.org"],
+            "{text}"
+        );
+        let private: Vec<&str> =
+            file["network"]["allow_private"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(private, ["registry.local"]);
+        assert!(text.contains("#   api.github.com:443: denied by api.github.com/gists (github)"), "{text}");
+        assert!(text.contains("#   evil.example:22: denied by evil.example (mine)"), "{text}");
+        assert!(!text.contains("allowed.example"), "{text}");
+        assert!(text.contains("\"pypi.org\", # 2 denials: DNS, port 443"), "{text}");
+    }
+
+    #[test]
+    fn guest_chosen_names_cannot_break_out_of_the_file() {
+        let records = vec![
+            denied(Kind::Dns, "x\"]\n[credential]\nhost = \"y", 0, "not in the policy"),
+            denied(Kind::Connect, "a.example\n[network]", 443, "denied by z\nallow = [\"*\"]"),
+        ];
+        let lessons = Lessons::from_records(&records);
+        assert!(lessons.is_empty(), "a name that is no valid host rule is not learned");
+        let text = lessons.render("s", "cmd\n[network]");
+        let file: toml::Value = toml::from_str(&text).expect(&text);
+        assert!(file.get("credential").is_none(), "{text}");
+        assert!(file["network"].get("allow").is_none(), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("allow") || l.starts_with("[credential")), "{text}");
+    }
+
+    #[test]
+    fn an_ipv6_literal_is_bracketed() {
+        let records = vec![denied(Kind::Connect, "2001:db8::1", 8443, "an IP address needs an explicit rule")];
+        let text = Lessons::from_records(&records).render("s", "");
+        assert!(text.contains("\"[2001:db8::1]:8443\""), "{text}");
+    }
+}
