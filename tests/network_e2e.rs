@@ -39,6 +39,10 @@ fn a_learned_policy_lets_the_denied_run_pass() {
         T,
     );
     assert!(out.stdout.contains("denied=56"), "the first run is refused\n{out}");
+    assert!(
+        out.stderr.contains("stockade: the policy refused index.crates.io:443 (`stockade log --denied`"),
+        "the run names what it refused and how to learn from it\n{out}"
+    );
     assert!(out.stdout.contains("learn=0") && out.stdout.contains("check=0"), "{out}");
     assert!(out.stdout.contains("\"index.crates.io\", # "), "the learned rule names the host exactly\n{out}");
     assert!(out.stdout.contains("allowed=200"), "the learned policy lets the same command through\n{out}");

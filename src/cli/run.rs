@@ -163,8 +163,8 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
         super::sessions::prune_before_run();
         supervisor::run(config)
     });
-    if let (true, Ok(finished)) = (docker, &result) {
-        explain_refusals(finished);
+    if let Ok(finished) = &result {
+        explain_refusals(finished, docker);
     }
     if report {
         ci::write(&ci::RunSummary::of(&command, &result, started.elapsed(), &review), summary_file.as_deref())?;
@@ -173,19 +173,27 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(if ci_mode { ci::exit_code(&finished) } else { finished.status }))
 }
 
-/// With --docker, names the destinations the policy refused: a refused
-/// pull reaches the user only as Docker's terse "Forbidden".
-fn explain_refusals(finished: &supervisor::Finished) {
+/// Names the destinations the policy refused, and how to allow them: in
+/// the guest a refusal can look like any network fault (and a refused
+/// Docker pull reaches the user only as Docker's terse "Forbidden").
+fn explain_refusals(finished: &supervisor::Finished, docker: bool) {
     let Ok(counts) = ci::network(&finished.session_dir.join(crate::proxy::AUDIT_FILE)) else { return };
     let refused = refused_destinations(&counts.denied_hosts);
     if refused.is_empty() {
         return;
     }
-    eprintln!(
-        "stockade: the policy refused {}: Docker's pulls go through the egress proxy, so allow the registry \
-         with --allow HOST[:PORT] or a policy (--policy docker for Docker Hub)",
-        refused.join(", ")
-    );
+    let shown = crate::changes::display_bytes(refused.join(", ").as_bytes());
+    if docker {
+        eprintln!(
+            "stockade: the policy refused {shown}: Docker's pulls go through the egress proxy, so allow the \
+             registry with --allow HOST[:PORT] or a policy (--policy docker for Docker Hub)"
+        );
+    } else {
+        eprintln!(
+            "stockade: the policy refused {shown} (`stockade log --denied` shows each refusal; \
+             `stockade policy learn` writes a policy that allows them)"
+        );
+    }
 }
 
 /// The audit's denied destinations for people: a refused DNS lookup
