@@ -262,3 +262,34 @@ fn vm_ended_message(session: &session::Session) -> String {
         format!("the VM stopped before the command finished; the kernel log is {}", log.display())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(result: anyhow::Result<Conversation>) -> Ended {
+        Ended { result, expired: deadline::Expired::default() }
+    }
+
+    #[test]
+    fn the_command_status_passes_through_and_only_stockade_failures_are_failures() {
+        let exited =
+            Outcome::of(&ended(Ok(Conversation::Ended { report: ExitReport::Exited { code: 3 }, staged: None })), None);
+        assert_eq!((exited.status, exited.failure), (3, None));
+        let signaled = Outcome::of(
+            &ended(Ok(Conversation::Ended { report: ExitReport::Signaled { signal: 9 }, staged: None })),
+            None,
+        );
+        assert_eq!((signaled.status, signaled.failure), (137, None));
+        let stopped = Outcome::of(&ended(Ok(Conversation::Stopped)), None);
+        assert_eq!((stopped.status, stopped.failure), (130, None));
+        let gone = Outcome::of(&ended(Ok(Conversation::VmEnded)), None);
+        assert_eq!((gone.status, gone.failure.is_some()), (EXIT_STOCKADE, true));
+        let failed = Outcome::of(&ended(Err(anyhow::anyhow!("boom"))), None);
+        assert_eq!((failed.status, failed.text.as_str()), (EXIT_STOCKADE, "stockade failed: boom"));
+        assert!(failed.failure.is_some());
+        let setup = ExitReport::SetupFailed { message: "no overlay".into() };
+        let setup = Outcome::of(&ended(Ok(Conversation::Ended { report: setup, staged: None })), None);
+        assert_eq!(setup.failure.as_deref(), Some(setup.text.as_str()));
+    }
+}

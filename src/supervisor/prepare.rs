@@ -337,3 +337,49 @@ fn guest_env(user: &[(String, String)], net: GuestSide, trust: Vec<(String, Stri
     }
     env
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// The proxy's and the CA's variables win over the user's, and the
+    /// credential placeholders over everything: a secret the user exported
+    /// under a credential's name never reaches the guest.
+    #[test]
+    fn placeholders_win_over_everything_and_the_proxy_over_the_user() {
+        let user = vars(&[("HTTP_PROXY", "http://mine"), ("API_KEY", "secret"), ("KEEP", "1")]);
+        let net = GuestSide {
+            env: vars(&[("HTTP_PROXY", "http://127.0.0.1:3128")]),
+            placeholders: vars(&[("API_KEY", "placeholder")]),
+            trust: None,
+            signin_files: Vec::new(),
+        };
+        let env = guest_env(&user, net, vars(&[("SSL_CERT_FILE", "/ca.pem"), ("API_KEY", "ca-side")]));
+        assert_eq!(
+            env,
+            vars(&[
+                ("KEEP", "1"),
+                ("HTTP_PROXY", "http://127.0.0.1:3128"),
+                ("SSL_CERT_FILE", "/ca.pem"),
+                ("API_KEY", "placeholder"),
+            ])
+        );
+    }
+
+    #[test]
+    fn the_scratch_disk_goes_unless_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (spent, kept) = (tmp.path().join("spent.img"), tmp.path().join("kept.img"));
+        for path in [&spent, &kept] {
+            std::fs::write(path, b"").unwrap();
+        }
+        drop(Scratch { path: spent.clone(), kept: false });
+        Scratch { path: kept.clone(), kept: false }.keep();
+        assert!(!spent.exists(), "a spent disk is removed");
+        assert!(kept.exists(), "a disk holding unstaged changes stays");
+    }
+}
