@@ -137,7 +137,8 @@ impl Outcome {
 
     fn record(&self, recorded: &mut Recorded, tampered: &[String]) {
         let Recorded { session, record, .. } = recorded;
-        record.duration_ms = Some(session.started.elapsed().map(|d| d.as_millis() as u64).unwrap_or(0));
+        let elapsed = session.started.elapsed().unwrap_or_default();
+        record.duration_ms = Some(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
         record.status = Some(i32::from(self.status));
         record.outcome = Some(if tampered.is_empty() {
             self.text.clone()
