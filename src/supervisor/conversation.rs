@@ -71,6 +71,8 @@ fn converse(
     command: Command,
     watch: &Watch,
 ) -> anyhow::Result<Conversation> {
+    // The control listener closes with the conversation: a guest process
+    // that dials it afterwards is refused rather than left queued.
     let Channels { control, stdin, receiver, token, tampering } = channels;
     let Some(mut talk) = call_in(&control, vmm, session, &tampering)? else {
         return Ok(Conversation::VmEnded);
