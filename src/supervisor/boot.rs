@@ -1,0 +1,84 @@
+//! Stage 2, boot: describes the VM, starts the VMM process, and writes the
+//! command the guest gets once it calls in. The command is built while the
+//! guest boots: the init asks for it only after its `Ready`.
+
+use anyhow::Context;
+
+use super::prepare::{Channels, GuestStart, Host, Recorded};
+use super::{RunConfig, admission, scratch, session, terminal, vm};
+use crate::protocol::auth::Token;
+use crate::protocol::{RunSpec, WindowSize};
+use crate::vmm::config::VmConfig;
+
+/// The command for the guest, and what must be done before it is sent.
+pub struct Command {
+    pub spec: RunSpec,
+    /// The guest mounts the scratch disk as soon as it has the command.
+    pub formatting: scratch::Formatting,
+}
+
+/// The running VMM (killed if dropped), and what the conversation with its
+/// guest uses up.
+pub struct Booted {
+    pub vmm: vm::VmProcess,
+    pub command: Command,
+    pub channels: Channels,
+}
+
+impl Booted {
+    pub fn start(config: &RunConfig, host: &Host, recorded: &Recorded, guest: GuestStart) -> anyhow::Result<Booted> {
+        let GuestStart { shares, root, env, channels, formatting } = guest;
+        let session = &recorded.session;
+        let vm_config = VmConfig { shares, ..vm_config(config, host, session)? };
+        let refusals = channels.tampering.clone();
+        let on_refused = move |host, guest| {
+            refusals.report(admission::refused_by_the_vmm(host));
+            tracing::debug!("the VMM refused host port {host} to guest port {guest}");
+        };
+        let vmm =
+            vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &recorded.vsock_base(), on_refused)?;
+        tracing::info!("session {} in {}", session.id, session.dir.display());
+        tracing::debug!("VMM started after {:?}", host.started.elapsed());
+        let spec = RunSpec { root, env, ..run_spec(config, host, channels.token.clone())? };
+        Ok(Booted { vmm, command: Command { spec, formatting }, channels })
+    }
+}
+
+/// The VM, less its shares.
+fn vm_config(config: &RunConfig, host: &Host, session: &session::Session) -> anyhow::Result<VmConfig> {
+    Ok(VmConfig {
+        kernel: host.kernel.clone(),
+        init: std::env::current_exe().context("cannot find the stockade binary")?,
+        vcpus: config.cpus,
+        memory_bytes: config.memory_bytes,
+        kernel_log: session.kernel_log(),
+        vsock_broker: session.dir.join("broker.sock"),
+        shares: Vec::new(),
+        network: true,
+        disk: Some(session.scratch_disk()),
+        image: host.image.clone(),
+        jail: config.jail,
+        verbose_kernel: config.verbose_kernel,
+        kernel_args: config.kernel_args.clone(),
+    })
+}
+
+/// The command, less its root and environment.
+fn run_spec(config: &RunConfig, host: &Host, token: Token) -> anyhow::Result<RunSpec> {
+    Ok(RunSpec {
+        argv: config.argv.clone(),
+        env: Vec::new(),
+        cwd: host.cwd.to_str().context("the current directory is not valid UTF-8")?.to_string(),
+        uid: host.user.uid,
+        gid: host.user.gid,
+        root: Vec::new(),
+        tty: config
+            .tty
+            .unwrap_or_else(terminal::interactive)
+            .then(|| terminal::size().unwrap_or(WindowSize { rows: 24, cols: 80 })),
+        network: true,
+        pids: config.pids,
+        docker: config.docker,
+        token,
+    })
+}

@@ -1,0 +1,376 @@
+//! Stage 3, converse: waits for the guest init to call in, sends it the
+//! command, forwards signals, resizes and stdin, streams the command's
+//! output, and collects its end and its change set. The terminal is raw
+//! for exactly this stage.
+
+use std::io::{ErrorKind, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::boot::{Booted, Command};
+use super::prepare::Channels;
+use super::{RunConfig, admission, deadline, session, signals, staging, terminal, vm};
+use crate::changes;
+use crate::protocol::auth::Token;
+use crate::protocol::{ExitReport, ExportOutcome, GuestMsg, HostMsg, read_frame, write_frame};
+
+/// How long the guest may take to boot and call in. Seconds on real KVM;
+/// the software-CPU test rig needs the margin.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+pub enum Conversation {
+    /// The command ended; with an overlay, the guest also sent its changes.
+    Ended { report: ExitReport, staged: Option<anyhow::Result<changes::StageReport>> },
+    /// The user stopped the VM with a second interrupt.
+    Stopped,
+    /// The VM went away without reporting an end (kernel panic, VMM failure).
+    VmEnded,
+}
+
+/// How the conversation went, for `finish` to turn into an exit status.
+pub struct Ended {
+    pub result: anyhow::Result<Conversation>,
+    /// Whether `--timeout` stopped the command.
+    pub expired: deadline::Expired,
+}
+
+impl Ended {
+    /// Staging the guest's changes failed: the scratch disk holds them.
+    pub fn unstaged(&self) -> bool {
+        matches!(&self.result, Ok(Conversation::Ended { staged: Some(Err(_)), .. }))
+    }
+}
+
+/// What ends the conversation early: the user's interrupts, `--timeout`.
+struct Watch {
+    interrupts: Arc<signals::Interrupts>,
+    timeout: Option<Duration>,
+    expired: deadline::Expired,
+}
+
+/// Holds the conversation, on a raw terminal when the command gets one,
+/// and gives the terminal back before anything else is said.
+pub fn hold(config: &RunConfig, session: &session::Session, booted: Booted) -> anyhow::Result<(vm::VmProcess, Ended)> {
+    let Booted { mut vmm, command, channels } = booted;
+    let raw = if command.spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
+    let watch = Watch { interrupts: Arc::default(), timeout: config.timeout, expired: deadline::Expired::default() };
+    let result = converse(&mut vmm, session, channels, command, &watch);
+    drop(raw);
+    terminal::sane_display();
+    watch.interrupts.vm_gone();
+    Ok((vmm, Ended { result, expired: watch.expired }))
+}
+
+fn converse(
+    vmm: &mut vm::VmProcess,
+    session: &session::Session,
+    channels: Channels,
+    command: Command,
+    watch: &Watch,
+) -> anyhow::Result<Conversation> {
+    // The control listener closes with the conversation: a guest process
+    // that dials it afterwards is refused rather than left queued.
+    let Channels { control, stdin, receiver, token, tampering } = channels;
+    let Some(mut talk) = call_in(&control, vmm, session, &tampering)? else {
+        return Ok(Conversation::VmEnded);
+    };
+    command.formatting.wait()?;
+    send(&talk.writer, &HostMsg::Run(command.spec))?;
+    let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
+    forward_signals(&talk.writer, vmm_pid, watch.interrupts.clone())?;
+    let _deadline = watch_deadline(&talk.writer, vmm_pid, watch)?;
+    let _stop_pump = StopOnDrop(StdinPump::spawn(stdin, token, tampering.clone())?);
+    Relay::new(session, receiver, tampering).run(&mut talk, &watch.interrupts)
+}
+
+/// The init's control connection.
+struct Talk {
+    reader: std::io::BufReader<UnixStream>,
+    /// Shared with the threads that forward signals and resizes.
+    writer: Arc<Mutex<UnixStream>>,
+    _further_control: admission::Listening,
+}
+
+/// Waits for the init to call in and say it is ready; `None` if the VM
+/// went away first.
+fn call_in(
+    listener: &UnixListener,
+    vmm: &mut vm::VmProcess,
+    session: &session::Session,
+    tampering: &admission::Tampering,
+) -> anyhow::Result<Option<Talk>> {
+    let started = Instant::now();
+    let Some(control) = vm::accept(listener, vmm, BOOT_TIMEOUT)? else {
+        if vmm.is_running() {
+            vmm.kill();
+            bail!(
+                "the guest did not call in within {}s; the kernel log is {}",
+                BOOT_TIMEOUT.as_secs(),
+                session.kernel_log().display()
+            );
+        }
+        return Ok(None);
+    };
+    // The first control connection is PID 1's: no other guest process
+    // existed to open one.
+    let further = admission::refuse_further_control(listener, tampering.clone())?;
+    let mut reader = std::io::BufReader::new(control.try_clone()?);
+    match read_frame::<GuestMsg>(&mut reader) {
+        Ok(GuestMsg::Ready { kernel }) => tracing::info!("guest {kernel} ready after {:.0?}", started.elapsed()),
+        Ok(other) => bail!("the guest said {other:?} before it was ready"),
+        Err(_) => return Ok(None),
+    }
+    Ok(Some(Talk { reader, writer: Arc::new(Mutex::new(control)), _further_control: further }))
+}
+
+/// Forwards our signals and terminal resizes to the command; a second
+/// interrupt kills the VMM.
+fn forward_signals(
+    writer: &Arc<Mutex<UnixStream>>,
+    vmm: nix::unistd::Pid,
+    interrupts: Arc<signals::Interrupts>,
+) -> anyhow::Result<()> {
+    let (forward_writer, resize_writer) = (writer.clone(), writer.clone());
+    signals::spawn(
+        interrupts,
+        move |sig| {
+            let _ = send(&forward_writer, &HostMsg::Signal { signal: sig as i32 });
+        },
+        move || {
+            if let Some(size) = terminal::size() {
+                let _ = send(&resize_writer, &HostMsg::Resize(size));
+            }
+        },
+        move || kill(vmm),
+    )
+}
+
+/// Stops the command at `--timeout` (the watch ends when dropped).
+fn watch_deadline(
+    writer: &Arc<Mutex<UnixStream>>,
+    vmm: nix::unistd::Pid,
+    watch: &Watch,
+) -> anyhow::Result<Option<deadline::Watch>> {
+    let Some(limit) = watch.timeout else { return Ok(None) };
+    let signal_writer = writer.clone();
+    let signal = move |signal| {
+        let _ = send(&signal_writer, &HostMsg::Signal { signal });
+    };
+    Ok(Some(deadline::watch(limit, watch.expired.clone(), signal, move || kill(vmm))?))
+}
+
+fn kill(vmm: nix::unistd::Pid) {
+    let _ = nix::sys::signal::kill(vmm, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Relays what the guest says until the command ends or the VM goes away.
+struct Relay<'a> {
+    session: &'a session::Session,
+    receiver: Option<staging::Receiver>,
+    staged: Option<anyhow::Result<changes::StageReport>>,
+    tampering: admission::Tampering,
+    stdout: std::io::StdoutLock<'static>,
+    /// False once our reader went away.
+    stdout_open: bool,
+    dockerd_log: DockerdLog,
+}
+
+impl<'a> Relay<'a> {
+    fn new(session: &'a session::Session, receiver: staging::Receiver, tampering: admission::Tampering) -> Self {
+        Relay {
+            session,
+            receiver: Some(receiver),
+            staged: None,
+            tampering,
+            stdout: std::io::stdout().lock(),
+            stdout_open: true,
+            dockerd_log: DockerdLog::default(),
+        }
+    }
+
+    fn run(mut self, talk: &mut Talk, interrupts: &signals::Interrupts) -> anyhow::Result<Conversation> {
+        loop {
+            let msg = match read_frame::<GuestMsg>(&mut talk.reader) {
+                Ok(msg) => msg,
+                Err(_) if interrupts.stopped() => return Ok(Conversation::Stopped),
+                Err(_) => return Ok(Conversation::VmEnded),
+            };
+            if let Some(end) = self.handle(msg, &talk.writer)? {
+                return Ok(end);
+            }
+        }
+    }
+
+    fn handle(&mut self, msg: GuestMsg, writer: &Mutex<UnixStream>) -> anyhow::Result<Option<Conversation>> {
+        match msg {
+            GuestMsg::Stdout(data) => self.stdout(&data, writer)?,
+            GuestMsg::Stderr(data) => {
+                let _ = std::io::stderr().write_all(&data);
+            }
+            GuestMsg::Changes(outcome) => self.changes(outcome),
+            GuestMsg::Exit(report) => {
+                let _ = send(writer, &HostMsg::Finish);
+                if let Some(receiver) = self.receiver.take() {
+                    receiver.abandon();
+                }
+                return Ok(Some(Conversation::Ended { report, staged: self.staged.take() }));
+            }
+            GuestMsg::DockerdLog(data) => self.dockerd_log.write(self.session, &data),
+            GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
+        }
+        Ok(None)
+    }
+
+    fn stdout(&mut self, data: &[u8], writer: &Mutex<UnixStream>) -> anyhow::Result<()> {
+        if !self.stdout_open {
+            return Ok(());
+        }
+        match self.stdout.write_all(data).and_then(|()| self.stdout.flush()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                // Our reader went away: the command gets SIGPIPE, as it
+                // would writing to a closed pipe locally.
+                self.stdout_open = false;
+                let _ = send(writer, &HostMsg::Signal { signal: libc::SIGPIPE });
+                Ok(())
+            }
+            Err(e) => Err(e).context("cannot write the command's output"),
+        }
+    }
+
+    fn changes(&mut self, outcome: ExportOutcome) {
+        let Some(receiver) = self.receiver.take() else {
+            self.tampering.report("the guest init reported its changes twice; the second report was ignored");
+            return;
+        };
+        self.staged = Some(match outcome {
+            ExportOutcome::Sent { stream, .. } => receiver.finish(stream),
+            ExportOutcome::Failed { message } => {
+                receiver.abandon();
+                Err(anyhow::anyhow!("the guest could not export its changes: {message}"))
+            }
+        });
+    }
+}
+
+/// The session's dockerd.log, created with the first output of dockerd.
+#[derive(Default)]
+struct DockerdLog {
+    file: Option<crate::logcap::Capped<std::fs::File>>,
+    failed: bool,
+}
+
+impl DockerdLog {
+    fn write(&mut self, session: &session::Session, data: &[u8]) {
+        if self.file.is_none() && !self.failed {
+            let path = session.dockerd_log();
+            match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+                Ok(file) => {
+                    use crate::logcap::{Capped, DOCKERD_LOG_CAP, Style};
+                    self.file = Some(Capped::new(file, "dockerd.log", Style::Text, DOCKERD_LOG_CAP));
+                }
+                Err(e) => {
+                    // The run goes on; only the daemon's log is lost.
+                    tracing::warn!("cannot create {}: {e}", path.display());
+                    self.failed = true;
+                }
+            }
+        }
+        if let Some(file) = &mut self.file {
+            let _ = file.write_all(data);
+        }
+    }
+}
+
+fn send(writer: &Mutex<UnixStream>, msg: &HostMsg) -> anyhow::Result<()> {
+    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    write_frame(&mut *w, msg).context("cannot write to the guest")?;
+    Ok(())
+}
+/// Copies our stdin to the guest once the init connects for it (with the
+/// token; any other connection is refused and reported, so no other guest
+/// process reads what the user types); our EOF becomes the command's EOF.
+/// The init connects only if the command starts. Stopped when the
+/// conversation ends, so that it cannot swallow the first key of the review
+/// that follows.
+struct StdinPump {
+    stop: std::os::fd::OwnedFd,
+    _listening: admission::Listening,
+}
+
+impl StdinPump {
+    fn spawn(
+        listener: std::os::unix::net::UnixListener,
+        token: Token,
+        tampering: admission::Tampering,
+    ) -> anyhow::Result<StdinPump> {
+        let (stop_rx, stop) = nix::unistd::pipe().context("cannot create a pipe")?;
+        let listening = admission::admit_first(listener, admission::Channel::Stdin, token, tampering, move |conn| {
+            let pumping = std::thread::Builder::new().name("stdin".into()).spawn(move || pump_stdin(conn, stop_rx));
+            if let Err(e) = pumping {
+                tracing::warn!("cannot start the stdin thread: {e}");
+            }
+        })?;
+        Ok(StdinPump { stop, _listening: listening })
+    }
+}
+
+/// Copies our stdin into `conn` until our EOF or `stop_rx` is readable.
+fn pump_stdin(mut conn: UnixStream, stop_rx: std::os::fd::OwnedFd) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN), PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        if fds[1].any().unwrap_or(false) {
+            return;
+        }
+        let n = match nix::unistd::read(&stdin, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if conn.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+}
+
+struct StopOnDrop(StdinPump);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::unistd::write(&self.0.stop, &[1]);
+    }
+}
+
+#[cfg(test)]
+mod dockerd_log_tests {
+    use super::*;
+
+    /// A guest may send dockerd output without end (or without --docker at
+    /// all): the session's dockerd.log stops at its cap with a note.
+    #[test]
+    fn dockerd_log_stops_at_its_cap_whatever_the_guest_sends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = session::Session::create(tmp.path()).unwrap();
+        let mut log = DockerdLog::default();
+        let line = b"level=info msg=\"a guest flooding its daemon log\"\n".repeat(1000);
+        for _ in 0..300 {
+            log.write(&session, &line);
+        }
+        drop(log);
+        let text = std::fs::read(session.dockerd_log()).unwrap();
+        let cap = crate::logcap::DOCKERD_LOG_CAP;
+        assert!(text.len() as u64 <= cap + 4096, "{} bytes for a cap of {cap}", text.len());
+        let tail = String::from_utf8_lossy(&text[text.len() - 200..]);
+        assert!(tail.contains("of dockerd.log dropped after the cap"), "{tail}");
+    }
+}

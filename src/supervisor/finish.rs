@@ -1,0 +1,296 @@
+//! Stage 4, finish: lets the VMM power off while the proxy stops and the
+//! changes are reviewed, tells the user how the run ended, and decides
+//! stockade's exit status and the run record's words ([`Outcome`], the one
+//! place that maps an end to a status).
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::conversation::{Conversation, Ended};
+use super::prepare::{Held, Host, Recorded};
+use super::{EXIT_STOCKADE, Finished, RunConfig, agent_state, deadline, home_tools, outcome, session, vm};
+use crate::changes::{self, review::ApplyMode};
+use crate::protocol::ExitReport;
+
+/// After the command ends, how long the VMM gets to power off by itself.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// What `finish` takes down, and the session it records to.
+pub struct Finish<'a> {
+    pub config: &'a RunConfig,
+    pub host: &'a Host,
+    pub recorded: Recorded,
+    pub held: Held,
+}
+
+/// What the messages after the run need to know.
+struct Epilogue<'a> {
+    config: &'a RunConfig,
+    host: &'a Host,
+    recorded: &'a Recorded,
+    /// `--apply`, unless tampering overrode it.
+    apply: ApplyMode,
+}
+
+impl Finish<'_> {
+    pub fn conclude(self, vmm: vm::VmProcess, ended: Ended) -> Finished {
+        let Finish { config, host, mut recorded, held } = self;
+        // The guest has said all it will; its VMM powers off (or is killed
+        // after the grace) while the network stops and the changes are
+        // reviewed. If the thread cannot start, dropping the VMM kills it.
+        let reaper = reap(vmm, host.started);
+        let Held { network, sockets, scratch, agents, tampering } = held;
+        drop(network);
+        // The guest's changes were exported; the disk that held them is
+        // spent, unless staging them failed (a full disk): then it is all
+        // that holds them.
+        if ended.unstaged() {
+            scratch.keep();
+        } else {
+            drop(scratch);
+        }
+        drop(sockets);
+        let mut epilogue = Epilogue { config, host, recorded: &recorded, apply: config.apply };
+        for state in &agents {
+            if let Err(e) = offer_agent_settings(state, &epilogue) {
+                eprintln!(
+                    "stockade: warning: agent {}: {e:#}; its state stays in {}",
+                    state.name,
+                    state.home.display()
+                );
+            }
+        }
+        tracing::debug!("network stopped after {:?}", host.started.elapsed());
+        let tampered = tampering.lines();
+        epilogue.apply = apply_mode(&epilogue, &tampered);
+        epilogue.announce(&ended);
+        let outcome = Outcome::of(&ended, config.timeout);
+        if let Ok(reaper) = reaper {
+            let _ = reaper.join();
+        }
+        outcome.record(&mut recorded, &tampered);
+        Finished {
+            status: outcome.status,
+            session_id: recorded.session.id.clone(),
+            session_dir: recorded.session.dir.clone(),
+            failure: outcome.failure,
+            tampering: tampered,
+        }
+    }
+}
+
+fn reap(mut vmm: vm::VmProcess, started: Instant) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("vmm-reaper".into()).spawn(move || {
+        vmm.finish(SHUTDOWN_GRACE);
+        tracing::debug!("VMM exited after {:?}", started.elapsed());
+    })
+}
+
+/// Warns of the guest's tampering, and applies nothing on its own when
+/// there was any.
+fn apply_mode(epilogue: &Epilogue<'_>, tampered: &[String]) -> ApplyMode {
+    for what in tampered {
+        eprintln!("stockade: warning: the guest tampered with the init's channels: {what}");
+    }
+    match epilogue.config.apply {
+        ApplyMode::All if !tampered.is_empty() => {
+            eprintln!(
+                "stockade: warning: not applying anything despite --apply all, since the guest tampered with \
+                 the init's channels; review the staged changes with `stockade diff {}`",
+                epilogue.recorded.session.id
+            );
+            ApplyMode::None
+        }
+        mode => mode,
+    }
+}
+
+/// How the run ended as stockade reports it: its exit status, the run
+/// record's words, and what failed when stockade or the VM did.
+struct Outcome {
+    status: u8,
+    text: String,
+    failure: Option<String>,
+}
+
+impl Outcome {
+    fn of(ended: &Ended, timeout: Option<Duration>) -> Outcome {
+        let (status, text) = match &ended.result {
+            Ok(Conversation::Ended { report, .. }) => (outcome::exit_status(report).0, outcome::describe(report)),
+            Ok(Conversation::Stopped) => (130, "stopped by the user".to_string()),
+            Ok(Conversation::VmEnded) => (EXIT_STOCKADE, "the VM stopped before the command finished".to_string()),
+            Err(e) => (EXIT_STOCKADE, format!("stockade failed: {e:#}")),
+        };
+        if ended.expired.get() {
+            let limit = timeout.map(deadline::describe).unwrap_or_default();
+            eprintln!("stockade: stopped after --timeout {limit}; exit status 124");
+            return Outcome { status: deadline::EXIT_TIMEOUT, text, failure: None };
+        }
+        let failure = match &ended.result {
+            Ok(Conversation::Ended { report: ExitReport::SetupFailed { .. }, .. })
+            | Ok(Conversation::VmEnded)
+            | Err(_) => Some(text.clone()),
+            _ => None,
+        };
+        Outcome { status, text, failure }
+    }
+
+    fn record(&self, recorded: &mut Recorded, tampered: &[String]) {
+        let Recorded { session, record, .. } = recorded;
+        let elapsed = session.started.elapsed().unwrap_or_default();
+        record.duration_ms = Some(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        record.status = Some(i32::from(self.status));
+        record.outcome = Some(if tampered.is_empty() {
+            self.text.clone()
+        } else {
+            format!("{}; the guest tampered with the init's channels", self.text)
+        });
+        if let Err(e) = session.write_record(record) {
+            tracing::warn!("cannot update the run record: {e:#}");
+        }
+    }
+}
+
+impl Epilogue<'_> {
+    /// Says how the run ended, and reviews the changes of a command that did.
+    fn announce(&self, ended: &Ended) {
+        match &ended.result {
+            Ok(Conversation::Ended { report, staged }) => {
+                self.explain(report);
+                self.review(staged.as_ref());
+            }
+            Ok(Conversation::Stopped) => {}
+            Ok(Conversation::VmEnded) => {
+                eprintln!("stockade: error: {}", vm_ended_message(&self.recorded.session));
+            }
+            Err(e) => eprintln!("stockade: error: {e:#}"),
+        }
+    }
+
+    /// Why the command did not run or failed, with a hint where we have one.
+    fn explain(&self, report: &ExitReport) {
+        let Some(message) = outcome::exit_status(report).1 else { return };
+        eprintln!("stockade: {message}");
+        let session = &self.recorded.session;
+        if matches!(report, ExitReport::NotStarted { not_found: true, .. }) {
+            let host_path = std::env::var("PATH").unwrap_or_default();
+            let (config, home) = (self.config, &self.host.user.home);
+            if let Some(hint) = home_tools::not_found_hint(&config.argv[0], &host_path, home, config.home_tools) {
+                eprintln!("stockade: {hint}");
+            }
+        }
+        if matches!(report, ExitReport::SetupFailed { .. }) && session.dockerd_log().exists() {
+            eprintln!("stockade: dockerd's log is {}", session.dockerd_log().display());
+        }
+    }
+
+    fn review(&self, staged: Option<&anyhow::Result<changes::StageReport>>) {
+        let (config, id) = (self.config, &self.recorded.session.id);
+        match staged {
+            Some(Ok(_)) => {
+                let (store, workspace) = (&self.recorded.store, &self.host.workspace);
+                if let Err(e) = changes::review::after_run(store, workspace, id, self.apply, config.color, &config.code)
+                {
+                    eprintln!("stockade: error: {e:#}; the changes stay staged: see `stockade diff {id}`");
+                }
+            }
+            Some(Err(e)) => {
+                eprintln!("stockade: warning: {e:#}; the workspace was not changed");
+                eprintln!(
+                    "stockade: the guest's changes are kept, unstaged, in the scratch disk {} (ext4: \
+                     `sudo mount -o loop,ro` it to copy files out); `stockade sessions --prune \
+                     --include-staged` removes it",
+                    self.recorded.session.scratch_disk().display()
+                );
+            }
+            None => {}
+        }
+    }
+}
+
+/// Stages the seed files an agent changed in its state (settings that can
+/// run code on the host) as a session of their own for the home directory,
+/// and reviews it like the workspace's changes; never applied without the
+/// user saying so, whatever `--apply` says.
+fn offer_agent_settings(state: &agent_state::Prepared, epilogue: &Epilogue<'_>) -> anyhow::Result<()> {
+    let home = &epilogue.host.user.home;
+    let changed = state.changed_seeds(home);
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let session = session::Session::create(&epilogue.host.dirs.data)?;
+    session.write_record(&session::RunRecord {
+        id: session.id.clone(),
+        command: vec![format!("settings of agent {} changed in session {}", state.name, epilogue.recorded.session.id)],
+        workspace: home.display().to_string(),
+        started: session::timestamp(session.started),
+        duration_ms: Some(0),
+        status: Some(0),
+        outcome: Some("staged from the agent's state".into()),
+    })?;
+    let store = changes::Store::open(&session.dir)?;
+    state.stage_for_home(&changed, home, &store)?;
+    let shown: Vec<String> = changed.iter().map(|p| format!("~/{}", p.display())).collect();
+    eprintln!(
+        "stockade: agent {} changed {} in the sandbox (kept in {}); your own copy is unchanged. \
+         To bring the change to your home directory, review it:",
+        state.name,
+        shown.join(", "),
+        state.home.display()
+    );
+    let mode = match epilogue.config.apply {
+        ApplyMode::Ask => ApplyMode::Ask,
+        _ => ApplyMode::None,
+    };
+    let config = epilogue.config;
+    changes::review::after_run(&store, home, &session.id, mode, config.color, &config.code)?;
+    Ok(())
+}
+
+/// What to tell the user when the VM ended without a report.
+fn vm_ended_message(session: &session::Session) -> String {
+    let log = session.kernel_log();
+    let kernel_log = std::fs::read_to_string(&log).unwrap_or_default();
+    let vmm_log = std::fs::read_to_string(session.vmm_log()).unwrap_or_default();
+    if let Some(line) = kernel_log.lines().find(|l| l.contains("Kernel panic")) {
+        let what = line.split_once("] ").map_or(line, |(_, rest)| rest);
+        format!("the guest kernel panicked ({}); the kernel log is {}", what.trim(), log.display())
+    } else if let Some(line) = vmm_log.lines().rev().find(|l| !l.trim().is_empty()) {
+        // The VMM's own error line repeats our prefix.
+        let line = line.trim().trim_start_matches("stockade: error: ");
+        format!("the VM stopped before the command finished: {line}; the kernel log is {}", log.display())
+    } else {
+        format!("the VM stopped before the command finished; the kernel log is {}", log.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(result: anyhow::Result<Conversation>) -> Ended {
+        Ended { result, expired: deadline::Expired::default() }
+    }
+
+    #[test]
+    fn the_command_status_passes_through_and_only_stockade_failures_are_failures() {
+        let exited =
+            Outcome::of(&ended(Ok(Conversation::Ended { report: ExitReport::Exited { code: 3 }, staged: None })), None);
+        assert_eq!((exited.status, exited.failure), (3, None));
+        let signaled = Outcome::of(
+            &ended(Ok(Conversation::Ended { report: ExitReport::Signaled { signal: 9 }, staged: None })),
+            None,
+        );
+        assert_eq!((signaled.status, signaled.failure), (137, None));
+        let stopped = Outcome::of(&ended(Ok(Conversation::Stopped)), None);
+        assert_eq!((stopped.status, stopped.failure), (130, None));
+        let gone = Outcome::of(&ended(Ok(Conversation::VmEnded)), None);
+        assert_eq!((gone.status, gone.failure.is_some()), (EXIT_STOCKADE, true));
+        let failed = Outcome::of(&ended(Err(anyhow::anyhow!("boom"))), None);
+        assert_eq!((failed.status, failed.text.as_str()), (EXIT_STOCKADE, "stockade failed: boom"));
+        assert!(failed.failure.is_some());
+        let setup = ExitReport::SetupFailed { message: "no overlay".into() };
+        let setup = Outcome::of(&ended(Ok(Conversation::Ended { report: setup, staged: None })), None);
+        assert_eq!(setup.failure.as_deref(), Some(setup.text.as_str()));
+    }
+}
