@@ -16,7 +16,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 pub use landlock::FsRules;
-pub use seccomp::ThreadKind;
+pub use seccomp::{DeviceThread, Openat, ThreadKind};
 
 #[derive(Debug, Error)]
 pub enum JailError {
@@ -40,8 +40,9 @@ pub struct Closed {
 /// any other thread exists: Landlock binds the caller and the threads it
 /// creates afterwards. Threads must then be created with `thread::spawn`,
 /// and the caller confines itself with `thread::confine_current`.
-pub fn enter(rules: &FsRules) -> Result<Closed, JailError> {
-    let filters = Arc::new(seccomp::Filters::build()?);
+/// `devices`: the worker threads the VMM's devices will start.
+pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Closed, JailError> {
+    let filters = Arc::new(seccomp::Filters::build(devices)?);
     let landlock_abi = landlock::restrict(rules)?;
     sigsys::install().map_err(JailError::Sigsys)?;
     thread::start_launcher(filters).map_err(JailError::Launcher)?;
