@@ -2,7 +2,8 @@
 //! before the guest runs: Landlock limits the files it can reach to the
 //! shares (read-only unless a policy made them writable) and the session
 //! directory; seccomp limits each thread to the system calls of its kind
-//! (`seccomp::ThreadKind`); no_new_privs comes with both. The VMM holds no
+//! (`seccomp::ThreadKind`; each virtio device declares its worker's list,
+//! see `vmm::devices::virtio`); no_new_privs comes with both. The VMM holds no
 //! credentials and makes no sockets (see `vmm::devices::broker`).
 
 pub mod landlock;

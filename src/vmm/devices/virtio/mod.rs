@@ -237,3 +237,16 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
         data[..n].copy_from_slice(&src[..n]);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slot order is what the guest sees: the scratch disk must stay
+    /// /dev/vda, and the transport numbers devices in this order.
+    #[test]
+    fn devices_keep_their_slot_order() {
+        let names: Vec<&str> = device_threads().iter().map(|t| t.name).collect();
+        assert_eq!(names, ["virtio-vsock", "virtio-rng", "virtio-net", "virtio-fs", "virtio-fs (rw)", "virtio-blk"]);
+    }
+}

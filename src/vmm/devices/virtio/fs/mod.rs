@@ -1,4 +1,5 @@
-//! virtio-fs: host directories shared read-only with the guest.
+//! virtio-fs: host directories shared with the guest, read-only unless a
+//! policy mounts them writable (a second device, `Fs::writable`).
 //!
 //! One virtio-fs device serves one FUSE filesystem. Each [`Share`] is a host
 //! directory, served by its own `PassthroughFs`, mounted at the share's
@@ -17,7 +18,6 @@
 //! (overlayfs on 9p, for instance). Every inode the guest holds costs the
 //! host one descriptor; [`Fs::new`] raises the soft RLIMIT_NOFILE to the
 //! hard limit for that reason.
-
 //!
 //! `device` is what the transport sees and builds the filesystem,
 //! `request` serves one FUSE request, `event_handler` what the worker does
