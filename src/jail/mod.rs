@@ -2,7 +2,8 @@
 //! before the guest runs: Landlock limits the files it can reach to the
 //! shares (read-only unless a policy made them writable) and the session
 //! directory; seccomp limits each thread to the system calls of its kind
-//! (`seccomp::ThreadKind`); no_new_privs comes with both. The VMM holds no
+//! (`seccomp::ThreadKind`; each virtio device declares its worker's list,
+//! see `vmm::devices::virtio`); no_new_privs comes with both. The VMM holds no
 //! credentials and makes no sockets (see `vmm::devices::broker`).
 
 pub mod landlock;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 pub use landlock::FsRules;
-pub use seccomp::ThreadKind;
+pub use seccomp::{DeviceThread, Openat, ThreadKind};
 
 #[derive(Debug, Error)]
 pub enum JailError {
@@ -40,8 +41,9 @@ pub struct Closed {
 /// any other thread exists: Landlock binds the caller and the threads it
 /// creates afterwards. Threads must then be created with `thread::spawn`,
 /// and the caller confines itself with `thread::confine_current`.
-pub fn enter(rules: &FsRules) -> Result<Closed, JailError> {
-    let filters = Arc::new(seccomp::Filters::build()?);
+/// `devices`: the worker threads the VMM's devices will start.
+pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Closed, JailError> {
+    let filters = Arc::new(seccomp::Filters::build(devices)?);
     let landlock_abi = landlock::restrict(rules)?;
     sigsys::install().map_err(JailError::Sigsys)?;
     thread::start_launcher(filters).map_err(JailError::Launcher)?;

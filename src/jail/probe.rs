@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::sync::mpsc;
 
 use super::{FsRules, JailError, ThreadKind, thread};
+use crate::vmm::devices::virtio::{device_threads, fs};
 
 #[derive(Debug, Clone)]
 pub enum Probe {
@@ -48,8 +49,8 @@ impl Probe {
     /// share's worker, everything else from the read-only one.
     fn thread_kind(&self) -> ThreadKind {
         match self {
-            Probe::Write(_) => ThreadKind::FsWritable,
-            _ => ThreadKind::FsReadOnly,
+            Probe::Write(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
+            _ => ThreadKind::Device(&fs::READ_ONLY_THREAD),
         }
     }
 }
@@ -57,7 +58,7 @@ impl Probe {
 /// Closes the jail with `rules`, runs `probe` on a virtio-fs worker thread
 /// and returns its one-line result.
 pub fn run(rules: &FsRules, probe: Probe) -> Result<String, JailError> {
-    super::enter(rules)?;
+    super::enter(rules, &device_threads())?;
     let (tx, rx) = mpsc::channel();
     thread::spawn("probe", probe.thread_kind(), move || {
         let _ = tx.send(attempt(&probe));

@@ -5,6 +5,10 @@
 //! turns into the end of the VMM. No list has socket, connect, bind, execve
 //! or fork-like clone; only the launcher, which runs no guest-facing code,
 //! may create threads. Memory may never be mapped executable.
+//!
+//! The fixed kinds' lists are here; each virtio device declares its worker's
+//! list in its own folder (a `DeviceThread`, built from the shared groups
+//! `WORKER` and `BROKERED` and its own), and the VMM hands those to `Filters::build`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -14,8 +18,9 @@ use seccompiler::{
 };
 use thiserror::Error;
 
-/// The kinds of VMM thread, each with its own allowlist.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// The kinds of VMM thread, each with its own allowlist. Device workers
+/// bring their own (`DeviceThread`), so the jail need not know each device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThreadKind {
     /// The main thread once the VM runs: waits for the end and exits.
     Main,
@@ -25,33 +30,13 @@ pub enum ThreadKind {
     IrqWatch,
     /// Creates every other thread (see `jail::thread`).
     Launcher,
-    /// The virtio-vsock worker: Unix streams to the supervisor.
-    Vsock,
-    /// The virtio-net worker: its stack's streams to the supervisor.
-    Net,
-    /// The virtio-rng worker.
-    Rng,
-    /// The virtio-blk worker: reads and writes one disk image.
-    Block,
-    /// The read-only virtio-fs worker.
-    FsReadOnly,
-    /// The virtio-fs worker of the writable shares.
-    FsWritable,
+    /// A virtio device worker, as its device registered it.
+    Device(&'static DeviceThread),
 }
 
 impl ThreadKind {
-    pub const ALL: [ThreadKind; 10] = [
-        ThreadKind::Main,
-        ThreadKind::Vcpu,
-        ThreadKind::IrqWatch,
-        ThreadKind::Launcher,
-        ThreadKind::Vsock,
-        ThreadKind::Net,
-        ThreadKind::Rng,
-        ThreadKind::Block,
-        ThreadKind::FsReadOnly,
-        ThreadKind::FsWritable,
-    ];
+    /// The kinds every VMM has, whatever its devices.
+    pub const FIXED: [ThreadKind; 4] = [ThreadKind::Main, ThreadKind::Vcpu, ThreadKind::IrqWatch, ThreadKind::Launcher];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -59,14 +44,31 @@ impl ThreadKind {
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::IrqWatch => "irq-watch",
             ThreadKind::Launcher => "launcher",
-            ThreadKind::Vsock => "virtio-vsock",
-            ThreadKind::Net => "virtio-net",
-            ThreadKind::Rng => "virtio-rng",
-            ThreadKind::Block => "virtio-blk",
-            ThreadKind::FsReadOnly => "virtio-fs",
-            ThreadKind::FsWritable => "virtio-fs (rw)",
+            ThreadKind::Device(thread) => thread.name,
         }
     }
+}
+
+/// A device worker's thread as its device declares it: the name it runs
+/// under (also its name in SIGSYS reports) and what it may ask of the
+/// kernel beyond `COMMON`, each syscall commented where it is listed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DeviceThread {
+    pub name: &'static str,
+    /// Unconditional syscalls, in groups such as `WORKER` and `BROKERED`.
+    pub syscalls: &'static [&'static [i64]],
+    /// Whether `openat` is allowed, and with which flags.
+    pub openat: Openat,
+}
+
+/// `openat` for a device worker; `openat2` is never allowed, since its
+/// flags sit behind a pointer that seccomp cannot read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Openat {
+    Never,
+    /// Only without a modifying flag (`MODIFYING_OPEN_FLAGS`).
+    ReadOnly,
+    Any,
 }
 
 #[derive(Debug, Error)]
@@ -83,6 +85,10 @@ pub enum SeccompError {
         #[source]
         source: seccompiler::Error,
     },
+    #[error("two kinds of thread are named {0}: their filters would be confused")]
+    DuplicateName(&'static str),
+    #[error("no seccomp filter was built for the {0} thread")]
+    Unknown(&'static str),
 }
 
 /// `KVM_RUN`, `_IO(KVMIO, 0x80)`.
@@ -117,82 +123,14 @@ const COMMON: &[i64] = &[
 ];
 
 /// Waiting on eventfds and descriptors, for every device worker.
-const WORKER: &[i64] =
+pub const WORKER: &[i64] =
     &[libc::SYS_epoll_create1, libc::SYS_epoll_ctl, libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_fcntl];
 
 /// Streams the supervisor's broker connected: the dial request and its
 /// reply with a descriptor (sendmsg, recvmsg), then plain reads, writes
 /// and half-closes.
-const BROKERED: &[i64] =
+pub const BROKERED: &[i64] =
     &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
-
-const BLOCK: &[i64] = &[
-    libc::SYS_pread64,
-    libc::SYS_pwrite64,
-    libc::SYS_preadv,
-    libc::SYS_pwritev,
-    libc::SYS_lseek,
-    libc::SYS_fsync,
-    libc::SYS_fdatasync,
-    libc::SYS_fallocate,
-];
-
-/// Looking up, reading and listing files beneath the shares (Landlock
-/// decides which files; this decides which operations). `openat` is not
-/// here: the read-only worker gets it only without modifying flags
-/// (`read_only_open`), the writable one gets it plain.
-const FS_READ: &[i64] = &[
-    libc::SYS_newfstatat,
-    libc::SYS_fstat,
-    libc::SYS_statx,
-    libc::SYS_getdents64,
-    libc::SYS_readlinkat,
-    libc::SYS_pread64,
-    libc::SYS_preadv,
-    libc::SYS_lseek,
-    libc::SYS_fstatfs,
-    libc::SYS_statfs,
-    libc::SYS_fgetxattr,
-    libc::SYS_flistxattr,
-    libc::SYS_getxattr,
-    libc::SYS_lgetxattr,
-    libc::SYS_listxattr,
-    libc::SYS_llistxattr,
-    libc::SYS_dup,
-    libc::SYS_dup3,
-    libc::SYS_faccessat,
-    libc::SYS_faccessat2,
-    libc::SYS_fadvise64,
-];
-
-const FS_WRITE: &[i64] = &[
-    libc::SYS_mkdirat,
-    libc::SYS_mknodat,
-    libc::SYS_unlinkat,
-    libc::SYS_renameat,
-    libc::SYS_renameat2,
-    libc::SYS_symlinkat,
-    libc::SYS_linkat,
-    libc::SYS_fchmod,
-    libc::SYS_fchmodat,
-    libc::SYS_fchown,
-    libc::SYS_fchownat,
-    libc::SYS_utimensat,
-    libc::SYS_ftruncate,
-    libc::SYS_fallocate,
-    libc::SYS_pwrite64,
-    libc::SYS_pwritev,
-    libc::SYS_fsync,
-    libc::SYS_fdatasync,
-    libc::SYS_fsetxattr,
-    libc::SYS_setxattr,
-    libc::SYS_lsetxattr,
-    libc::SYS_fremovexattr,
-    libc::SYS_removexattr,
-    libc::SYS_lremovexattr,
-    libc::SYS_setresuid,
-    libc::SYS_setresgid,
-];
 
 /// Creating a thread: its stack and guard page, its name, its own filter.
 const LAUNCH: &[i64] = &[
@@ -205,28 +143,31 @@ const LAUNCH: &[i64] = &[
     libc::SYS_sched_getaffinity,
 ];
 
-/// The unconditional syscalls of `kind`.
-fn plain(kind: ThreadKind) -> Vec<i64> {
+/// The unconditional syscalls of `kind`; the launcher's are those of every
+/// kind it may start, `devices` among them.
+fn plain(kind: ThreadKind, devices: &[&'static DeviceThread]) -> Vec<i64> {
     let own: &[&[i64]] = match kind {
         ThreadKind::Main | ThreadKind::IrqWatch => &[],
         ThreadKind::Vcpu => &[&[libc::SYS_fcntl, libc::SYS_eventfd2]],
         ThreadKind::Launcher => {
-            return ThreadKind::ALL
-                .iter()
-                .filter(|k| **k != ThreadKind::Launcher)
-                .flat_map(|k| plain(*k))
+            return all_kinds(devices)
+                .filter(|k| *k != ThreadKind::Launcher)
+                .flat_map(|k| plain(k, devices))
                 .chain(LAUNCH.iter().copied())
                 .collect();
         }
-        ThreadKind::Vsock => &[WORKER, BROKERED],
-        // smoltcp itself asks nothing of the kernel but the clock.
-        ThreadKind::Net => &[WORKER, BROKERED],
-        ThreadKind::Rng => &[WORKER],
-        ThreadKind::Block => &[WORKER, BLOCK],
-        ThreadKind::FsReadOnly => &[WORKER, FS_READ],
-        ThreadKind::FsWritable => &[WORKER, FS_READ, FS_WRITE, &[libc::SYS_openat]],
+        ThreadKind::Device(thread) => thread.syscalls,
     };
-    COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().collect()
+    let openat = match kind {
+        ThreadKind::Device(DeviceThread { openat: Openat::Any, .. }) => Some(libc::SYS_openat),
+        _ => None,
+    };
+    COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().chain(openat).collect()
+}
+
+/// The fixed kinds, then one per device thread.
+fn all_kinds<'a>(devices: &'a [&'static DeviceThread]) -> impl Iterator<Item = ThreadKind> + 'a {
+    ThreadKind::FIXED.into_iter().chain(devices.iter().map(|d| ThreadKind::Device(d)))
 }
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
@@ -242,24 +183,27 @@ const MODIFYING_OPEN_FLAGS: u64 =
 /// `__O_TMPFILE`: O_TMPFILE without the O_DIRECTORY bit it includes.
 const TMPFILE_BIT: libc::c_int = libc::O_TMPFILE & !libc::O_DIRECTORY;
 
-/// `openat` for the read-only worker: flags (argument 2, an int) with no
-/// modifying bit. `openat2` stays out of every list, since its flags sit
-/// behind a pointer that seccomp cannot read.
+/// `openat` for `Openat::ReadOnly`: flags (argument 2, an int) with no
+/// modifying bit.
 fn read_only_open() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let flags = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(MODIFYING_OPEN_FLAGS), 0)?;
     Ok(vec![SeccompRule::new(vec![flags])?])
 }
 
 /// The rules of `kind`, arguments checked where it matters.
-fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
-    let mut map: BTreeMap<i64, Vec<SeccompRule>> = plain(kind).into_iter().map(|nr| (nr, Vec::new())).collect();
+fn rules(
+    kind: ThreadKind,
+    devices: &[&'static DeviceThread],
+) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> =
+        plain(kind, devices).into_iter().map(|nr| (nr, Vec::new())).collect();
     // Never executable memory: prot (argument 2) without PROT_EXEC.
     let no_exec = || -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
         Ok(vec![SeccompRule::new(vec![cond(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0)?])?])
     };
     map.insert(libc::SYS_mmap, no_exec()?);
     map.insert(libc::SYS_mprotect, no_exec()?);
-    if kind == ThreadKind::FsReadOnly {
+    if let ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }) = kind {
         map.insert(libc::SYS_openat, read_only_open()?);
     }
     if matches!(kind, ThreadKind::Vcpu | ThreadKind::Launcher) {
@@ -271,28 +215,35 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompile
 /// What a thread outside its allowlist gets: SIGSYS, reported by `sigsys`.
 const MISMATCH: SeccompAction = SeccompAction::Trap;
 
-/// The compiled filter of every kind.
+/// The compiled filter of every kind, by kind name.
 pub struct Filters {
-    programs: BTreeMap<ThreadKind, BpfProgram>,
+    programs: BTreeMap<&'static str, BpfProgram>,
 }
 
 impl Filters {
-    pub fn build() -> Result<Filters, SeccompError> {
+    /// Filters for the fixed kinds and for the worker of each of `devices`.
+    pub fn build(devices: &[&'static DeviceThread]) -> Result<Filters, SeccompError> {
         let mut programs = BTreeMap::new();
-        for kind in ThreadKind::ALL {
+        for kind in all_kinds(devices) {
             let build = |source| SeccompError::Build { kind: kind.name(), source };
-            let filter =
-                SeccompFilter::new(rules(kind).map_err(build)?, MISMATCH, SeccompAction::Allow, TargetArch::x86_64)
-                    .map_err(build)?;
+            let filter = SeccompFilter::new(
+                rules(kind, devices).map_err(build)?,
+                MISMATCH,
+                SeccompAction::Allow,
+                TargetArch::x86_64,
+            )
+            .map_err(build)?;
             let program: BpfProgram = filter.try_into().map_err(build)?;
-            programs.insert(kind, program);
+            if programs.insert(kind.name(), program).is_some() {
+                return Err(SeccompError::DuplicateName(kind.name()));
+            }
         }
         Ok(Filters { programs })
     }
 
     /// Confines the calling thread to the allowlist of `kind`, for good.
     pub fn apply(&self, kind: ThreadKind) -> Result<(), SeccompError> {
-        let program = &self.programs[&kind];
+        let program = self.programs.get(kind.name()).ok_or(SeccompError::Unknown(kind.name()))?;
         seccompiler::apply_filter(program).map_err(|source| SeccompError::Install { kind: kind.name(), source })
     }
 }
@@ -312,6 +263,16 @@ pub fn filters_usable(actions: &[String]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmm::devices::virtio::{device_threads, fs};
+
+    /// The VMM's own kinds: the fixed ones and every registered device's.
+    fn kinds() -> Vec<ThreadKind> {
+        all_kinds(&device_threads()).collect()
+    }
+
+    fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+        super::rules(kind, &device_threads())
+    }
 
     #[test]
     fn needs_trap_and_allow() {
@@ -322,13 +283,22 @@ mod tests {
     }
 
     #[test]
+    fn thread_names_are_unique() {
+        let mut names: Vec<&str> = kinds().iter().map(|k| k.name()).collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all);
+    }
+
+    #[test]
     fn every_filter_compiles() {
-        Filters::build().unwrap();
+        Filters::build(&device_threads()).unwrap();
     }
 
     #[test]
     fn no_kind_may_make_sockets_or_run_programs() {
-        for kind in ThreadKind::ALL {
+        for kind in kinds() {
             let allowed = rules(kind).unwrap();
             for nr in [
                 libc::SYS_socket,
@@ -348,20 +318,25 @@ mod tests {
 
     #[test]
     fn only_the_launcher_creates_threads_and_only_the_writable_fs_changes_files() {
-        for kind in ThreadKind::ALL {
+        for kind in kinds() {
             let allowed = rules(kind).unwrap();
             assert_eq!(allowed.contains_key(&libc::SYS_clone), kind == ThreadKind::Launcher, "{}", kind.name());
             let writes = allowed.contains_key(&libc::SYS_unlinkat);
-            assert_eq!(writes, matches!(kind, ThreadKind::FsWritable | ThreadKind::Launcher), "{}", kind.name());
+            assert_eq!(
+                writes,
+                matches!(kind, ThreadKind::Launcher) || kind == ThreadKind::Device(&fs::WRITABLE_THREAD),
+                "{}",
+                kind.name()
+            );
         }
     }
 
     #[test]
     fn the_read_only_worker_opens_only_without_modifying_flags() {
-        let ro = rules(ThreadKind::FsReadOnly).unwrap();
+        let ro = rules(ThreadKind::Device(&fs::READ_ONLY_THREAD)).unwrap();
         assert_eq!(ro[&libc::SYS_openat].len(), 1, "openat is conditional for the read-only worker");
-        assert!(rules(ThreadKind::FsWritable).unwrap()[&libc::SYS_openat].is_empty());
-        for kind in ThreadKind::ALL {
+        assert!(rules(ThreadKind::Device(&fs::WRITABLE_THREAD)).unwrap()[&libc::SYS_openat].is_empty());
+        for kind in kinds() {
             assert!(!rules(kind).unwrap().contains_key(&libc::SYS_openat2), "{} may call openat2", kind.name());
             assert!(!rules(kind).unwrap().contains_key(&libc::SYS_open), "{} may call open", kind.name());
             assert!(!rules(kind).unwrap().contains_key(&libc::SYS_creat), "{} may call creat", kind.name());

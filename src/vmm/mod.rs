@@ -34,7 +34,7 @@ use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
 use devices::mmio::{MMIO_LEN, MmioTransport, NOTIFY_OFFSET};
 use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort};
-use devices::virtio::{Interrupt, REASSERT_AFTER, VirtioDevice};
+use devices::virtio::{DEVICES, Env, Instance, Interrupt, REASSERT_AFTER};
 use vcpu::{Vcpu, VcpuStop};
 
 #[derive(Debug, Error)]
@@ -74,9 +74,7 @@ pub enum VmmError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Fs(#[from] devices::virtio::fs::FsError),
-    #[error(transparent)]
-    Disk(devices::virtio::blk::BlockError),
+    Virtio(#[from] devices::virtio::DeviceError),
     #[error("too many devices for the interrupt lines")]
     TooManyDevices,
     #[error("cannot close the VMM's jail (run `stockade doctor`; --no-jail runs without it)")]
@@ -132,10 +130,11 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     }
     cmdline.extend(config.kernel_args.iter().cloned());
 
-    let devices: Vec<(&'static str, Box<dyn VirtioDevice>)> = virtio_devices(config)?;
+    let devices = virtio_devices(config)?;
     tracing::debug!("VM and devices created after {:?}", started.elapsed());
     let mut interrupts = Vec::new();
-    for (slot, (name, device)) in devices.into_iter().enumerate() {
+    for (slot, instance) in devices.into_iter().enumerate() {
+        let name = instance.name;
         let slot = u32::try_from(slot).map_err(|_| VmmError::TooManyDevices)?;
         let irq = layout::VIRTIO_IRQ_BASE + slot;
         if irq >= layout::IOAPIC_PINS {
@@ -144,15 +143,17 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         let base = layout::VIRTIO_MMIO_BASE + u64::from(slot) * MMIO_LEN;
         let irqfd = EventFd::new(EFD_NONBLOCK).map_err(|source| VmmError::Device { device: name, source })?;
         vm.register_irqfd(&irqfd, irq).map_err(setup("register virtio irqfd"))?;
-        let transport = MmioTransport::new(device, mem.clone(), irqfd)
+        cmdline.push(instance.cmdline(base, irq));
+        let transport = MmioTransport::new(instance.device, mem.clone(), irqfd)
             .map_err(|source| VmmError::Device { device: name, source })?;
         for (index, kick) in transport.kick_fds().iter().enumerate() {
-            vm.register_ioevent(kick, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), index as u32)
+            // QueueNotify carries the queue index; a device has a handful.
+            let index = u32::try_from(index).map_err(|_| VmmError::TooManyDevices)?;
+            vm.register_ioevent(kick, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), index)
                 .map_err(setup("register virtio ioeventfd"))?;
         }
         interrupts.push((name, transport.interrupt()));
         mmio.insert(base, MMIO_LEN, Arc::new(Mutex::new(transport)));
-        cmdline.push(format!("virtio_mmio.device=4K@{base:#x}:{irq}"));
     }
 
     let init = std::fs::read(&config.init)
@@ -167,7 +168,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
 
     // Everything the VM needs is open: nothing more is reachable from here.
     if config.jail {
-        let closed = jail::enter(&jail_rules(config)).map_err(VmmError::Jail)?;
+        let closed = jail::enter(&jail_rules(config), &devices::virtio::device_threads()).map_err(VmmError::Jail)?;
         tracing::debug!("jail closed (Landlock ABI {})", closed.landlock_abi);
     }
     watch_interrupts(interrupts).map_err(|source| VmmError::Device { device: "interrupt watchdog", source })?;
@@ -225,52 +226,14 @@ pub fn jail_rules(config: &VmConfig) -> FsRules {
     }
 }
 
-fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
-    let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
-    let vsock_error = |source| VmmError::Device { device: "virtio-vsock", source };
-    let dialer = devices::broker::Dialer::connect(&config.vsock_broker).map_err(vsock_error)?;
-    let vsock = devices::virtio::vsock::Vsock::new(
-        crate::protocol::GUEST_CID,
-        dialer.clone(),
-        devices::virtio::vsock::HostPorts::stockade(),
-    )
-    .map_err(vsock_error)?;
-    let mut devices: Vec<(&'static str, Box<dyn VirtioDevice>)> =
-        vec![("virtio-vsock", Box::new(vsock)), ("virtio-rng", Box::new(rng))];
-    if config.network {
-        let net = devices::virtio::net::Net::new(dialer)
-            .map_err(|source| VmmError::Device { device: "virtio-net", source })?;
-        devices.push(("virtio-net", Box::new(net)));
+/// The instances of every registered device, in slot order.
+fn virtio_devices(config: &VmConfig) -> Result<Vec<Instance>, VmmError> {
+    let dialer = devices::broker::Dialer::connect(&config.vsock_broker)
+        .map_err(|source| VmmError::Device { device: devices::virtio::vsock::THREAD.name, source })?;
+    let env = Env { config, dialer: &dialer };
+    let mut instances = Vec::new();
+    for registration in DEVICES {
+        instances.extend((registration.create)(&env)?);
     }
-    let shares = |writable: bool| -> Vec<devices::virtio::fs::Share> {
-        config
-            .shares
-            .iter()
-            .filter(|s| s.writable == writable)
-            .map(|s| devices::virtio::fs::Share {
-                guest_path: s.guest_path.clone(),
-                host_path: s.host_path.clone(),
-                record: s.record.clone(),
-            })
-            .collect()
-    };
-    let read_only = shares(false);
-    if !read_only.is_empty() {
-        let fs = devices::virtio::fs::Fs::new(config::FS_TAG, &read_only).map_err(VmmError::Fs)?;
-        devices.push(("virtio-fs", Box::new(fs)));
-    }
-    let writable = shares(true);
-    if !writable.is_empty() {
-        let fs = devices::virtio::fs::Fs::writable(config::FS_TAG_RW, &writable).map_err(VmmError::Fs)?;
-        devices.push(("virtio-fs (rw)", Box::new(fs)));
-    }
-    if let Some(disk) = &config.disk {
-        let blk = devices::virtio::blk::Block::open(disk, false).map_err(VmmError::Disk)?;
-        devices.push(("virtio-blk", Box::new(blk)));
-    }
-    if let Some(image) = &config.image {
-        let blk = devices::virtio::blk::Block::open(image, true).map_err(VmmError::Disk)?;
-        devices.push(("virtio-blk (image)", Box::new(blk)));
-    }
-    Ok(devices)
+    Ok(instances)
 }

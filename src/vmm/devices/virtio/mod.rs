@@ -1,17 +1,33 @@
 //! The contract between the virtio-mmio transport and a virtio device, and
-//! the pieces every device shares: its queues with their kick eventfds and
-//! its interrupt line.
+//! the pieces every device shares: its queues with their kick eventfds, its
+//! interrupt line, its worker thread and its registration.
 //!
 //! A device is configured by the transport until the driver sets DRIVER_OK;
 //! then `activate` hands it guest memory, its queues and its interrupt, and
 //! the device processes queues on its own worker thread from then on.
+//!
+//! Every device has the same shape, one folder per device:
+//! - `<dev>/mod.rs`: the constants (device type id, queue count, sizes and
+//!   indices, feature bits), the worker's seccomp allowlist (`DeviceThread`)
+//!   and the device's `Registration`;
+//! - `<dev>/device.rs`: the device the transport sees (config space,
+//!   features, activation) and its queue handling;
+//! - `<dev>/event_handler.rs`: what the worker does with its events, run by
+//!   the one worker loop in `worker`;
+//! - further files for what only that device has (vsock's muxer, net's stack).
+//!
+//! Adding a device is a new folder and one line in `DEVICES`: the VMM makes
+//! its instances, gives each an MMIO slot and its kernel command-line entry,
+//! and the jail builds a seccomp filter for each of its threads.
 
 pub mod blk;
 pub mod fs;
 pub mod net;
 pub mod rng;
 pub mod vsock;
+pub mod worker;
 
+use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,15 +37,75 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::jail::DeviceThread;
+use crate::vmm::config::VmConfig;
+use crate::vmm::devices::broker::Dialer;
+
+/// Every device, in MMIO slot order (the guest numbers its disks and
+/// devices in this order). Adding a device adds one line here.
+pub const DEVICES: &[&Registration] =
+    &[&vsock::REGISTRATION, &rng::REGISTRATION, &net::REGISTRATION, &fs::REGISTRATION, &blk::REGISTRATION];
+
+/// How one device folder plugs into the VMM and its jail.
+pub struct Registration {
+    /// The worker threads its instances start: name and seccomp allowlist.
+    pub threads: &'static [&'static DeviceThread],
+    /// The instances the VM's configuration asks for, none or several.
+    pub create: fn(&Env) -> Result<Vec<Instance>, DeviceError>,
+}
+
+/// What a device gets to make its instances from.
+pub struct Env<'a> {
+    pub config: &'a VmConfig,
+    /// How host ports are reached (see `devices::broker`); one connection
+    /// to the supervisor's broker shared by every device that dials.
+    pub dialer: &'a Dialer,
+}
+
+/// One device the guest will see.
+pub struct Instance {
+    /// Its name in logs and errors.
+    pub name: &'static str,
+    pub device: Box<dyn VirtioDevice>,
+}
+
+impl Instance {
+    /// The kernel command-line entry that tells the guest where the device
+    /// sits: its 4 KiB register window at `base`, and its interrupt line.
+    pub fn cmdline(&self, base: u64, irq: u32) -> String {
+        format!("virtio_mmio.device=4K@{base:#x}:{irq}")
+    }
+}
+
+/// The worker threads of every registered device, for the jail.
+pub fn device_threads() -> Vec<&'static DeviceThread> {
+    DEVICES.iter().flat_map(|r| r.threads.iter().copied()).collect()
+}
+
+/// Why a device could not be made.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    #[error("cannot set up the {device} device")]
+    Io {
+        device: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Fs(#[from] fs::FsError),
+    #[error(transparent)]
+    Block(#[from] blk::BlockError),
+}
+
+impl DeviceError {
+    /// Labels an I/O error with the device it came from.
+    pub fn io(device: &'static str) -> impl Fn(io::Error) -> DeviceError {
+        move |source| DeviceError::Io { device, source }
+    }
+}
+
 /// VIRTIO_F_VERSION_1: we only speak modern virtio.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-
-/// Device type ids (virtio spec 5).
-pub const TYPE_NET: u32 = 1;
-pub const TYPE_BLOCK: u32 = 2;
-pub const TYPE_RNG: u32 = 4;
-pub const TYPE_VSOCK: u32 = 19;
-pub const TYPE_FS: u32 = 26;
 
 /// Interrupt status bits (virtio-mmio InterruptStatus).
 pub const INT_USED_RING: u32 = 0x1;
@@ -159,5 +235,18 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
     if let Some(src) = config.get(start..) {
         let n = src.len().min(data.len());
         data[..n].copy_from_slice(&src[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slot order is what the guest sees: the scratch disk must stay
+    /// /dev/vda, and the transport numbers devices in this order.
+    #[test]
+    fn devices_keep_their_slot_order() {
+        let names: Vec<&str> = device_threads().iter().map(|t| t.name).collect();
+        assert_eq!(names, ["virtio-vsock", "virtio-rng", "virtio-net", "virtio-fs", "virtio-fs (rw)", "virtio-blk"]);
     }
 }

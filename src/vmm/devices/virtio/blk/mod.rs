@@ -1,20 +1,26 @@
-//! virtio-blk: the session's scratch disk, where the guest keeps the upper
-//! layer of the workspace overlay (a sparse file in the session directory
-//! that lives only as long as the session's VM), and in image mode the
-//! read-only root image.
+//! virtio-blk (virtio spec 5.2): the session's scratch disk, where the guest
+//! keeps the upper layer of the workspace overlay (a sparse file in the
+//! session directory that lives only as long as the session's VM), and in
+//! image mode the read-only root image.
+//!
+//! `device` is what the transport sees, `request` one request against the
+//! disk file, `event_handler` what the worker does on a kick.
 
+mod device;
+mod event_handler;
 mod request;
-mod worker;
 
-use std::fs::File;
-use std::path::Path;
+use super::{DeviceError, Env, Instance, Registration};
+use crate::jail::seccomp::WORKER;
+use crate::jail::{DeviceThread, Openat};
 
-use thiserror::Error;
+pub use device::{Block, BlockError};
 
-use super::{ActivateError, Activation, TYPE_BLOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
-
-pub use request::SECTOR_SIZE;
-
+/// Device type id (virtio spec 5).
+pub const TYPE_BLOCK: u32 = 2;
+/// One request queue.
+const REQUEST_QUEUE: usize = 0;
+const NUM_QUEUES: usize = 1;
 const QUEUE_SIZE: u16 = 256;
 /// Data segments per request; with the header and the status byte a chain
 /// then still fits the queue without indirect descriptors.
@@ -25,75 +31,33 @@ const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
 const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 
-#[derive(Debug, Error)]
-pub enum BlockError {
-    #[error("cannot open the disk image {path}")]
-    Open {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the disk image {path} is {len} bytes, not a whole number of {SECTOR_SIZE}-byte sectors")]
-    Size { path: String, len: u64 },
-}
+/// Reading and writing the one disk image, opened before the jail closed.
+const DISK_IO: &[i64] = &[
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_lseek,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_fallocate,
+];
 
-/// A writable disk backed by a host file. No flush feature is offered: the
-/// scratch disk needs no durability beyond the VM's life, so the guest
-/// treats it as write-through and never waits on host fsyncs.
-pub struct Block {
-    file: Option<File>,
-    sectors: u64,
-    read_only: bool,
-}
+/// The worker of every disk, scratch or image.
+pub const THREAD: DeviceThread =
+    DeviceThread { name: "virtio-blk", syscalls: &[WORKER, DISK_IO], openat: Openat::Never };
 
-impl Block {
-    /// A read-only disk is opened read-only on the host, offered with
-    /// VIRTIO_BLK_F_RO, and refuses writes whatever the guest sends.
-    pub fn open(path: &Path, read_only: bool) -> Result<Block, BlockError> {
-        let open_err = |source| BlockError::Open { path: path.display().to_string(), source };
-        let file = File::options().read(true).write(!read_only).open(path).map_err(open_err)?;
-        let len = file.metadata().map_err(open_err)?.len();
-        if len % SECTOR_SIZE != 0 {
-            return Err(BlockError::Size { path: path.display().to_string(), len });
-        }
-        Ok(Block { file: Some(file), sectors: len / SECTOR_SIZE, read_only })
+pub const REGISTRATION: Registration = Registration { threads: &[&THREAD], create };
+
+/// The scratch disk, then the image: the guest sees them as /dev/vda and
+/// /dev/vdb.
+fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
+    let mut disks = Vec::new();
+    if let Some(disk) = &env.config.disk {
+        disks.push(Instance { name: THREAD.name, device: Box::new(Block::open(disk, false)?) });
     }
-}
-
-impl VirtioDevice for Block {
-    fn device_type(&self) -> u32 {
-        TYPE_BLOCK
+    if let Some(image) = &env.config.image {
+        disks.push(Instance { name: "virtio-blk (image)", device: Box::new(Block::open(image, true)?) });
     }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE]
-    }
-
-    fn features(&self) -> u64 {
-        let ro = if self.read_only { VIRTIO_BLK_F_RO } else { 0 };
-        VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_SEG_MAX | VIRTIO_RING_F_INDIRECT_DESC | ro
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // capacity (le64 sectors), size_max (le32, not offered), seg_max (le32).
-        let mut config = [0u8; 16];
-        config[..8].copy_from_slice(&self.sectors.to_le_bytes());
-        config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
-        read_config_bytes(&config, offset, data);
-    }
-
-    fn activate(&mut self, activation: Activation) -> Result<(), ActivateError> {
-        let Activation { mem, mut queues, interrupt, .. } = activation;
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount { got: queues.len(), want: 1 });
-        }
-        let file = self.file.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        let disk = request::Disk::new(file, self.sectors, self.read_only);
-        let queue = queues.remove(0);
-        crate::jail::thread::spawn("virtio-blk", crate::jail::ThreadKind::Block, move || {
-            worker::run(mem, queue, interrupt, disk)
-        })
-        .map_err(ActivateError::Thread)?;
-        Ok(())
-    }
+    Ok(disks)
 }

@@ -1,4 +1,5 @@
-//! virtio-fs: host directories shared read-only with the guest.
+//! virtio-fs: host directories shared with the guest, read-only unless a
+//! policy mounts them writable (a second device, `Fs::writable`).
 //!
 //! One virtio-fs device serves one FUSE filesystem. Each [`Share`] is a host
 //! directory, served by its own `PassthroughFs`, mounted at the share's
@@ -17,33 +18,31 @@
 //! (overlayfs on 9p, for instance). Every inode the guest holds costs the
 //! host one descriptor; [`Fs::new`] raises the soft RLIMIT_NOFILE to the
 //! hard limit for that reason.
+//!
+//! `device` is what the transport sees and builds the filesystem,
+//! `request` serves one FUSE request, `event_handler` what the worker does
+//! on a kick; `readonly` and `sightings` wrap the passthrough filesystem.
 
-// Nothing outside this module constructs the device until the VMM wires it
-// up; remove this once it does.
-
+mod device;
+mod event_handler;
 pub mod readonly;
+mod request;
 mod sightings;
-mod worker;
 
 #[cfg(test)]
 mod tests;
 
-use crate::jail::ThreadKind;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::FsOptions;
-use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::api::{BackFileSystem, Vfs, VfsOptions};
-use fuse_backend_rs::passthrough::{CachePolicy, Config, PassthroughFs};
-use thiserror::Error;
+use super::{DeviceError, Env, Instance, Registration};
+use crate::jail::seccomp::WORKER;
+use crate::jail::{DeviceThread, Openat};
+use crate::vmm::config::{FS_TAG, FS_TAG_RW};
 
-use super::{ActivateError, Activation, TYPE_FS, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
-use readonly::ReadOnlyFs;
+pub use device::{Fs, FsError, Share};
 
+/// Device type id (virtio spec 5).
+pub const TYPE_FS: u32 = 26;
 /// Size of each virtqueue (hiprio and request).
 const QUEUE_SIZE: u16 = 1024;
 const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
@@ -56,263 +55,98 @@ const CONFIG_LEN: usize = TAG_LEN + 4;
 /// running guest shows up within this delay.
 const CACHE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// A host directory exposed read-only to the guest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Share {
-    /// Where the directory appears inside the virtio-fs filesystem: an
-    /// absolute path such as "/usr" or "/a/b"; "/" makes the share the whole
-    /// filesystem (and then it must be the only one).
-    pub guest_path: String,
-    /// The host directory.
-    pub host_path: PathBuf,
-    /// Append what the guest looks up in this share to this sightings file
-    /// (see [`sightings`]); read-only shares only.
-    pub record: Option<PathBuf>,
-}
+/// Looking up, reading and listing files beneath the shares (Landlock
+/// decides which files; this decides which operations). `openat` is not
+/// here: the read-only worker gets it only without modifying flags, the
+/// writable one gets it plain.
+const FS_READ: &[i64] = &[
+    libc::SYS_newfstatat,
+    libc::SYS_fstat,
+    libc::SYS_statx,
+    libc::SYS_getdents64,
+    libc::SYS_readlinkat,
+    libc::SYS_pread64,
+    libc::SYS_preadv,
+    libc::SYS_lseek,
+    libc::SYS_fstatfs,
+    libc::SYS_statfs,
+    libc::SYS_fgetxattr,
+    libc::SYS_flistxattr,
+    libc::SYS_getxattr,
+    libc::SYS_lgetxattr,
+    libc::SYS_listxattr,
+    libc::SYS_llistxattr,
+    libc::SYS_dup,
+    libc::SYS_dup3,
+    libc::SYS_faccessat,
+    libc::SYS_faccessat2,
+    libc::SYS_fadvise64,
+];
 
-#[derive(Debug, Error)]
-pub enum FsError {
-    #[error("virtio-fs tag {0:?} must be 1 to {TAG_LEN} bytes without NUL")]
-    Tag(String),
-    #[error("guest path {guest_path:?} of share {} must be absolute, without \".\" or \"..\" components", host_path.display())]
-    GuestPath { guest_path: String, host_path: PathBuf },
-    #[error("share {} at {guest_path} overlaps share {} at {other_guest_path}", host_path.display(), other_host_path.display())]
-    Overlap { guest_path: String, host_path: PathBuf, other_guest_path: String, other_host_path: PathBuf },
-    #[error("cannot resolve share {}", path.display())]
-    Resolve { path: PathBuf, source: io::Error },
-    #[error("share {} is not a directory", path.display())]
-    NotADirectory { path: PathBuf },
-    #[error("share {} has a path that is not valid UTF-8", path.display())]
-    NotUtf8 { path: PathBuf },
-    #[error("cannot create the file server for share {}", path.display())]
-    Backend { path: PathBuf, source: io::Error },
-    #[error("cannot open share {} for the guest", path.display())]
-    Import { path: PathBuf, source: io::Error },
-    #[error("cannot open {} to record what the guest sees of share {}", record.display(), path.display())]
-    Record { path: PathBuf, record: PathBuf, source: io::Error },
-    #[error("cannot mount share {} at {guest_path} in the guest filesystem", path.display())]
-    Mount { path: PathBuf, guest_path: String, source: fuse_backend_rs::api::vfs::VfsError },
-}
+/// Changing files beneath the writable shares, with the guest's owner
+/// (setresuid, setresgid) as the passthrough server does.
+const FS_WRITE: &[i64] = &[
+    libc::SYS_mkdirat,
+    libc::SYS_mknodat,
+    libc::SYS_unlinkat,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+    libc::SYS_symlinkat,
+    libc::SYS_linkat,
+    libc::SYS_fchmod,
+    libc::SYS_fchmodat,
+    libc::SYS_fchown,
+    libc::SYS_fchownat,
+    libc::SYS_utimensat,
+    libc::SYS_ftruncate,
+    libc::SYS_fallocate,
+    libc::SYS_pwrite64,
+    libc::SYS_pwritev,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_fsetxattr,
+    libc::SYS_setxattr,
+    libc::SYS_lsetxattr,
+    libc::SYS_fremovexattr,
+    libc::SYS_removexattr,
+    libc::SYS_lremovexattr,
+    libc::SYS_setresuid,
+    libc::SYS_setresgid,
+];
 
-/// The virtio-fs device, serving the filesystem `F`.
-pub struct Fs<F: FileSystem + Send + Sync + 'static> {
-    config: [u8; CONFIG_LEN],
-    server: Arc<Server<F>>,
-    access: worker::Access,
-}
+/// The worker of the read-only shares.
+pub const READ_ONLY_THREAD: DeviceThread =
+    DeviceThread { name: "virtio-fs", syscalls: &[WORKER, FS_READ], openat: Openat::ReadOnly };
 
-impl Fs<ReadOnlyFs<Vfs>> {
-    /// A device whose guest-visible mount tag is `tag`, serving `shares`
-    /// read-only, each under its guest path inside one filesystem.
-    pub fn new(tag: &str, shares: &[Share]) -> Result<Self, FsError> {
-        let config = config_space(tag)?;
-        let guest_paths = check_guest_paths(shares)?;
-        raise_fd_limit();
+/// The worker of the shares a policy mounts writable.
+pub const WRITABLE_THREAD: DeviceThread =
+    DeviceThread { name: "virtio-fs (rw)", syscalls: &[WORKER, FS_READ, FS_WRITE], openat: Openat::Any };
 
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, true)?;
-        Ok(Fs {
-            config,
-            server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))),
-            access: worker::Access::ReadOnly,
-        })
-    }
-}
+pub const REGISTRATION: Registration = Registration { threads: &[&READ_ONLY_THREAD, &WRITABLE_THREAD], create };
 
-impl Fs<Vfs> {
-    /// A device serving `shares` writable: what a policy mounts "rw". The
-    /// guest's writes reach the host directories directly, so the guest may
-    /// not cache what the host could change under it.
-    pub fn writable(tag: &str, shares: &[Share]) -> Result<Fs<Vfs>, FsError> {
-        let config = config_space(tag)?;
-        let guest_paths = check_guest_paths(shares)?;
-        raise_fd_limit();
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto, false)?;
-        Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: worker::Access::Writable })
+/// One device for the read-only shares and one for the writable ones, each
+/// only if it has shares.
+fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
+    let shares = |writable: bool| -> Vec<Share> {
+        env.config
+            .shares
+            .iter()
+            .filter(|s| s.writable == writable)
+            .map(|s| Share {
+                guest_path: s.guest_path.clone(),
+                host_path: s.host_path.clone(),
+                record: s.record.clone(),
+            })
+            .collect()
+    };
+    let mut devices = Vec::new();
+    let read_only = shares(false);
+    if !read_only.is_empty() {
+        devices.push(Instance { name: READ_ONLY_THREAD.name, device: Box::new(Fs::new(FS_TAG, &read_only)?) });
     }
-}
-
-/// A Vfs holding every share; with `recording`, a share that names a
-/// sightings file has its lookups recorded there.
-fn mount_shares(shares: &[Share], guest_paths: &[String], cache: CachePolicy, recording: bool) -> Result<Vfs, FsError> {
-    let vfs = Vfs::new(vfs_options());
-    for (share, guest_path) in shares.iter().zip(guest_paths) {
-        let fs = open_share(&share.host_path, cache.clone())?;
-        let fs: BackFileSystem =
-            match share.record.as_deref().filter(|_| recording) {
-                Some(record) => {
-                    let out = std::fs::OpenOptions::new().append(true).open(record).map_err(|source| {
-                        FsError::Record { path: share.host_path.clone(), record: record.to_owned(), source }
-                    })?;
-                    Box::new(sightings::Recording::new(fs, out))
-                }
-                None => Box::new(fs),
-            };
-        vfs.mount(fs, guest_path).map_err(|source| FsError::Mount {
-            path: share.host_path.clone(),
-            guest_path: guest_path.clone(),
-            source,
-        })?;
+    let writable = shares(true);
+    if !writable.is_empty() {
+        devices.push(Instance { name: WRITABLE_THREAD.name, device: Box::new(Fs::writable(FS_TAG_RW, &writable)?) });
     }
-    Ok(vfs)
-}
-
-impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
-    fn device_type(&self) -> u32 {
-        TYPE_FS
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-    fn features(&self) -> u64 {
-        VIRTIO_F_VERSION_1
-    }
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config, offset, data);
-    }
-    fn activate(&mut self, activation: Activation) -> Result<(), ActivateError> {
-        let Activation { mem, queues, interrupt, .. } = activation;
-        if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount { got: queues.len(), want: QUEUE_SIZES.len() });
-        }
-        let server = Arc::clone(&self.server);
-        let access = self.access;
-        let kind = match access {
-            worker::Access::ReadOnly => ThreadKind::FsReadOnly,
-            worker::Access::Writable => ThreadKind::FsWritable,
-        };
-        crate::jail::thread::spawn(kind.name(), kind, move || worker::run(mem, queues, interrupt, server, access))
-            .map_err(ActivateError::Thread)?;
-        Ok(())
-    }
-}
-
-/// `struct virtio_fs_config` for `tag` with one request queue.
-fn config_space(tag: &str) -> Result<[u8; CONFIG_LEN], FsError> {
-    let bytes = tag.as_bytes();
-    if bytes.is_empty() || bytes.len() > TAG_LEN || bytes.contains(&0) {
-        return Err(FsError::Tag(tag.to_owned()));
-    }
-    let mut config = [0u8; CONFIG_LEN];
-    config[..bytes.len()].copy_from_slice(bytes);
-    config[TAG_LEN..].copy_from_slice(&1u32.to_le_bytes());
-    Ok(config)
-}
-
-/// The normalized guest path of every share ("/a/b", or "/" for the root),
-/// after checking that no share hides another: the Vfs does not nest mounts.
-fn check_guest_paths(shares: &[Share]) -> Result<Vec<String>, FsError> {
-    let mut components: Vec<Vec<&str>> = Vec::with_capacity(shares.len());
-    for share in shares {
-        let bad = || FsError::GuestPath { guest_path: share.guest_path.clone(), host_path: share.host_path.clone() };
-        let Some(rest) = share.guest_path.strip_prefix('/') else {
-            return Err(bad());
-        };
-        let parts: Vec<&str> = rest.split('/').filter(|c| !c.is_empty()).collect();
-        if parts.iter().any(|c| *c == "." || *c == ".." || c.contains('\0')) {
-            return Err(bad());
-        }
-        components.push(parts);
-    }
-    for (i, a) in components.iter().enumerate() {
-        for (j, b) in components.iter().enumerate().skip(i + 1) {
-            if a.starts_with(b) || b.starts_with(a) {
-                return Err(FsError::Overlap {
-                    guest_path: shares[j].guest_path.clone(),
-                    host_path: shares[j].host_path.clone(),
-                    other_guest_path: shares[i].guest_path.clone(),
-                    other_host_path: shares[i].host_path.clone(),
-                });
-            }
-        }
-    }
-    Ok(components.iter().map(|c| format!("/{}", c.join("/"))).collect())
-}
-
-/// What the Vfs negotiates with the guest at FUSE_INIT: no writeback cache,
-/// every open and opendir sent to us (so write opens meet EROFS), no DAX, no
-/// killpriv, and guest-side caching of data, directories and symlinks.
-fn vfs_options() -> VfsOptions {
-    VfsOptions {
-        no_open: false,
-        no_opendir: false,
-        no_writeback: true,
-        killpriv_v2: false,
-        no_readdir: false,
-        seal_size: false,
-        out_opts: FsOptions::ASYNC_READ
-            | FsOptions::PARALLEL_DIROPS
-            | FsOptions::BIG_WRITES
-            | FsOptions::ASYNC_DIO
-            | FsOptions::AUTO_INVAL_DATA
-            | FsOptions::MAX_PAGES
-            | FsOptions::CACHE_SYMLINKS
-            | FsOptions::DO_READDIRPLUS
-            | FsOptions::READDIRPLUS_AUTO,
-        ..VfsOptions::default()
-    }
-}
-
-/// The passthrough configuration of one share.
-fn passthrough_config(root_dir: String, cache_policy: CachePolicy) -> Config {
-    Config {
-        root_dir,
-        // Inodes are O_PATH descriptors: name_to_handle_at is not available
-        // on every filesystem a share may live on (overlayfs on 9p).
-        inode_file_handles: false,
-        // Always for read-only shares: the guest cannot change them, so it
-        // may keep what it read.
-        cache_policy,
-        entry_timeout: CACHE_TIMEOUT,
-        attr_timeout: CACHE_TIMEOUT,
-        dir_entry_timeout: None,
-        dir_attr_timeout: None,
-        writeback: false,
-        xattr: false,
-        // Under a Vfs the root inode is imported before mounting, not at
-        // FUSE_INIT.
-        do_import: false,
-        no_open: false,
-        no_opendir: false,
-        killpriv_v2: false,
-        no_readdir: false,
-        seal_size: false,
-        enable_mntid: false,
-        dax_file_size: None,
-        use_host_ino: false,
-        // Reads go through the host page cache whatever the guest asks.
-        allow_direct_io: false,
-    }
-}
-
-/// A passthrough filesystem for the host directory `path`, its root imported.
-fn open_share(path: &Path, cache: CachePolicy) -> Result<PassthroughFs, FsError> {
-    let root = std::fs::canonicalize(path).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
-    let meta = std::fs::metadata(&root).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
-    if !meta.is_dir() {
-        return Err(FsError::NotADirectory { path: path.to_owned() });
-    }
-    let root = root.into_os_string().into_string().map_err(|_| FsError::NotUtf8 { path: path.to_owned() })?;
-    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root, cache))
-        .map_err(|source| FsError::Backend { path: path.to_owned(), source })?;
-    readonly::keeping_umask(|| fs.import()).map_err(|source| FsError::Import { path: path.to_owned(), source })?;
-    Ok(fs)
-}
-
-/// Every inode the guest holds is an open O_PATH descriptor: let the process
-/// use as many descriptors as its hard limit allows.
-fn raise_fd_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit only writes into `limit`, a valid rlimit we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        tracing::warn!("virtio-fs: cannot read the open file limit: {}", io::Error::last_os_error());
-        return;
-    }
-    if limit.rlim_cur >= limit.rlim_max {
-        return;
-    }
-    limit.rlim_cur = limit.rlim_max;
-    // SAFETY: setrlimit only reads `limit`, a valid rlimit we own.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-        tracing::warn!("virtio-fs: cannot raise the open file limit: {}", io::Error::last_os_error());
-    }
+    Ok(devices)
 }

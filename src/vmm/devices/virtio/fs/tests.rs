@@ -23,10 +23,17 @@ use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::tempdir::TempDir;
 
+use super::device::*;
 use super::readonly::{Verdict, gate, opens_for_writing};
-use super::worker::process_queue;
-use super::*;
-use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
+use super::request::{Access, process_queue};
+
+use fuse_backend_rs::api::Vfs;
+use fuse_backend_rs::api::server::Server;
+
+use super::readonly::ReadOnlyFs;
+use crate::vmm::devices::virtio::{
+    ActivateError, Activation, DeviceQueue, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice,
+};
 
 const DESC_F_NEXT: u16 = 1;
 const DESC_F_WRITE: u16 = 2;
@@ -208,7 +215,7 @@ impl Client {
     /// Offers a chain and lets the device process the queue.
     fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         let head = self.driver.offer(descs);
-        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, super::worker::Access::ReadOnly);
+        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, Access::ReadOnly);
         self.driver.take_used(head)
     }
 
@@ -745,7 +752,7 @@ fn the_worker_answers_kicks_and_raises_the_interrupt() {
     assert!(used as usize > HEADER);
     let out: OutHeader = mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
     assert_eq!((out.error, out.unique), (0, 1));
-    assert_ne!(interrupt.status() & super::super::INT_USED_RING, 0);
+    assert_ne!(interrupt.status() & crate::vmm::devices::virtio::INT_USED_RING, 0);
 
     // A FORGET on the hiprio queue gets no reply but comes back.
     let forget_at = REQ_ADDR + 0x1000;

@@ -3,27 +3,14 @@
 
 use std::io;
 
-use super::super::{ActivateError, Activation, TYPE_NET, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
+use super::event_handler::NetHandler;
 use super::stack::Stack;
-use super::worker;
+use super::{NUM_QUEUES, QUEUE_SIZE, THREAD, TYPE_NET, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU};
 use crate::protocol::transparent::{GUEST_MAC, MTU};
 use crate::vmm::devices::broker::Dialer;
-
-/// Queue order (virtio spec 5.1.2): one receive and one transmit queue.
-pub(super) const RX_QUEUE: usize = 0;
-pub(super) const TX_QUEUE: usize = 1;
-pub(super) const NUM_QUEUES: usize = 2;
-const QUEUE_SIZE: u16 = 256;
-
-/// The device's MAC address is in config space.
-const VIRTIO_NET_F_MAC: u64 = 1 << 5;
-/// The device's MTU is in config space.
-const VIRTIO_NET_F_MTU: u64 = 1 << 3;
-
-/// The header before every frame in both directions (virtio_net_hdr_v1):
-/// flags, gso type, header length, gso size, checksum start and offset,
-/// buffer count. No offloads are offered, so only the buffer count matters.
-pub(super) const NET_HDR_LEN: usize = 12;
+use crate::vmm::devices::virtio::{
+    ActivateError, Activation, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes, worker,
+};
 
 pub struct Net {
     /// Taken by the worker thread on activation.
@@ -67,10 +54,6 @@ impl VirtioDevice for Net {
             return Err(ActivateError::QueueCount { got: queues.len(), want: NUM_QUEUES });
         }
         let stack = self.stack.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        crate::jail::thread::spawn("virtio-net", crate::jail::ThreadKind::Net, move || {
-            worker::run(mem, queues, interrupt, stack)
-        })
-        .map_err(ActivateError::Thread)?;
-        Ok(())
+        worker::spawn(&THREAD, NetHandler { mem, queues, interrupt, stack })
     }
 }

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
-use super::device::NET_HDR_LEN;
+use super::NET_HDR_LEN;
 use super::stack::Stack;
 
 /// What one pass over a queue did.

@@ -77,7 +77,7 @@ impl phy::Device for Frames {
     }
 
     fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<TxToken<'_>> {
-        (self.outgoing.len() < MAX_QUEUED_FRAMES).then(|| TxToken(&mut self.outgoing))
+        (self.outgoing.len() < MAX_QUEUED_FRAMES).then_some(TxToken(&mut self.outgoing))
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -377,7 +377,7 @@ fn syn_of(frame: &[u8]) -> Option<Flow> {
 
 fn to_smol(ip: IpAddr) -> IpAddress {
     match ip {
-        IpAddr::V4(v4) => IpAddress::Ipv4(Ipv4Address::from(v4)),
+        IpAddr::V4(v4) => IpAddress::Ipv4(v4),
         // The guest has no IPv6 address, so no IPv6 SYN reaches here.
         IpAddr::V6(_) => IpAddress::Ipv4(Ipv4Address::UNSPECIFIED),
     }

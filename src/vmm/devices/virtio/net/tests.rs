@@ -22,7 +22,7 @@ use virtio_queue::desc::{RawDescriptor, split::Descriptor as SplitDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::device::NET_HDR_LEN;
+use super::NET_HDR_LEN;
 use super::queues;
 use super::stack::Stack;
 use crate::protocol::transparent::{self, GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, MTU, PREFIX_LEN};

@@ -1,25 +1,16 @@
 //! The virtio-vsock device as the transport sees it: identity, features,
-//! config space, and activation, which hands the queues to the worker.
+//! config space, and activation, which starts the worker.
 
 use std::io;
 
-use super::super::{ActivateError, Activation, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes};
+use super::event_handler::VsockHandler;
 use super::muxer::Muxer;
 use super::ports::HostPorts;
-use super::worker;
+use super::{MAX_GUEST_CID, MIN_GUEST_CID, NUM_QUEUES, QUEUE_SIZE, THREAD, TYPE_VSOCK};
 use crate::vmm::devices::broker::Dialer;
-
-/// Queue order (virtio spec 5.10.2): receive, transmit, events.
-pub(super) const RX_QUEUE: usize = 0;
-pub(super) const TX_QUEUE: usize = 1;
-pub(super) const EVENT_QUEUE: usize = 2;
-pub(super) const NUM_QUEUES: usize = 3;
-const QUEUE_SIZE: u16 = 256;
-
-/// CIDs 0-2 are the hypervisor, local and host; u32::MAX is VMADDR_CID_ANY
-/// and the upper 32 bits of guest_cid are reserved.
-const MIN_GUEST_CID: u64 = 3;
-const MAX_GUEST_CID: u64 = u32::MAX as u64 - 1;
+use crate::vmm::devices::virtio::{
+    ActivateError, Activation, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes, worker,
+};
 
 /// A virtio-vsock device in the Firecracker "hybrid" style: the guest dials
 /// the host (CID 2) on port P, the dialer gets a Unix stream to the host's
@@ -68,10 +59,6 @@ impl VirtioDevice for Vsock {
             return Err(ActivateError::QueueCount { got: queues.len(), want: NUM_QUEUES });
         }
         let muxer = self.muxer.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        crate::jail::thread::spawn("virtio-vsock", crate::jail::ThreadKind::Vsock, move || {
-            worker::run(mem, queues, interrupt, muxer)
-        })
-        .map_err(ActivateError::Thread)?;
-        Ok(())
+        worker::spawn(&THREAD, VsockHandler { mem, queues, interrupt, muxer })
     }
 }

@@ -21,10 +21,10 @@ use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RESPONSE, OP_RST, OP_RW,
     OP_SHUTDOWN, PacketHeader, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
-use super::{HostPorts, Vsock};
+use super::{HostPorts, TYPE_VSOCK, Vsock};
 use crate::protocol::{CHANGES_PORT, CONTROL_PORT, DNS_PORT, PROXY_PORT, STDIN_PORT, TRANSPARENT_PORT};
 use crate::vmm::devices::broker::{self, Dialer};
-use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice};
+use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice};
 
 const GUEST_CID: u64 = 3;
 const GUEST_PORT: u32 = 50_000;

@@ -1,19 +1,15 @@
-//! virtio-rng: the guest's entropy source, fed from the host's /dev/urandom.
+//! The virtio-rng device as the transport sees it, and how one request is
+//! filled.
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use super::{ActivateError, Activation, DeviceQueue, Interrupt, TYPE_RNG, VIRTIO_F_VERSION_1, VirtioDevice};
-
-const QUEUE_SIZE: u16 = 64;
-/// One request may ask for any amount; the host fills at most this much, so a
-/// hostile driver cannot make us allocate or read without bound.
-const MAX_BYTES_PER_REQUEST: usize = 64 * 1024;
+use super::event_handler::RngHandler;
+use super::{MAX_BYTES_PER_REQUEST, NUM_QUEUES, QUEUE_SIZE, THREAD, TYPE_RNG, worker};
+use crate::vmm::devices::virtio::{ActivateError, Activation, DeviceQueue, VIRTIO_F_VERSION_1, VirtioDevice};
 
 pub struct Rng {
     source: Option<File>,
@@ -30,7 +26,7 @@ impl VirtioDevice for Rng {
         TYPE_RNG
     }
     fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE]
+        &[QUEUE_SIZE; NUM_QUEUES]
     }
     fn features(&self) -> u64 {
         VIRTIO_F_VERSION_1
@@ -39,39 +35,12 @@ impl VirtioDevice for Rng {
         data.fill(0);
     }
     fn activate(&mut self, activation: Activation) -> Result<(), ActivateError> {
-        let Activation { mem, mut queues, interrupt, .. } = activation;
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount { got: queues.len(), want: 1 });
+        let Activation { mem, queues, interrupt, .. } = activation;
+        if queues.len() != NUM_QUEUES {
+            return Err(ActivateError::QueueCount { got: queues.len(), want: NUM_QUEUES });
         }
         let source = self.source.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        let queue = queues.remove(0);
-        crate::jail::thread::spawn("virtio-rng", crate::jail::ThreadKind::Rng, move || {
-            worker(mem, queue, interrupt, source)
-        })
-        .map_err(ActivateError::Thread)?;
-        Ok(())
-    }
-}
-
-fn worker(mem: GuestMemoryMmap, mut dq: DeviceQueue, interrupt: Interrupt, mut source: File) {
-    let epoll = match Epoll::new() {
-        Ok(e) => e,
-        Err(e) => return tracing::error!("virtio-rng: epoll: {e}"),
-    };
-    if let Err(e) = epoll.ctl(ControlOperation::Add, dq.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, 0)) {
-        return tracing::error!("virtio-rng: epoll add: {e}");
-    }
-    let mut events = [EpollEvent::default(); 1];
-    loop {
-        match epoll.wait(-1, &mut events) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return tracing::error!("virtio-rng: epoll wait: {e}"),
-        }
-        let _ = dq.kick.read();
-        if process_queue(&mem, &mut dq, &mut source) {
-            interrupt.signal_used_queue();
-        }
+        worker::spawn(&THREAD, RngHandler { mem, queues, interrupt, source })
     }
 }
 
@@ -97,7 +66,7 @@ pub(crate) fn process_queue(mem: &GuestMemoryMmap, dq: &mut DeviceQueue, source:
                 0
             }
         };
-        if let Err(e) = dq.queue.add_used(mem, head, written as u32) {
+        if let Err(e) = dq.queue.add_used(mem, head, u32::try_from(written).unwrap_or(u32::MAX)) {
             tracing::warn!("virtio-rng: cannot return a request: {e:?}");
         }
         used_any = true;

@@ -1,5 +1,4 @@
-//! The device worker: waits for the guest to kick either queue and answers
-//! every FUSE request on it.
+//! One FUSE request and its reply.
 //!
 //! A request is one descriptor chain: device-readable descriptors hold the
 //! FUSE request, device-writable ones receive the reply. Whatever the chain
@@ -8,9 +7,7 @@
 
 use std::io::Write;
 use std::mem::size_of;
-use std::os::fd::AsRawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode, OutHeader};
 use fuse_backend_rs::api::filesystem::FileSystem;
@@ -18,9 +15,7 @@ use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{ByteValued, GuestMemoryMmap};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
-use super::super::{DeviceQueue, Interrupt};
 use super::readonly::{Verdict, gate};
 
 /// Length of the header every FUSE reply starts with (16 bytes).
@@ -34,45 +29,6 @@ const _: () = assert!(REPLY_HEADER_LEN_U32 as usize == REPLY_HEADER_LEN);
 pub(super) enum Access {
     ReadOnly,
     Writable,
-}
-
-/// Serves `queues` (hiprio, then requests) until the process exits.
-pub(super) fn run<F: FileSystem + Sync>(
-    mem: GuestMemoryMmap,
-    mut queues: Vec<DeviceQueue>,
-    interrupt: Interrupt,
-    server: Arc<Server<F>>,
-    access: Access,
-) {
-    let epoll = match Epoll::new() {
-        Ok(e) => e,
-        Err(e) => return tracing::error!("virtio-fs: epoll: {e}"),
-    };
-    for (index, dq) in queues.iter().enumerate() {
-        let event = EpollEvent::new(EventSet::IN, index as u64);
-        if let Err(e) = epoll.ctl(ControlOperation::Add, dq.kick.as_raw_fd(), event) {
-            return tracing::error!("virtio-fs: epoll add: {e}");
-        }
-    }
-    let mut events = vec![EpollEvent::default(); queues.len()];
-    loop {
-        let ready = match epoll.wait(-1, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return tracing::error!("virtio-fs: epoll wait: {e}"),
-        };
-        let mut notify = false;
-        for event in &events[..ready] {
-            let Some(dq) = usize::try_from(event.data()).ok().and_then(|i| queues.get_mut(i)) else {
-                continue;
-            };
-            let _ = dq.kick.read();
-            notify |= process_queue(&server, &mem, &mut dq.queue, access);
-        }
-        if notify {
-            interrupt.signal_used_queue();
-        }
-    }
 }
 
 /// Answers every available request on `queue`; returns whether the driver
