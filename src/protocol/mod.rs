@@ -15,6 +15,7 @@
 pub mod auth;
 mod frame;
 pub mod seen;
+pub mod shares;
 pub mod transparent;
 
 pub use frame::{read_frame, write_frame};

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 /// A host directory exposed to the guest under `guest_path` in the virtio-fs
-/// filesystem (tag `host`).
+/// filesystem (tag `protocol::shares::FS_TAG`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShareConfig {
     pub guest_path: String,
     pub host_path: PathBuf,
-    /// Served by the writable filesystem (tag `FS_TAG_RW`): a policy mount
+    /// Served by the writable filesystem (tag `protocol::shares::FS_TAG_RW`): a policy mount
     /// the guest may change on the host.
     #[serde(default)]
     pub writable: bool,
@@ -55,8 +55,3 @@ pub struct VmConfig {
     #[serde(default)]
     pub kernel_args: Vec<String>,
 }
-
-/// The virtio-fs tag the guest mounts.
-pub const FS_TAG: &str = "host";
-/// The tag of the writable shares, when a policy mounts directories "rw".
-pub const FS_TAG_RW: &str = "host-rw";

@@ -29,6 +29,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::jail::{self, FsRules, ThreadKind};
 use crate::logcap::{Capped, KERNEL_LOG_CAP, Style};
+use crate::protocol::shares::{FS_TAG, FS_TAG_RW};
 use config::VmConfig;
 use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
@@ -256,12 +257,12 @@ fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn Virtio
     };
     let read_only = shares(false);
     if !read_only.is_empty() {
-        let fs = devices::virtio::fs::Fs::new(config::FS_TAG, &read_only).map_err(VmmError::Fs)?;
+        let fs = devices::virtio::fs::Fs::new(FS_TAG, &read_only).map_err(VmmError::Fs)?;
         devices.push(("virtio-fs", Box::new(fs)));
     }
     let writable = shares(true);
     if !writable.is_empty() {
-        let fs = devices::virtio::fs::Fs::writable(config::FS_TAG_RW, &writable).map_err(VmmError::Fs)?;
+        let fs = devices::virtio::fs::Fs::writable(FS_TAG_RW, &writable).map_err(VmmError::Fs)?;
         devices.push(("virtio-fs (rw)", Box::new(fs)));
     }
     if let Some(disk) = &config.disk {
