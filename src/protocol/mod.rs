@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod broker;
 mod frame;
 pub mod seen;
 pub mod shares;

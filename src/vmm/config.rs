@@ -33,7 +33,7 @@ pub struct VmConfig {
     /// Where the guest's serial console (its kernel log) is written.
     pub kernel_log: PathBuf,
     /// The supervisor's broker socket: guest connections to host port P
-    /// get their host end from it (see `devices::broker`).
+    /// get their host end from it (see `protocol::broker`).
     pub vsock_broker: PathBuf,
     pub shares: Vec<ShareConfig>,
     /// Give the guest a virtio-net device whose TCP and DNS go to the
