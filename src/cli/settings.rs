@@ -37,8 +37,8 @@ use toml::Spanned;
 
 use crate::changes::review::{ApplyMode, ColorChoice};
 use crate::policy::{Policy, PolicyError, line_column};
+use crate::protocol::limits::MAX_VCPUS;
 use crate::supervisor::retention::{self, Retention};
-use crate::vmm::layout::MAX_VCPUS;
 
 /// The config file's name in the config directory.
 pub const FILE_NAME: &str = "config.toml";

@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod broker;
 mod frame;
+pub mod limits;
 pub mod seen;
 pub mod shares;
 pub mod transparent;
