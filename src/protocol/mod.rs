@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod broker;
+pub mod exit;
 mod frame;
 pub mod limits;
 pub mod seen;

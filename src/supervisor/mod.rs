@@ -32,6 +32,7 @@ use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
+use crate::protocol::exit::EXIT_STOCKADE;
 use crate::protocol::{
     CHANGES_PORT, CONTROL_PORT, ExitReport, ExportOutcome, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize,
     read_frame, write_frame,
@@ -39,7 +40,6 @@ use crate::protocol::{
 use crate::vmm::config::VmConfig;
 
 pub use home_tools::TOOL_VARS;
-pub use outcome::EXIT_STOCKADE;
 pub use root::find_workspace;
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
