@@ -163,9 +163,7 @@ pub fn config_path() -> Result<PathBuf, SettingsError> {
     if let Some(dir) = std::env::var_os("STOCKADE_CONFIG_DIR") {
         return Ok(PathBuf::from(dir).join(FILE_NAME));
     }
-    directories::ProjectDirs::from("", "", "stockade")
-        .map(|p| p.config_dir().join(FILE_NAME))
-        .ok_or(SettingsError::NoConfigDir)
+    crate::paths::project_dirs().map(|p| p.config_dir().join(FILE_NAME)).ok_or(SettingsError::NoConfigDir)
 }
 
 /// The colour choice alone: the flag when given (the file is then not even
