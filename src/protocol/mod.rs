@@ -20,6 +20,7 @@ pub mod limits;
 pub mod seen;
 pub mod shares;
 pub mod transparent;
+pub mod vm_config;
 
 pub use frame::{read_frame, write_frame};
 

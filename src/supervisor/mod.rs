@@ -33,11 +33,11 @@ use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
 use crate::protocol::exit::EXIT_STOCKADE;
+use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{
     CHANGES_PORT, CONTROL_PORT, ExitReport, ExportOutcome, GuestMsg, HostMsg, RunSpec, STDIN_PORT, WindowSize,
     read_frame, write_frame,
 };
-use crate::vmm::config::VmConfig;
 
 pub use home_tools::TOOL_VARS;
 pub use root::find_workspace;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::protocol::broker;
-use crate::vmm::config::VmConfig;
+use crate::protocol::vm_config::VmConfig;
 
 /// Longest Unix socket path the kernel accepts (sun_path less the NUL).
 const MAX_SOCKET_PATH: usize = 107;
