@@ -17,7 +17,7 @@ impl Dirs {
     /// Resolves the directories; `STOCKADE_DATA_DIR` and `STOCKADE_CACHE`
     /// override them (tests and packagers use these).
     pub fn resolve() -> anyhow::Result<Dirs> {
-        let project = ProjectDirs::from("", "", "stockade");
+        let project = project_dirs();
         let data = match std::env::var_os("STOCKADE_DATA_DIR") {
             Some(dir) => PathBuf::from(dir),
             None => project.as_ref().map(|p| p.data_dir().to_path_buf()).ok_or_else(no_home)?,
@@ -28,6 +28,12 @@ impl Dirs {
         };
         Ok(Dirs { data, cache })
     }
+}
+
+/// The XDG directories for stockade; `None` without a home directory. The
+/// one place the project name is given, so data, cache and config agree.
+pub fn project_dirs() -> Option<ProjectDirs> {
+    ProjectDirs::from("", "", "stockade")
 }
 
 fn no_home() -> anyhow::Error {

@@ -40,6 +40,7 @@ use serde::Serialize;
 
 use crate::changes::Store;
 use crate::changes::review::{ApplyMode, CodeChoice, Summary, SummaryOptions, change_counts, include_code_command};
+use crate::protocol::exit::EXIT_STOCKADE;
 use crate::proxy::audit::{self, Decision};
 use crate::supervisor::Finished;
 use crate::supervisor::session::RunRecord;
@@ -136,7 +137,7 @@ impl RunSummary {
         let mut summary = RunSummary {
             schema_version: SCHEMA_VERSION,
             status: Status::Error,
-            exit_code: crate::supervisor::EXIT_STOCKADE,
+            exit_code: EXIT_STOCKADE,
             command: command.to_vec(),
             workspace: None,
             session: None,
@@ -195,7 +196,7 @@ impl RunSummary {
 /// tampered with the init's channels.
 pub fn exit_code(finished: &Finished) -> u8 {
     match (finished.tampering.is_empty(), finished.status) {
-        (false, 0) => crate::supervisor::EXIT_STOCKADE,
+        (false, 0) => EXIT_STOCKADE,
         (_, status) => status,
     }
 }

@@ -25,9 +25,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::changes::review::ColorChoice;
-
-/// Exit status when stockade itself fails, as `docker run` and `env` do.
-pub const EXIT_STOCKADE_FAILED: u8 = 125;
+use crate::protocol::exit::EXIT_STOCKADE;
 
 /// Run a command inside a local KVM microVM that sees the current workspace,
 /// reaches the network only through a policy proxy, and hands its file changes
@@ -83,7 +81,7 @@ pub fn main() -> ExitCode {
         Err(err) => {
             // clap prints help/version to stdout with success, usage errors to stderr.
             let _ = err.print();
-            return if err.use_stderr() { ExitCode::from(EXIT_STOCKADE_FAILED) } else { ExitCode::SUCCESS };
+            return if err.use_stderr() { ExitCode::from(EXIT_STOCKADE) } else { ExitCode::SUCCESS };
         }
     };
     init_logging(cli.verbose, matches!(cli.command, Command::Vmm(_)));
@@ -108,7 +106,7 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("stockade: error: {err:#}");
-            ExitCode::from(EXIT_STOCKADE_FAILED)
+            ExitCode::from(EXIT_STOCKADE)
         }
     }
 }

@@ -37,8 +37,8 @@ use toml::Spanned;
 
 use crate::changes::review::{ApplyMode, ColorChoice};
 use crate::policy::{Policy, PolicyError, line_column};
+use crate::protocol::limits::MAX_VCPUS;
 use crate::supervisor::retention::{self, Retention};
-use crate::vmm::layout::MAX_VCPUS;
 
 /// The config file's name in the config directory.
 pub const FILE_NAME: &str = "config.toml";
@@ -163,9 +163,7 @@ pub fn config_path() -> Result<PathBuf, SettingsError> {
     if let Some(dir) = std::env::var_os("STOCKADE_CONFIG_DIR") {
         return Ok(PathBuf::from(dir).join(FILE_NAME));
     }
-    directories::ProjectDirs::from("", "", "stockade")
-        .map(|p| p.config_dir().join(FILE_NAME))
-        .ok_or(SettingsError::NoConfigDir)
+    crate::paths::project_dirs().map(|p| p.config_dir().join(FILE_NAME)).ok_or(SettingsError::NoConfigDir)
 }
 
 /// The colour choice alone: the flag when given (the file is then not even

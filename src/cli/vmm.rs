@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use crate::vmm::{self, config::VmConfig};
+use crate::protocol::vm_config::VmConfig;
+use crate::vmm;
 
 #[derive(Debug, Args)]
 pub struct VmmArgs {

@@ -10,7 +10,7 @@ use anyhow::Context;
 use nix::mount::{MsFlags, mount};
 
 use crate::protocol::RootEntry;
-use crate::vmm::config::{FS_TAG, FS_TAG_RW};
+use crate::protocol::shares::{FS_TAG, FS_TAG_RW};
 
 /// Where the virtio-fs share is mounted before its parts are bound into place.
 const SHARE_MOUNT: &str = "/.stockade/host";

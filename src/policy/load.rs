@@ -22,7 +22,7 @@ pub fn user_policy_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("STOCKADE_CONFIG_DIR") {
         return Some(PathBuf::from(dir).join("policies"));
     }
-    directories::ProjectDirs::from("", "", "stockade").map(|p| p.config_dir().join("policies"))
+    crate::paths::project_dirs().map(|p| p.config_dir().join("policies"))
 }
 
 /// Whether a `--policy` argument is a path rather than a name.

@@ -1,5 +1,20 @@
-//! The one definition of what the host and the guest init say to each other
-//! over vsock. Both sides use this module, so the two ends cannot drift.
+//! The one definition of what stockade's processes say to each other: the
+//! host and the guest init over vsock, the supervisor and the VMM, and
+//! stockade and its caller. Each side uses this module, so no two ends can
+//! drift, and none of them imports another's internals for a contract.
+//!
+//! - this module: the vsock ports and the messages on them (`HostMsg`,
+//!   `GuestMsg`, `RunSpec`, ...), framed by `read_frame`/`write_frame`;
+//! - `auth`: how the init's connections are told from other guest processes;
+//! - `seen`: the workspace paths the guest looked up, which the VMM records
+//!   for apply;
+//! - `transparent`: the guest network's addresses and a transparent stream's
+//!   header;
+//! - `shares`: the virtio-fs tags the VMM serves and the guest mounts;
+//! - `vm_config`: what the supervisor tells the VMM process to build;
+//! - `broker`: how the jailed VMM asks the supervisor for host ports;
+//! - `limits`: limits the CLI checks and the VMM builds to;
+//! - `exit`: stockade's own exit statuses.
 //!
 //! The guest opens two connections to the host (CID 2): `CONTROL_PORT`
 //! carries framed messages both ways, `STDIN_PORT` carries the command's
@@ -13,9 +28,14 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod broker;
+pub mod exit;
 mod frame;
+pub mod limits;
 pub mod seen;
+pub mod shares;
 pub mod transparent;
+pub mod vm_config;
 
 pub use frame::{read_frame, write_frame};
 

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use crate::changes::{Base, Hasher, Limits, Mode, RelPath, Store, Writer};
 use crate::policy::AgentState;
 use crate::protocol::RootEntry;
-use crate::vmm::config::ShareConfig;
+use crate::protocol::vm_config::ShareConfig;
 
 /// Seeding stops after this many files of one agent: a settings tree, not a
 /// project.

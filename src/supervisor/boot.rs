@@ -7,8 +7,8 @@ use anyhow::Context;
 use super::prepare::{Channels, GuestStart, Host, Recorded};
 use super::{RunConfig, admission, scratch, session, terminal, vm};
 use crate::protocol::auth::Token;
+use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{RunSpec, WindowSize};
-use crate::vmm::config::VmConfig;
 
 /// The command for the guest, and what must be done before it is sent.
 pub struct Command {

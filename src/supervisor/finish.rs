@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use super::conversation::{Conversation, Ended};
 use super::prepare::{Held, Host, Recorded};
-use super::{EXIT_STOCKADE, Finished, RunConfig, agent_state, deadline, home_tools, outcome, session, vm};
+use super::{Finished, RunConfig, agent_state, deadline, home_tools, outcome, session, vm};
 use crate::changes::{self, review::ApplyMode};
 use crate::protocol::ExitReport;
+use crate::protocol::exit::EXIT_STOCKADE;
 
 /// After the command ends, how long the VMM gets to power off by itself.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -51,7 +51,6 @@ use std::time::Duration;
 use crate::changes;
 
 pub use home_tools::TOOL_VARS;
-pub use outcome::EXIT_STOCKADE;
 pub use root::find_workspace;
 
 /// A validated `stockade run`.

@@ -3,10 +3,7 @@
 //! 126 not executable, 127 not found, 128+n killed by signal n.
 
 use crate::protocol::ExitReport;
-
-pub const EXIT_STOCKADE: u8 = 125;
-pub const EXIT_NOT_EXECUTABLE: u8 = 126;
-pub const EXIT_NOT_FOUND: u8 = 127;
+use crate::protocol::exit::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STOCKADE};
 
 /// The exit status and, when stockade should say something, the message.
 pub fn exit_status(report: &ExitReport) -> (u8, Option<String>) {

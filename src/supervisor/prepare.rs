@@ -24,8 +24,8 @@ use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
+use crate::protocol::vm_config::ShareConfig;
 use crate::protocol::{CHANGES_PORT, CONTROL_PORT, RootEntry, STDIN_PORT};
-use crate::vmm::config::ShareConfig;
 
 /// The host and the invocation, checked before anything is created.
 pub struct Host {

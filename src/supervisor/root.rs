@@ -12,8 +12,8 @@ use serde::Deserialize;
 use super::identity;
 use super::network::GuestSide;
 use crate::protocol::RootEntry;
+use crate::protocol::vm_config::ShareConfig;
 use crate::proxy::GuestTrust;
-use crate::vmm::config::ShareConfig;
 
 /// The definition of the host-mode root (see the file for what each part is).
 const HOST_ROOT: &str = include_str!("../../rootfs/host.toml");

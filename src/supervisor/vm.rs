@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::vmm::config::VmConfig;
-use crate::vmm::devices::broker;
+use crate::protocol::broker;
+use crate::protocol::vm_config::VmConfig;
 
 /// Longest Unix socket path the kernel accepts (sun_path less the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -110,7 +110,7 @@ fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path, on_refused
 
 /// A listener for guest connections to host vsock `port`.
 pub fn listen(base: &Path, port: u32) -> anyhow::Result<(UnixListener, PathBuf)> {
-    let path = PathBuf::from(format!("{}_{port}", base.display()));
+    let path = broker::socket_path(base, port);
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         anyhow::bail!(
             "the session directory path is too long for a Unix socket ({}); set STOCKADE_DATA_DIR to a shorter directory",

@@ -28,8 +28,9 @@ pub const KVM_TSS_ADDR: usize = 0xfffb_d000;
 /// GSIs for virtio devices: after the legacy ISA lines, within the IOAPIC's 24.
 pub const VIRTIO_IRQ_BASE: u32 = 5;
 pub const IOAPIC_PINS: u32 = 24;
-/// The MP table in MPTABLE_MAX bytes fits this many processor entries.
-pub const MAX_VCPUS: u8 = 32;
+/// The MP table in MPTABLE_MAX bytes fits this many processor entries; the
+/// CLI checks `--cpus` against the same limit.
+pub use crate::protocol::limits::MAX_VCPUS;
 
 /// The guest RAM ranges for `size` bytes of memory: below the MMIO hole, and
 /// the rest above 4 GiB.

@@ -7,7 +7,6 @@
 //! right after, which ends every vCPU and device thread with it.
 
 pub mod boot;
-pub mod config;
 pub mod cpuid;
 pub mod devices;
 pub mod initramfs;
@@ -29,7 +28,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::jail::{self, FsRules, ThreadKind};
 use crate::logcap::{Capped, KERNEL_LOG_CAP, Style};
-use config::VmConfig;
+use crate::protocol::vm_config::VmConfig;
 use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
 use devices::mmio::{MMIO_LEN, MmioTransport, NOTIFY_OFFSET};

@@ -38,7 +38,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::jail::DeviceThread;
-use crate::vmm::config::VmConfig;
+use crate::protocol::vm_config::VmConfig;
 use crate::vmm::devices::broker::Dialer;
 
 /// Every device, in MMIO slot order (the guest numbers its disks and

@@ -37,7 +37,7 @@ use std::time::Duration;
 use super::{DeviceError, Env, Instance, Registration};
 use crate::jail::seccomp::WORKER;
 use crate::jail::{DeviceThread, Openat};
-use crate::vmm::config::{FS_TAG, FS_TAG_RW};
+use crate::protocol::shares::{FS_TAG, FS_TAG_RW};
 
 pub use device::{Fs, FsError, Share};
 

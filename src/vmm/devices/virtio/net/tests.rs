@@ -25,9 +25,10 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::NET_HDR_LEN;
 use super::queues;
 use super::stack::Stack;
+use crate::protocol::broker;
 use crate::protocol::transparent::{self, GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, MTU, PREFIX_LEN};
 use crate::protocol::{DNS_PORT, TRANSPARENT_PORT};
-use crate::vmm::devices::broker::{self, Dialer};
+use crate::vmm::devices::broker::Dialer;
 
 struct TempDir(PathBuf);
 

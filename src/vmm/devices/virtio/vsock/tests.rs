@@ -22,8 +22,9 @@ use super::packet::{
     OP_SHUTDOWN, PacketHeader, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };
 use super::{HostPorts, TYPE_VSOCK, Vsock};
+use crate::protocol::broker;
 use crate::protocol::{CHANGES_PORT, CONTROL_PORT, DNS_PORT, PROXY_PORT, STDIN_PORT, TRANSPARENT_PORT};
-use crate::vmm::devices::broker::{self, Dialer};
+use crate::vmm::devices::broker::Dialer;
 use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice};
 
 const GUEST_CID: u64 = 3;

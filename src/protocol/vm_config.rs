@@ -1,21 +1,22 @@
-//! What the supervisor tells the VMM process to build. The VMM gets this
-//! plain description, never argv or the user's policy.
+//! What the supervisor tells the VMM process to build, as JSON in the
+//! session (`vmm.json`). The VMM gets this plain description, never argv or
+//! the user's policy.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 /// A host directory exposed to the guest under `guest_path` in the virtio-fs
-/// filesystem (tag `host`).
+/// filesystem (tag `shares::FS_TAG`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShareConfig {
     pub guest_path: String,
     pub host_path: PathBuf,
-    /// Served by the writable filesystem (tag `FS_TAG_RW`): a policy mount
+    /// Served by the writable filesystem (tag `shares::FS_TAG_RW`): a policy mount
     /// the guest may change on the host.
     #[serde(default)]
     pub writable: bool,
-    /// The sightings file (see `protocol::seen`) that records what the
+    /// The sightings file (see `seen`) that records what the
     /// guest looks up in this share: set for the workspace. The supervisor
     /// creates it; the VMM opens it for appending before the jail closes.
     #[serde(default)]
@@ -33,7 +34,7 @@ pub struct VmConfig {
     /// Where the guest's serial console (its kernel log) is written.
     pub kernel_log: PathBuf,
     /// The supervisor's broker socket: guest connections to host port P
-    /// get their host end from it (see `devices::broker`).
+    /// get their host end from it (see `broker`).
     pub vsock_broker: PathBuf,
     pub shares: Vec<ShareConfig>,
     /// Give the guest a virtio-net device whose TCP and DNS go to the
@@ -55,8 +56,3 @@ pub struct VmConfig {
     #[serde(default)]
     pub kernel_args: Vec<String>,
 }
-
-/// The virtio-fs tag the guest mounts.
-pub const FS_TAG: &str = "host";
-/// The tag of the writable shares, when a policy mounts directories "rw".
-pub const FS_TAG_RW: &str = "host-rw";
