@@ -6,15 +6,27 @@
 //! MP table; start the vCPUs; wait for the guest to reset. The process exits
 //! right after, which ends every vCPU and device thread with it.
 
+// Casts between guest-sized and host-sized integers are where a VMM
+// truncates silently: here each is a checked conversion (as in Firecracker).
+// devices/virtio is being reshaped and gets the same lints afterwards.
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod boot;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod config;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod cpuid;
 pub mod devices;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod initramfs;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod layout;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod memory;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod mptable;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod probe;
+#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod vcpu;
 
 use std::fs::File;
@@ -147,8 +159,12 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         let transport = MmioTransport::new(device, mem.clone(), irqfd)
             .map_err(|source| VmmError::Device { device: name, source })?;
         for (index, kick) in transport.kick_fds().iter().enumerate() {
-            vm.register_ioevent(kick, &IoEventAddress::Mmio(base + NOTIFY_OFFSET), index as u32)
-                .map_err(setup("register virtio ioeventfd"))?;
+            vm.register_ioevent(
+                kick,
+                &IoEventAddress::Mmio(base + NOTIFY_OFFSET),
+                u32::try_from(index).expect("a transport has a handful of queues"),
+            )
+            .map_err(setup("register virtio ioeventfd"))?;
         }
         interrupts.push((name, transport.interrupt()));
         mmio.insert(base, MMIO_LEN, Arc::new(Mutex::new(transport)));
