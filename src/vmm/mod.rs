@@ -241,7 +241,10 @@ pub fn jail_rules(config: &VmConfig) -> FsRules {
     }
 }
 
-fn virtio_devices(config: &VmConfig) -> Result<Vec<(&'static str, Box<dyn VirtioDevice>)>, VmmError> {
+/// A virtio device with the name its errors and threads carry.
+type NamedDevice = (&'static str, Box<dyn VirtioDevice>);
+
+fn virtio_devices(config: &VmConfig) -> Result<Vec<NamedDevice>, VmmError> {
     let rng = devices::virtio::rng::Rng::new().map_err(|source| VmmError::Device { device: "virtio-rng", source })?;
     let vsock_error = |source| VmmError::Device { device: "virtio-vsock", source };
     let dialer = devices::broker::Dialer::connect(&config.vsock_broker).map_err(vsock_error)?;
