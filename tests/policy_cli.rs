@@ -151,3 +151,38 @@ fn policy_learn_writes_a_policy_that_policy_check_accepts() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("denied nothing that an allow rule would lift"), "{}", text(&out.stderr));
 }
+
+/// At default verbosity a warning reads `stockade: warning: ...`, without the
+/// tracing format (timestamp, level column, colour); `-v` brings that back.
+/// The warning comes from building the run's configuration, before any VM:
+/// the kernel path is missing, so the run fails right after.
+#[test]
+fn warnings_are_plain_at_default_verbosity() {
+    let dir = TempDir::new("plain-warning");
+    let file = dir.path().join("pass.toml");
+    std::fs::write(&file, "[env]\npass = [\"STOCKADE_TEST_INDEX_URL\"]\n").unwrap();
+    let run_with = |verbose: bool| {
+        let mut args = vec!["run", "--policy", file.to_str().unwrap(), "--", "true"];
+        if verbose {
+            args.insert(0, "-v");
+        }
+        std::process::Command::new(stockade_bin())
+            .args(&args)
+            .current_dir(dir.path())
+            .env("STOCKADE_DATA_DIR", dir.path().join("data"))
+            .env("STOCKADE_CONFIG_DIR", dir.path().join("config"))
+            .env("STOCKADE_KERNEL", dir.path().join("no-such-vmlinux"))
+            .env("STOCKADE_TEST_INDEX_URL", "https://me:s3cret@pypi.test/simple")
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run stockade")
+    };
+    let err = text(&run_with(false).stderr);
+    let line = err.lines().find(|l| l.contains("holds a user name or token")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.starts_with("stockade: warning: STOCKADE_TEST_INDEX_URL: its URL for pypi.test"), "{err}");
+    assert!(!err.contains("WARN") && !err.contains('\x1b'), "{err}");
+
+    let err = text(&run_with(true).stderr);
+    let line = err.lines().find(|l| l.contains("holds a user name or token")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("WARN") && !line.starts_with("stockade: "), "{err}");
+}

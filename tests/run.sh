@@ -31,4 +31,9 @@ STOCKADE_TEST_AGENTS=$("$here/tests/agents/install.sh")
 export STOCKADE_TEST_AGENTS
 
 cd "$here"
+# Lints first: a formatting or clippy finding fails the run before the slow tests.
+say "cargo fmt --check"
+cargo fmt --check
+say "cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
 cargo test --release --locked "$@"

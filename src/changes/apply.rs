@@ -23,7 +23,7 @@
 //! (it was checked before; its intermediate state is ours), and the rest are
 //! checked and executed as usual.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::io;
 use std::os::unix::ffi::OsStrExt;

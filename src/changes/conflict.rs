@@ -6,7 +6,7 @@
 //! types agree.
 
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsFd;
 
 use nix::sys::stat::FileStat;

@@ -118,7 +118,10 @@ pub fn command() -> clap::Command {
 }
 
 /// Logging on stderr. The VMM's stderr is the session's vmm.log, and a
-/// guest can provoke its warnings, so there it is capped.
+/// guest can provoke its warnings, so there it is capped. At default
+/// verbosity messages are plain (`stockade: warning: ...`), like every other
+/// line stockade prints; timestamps, levels and targets come with `-v` or
+/// RUST_LOG, and always in vmm.log, where they date the guest's events.
 fn init_logging(verbose: u8, vmm: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
@@ -127,13 +130,44 @@ fn init_logging(verbose: u8, vmm: bool) {
         2 => "stockade=debug",
         _ => "stockade=trace",
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let from_env = EnvFilter::try_from_default_env().ok();
+    let plain = verbose == 0 && from_env.is_none() && !vmm;
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     let _ = if vmm {
         use crate::logcap::{Capped, Style, VMM_LOG_CAP};
         let capped = Capped::new(std::io::stderr(), "vmm.log", Style::Text, VMM_LOG_CAP);
         builder.with_writer(std::sync::Mutex::new(capped)).try_init()
+    } else if plain {
+        builder.event_format(Plain).with_writer(std::io::stderr).try_init()
     } else {
         builder.with_writer(std::io::stderr).try_init()
     };
+}
+
+/// The default-verbosity event format: `stockade: warning: MESSAGE`, no
+/// timestamp, level column, colour or target.
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use tracing_subscriber::fmt::FormatFields as _;
+        let kind = match *event.metadata().level() {
+            tracing::Level::ERROR => "error: ",
+            tracing::Level::WARN => "warning: ",
+            _ => "",
+        };
+        write!(writer, "stockade: {kind}")?;
+        ctx.format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }

@@ -100,7 +100,7 @@ impl Control {
     pub fn recv(&self) -> anyhow::Result<HostMsg> {
         let mut guard = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         let reader = guard.as_mut().context("the control reader is already running")?;
-        Ok(read_frame(reader).context("cannot read from the host")?)
+        read_frame(reader).context("cannot read from the host")
     }
 
     /// Hands signals and resizes to `on_event` on a reader thread; a Finish

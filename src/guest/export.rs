@@ -27,9 +27,6 @@
 //! and a metacopy file has no content in the upper. Both are detected; a
 //! redirect is an error, a metacopy file is treated as unchanged content.
 
-// Init calls this once the workspace overlay is wired in; until then only tests do.
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{self, File, Metadata};
@@ -47,6 +44,8 @@ use crate::changes::{
 /// Mount options the workspace overlay needs for `export` to be exact:
 /// renamed directories copied rather than redirected, no metadata-only
 /// copy-ups, no index, no inode-number mixing.
+// Init mounts with these once the overlay is wired in; until then only tests read it.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const OVERLAY_OPTIONS: &str = "redirect_dir=off,index=off,metacopy=off,xino=off";
 
 /// How overlayfs marks whiteouts and opaque directories: by a device node,

@@ -87,6 +87,7 @@ fn ifreq(name: &str) -> libc::ifreq {
     req
 }
 
+#[expect(clippy::cast_possible_truncation, reason = "AF_INET (2) fits sa_family_t")]
 fn sockaddr(ip: Ipv4Addr) -> libc::sockaddr {
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -99,6 +100,7 @@ fn sockaddr(ip: Ipv4Addr) -> libc::sockaddr {
     unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
 }
 
+#[expect(clippy::cast_possible_truncation, reason = "IFF_UP | IFF_RUNNING (0x41) fits the short flags field")]
 fn interface_up(sock: &OwnedFd, name: &str) -> std::io::Result<()> {
     let mut req = ifreq(name);
     // SAFETY: SIOCGIFFLAGS reads the interface named in req and writes its

@@ -86,7 +86,7 @@ pub fn search_path(dirs: &Dirs) -> Vec<PathBuf> {
         .map(|entry| entry.path().join("vmlinux"))
         .filter_map(|p| Some((fs::metadata(&p).ok()?.modified().ok()?, p)))
         .collect();
-    built.sort_by(|a, b| b.0.cmp(&a.0));
+    built.sort_by_key(|b| std::cmp::Reverse(b.0));
     paths.extend(built.into_iter().map(|(_, p)| p));
     paths
 }
@@ -227,7 +227,7 @@ mod tests {
         elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
         let note_off = elf.len() as u64;
         let mut note = Vec::new();
-        note.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        note.extend_from_slice(&u32::try_from(name.len()).unwrap().to_le_bytes());
         note.extend_from_slice(&4u32.to_le_bytes());
         note.extend_from_slice(&kind.to_le_bytes());
         note.extend_from_slice(name);

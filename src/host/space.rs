@@ -13,7 +13,7 @@ pub fn available_bytes(path: &Path) -> std::io::Result<(PathBuf, u64)> {
         }
     }
     let stat = nix::sys::statvfs::statvfs(&probe).map_err(std::io::Error::from)?;
-    let bytes = u64::from(stat.blocks_available()).saturating_mul(stat.fragment_size());
+    let bytes = stat.blocks_available().saturating_mul(stat.fragment_size());
     Ok((probe, bytes))
 }
 

@@ -3,6 +3,8 @@
 //! read-only disk images in the cache under the hash of their recipe, so a
 //! run is reproducible and a second build of the same recipe is free.
 
+#![forbid(unsafe_code)]
+
 mod build;
 mod recipe;
 

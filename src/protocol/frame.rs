@@ -34,12 +34,13 @@ pub enum FrameError {
 }
 
 fn write_raw(w: &mut impl Write, kind: u8, payload: &[u8]) -> Result<(), FrameError> {
+    let len = u32::try_from(payload.len()).map_err(|_| FrameError::TooLarge(payload.len()))?;
     if payload.len() > MAX_FRAME {
         return Err(FrameError::TooLarge(payload.len()));
     }
     let mut header = [0u8; 5];
     header[0] = kind;
-    header[1..].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    header[1..].copy_from_slice(&len.to_le_bytes());
     w.write_all(&header)?;
     w.write_all(payload)?;
     Ok(())

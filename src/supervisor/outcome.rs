@@ -8,8 +8,9 @@ use crate::protocol::exit::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STOCKADE};
 /// The exit status and, when stockade should say something, the message.
 pub fn exit_status(report: &ExitReport) -> (u8, Option<String>) {
     match report {
-        ExitReport::Exited { code } => ((*code & 0xff) as u8, None),
-        ExitReport::Signaled { signal } => ((128 + (*signal & 0x7f)) as u8, None),
+        // The low byte, as a shell reports an exit status.
+        ExitReport::Exited { code } => (code.to_le_bytes()[0], None),
+        ExitReport::Signaled { signal } => (128 | signal.to_le_bytes()[0] & 0x7f, None),
         ExitReport::NotStarted { not_found: true, message } => (EXIT_NOT_FOUND, Some(message.clone())),
         ExitReport::NotStarted { not_found: false, message } => (EXIT_NOT_EXECUTABLE, Some(message.clone())),
         ExitReport::SetupFailed { message } => {

@@ -100,7 +100,7 @@ pub fn load(
         modlist_paddr: PVH_MODLIST_ADDR,
         cmdline_paddr: CMDLINE_ADDR,
         memmap_paddr: PVH_MEMMAP_ADDR,
-        memmap_entries: memmap.len() as u32,
+        memmap_entries: u32::try_from(memmap.len()).map_err(|_| BootError::Params("memory map too long".into()))?,
         ..Default::default()
     };
     let mut params = BootParams::new(&start_info, GuestAddress(PVH_INFO_ADDR));
@@ -154,7 +154,7 @@ pub fn pvh_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
     sregs.ss = data;
     sregs.tr = kvm_segment { s: 0, limit: 0x67, g: 0, db: 0, ..segment(TSS_SELECTOR, 0xb) };
     sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = (GDT.len() * 8 - 1) as u16;
+    sregs.gdt.limit = u16::try_from(GDT.len() * 8 - 1).expect("a GDT of a few entries");
     sregs.idt.base = 0;
     sregs.idt.limit = 0;
     // Protected mode (PE) with the FPU present (ET); no paging, no long mode.

@@ -26,12 +26,12 @@ impl Cpio {
             0, // gid
             if mode & S_IFDIR != 0 { 2 } else { 1 },
             0, // mtime
-            data.len() as u32,
+            u32::try_from(data.len()).expect("newc sizes are 32-bit; the initramfs holds only our own binary"),
             0,
             0, // device of the archive's files
             rdev.0,
             rdev.1,
-            name.len() as u32 + 1,
+            u32::try_from(name.len() + 1).expect("our own short file names"),
             0, // check
         ];
         self.ino += 1;

@@ -89,7 +89,7 @@ pub fn register(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
             .get_host_address(region.start_addr())
             .map_err(|_| MemoryError::Register(kvm_ioctls::Error::new(libc::EFAULT)))?;
         let desc = kvm_userspace_memory_region {
-            slot: slot as u32,
+            slot: u32::try_from(slot).map_err(|_| MemoryError::Register(kvm_ioctls::Error::new(libc::EINVAL)))?,
             flags: 0,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),

@@ -62,7 +62,7 @@ pub fn build(cpus: u8, base: u64) -> Result<Vec<u8>, MptableError> {
     entries.extend_from_slice(&[ENTRY_IOAPIC, ioapic_id, IOAPIC_VERSION, 1]);
     entries.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
     count += 1;
-    for pin in 0..IOAPIC_PINS as u8 {
+    for pin in 0..u8::try_from(IOAPIC_PINS).expect("an IOAPIC has at most 255 pins") {
         // Flags 0: polarity and trigger conform to the ISA bus (active high, edge).
         entries.extend_from_slice(&[ENTRY_IO_INTERRUPT, INT_TYPE_INT, 0, 0, 0, pin, ioapic_id, pin]);
         count += 1;
@@ -75,7 +75,9 @@ pub fn build(cpus: u8, base: u64) -> Result<Vec<u8>, MptableError> {
     let table_addr = base + 16;
     let mut table = Vec::with_capacity(44 + entries.len());
     table.extend_from_slice(b"PCMP");
-    table.extend_from_slice(&((44 + entries.len()) as u16).to_le_bytes());
+    table.extend_from_slice(
+        &u16::try_from(44 + entries.len()).expect("entries are bounded by the vCPU cap").to_le_bytes(),
+    );
     table.push(SPEC_REV);
     table.push(0); // checksum, filled below
     table.extend_from_slice(b"STOCKADE");
@@ -92,7 +94,7 @@ pub fn build(cpus: u8, base: u64) -> Result<Vec<u8>, MptableError> {
 
     let mut floating = Vec::with_capacity(16);
     floating.extend_from_slice(b"_MP_");
-    floating.extend_from_slice(&(table_addr as u32).to_le_bytes());
+    floating.extend_from_slice(&u32::try_from(table_addr).expect("the MP table lies below 1 MiB").to_le_bytes());
     floating.push(1); // length in 16-byte units
     floating.push(SPEC_REV);
     floating.push(0); // checksum

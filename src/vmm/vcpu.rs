@@ -127,9 +127,9 @@ impl Vcpu {
 }
 
 fn set_lvt_mode(regs: &mut [std::os::raw::c_char; 1024], offset: usize, mode: u32) {
-    let bytes: [u8; 4] = std::array::from_fn(|i| regs[offset + i] as u8);
+    let bytes: [u8; 4] = std::array::from_fn(|i| u8::from_ne_bytes(regs[offset + i].to_ne_bytes()));
     let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
     for (i, b) in value.to_le_bytes().into_iter().enumerate() {
-        regs[offset + i] = b as std::os::raw::c_char;
+        regs[offset + i] = std::os::raw::c_char::from_ne_bytes([b]);
     }
 }

@@ -43,7 +43,7 @@ use super::selection::Selection;
 use super::store::{Counts, Store, StoredEntry};
 use crate::progress::{Meter, Progress};
 
-pub use classify::{FLAGGED, check_pattern};
+pub use classify::check_pattern;
 pub use diff::Format;
 pub use host::Host;
 pub use pager::{Pager, Target};

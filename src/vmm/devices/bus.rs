@@ -67,7 +67,7 @@ mod tests {
     struct Echo(u8);
     impl BusDevice for Echo {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
-            data.fill(self.0.wrapping_add(offset as u8));
+            data.fill(self.0.wrapping_add(offset.to_le_bytes()[0]));
         }
         fn write(&mut self, _offset: u64, data: &[u8]) {
             self.0 = data[0];

@@ -95,7 +95,7 @@ impl MmioTransport {
             0x010 => {
                 let features = self.device.features();
                 match self.device_features_sel {
-                    0 => features as u32,
+                    0 => u32::try_from(features & u64::from(u32::MAX)).expect("masked to 32 bits"),
                     1 => (features >> 32) as u32,
                     _ => 0,
                 }
@@ -129,8 +129,9 @@ impl MmioTransport {
             0x024 => self.driver_features_sel = value,
             0x030 => self.queue_sel = value,
             0x038 => {
-                if let Some(q) = self.selected_queue() {
-                    q.set_size(value as u16);
+                // A size past u16 is the driver's mistake: ignored, not truncated.
+                if let (Ok(size), Some(q)) = (u16::try_from(value), self.selected_queue()) {
+                    q.set_size(size);
                 }
             }
             0x044 => {
