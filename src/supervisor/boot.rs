@@ -1,10 +1,11 @@
 //! Stage 2, boot: describes the VM, starts the VMM process, and writes the
 //! command the guest gets once it calls in. The command is built while the
-//! guest boots: the init asks for it only after its `Ready`.
+//! guest boots (the init asks for it only after its `Ready`): it waits for
+//! the egress proxy, which has been starting since the prepare stage.
 
 use anyhow::Context;
 
-use super::prepare::{Channels, GuestStart, Host, Recorded};
+use super::prepare::{self, Channels, GuestStart, Held, Host, Recorded};
 use super::{RunConfig, admission, scratch, session, terminal, vm};
 use crate::protocol::auth::Token;
 use crate::protocol::vm_config::VmConfig;
@@ -26,10 +27,16 @@ pub struct Booted {
 }
 
 impl Booted {
-    pub fn start(config: &RunConfig, host: &Host, recorded: &Recorded, guest: GuestStart) -> anyhow::Result<Booted> {
-        let GuestStart { shares, root, env, channels, formatting } = guest;
+    pub fn start(
+        config: &RunConfig,
+        host: &Host,
+        recorded: &Recorded,
+        held: &mut Held,
+        guest: GuestStart,
+    ) -> anyhow::Result<Booted> {
+        let GuestStart { mut layout, channels, formatting } = guest;
         let session = &recorded.session;
-        let vm_config = VmConfig { shares, ..vm_config(config, host, session)? };
+        let vm_config = VmConfig { shares: std::mem::take(&mut layout.shares), ..vm_config(config, host, session)? };
         let refusals = channels.tampering.clone();
         let on_refused = move |host, guest| {
             refusals.report(admission::refused_by_the_vmm(host));
@@ -39,7 +46,9 @@ impl Booted {
             vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &recorded.vsock_base(), on_refused)?;
         tracing::info!("session {} in {}", session.id, session.dir.display());
         tracing::debug!("VMM started after {:?}", host.started.elapsed());
-        let spec = RunSpec { root, env, ..run_spec(config, host, channels.token.clone())? };
+        let env = prepare::complete(&mut layout, config, host, held)?;
+        tracing::debug!("egress proxy up after {:?}", host.started.elapsed());
+        let spec = RunSpec { root: layout.root, env, ..run_spec(config, host, channels.token.clone())? };
         Ok(Booted { vmm, command: Command { spec, formatting }, channels })
     }
 }

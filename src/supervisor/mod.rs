@@ -8,12 +8,12 @@
 //!
 //! 1. [`prepare`]: the host check (KVM, kernel, jail, workspace) comes first
 //!    because it creates nothing; then the session and its record, then the
+//!    egress proxy starting on a thread of its own, and beside it the
 //!    scratch disk (formatted in the background), the init's listeners and
-//!    the change receiver and the agents' state, with the egress proxy
-//!    starting on a thread alongside them; last the root layout, which
-//!    needs the proxy's CA, and the command's environment.
-//! 2. [`boot`]: the VMM starts with the shares of that layout; the command
-//!    for the guest is built while it boots.
+//!    the change receiver, the agents' state and the root layout's shares.
+//! 2. [`boot`]: the VMM starts with those shares; while the guest boots the
+//!    proxy is waited for, and the command is completed with what comes
+//!    from it (the CA files, the proxy variables, the sign-in files).
 //! 3. [`conversation`]: once the init calls in, the scratch disk must be
 //!    formatted before the command is sent (the guest mounts it on receipt);
 //!    the listeners and the proxy are already up (the guest dials them only
@@ -111,8 +111,8 @@ pub struct Finished {
 pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
     signals::block()?;
     let host = prepare::Host::check(&config)?;
-    let prepare::Prepared { recorded, held, guest } = prepare::Prepared::new(&config, &host)?;
-    let booted = boot::Booted::start(&config, &host, &recorded, guest)?;
+    let prepare::Prepared { recorded, mut held, guest } = prepare::Prepared::new(&config, &host)?;
+    let booted = boot::Booted::start(&config, &host, &recorded, &mut held, guest)?;
     let (vmm, ended) = conversation::hold(&config, &recorded.session, booted)?;
     Ok(finish::Finish { config: &config, host: &host, recorded, held }.conclude(vmm, ended))
 }

@@ -6,8 +6,9 @@
 //! intercepted, a profile script).
 
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
 use super::vm;
 use crate::policy::Policy;
@@ -21,6 +22,53 @@ const PROXY_URL: &str = "http://127.0.0.1:3128";
 pub struct Network {
     proxy: Proxy,
     sockets: Vec<PathBuf>,
+}
+
+/// The egress proxy from the moment it starts starting. It comes up on a
+/// thread of its own while the VMM boots (credential commands, the CA and
+/// the host's trust store take a while, and the guest dials it only after
+/// it has the command). Stopped when dropped, once it is up.
+pub struct Egress(State);
+
+enum State {
+    Starting(JoinHandle<anyhow::Result<(Network, GuestSide)>>),
+    Up(Network),
+    Gone,
+}
+
+impl Egress {
+    pub fn start(policy: &Policy, data_dir: &Path, session_dir: &Path, vsock_base: &Path) -> anyhow::Result<Egress> {
+        let (policy, data_dir, session_dir, vsock_base) =
+            (policy.clone(), data_dir.to_path_buf(), session_dir.to_path_buf(), vsock_base.to_path_buf());
+        let thread = std::thread::Builder::new()
+            .name("proxy-start".into())
+            .spawn(move || start(&policy, &data_dir, &session_dir, &vsock_base))
+            .context("cannot start the egress proxy's thread")?;
+        Ok(Egress(State::Starting(thread)))
+    }
+
+    /// Waits until the proxy is up; what the guest needs to use it.
+    pub fn ready(&mut self) -> anyhow::Result<GuestSide> {
+        let State::Starting(thread) = std::mem::replace(&mut self.0, State::Gone) else {
+            bail!("the egress proxy was already waited for (a bug in stockade)");
+        };
+        let (network, guest) = thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        self.0 = State::Up(network);
+        Ok(guest)
+    }
+}
+
+impl Drop for Egress {
+    fn drop(&mut self) {
+        let network = match std::mem::replace(&mut self.0, State::Gone) {
+            State::Up(network) => Some(network),
+            State::Starting(thread) => thread.join().ok().and_then(Result::ok).map(|(network, _)| network),
+            State::Gone => None,
+        };
+        if let Some(network) = network {
+            network.stop();
+        }
+    }
 }
 
 /// What the guest gets: variables for the command, and what its network
@@ -52,7 +100,7 @@ impl GuestSide {
     }
 }
 
-pub fn start(
+fn start(
     policy: &Policy,
     data_dir: &Path,
     session_dir: &Path,
@@ -85,7 +133,7 @@ pub fn start(
 }
 
 impl Network {
-    pub fn stop(self) {
+    fn stop(self) {
         self.proxy.stop();
         for socket in self.sockets {
             let _ = std::fs::remove_file(socket);

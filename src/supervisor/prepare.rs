@@ -1,15 +1,14 @@
 //! Stage 1, prepare: the host check, the session and its record, and what
 //! the VM and the guest are given (scratch disk, the init's listeners, the
-//! egress proxy, the root layout and the command's environment), all before
-//! the VMM starts.
+//! agents' state, the root layout's shares), all before the VMM starts.
 //!
-//! The proxy starts on a thread of its own while the scratch disk, the
-//! listeners and the agents' state are set up: those need nothing of the
-//! proxy, and starting it can take a while (credential commands, the CA,
-//! the host's trust store). It cannot wait until the VMM is booting, though
-//! the guest dials it only after we send the command: `root::layout` makes
-//! the VMM's shares and the generated files that carry the proxy's CA in
-//! one step, so the shares are known only once the proxy is up.
+//! The egress proxy starts first, on a thread of its own, and is waited for
+//! only after the VMM has started (in [`complete`], called by the boot
+//! stage): starting it can take a while (credential commands, the CA, the
+//! host's trust store), and nothing the VMM needs comes from it. The shares
+//! are fixed here; what comes from the proxy (the CA files, resolv.conf, the
+//! profile, the sign-in files, the proxy variables) reaches the guest with
+//! the command, which it asks for only once it has booted.
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -17,15 +16,14 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::network::{self, GuestSide, Network};
+use super::network::{Egress, GuestSide};
 use super::{RunConfig, admission, agent_state, home_tools, root, scratch, session, staging, vm};
 use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
-use crate::protocol::vm_config::ShareConfig;
-use crate::protocol::{CHANGES_PORT, CONTROL_PORT, RootEntry, STDIN_PORT};
+use crate::protocol::{CHANGES_PORT, CONTROL_PORT, STDIN_PORT};
 
 /// The host and the invocation, checked before anything is created.
 pub struct Host {
@@ -160,17 +158,6 @@ impl Drop for SocketFiles {
     }
 }
 
-/// The egress proxy, stopped when dropped.
-pub struct NetworkGuard(Option<Network>);
-
-impl Drop for NetworkGuard {
-    fn drop(&mut self) {
-        if let Some(network) = self.0.take() {
-            network.stop();
-        }
-    }
-}
-
 /// The listeners of the init's ports, and what connections on them need.
 pub struct Channels {
     pub control: UnixListener,
@@ -201,7 +188,8 @@ impl Channels {
 /// What stays set up until the run finishes: `finish` takes it down in its
 /// order, Drop on the way out of a failure.
 pub struct Held {
-    pub network: NetworkGuard,
+    /// Up once [`complete`] has waited for it.
+    pub network: Egress,
     pub sockets: SocketFiles,
     pub scratch: Scratch,
     pub agents: Vec<agent_state::Prepared>,
@@ -212,10 +200,9 @@ pub struct Held {
 /// What the VM and the guest are given, used up as the VMM starts and the
 /// command is sent.
 pub struct GuestStart {
-    pub shares: Vec<ShareConfig>,
-    pub root: Vec<RootEntry>,
-    /// The command's environment (see [`guest_env`]).
-    pub env: Vec<(String, String)>,
+    /// Its shares are all the VMM needs; the files made from the network
+    /// are added once the proxy is up.
+    pub layout: root::Layout,
     pub channels: Channels,
     /// The guest mounts the scratch disk only after the command is sent.
     pub formatting: scratch::Formatting,
@@ -227,17 +214,11 @@ pub struct Prepared {
     pub guest: GuestStart,
 }
 
-/// What is set up beside the proxy's start.
-struct Local {
-    scratch: Scratch,
-    formatting: scratch::Formatting,
-    channels: Channels,
-    sockets: SocketFiles,
-    agents: Vec<agent_state::Prepared>,
-}
-
-impl Local {
-    fn set_up(config: &RunConfig, host: &Host, recorded: &Recorded) -> anyhow::Result<Local> {
+impl Prepared {
+    pub fn new(config: &RunConfig, host: &Host) -> anyhow::Result<Prepared> {
+        let recorded = Recorded::create(config, host)?;
+        let seen = recorded.store.start_seen()?;
+        let network = Egress::start(&config.policy, &host.dirs.data, &recorded.session.dir, &recorded.vsock_base())?;
         let (scratch, formatting) = Scratch::create(&recorded.session, config.disk_bytes)?;
         let (channels, sockets) = Channels::open(&recorded.vsock_base(), &recorded.store)?;
         let mut agents = Vec::new();
@@ -247,50 +228,26 @@ impl Local {
             tracing::info!("agent {} keeps its state in {}", agent.name, state.home.display());
             agents.push(state);
         }
-        Ok(Local { scratch, formatting, channels, sockets, agents })
-    }
-}
-
-impl Prepared {
-    pub fn new(config: &RunConfig, host: &Host) -> anyhow::Result<Prepared> {
-        let recorded = Recorded::create(config, host)?;
-        let seen = recorded.store.start_seen()?;
-        let vsock_base = recorded.vsock_base();
-        let (local, started) = std::thread::scope(|scope| {
-            let start = || network::start(&config.policy, &host.dirs.data, &recorded.session.dir, &vsock_base);
-            let proxy = std::thread::Builder::new().name("proxy-start".into()).spawn_scoped(scope, start);
-            let local = Local::set_up(config, host, &recorded);
-            let started = match proxy {
-                Ok(proxy) => proxy.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(e) => Err(e).context("cannot start the egress proxy's thread"),
-            };
-            (local, started.map(|(network, guest_net)| (NetworkGuard(Some(network)), guest_net)))
-        });
-        let local = local?;
-        let (network, guest_net) = started?;
-        let Local { scratch, formatting, channels, sockets, agents } = local;
-        let laid = lay_out(config, host, &guest_net, seen, &agents)?;
-        let env = guest_env(&config.env, guest_net, laid.env);
+        let layout = lay_out(config, host, seen, &agents)?;
         let tampering = channels.tampering.clone();
         Ok(Prepared {
             recorded,
             held: Held { network, sockets, scratch, agents, tampering },
-            guest: GuestStart { shares: laid.shares, root: laid.root, env, channels, formatting },
+            guest: GuestStart { layout, channels, formatting },
         })
     }
 }
 
-/// The root layout with everything added to it: the policy's mounts, the
-/// home toolchains, the agents' state, the sign-in files.
+/// The root layout with every share in it: the policy's mounts, the home
+/// toolchains, the agents' state.
 fn lay_out(
     config: &RunConfig,
     host: &Host,
-    guest_net: &GuestSide,
     seen: PathBuf,
     agents: &[agent_state::Prepared],
 ) -> anyhow::Result<root::Layout> {
     let user = &host.user;
-    let mut layout = root::layout(&host.workspace, user, host.system, guest_net)?;
+    let mut layout = root::layout(&host.workspace, user, host.system)?;
     let root::Layout { shares, root, .. } = &mut layout;
     for skipped in root::policy_mounts(&config.policy.mounts, &user.home, shares, root) {
         eprintln!("stockade: warning: policy mount {skipped} was not mounted; the guest does not see it");
@@ -304,14 +261,29 @@ fn lay_out(
     for state in agents {
         state.attach(&user.home, user.uid, user.gid, shares, root);
     }
-    for file in &guest_net.signin_files {
+    Ok(layout)
+}
+
+/// The command's root layout and environment, once the proxy is up: the
+/// files made from the network, and the sign-in files (in an agent's state
+/// when one holds them, else generated in place).
+pub fn complete(
+    layout: &mut root::Layout,
+    config: &RunConfig,
+    host: &Host,
+    held: &mut Held,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let user = &host.user;
+    let net = held.network.ready()?;
+    let trust = layout.complete(user, &net)?;
+    for file in &net.signin_files {
         let rel = Path::new(file.file.trim_start_matches("~/"));
-        match agents.iter().find(|a| file.file.starts_with("~/") && a.holds(rel)) {
+        match held.agents.iter().find(|a| file.file.starts_with("~/") && a.holds(rel)) {
             Some(state) => state.place(rel, &file.content)?,
-            None => root::place_signin_file(&file.file, &file.content, &user.home, root),
+            None => root::place_signin_file(&file.file, &file.content, &user.home, &mut layout.root),
         }
     }
-    Ok(layout)
+    Ok(guest_env(&config.env, net, trust))
 }
 
 /// The home toolchains to share (host mode with `home_tools` only): those

@@ -136,18 +136,24 @@ pub fn find_workspace(cwd: &Path, home: &Path) -> anyhow::Result<PathBuf> {
     Ok(root)
 }
 
-/// What the guest is given: virtio-fs shares, the ordered root layout, and
-/// the variables that point at generated files.
+/// What the guest is given: virtio-fs shares and the ordered root layout.
+/// The files made from the network (resolv.conf, the CA, the profile) are
+/// still to come: the shares are all the VMM needs, so it starts while the
+/// proxy does, and [`Layout::complete`] adds those files once it is up.
 #[derive(Debug)]
 pub struct Layout {
     pub shares: Vec<ShareConfig>,
     pub root: Vec<RootEntry>,
-    pub env: Vec<(String, String)>,
+    /// The files to generate, and where in `root` they go: after the tmpfs
+    /// mounts, before the hidden files (everything added later goes just
+    /// before the workspace, so this place stays put).
+    generated: Vec<Generated>,
+    generated_at: usize,
 }
 
 /// The layout for `system`: in image mode nothing of the host is shared but
 /// the workspace (and the policy's mounts, added later).
-pub fn layout(workspace: &Path, user: &User, system: System, net: &GuestSide) -> anyhow::Result<Layout> {
+pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<Layout> {
     let spec = host_root()?;
     let mut shares = Vec::new();
     let mut root = Vec::new();
@@ -184,32 +190,16 @@ pub fn layout(workspace: &Path, user: &User, system: System, net: &GuestSide) ->
         let (uid, gid) = if dir.owner == Owner::User { (user.uid, user.gid) } else { (0, 0) };
         root.push(RootEntry::Tmpfs { target, mode, uid, gid });
     }
-    let generated: Vec<&Generated> = spec
+    let generated: Vec<Generated> = spec
         .generate
-        .iter()
+        .into_iter()
         // A read-only share leaves nowhere to create a file the host lacks.
         .filter(|file| {
             let path = Path::new(&file.path);
             !host_dirs.iter().any(|d| path.starts_with(d)) || fs::symlink_metadata(path).is_ok()
         })
         .collect();
-    let env = trust_env(&generated, net.trust.as_ref());
-    for file in generated {
-        let content = match file.from {
-            Generator::MachineId => Some(identity::machine_id().context("cannot make a machine id")?),
-            Generator::Hostname => Some(identity::hostname()),
-            Generator::Hosts => Some(identity::hosts()),
-            Generator::Passwd => Some(identity::passwd(user)),
-            Generator::Group => Some(identity::group(user)),
-            Generator::ResolvConf => Some(GuestSide::resolv_conf()),
-            Generator::ProxyCa => net.trust.as_ref().map(|t| t.ca_pem.clone()),
-            Generator::CaBundle => net.trust.as_ref().map(|t| t.bundle_pem.clone()),
-            Generator::Profile => Some(GuestSide::profile(&[net.env.as_slice(), env.as_slice()].concat())),
-        };
-        if let Some(content) = content {
-            root.push(RootEntry::File { target: file.path.clone(), content, mode: 0o644 });
-        }
-    }
+    let generated_at = root.len();
     let hidden: &[String] = if system == System::Host { &spec.hide } else { &[] };
     for target in hidden.iter().flat_map(|pattern| expand(pattern)) {
         root.push(RootEntry::File { target, content: String::new(), mode: 0 });
@@ -226,12 +216,41 @@ pub fn layout(workspace: &Path, user: &User, system: System, net: &GuestSide) ->
         target: ws.to_string(),
         disk: SCRATCH_DISK.to_string(),
     });
-    Ok(Layout { shares, root, env })
+    Ok(Layout { shares, root, generated, generated_at })
+}
+
+impl Layout {
+    /// Adds the generated files, now that the network they describe is up,
+    /// and returns the variables that point at them (the CA's).
+    pub fn complete(&mut self, user: &User, net: &GuestSide) -> anyhow::Result<Vec<(String, String)>> {
+        let env = trust_env(&self.generated, net.trust.as_ref());
+        let mut files = Vec::new();
+        for file in &self.generated {
+            let content = match file.from {
+                Generator::MachineId => Some(identity::machine_id().context("cannot make a machine id")?),
+                Generator::Hostname => Some(identity::hostname()),
+                Generator::Hosts => Some(identity::hosts()),
+                Generator::Passwd => Some(identity::passwd(user)),
+                Generator::Group => Some(identity::group(user)),
+                Generator::ResolvConf => Some(GuestSide::resolv_conf()),
+                Generator::ProxyCa => net.trust.as_ref().map(|t| t.ca_pem.clone()),
+                Generator::CaBundle => net.trust.as_ref().map(|t| t.bundle_pem.clone()),
+                Generator::Profile => Some(GuestSide::profile(&[net.env.as_slice(), env.as_slice()].concat())),
+            };
+            if let Some(content) = content {
+                files.push(RootEntry::File { target: file.path.clone(), content, mode: 0o644 });
+            }
+        }
+        let at = self.generated_at.min(self.root.len());
+        self.root.splice(at..at, files);
+        self.generated.clear();
+        Ok(env)
+    }
 }
 
 /// The CA variables, pointing at the first file of each trust generator
 /// that is placed; none without interception.
-fn trust_env(generated: &[&Generated], trust: Option<&GuestTrust>) -> Vec<(String, String)> {
+fn trust_env(generated: &[Generated], trust: Option<&GuestTrust>) -> Vec<(String, String)> {
     let first = |kind: Generator| generated.iter().find(|f| f.from == kind).map(|f| f.path.as_str());
     match (trust, first(Generator::ProxyCa), first(Generator::CaBundle)) {
         (Some(_), Some(ca), Some(bundle)) => GuestTrust::env(ca, bundle),
@@ -395,6 +414,13 @@ mod tests {
         }
     }
 
+    /// The layout with the generated files in, and their variables.
+    fn complete(system: System, net: &GuestSide) -> (Layout, Vec<(String, String)>) {
+        let mut laid = layout(Path::new("/home/alice/proj"), &user(), system).unwrap();
+        let env = laid.complete(&user(), net).unwrap();
+        (laid, env)
+    }
+
     fn file<'a>(root: &'a [RootEntry], path: &str) -> Option<&'a str> {
         root.iter().find_map(|e| match e {
             RootEntry::File { target, content, .. } if target == path => Some(content.as_str()),
@@ -404,8 +430,7 @@ mod tests {
 
     #[test]
     fn image_mode_shares_only_the_workspace() {
-        let Layout { shares, root, .. } =
-            layout(Path::new("/home/alice/proj"), &user(), System::Image, &net(false)).unwrap();
+        let (Layout { shares, root, .. }, _) = complete(System::Image, &net(false));
         assert_eq!(shares.len(), 1, "{shares:?}");
         assert_eq!(shares[0].guest_path, "/workspace");
         assert_eq!(root[0], RootEntry::Image { disk: "/dev/vdb".into() });
@@ -461,8 +486,7 @@ mod tests {
 
     #[test]
     fn layout_mounts_workspace_last_and_hides_home() {
-        let Layout { shares, root, .. } =
-            layout(Path::new("/home/alice/proj"), &user(), System::Host, &net(false)).unwrap();
+        let (Layout { shares, root, .. }, _) = complete(System::Host, &net(false));
         assert!(shares.iter().any(|s| s.guest_path == "/usr"));
         assert!(!shares.iter().any(|s| s.host_path == Path::new("/home/alice")));
         let last = root.last().unwrap();
@@ -481,16 +505,16 @@ mod tests {
 
     #[test]
     fn network_files_and_trust_come_from_the_definition() {
-        let plain = layout(Path::new("/home/alice/proj"), &user(), System::Image, &net(false)).unwrap();
+        let (plain, plain_env) = complete(System::Image, &net(false));
         assert!(file(&plain.root, "/etc/resolv.conf").is_some_and(|c| c.contains("nameserver 10.77.0.1")));
         assert!(file(&plain.root, "/run/stockade/ca.pem").is_none(), "no CA without interception");
-        assert!(plain.env.is_empty(), "{:?}", plain.env);
+        assert!(plain_env.is_empty(), "{plain_env:?}");
 
-        let trusting = layout(Path::new("/home/alice/proj"), &user(), System::Image, &net(true)).unwrap();
+        let (trusting, trusting_env) = complete(System::Image, &net(true));
         assert_eq!(file(&trusting.root, "/run/stockade/ca.pem"), Some("CA\n"));
         assert_eq!(file(&trusting.root, "/run/stockade/ca-bundle.pem"), Some("ROOTS\nCA\n"));
         assert_eq!(file(&trusting.root, "/etc/ssl/certs/ca-certificates.crt"), Some("ROOTS\nCA\n"));
-        let var = |name: &str| trusting.env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let var = |name: &str| trusting_env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         assert_eq!(var("SSL_CERT_FILE"), Some("/run/stockade/ca-bundle.pem"));
         assert_eq!(var("NODE_EXTRA_CA_CERTS"), Some("/run/stockade/ca.pem"));
         let profile = file(&trusting.root, "/etc/profile.d/stockade.sh").unwrap();
@@ -498,9 +522,25 @@ mod tests {
         assert!(profile.contains("export SSL_CERT_FILE='/run/stockade/ca-bundle.pem'"), "{profile}");
     }
 
+    /// Mounts added while the proxy starts go after the generated files, as
+    /// they did when the files were made first: a policy mount over /etc/ssl
+    /// still shows the host's directory, not a generated bundle under it.
+    #[test]
+    fn generated_files_keep_their_place_when_added_last() {
+        let mut laid = layout(Path::new("/home/alice/proj"), &user(), System::Image).unwrap();
+        let mount = RootEntry::Share { source: "/mounts/0".into(), target: "/etc/ssl".into() };
+        insert_before_workspace(&mut laid.root, mount.clone());
+        laid.complete(&user(), &net(true)).unwrap();
+        let at = |wanted: &dyn Fn(&RootEntry) -> bool| laid.root.iter().position(wanted).unwrap();
+        let bundle = at(&|e| matches!(e, RootEntry::File { target, .. } if target.starts_with("/etc/ssl/")));
+        assert!(at(&|e| e == &RootEntry::Image { disk: "/dev/vdb".into() }) < bundle);
+        assert!(bundle < at(&|e| e == &mount), "{:?}", laid.root);
+        assert!(matches!(laid.root.last(), Some(RootEntry::Overlay { .. })));
+    }
+
     #[test]
     fn host_mode_creates_files_only_outside_the_shares() {
-        let Layout { root, .. } = layout(Path::new("/home/alice/proj"), &user(), System::Host, &net(true)).unwrap();
+        let (Layout { root, .. }, _) = complete(System::Host, &net(true));
         assert!(file(&root, "/run/stockade/ca.pem").is_some(), "/run is a tmpfs: created");
         let profile = file(&root, "/etc/profile.d/stockade.sh");
         assert_eq!(profile.is_some(), Path::new("/etc/profile.d/stockade.sh").exists(), "the host's /etc is read-only");
