@@ -8,22 +8,16 @@
 
 // Casts between guest-sized and host-sized integers are where a VMM
 // truncates silently: here each is a checked conversion (as in Firecracker).
-// devices/virtio is being reshaped and gets the same lints afterwards.
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+#![warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
+
 pub mod boot;
 pub mod cpuid;
 pub mod devices;
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod initramfs;
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod layout;
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod memory;
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod mptable;
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod probe;
-#[warn(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub mod vcpu;
 
 use std::fs::File;

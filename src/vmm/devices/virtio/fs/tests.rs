@@ -230,7 +230,7 @@ impl Client {
     }
 
     fn open(&mut self, opcode: Opcode, node: u64, flags: i32) -> Reply {
-        let open = OpenIn { flags: flags as u32, fuse_flags: 0 };
+        let open = OpenIn { flags: flags.cast_unsigned(), fuse_flags: 0 };
         self.call(opcode as u32, node, open.as_slice())
     }
 
@@ -541,7 +541,7 @@ fn mutations_get_erofs_and_leave_the_host_untouched() {
 
     for (opcode, node, flags) in write_opens(file, ws) {
         assert_eq!(client.open(opcode, node, flags).errno(), libc::EROFS, "{opcode:?} {flags:#o}");
-        let open = OpenIn { flags: flags as u32, fuse_flags: 0 };
+        let open = OpenIn { flags: flags.cast_unsigned(), fuse_flags: 0 };
         assert_eq!(
             client.call_ungated(opcode as u32, node, open.as_slice()).errno(),
             libc::EROFS,
