@@ -8,6 +8,12 @@ use serde::{Deserialize, Serialize};
 
 /// A host directory exposed to the guest under `guest_path` in the virtio-fs
 /// filesystem (tag `shares::FS_TAG`).
+/// The scratch disk as the guest sees it: the first virtio-blk device (the
+/// VMM adds `disk` before `image`, see `virtio::blk`).
+pub const SCRATCH_DISK: &str = "/dev/vda";
+/// The root image in image mode: the second.
+pub const IMAGE_DISK: &str = "/dev/vdb";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShareConfig {
     pub guest_path: String,
@@ -41,10 +47,10 @@ pub struct VmConfig {
     /// egress proxy (`TRANSPARENT_PORT`, `DNS_PORT`).
     #[serde(default)]
     pub network: bool,
-    /// The scratch disk image (virtio-blk, /dev/vda in the guest).
+    /// The scratch disk image (virtio-blk, [`SCRATCH_DISK`] in the guest).
     #[serde(default)]
     pub disk: Option<PathBuf>,
-    /// A root filesystem image (image mode), read-only: /dev/vdb.
+    /// A root filesystem image (image mode), read-only: [`IMAGE_DISK`].
     #[serde(default)]
     pub image: Option<PathBuf>,
     /// Close the jail (Landlock and seccomp, see `jail`) before the guest

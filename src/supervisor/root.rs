@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::identity;
 use super::network::GuestSide;
 use crate::protocol::RootEntry;
-use crate::protocol::vm_config::ShareConfig;
+use crate::protocol::vm_config::{IMAGE_DISK, SCRATCH_DISK, ShareConfig};
 use crate::proxy::GuestTrust;
 
 /// The definition of the host-mode root (see the file for what each part is).
@@ -71,10 +71,6 @@ fn host_root() -> anyhow::Result<HostRoot> {
 }
 /// Inside the virtio-fs filesystem, the workspace lives under this name.
 const WORKSPACE_SHARE: &str = "/workspace";
-/// The scratch disk as the guest sees it: the first virtio-blk device.
-const SCRATCH_DISK: &str = "/dev/vda";
-/// The root image in image mode: the second.
-const IMAGE_DISK: &str = "/dev/vdb";
 
 /// Where the guest's system comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

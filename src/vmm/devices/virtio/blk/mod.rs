@@ -49,8 +49,8 @@ pub const THREAD: DeviceThread =
 
 pub const REGISTRATION: Registration = Registration { threads: &[&THREAD], create };
 
-/// The scratch disk, then the image: the guest sees them as /dev/vda and
-/// /dev/vdb.
+/// The scratch disk, then the image: the guest sees them as
+/// `vm_config::SCRATCH_DISK` and `vm_config::IMAGE_DISK`.
 fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
     let mut disks = Vec::new();
     if let Some(disk) = &env.config.disk {

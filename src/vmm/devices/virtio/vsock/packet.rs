@@ -5,8 +5,8 @@ use std::io::{self, Read};
 
 use virtio_vsock::packet::PKT_HEADER_SIZE;
 
-/// The well-known CID of the host.
-pub(super) const HOST_CID: u64 = 2;
+/// The well-known CID of the host, as the packet header carries it.
+pub(super) const HOST_CID: u64 = crate::protocol::HOST_CID as u64;
 
 /// The only socket type we offer (no VIRTIO_VSOCK_F_SEQPACKET).
 pub(super) const TYPE_STREAM: u16 = 1;

@@ -23,11 +23,10 @@ use super::packet::{
 };
 use super::{HostPorts, TYPE_VSOCK, Vsock};
 use crate::protocol::broker;
-use crate::protocol::{CHANGES_PORT, CONTROL_PORT, DNS_PORT, PROXY_PORT, STDIN_PORT, TRANSPARENT_PORT};
+use crate::protocol::{CHANGES_PORT, CONTROL_PORT, DNS_PORT, GUEST_CID, PROXY_PORT, STDIN_PORT, TRANSPARENT_PORT};
 use crate::vmm::devices::broker::Dialer;
 use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice};
 
-const GUEST_CID: u64 = 3;
 const GUEST_PORT: u32 = 50_000;
 const QSIZE: u16 = 256;
 const RX_RING: u64 = 0;
