@@ -18,6 +18,7 @@ mod man_pages;
 mod network_e2e;
 mod new_user_e2e;
 mod policy_cli;
+mod publish_e2e;
 mod rig_selftest;
 mod rootfs_e2e;
 mod run_e2e;

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::changes::review::{ApplyMode, CodeChoice};
+use crate::protocol::publish::Published;
 use crate::supervisor::{self, RunConfig, TOOL_VARS};
 
 use super::settings::{Flags, Settings};
@@ -83,6 +84,14 @@ pub struct VmOptions {
     /// limit in the guest; fork bombs fail with EAGAIN).
     #[arg(long, value_name = "N")]
     pids: Option<u32>,
+
+    /// Forward a host port to a port in the guest, e.g. `-p 5173:5173` for
+    /// a dev server the host's browser opens at localhost:5173. The host
+    /// side listens on loopback (IPv4 and IPv6) unless HOST_ADDR says
+    /// otherwise; the server in the guest may listen on 127.0.0.1, ::1 or
+    /// 0.0.0.0. Repeatable.
+    #[arg(short = 'p', long = "publish", value_name = "[HOST_ADDR:]HOST_PORT:GUEST_PORT")]
+    publish: Vec<Published>,
 
     /// Run the VMM without its Landlock and seccomp jail. Only for hosts
     /// whose kernel lacks them (`stockade doctor` tells); the VM boundary
@@ -234,6 +243,25 @@ fn prepare(args: RunArgs, global: Global) -> anyhow::Result<RunConfig> {
     Ok(config)
 }
 
+/// One host address and port serves one guest port.
+fn check_published(ports: &[Published]) -> anyhow::Result<()> {
+    for (i, port) in ports.iter().enumerate() {
+        let overlaps = |other: &Published| {
+            other.host_port == port.host_port
+                && (other.addr.is_none() || port.addr.is_none() || other.addr == port.addr)
+        };
+        if let Some(other) = ports[..i].iter().find(|other| overlaps(other)) {
+            bail!(
+                "-p: host port {} is published twice (to guest ports {} and {}): give each its own host port",
+                port.host_port,
+                other.guest_port,
+                port.guest_port
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Turns what the user typed into a RunConfig without touching the system.
 /// `settings` are the config file's (flags override them); `extra_env`
 /// names host variables the subcommand itself passes (SHELL).
@@ -270,6 +298,7 @@ pub fn validate(
     if argv.first().is_none_or(|a| a.is_empty()) {
         bail!("the command is empty");
     }
+    check_published(&vm.publish)?;
     let policy = settings.resolve_policy(&vm.allows)?;
     let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
     if settings.home_tools.value {
@@ -292,6 +321,7 @@ pub fn validate(
         policy,
         timeout,
         pids: vm.pids,
+        publish: vm.publish,
         jail: !vm.no_jail,
         home_tools: settings.home_tools.value,
         image: vm.image,

@@ -103,9 +103,10 @@ impl Control {
         read_frame(reader).context("cannot read from the host")
     }
 
-    /// Hands signals and resizes to `on_event` on a reader thread; a Finish
+    /// Hands signals and resizes to `on_event` on a reader thread, and
+    /// serves published ports' clients (dialing back with `token`); a Finish
     /// message is kept for `wait_finish`.
-    pub fn start_reader(&self, on_event: impl Fn(Event) + Send + 'static) -> anyhow::Result<()> {
+    pub fn start_reader(&self, token: Token, on_event: impl Fn(Event) + Send + 'static) -> anyhow::Result<()> {
         let mut reader = self
             .reader
             .lock()
@@ -124,6 +125,7 @@ impl Control {
                         Ok(HostMsg::Finish) => {
                             let _ = tx.send(());
                         }
+                        Ok(HostMsg::Connect { id, port }) => super::publish::connect(id, port, token.clone()),
                         Ok(HostMsg::Run(_)) => eprintln!("stockade-init: ignoring a second command"),
                         Err(_) => {
                             // The host went away: nothing left to wait for.

@@ -71,7 +71,7 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
             let input = master.try_clone().context("cannot duplicate the terminal")?;
             feed_stdin(stdin_conn, input)?;
             pumps.push(pump("stdout", master.try_clone()?, control.writer(), GuestMsg::Stdout)?);
-            control.start_reader(move |event| match event {
+            control.start_reader(spec.token.clone(), move |event| match event {
                 Event::Resize(size) => tty::resize(&master, size),
                 Event::Signal(signal) => {
                     let group = tty::foreground_group(&master).map_or(-pid, |g| -g.as_raw());
@@ -93,7 +93,7 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
                 control.writer(),
                 GuestMsg::Stderr,
             )?);
-            control.start_reader(move |event| {
+            control.start_reader(spec.token.clone(), move |event| {
                 if let Event::Signal(signal) = event {
                     send_signal(-pid, signal);
                 }

@@ -15,6 +15,7 @@ pub mod export;
 mod limits;
 mod mounts;
 mod net;
+mod publish;
 mod trace;
 mod tty;
 

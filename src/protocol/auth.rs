@@ -1,6 +1,6 @@
 //! Only the init speaks for the guest: how the host tells the guest init
-//! (PID 1) from every other process in the guest on the init's three ports,
-//! `CONTROL_PORT`, `STDIN_PORT` and `CHANGES_PORT`.
+//! (PID 1) from every other process in the guest on the init's four ports,
+//! `CONTROL_PORT`, `STDIN_PORT`, `CHANGES_PORT` and `PUBLISH_PORT`.
 //!
 //! Three locks, each for a different adversary:
 //!
@@ -15,8 +15,8 @@
 //! 2. A per-boot [`Token`]. The host draws it at random and sends it in the
 //!    `RunSpec` on the control connection, which the host accepts once: the
 //!    first control connection is PID 1's, opened before any other guest
-//!    process exists; later ones are refused and reported. Every stdin and
-//!    change connection must start with the token; one that does not is
+//!    process exists; later ones are refused and reported. Every stdin,
+//!    change and publish connection must start with the token; one that does not is
 //!    refused and reported before a byte of it is used. The token lives only
 //!    in PID 1's memory (never in the command's environment, files or logs;
 //!    its `Debug` is redacted), so reading it takes the right to ptrace PID
@@ -47,14 +47,14 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{CHANGES_PORT, CONTROL_PORT, STDIN_PORT};
+use super::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
 use crate::changes::{Hasher, Sha256};
 
 /// Guest ports below this need CAP_NET_BIND_SERVICE to bind.
 pub const PRIVILEGED_PORTS: u32 = 1024;
 
 /// The host ports only the init may connect to.
-pub const INIT_PORTS: [u32; 3] = [CONTROL_PORT, STDIN_PORT, CHANGES_PORT];
+pub const INIT_PORTS: [u32; 4] = [CONTROL_PORT, STDIN_PORT, CHANGES_PORT, PUBLISH_PORT];
 
 pub const TOKEN_LEN: usize = 32;
 

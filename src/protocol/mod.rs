@@ -14,7 +14,8 @@
 //! - `vm_config`: what the supervisor tells the VMM process to build;
 //! - `broker`: how the jailed VMM asks the supervisor for host ports;
 //! - `limits`: limits the CLI checks and the VMM builds to;
-//! - `exit`: stockade's own exit statuses.
+//! - `exit`: stockade's own exit statuses;
+//! - `publish`: published ports (`run -p`) and how the init dials back.
 //!
 //! The guest opens two connections to the host (CID 2): `CONTROL_PORT`
 //! carries framed messages both ways, `STDIN_PORT` carries the command's
@@ -23,7 +24,11 @@
 //! control messages (signals, finish) behind it. After the command, the
 //! change set goes out on `CHANGES_PORT`.
 //!
-//! Only the init (PID 1) may use those three ports; `auth` says how the
+//! For a published port the host asks on the control connection
+//! (`HostMsg::Connect`) and the init dials back on `PUBLISH_PORT`, so every
+//! vsock connection is opened by the guest and the VMM needs no listener.
+//!
+//! Only the init (PID 1) may use those four ports; `auth` says how the
 //! VMM and the host tell it from any other guest process.
 #![forbid(unsafe_code)]
 
@@ -32,6 +37,7 @@ pub mod broker;
 pub mod exit;
 mod frame;
 pub mod limits;
+pub mod publish;
 pub mod seen;
 pub mod shares;
 pub mod transparent;
@@ -59,6 +65,9 @@ pub const DNS_PORT: u32 = 1028;
 /// device to the host's egress proxy: a `transparent::Header` naming the
 /// guest's original destination, then the guest's bytes.
 pub const TRANSPARENT_PORT: u32 = 1029;
+/// One connection per host client of a published port, guest to host: the
+/// token, a `publish::Callback`, then the client's bytes both ways.
+pub const PUBLISH_PORT: u32 = 1030;
 
 /// How the guest root is put together, entry by entry, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +168,12 @@ pub enum HostMsg {
     Resize(WindowSize),
     /// The host has everything; the guest may power off.
     Finish,
+    /// A host client connected to a published port: connect to `port` on
+    /// the guest's loopback and dial back on `PUBLISH_PORT` with `id`.
+    Connect {
+        id: u64,
+        port: u16,
+    },
 }
 
 /// How the export of the workspace changes went; sent after the change set

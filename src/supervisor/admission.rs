@@ -66,6 +66,7 @@ pub fn refused_by_the_vmm(host_port: u32) -> String {
         crate::protocol::CONTROL_PORT => "control",
         crate::protocol::STDIN_PORT => "stdin",
         crate::protocol::CHANGES_PORT => "change",
+        crate::protocol::PUBLISH_PORT => "publish",
         _ => "init's",
     };
     format!(
@@ -79,6 +80,8 @@ pub fn refused_by_the_vmm(host_port: u32) -> String {
 pub enum Channel {
     Stdin,
     Changes,
+    /// Published ports' dial-backs: one per host client, all used.
+    Publish,
 }
 
 impl Channel {
@@ -86,6 +89,7 @@ impl Channel {
         match self {
             Channel::Stdin => "stdin",
             Channel::Changes => "change",
+            Channel::Publish => "publish",
         }
     }
 
@@ -99,6 +103,7 @@ impl Channel {
                 "a second change connection with this run's token arrived (only guest root can forge one); \
                  only the change set the guest init says it sent is staged"
             }
+            Channel::Publish => "a publish connection with this run's token arrived (only guest root can forge one)",
         }
     }
 }

@@ -73,12 +73,20 @@ fn converse(
 ) -> anyhow::Result<Conversation> {
     // The control listener closes with the conversation: a guest process
     // that dials it afterwards is refused rather than left queued.
-    let Channels { control, stdin, receiver, token, tampering } = channels;
+    let Channels { control, stdin, receiver, token, tampering, publish } = channels;
     let Some(mut talk) = call_in(&control, vmm, session, &tampering)? else {
         return Ok(Conversation::VmEnded);
     };
     command.formatting.wait()?;
     send(&talk.writer, &HostMsg::Run(command.spec))?;
+    // Clients of published ports are asked for only once the init has the
+    // command (and so the token it dials back with).
+    let _published = match publish {
+        Some((bound, callbacks)) => {
+            Some(bound.serve(talk.writer.clone(), callbacks, token.clone(), tampering.clone())?)
+        }
+        None => None,
+    };
     let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
     forward_signals(&talk.writer, vmm_pid, watch.interrupts.clone())?;
     let _deadline = watch_deadline(&talk.writer, vmm_pid, watch)?;

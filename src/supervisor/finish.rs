@@ -40,7 +40,7 @@ impl Finish<'_> {
         // after the grace) while the network stops and the changes are
         // reviewed. If the thread cannot start, dropping the VMM kills it.
         let reaper = reap(vmm, host.started);
-        let Held { network, sockets, scratch, agents, tampering } = held;
+        let Held { network, sockets, scratch, agents, tampering, published } = held;
         drop(network);
         // The guest's changes were exported; the disk that held them is
         // spent, unless staging them failed (a full disk): then it is all
@@ -62,6 +62,9 @@ impl Finish<'_> {
             }
         }
         tracing::debug!("network stopped after {:?}", host.started.elapsed());
+        for warning in published.warnings() {
+            eprintln!("stockade: warning: {warning}");
+        }
         let tampered = tampering.lines();
         epilogue.apply = apply_mode(&epilogue, &tampered);
         epilogue.announce(&ended);

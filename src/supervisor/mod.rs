@@ -36,6 +36,7 @@ mod identity;
 mod network;
 mod outcome;
 mod prepare;
+mod publish;
 pub mod retention;
 mod root;
 mod scratch;
@@ -75,6 +76,8 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// The guest cgroup's pids.max for the command.
     pub pids: Option<u32>,
+    /// Host ports forwarded to guest ports (`-p`).
+    pub publish: Vec<crate::protocol::publish::Published>,
     /// Jail the VMM (Landlock, seccomp); false with --no-jail.
     pub jail: bool,
     /// The root image to run on (`--image`), or the host's own system.

@@ -17,13 +17,13 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 
 use super::network::{Egress, GuestSide};
-use super::{RunConfig, admission, agent_state, home_tools, root, scratch, session, staging, vm};
+use super::{RunConfig, admission, agent_state, home_tools, publish, root, scratch, session, staging, vm};
 use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
-use crate::protocol::{CHANGES_PORT, CONTROL_PORT, STDIN_PORT};
+use crate::protocol::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
 
 /// The host and the invocation, checked before anything is created.
 pub struct Host {
@@ -167,10 +167,16 @@ pub struct Channels {
     /// This boot's secret: only the init, which gets it in the command, has it.
     pub token: Token,
     pub tampering: admission::Tampering,
+    /// The published ports' host listeners, and where the init dials back.
+    pub publish: Option<(publish::Bound, UnixListener)>,
 }
 
 impl Channels {
-    fn open(vsock_base: &Path, store: &changes::Store) -> anyhow::Result<(Channels, SocketFiles)> {
+    fn open(
+        vsock_base: &Path,
+        store: &changes::Store,
+        published: Option<publish::Bound>,
+    ) -> anyhow::Result<(Channels, SocketFiles)> {
         let mut sockets = SocketFiles(Vec::new());
         let (control, path) = vm::listen(vsock_base, CONTROL_PORT)?;
         sockets.0.push(path);
@@ -181,7 +187,15 @@ impl Channels {
         let token = Token::generate().context("cannot draw this run's token from /dev/urandom")?;
         let tampering = admission::Tampering::default();
         let receiver = staging::receive(changes, changes_path, store, token.clone(), tampering.clone())?;
-        Ok((Channels { control, stdin, receiver, token, tampering }, sockets))
+        let publish = match published {
+            Some(bound) => {
+                let (callbacks, path) = vm::listen(vsock_base, PUBLISH_PORT)?;
+                sockets.0.push(path);
+                Some((bound, callbacks))
+            }
+            None => None,
+        };
+        Ok((Channels { control, stdin, receiver, token, tampering, publish }, sockets))
     }
 }
 
@@ -195,6 +209,8 @@ pub struct Held {
     pub agents: Vec<agent_state::Prepared>,
     /// What the guest did on the init's channels that the init never does.
     pub tampering: admission::Tampering,
+    /// What the published ports' clients found, for the end of the run.
+    pub published: publish::Seen,
 }
 
 /// What the VM and the guest are given, used up as the VMM starts and the
@@ -216,11 +232,16 @@ pub struct Prepared {
 
 impl Prepared {
     pub fn new(config: &RunConfig, host: &Host) -> anyhow::Result<Prepared> {
+        // First: a host port another program holds fails the run before
+        // anything is created.
+        let published = publish::bind(&config.publish)?;
         let recorded = Recorded::create(config, host)?;
         let seen = recorded.store.start_seen()?;
         let network = Egress::start(&config.policy, &host.dirs.data, &recorded.session.dir, &recorded.vsock_base())?;
         let (scratch, formatting) = Scratch::create(&recorded.session, config.disk_bytes)?;
-        let (channels, sockets) = Channels::open(&recorded.vsock_base(), &recorded.store)?;
+        let published_seen = published.seen.clone();
+        let published = (!published.is_empty()).then_some(published);
+        let (channels, sockets) = Channels::open(&recorded.vsock_base(), &recorded.store, published)?;
         let mut agents = Vec::new();
         for agent in &config.policy.agents {
             let state = agent_state::prepare(agent, &host.user.home, &host.dirs.data)
@@ -232,7 +253,7 @@ impl Prepared {
         let tampering = channels.tampering.clone();
         Ok(Prepared {
             recorded,
-            held: Held { network, sockets, scratch, agents, tampering },
+            held: Held { network, sockets, scratch, agents, tampering, published: published_seen },
             guest: GuestStart { layout, channels, formatting },
         })
     }

@@ -1,0 +1,54 @@
+//! Published ports end to end: a dev server in the guest answers the host
+//! through `-p`, a published port with nothing behind it is closed and
+//! named at the end, and a host port another program holds fails the run
+//! before the VM boots.
+
+use crate::rig;
+use crate::run_e2e::{T, script};
+
+#[test]
+fn a_dev_server_in_the_guest_answers_on_the_published_port() {
+    let Some(rig) = rig::require("a_dev_server_in_the_guest_answers_on_the_published_port") else { return };
+    let out = rig.sh(
+        &script(
+            r#"echo 'hello from the guest' > hello.txt
+             $S run -p 18080:8000 -p 18081:9 -- sh -c '
+                 python3 -m http.server 8000 --bind 127.0.0.1 >/tmp/http.log 2>&1 &
+                 until grep -q "GET /hello.txt" /tmp/http.log; do sleep 0.2; done
+                 sleep 1' >run.out 2>run.err &
+             run=$!
+             # Clients that come while the VM boots wait for it.
+             curl -sS --max-time 150 http://127.0.0.1:18081/ >/dev/null 2>&1; echo "closed=$?"
+             body=
+             for _ in $(seq 120); do
+                 body=$(curl -sS --max-time 10 http://localhost:18080/hello.txt 2>/dev/null) && [ -n "$body" ] && break
+                 sleep 0.5
+             done
+             echo "body=$body"
+             wait $run; echo "run=$?"
+             cat run.err
+             python3 -c 'import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 18082)); s.listen(); time.sleep(120)' &
+             busy=$!
+             sleep 1
+             $S run -p 18082:80 -- true; echo "busy=$?"
+             kill $busy"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("body=hello from the guest"), "the host reaches the guest's server\n{out}");
+    assert!(out.stdout.contains("closed=52"), "nothing behind 18081: an empty reply, not a hang\n{out}");
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(
+        out.stdout.contains("found nothing listening on guest port 9"),
+        "the run names the port nothing answered on\n{out}"
+    );
+    assert!(out.stdout.contains("busy=125"), "{out}");
+    assert!(
+        out.stderr.contains(
+            "cannot publish localhost:18082 -> guest port 80: another program on this host is listening on \
+             127.0.0.1:18082"
+        ),
+        "{out}"
+    );
+}
