@@ -52,3 +52,27 @@ s = socket.socket(); s.bind(("127.0.0.1", 18082)); s.listen(); time.sleep(120)' 
         "{out}"
     );
 }
+
+#[test]
+fn host_port_reaches_one_host_service_and_not_another() {
+    let Some(rig) = rig::require("host_port_reaches_one_host_service_and_not_another") else { return };
+    let out = rig.sh(
+        &script(
+            r#"mkdir served && echo 'from the host' > served/note.txt
+             python3 -m http.server 18300 --bind 127.0.0.1 --directory served >/dev/null 2>&1 &
+             python3 -m http.server 18301 --bind 127.0.0.1 >/dev/null 2>&1 &
+             sleep 1
+             $S run --host-port 18300 -- sh -c '
+                 curl -sS http://host.stockade.internal:18300/note.txt; echo "proxied=$?"
+                 curl -sS --noproxy "*" http://host.stockade.internal:18300/note.txt; echo "transparent=$?"
+                 curl -sS -o /dev/null -w "other=%{http_code}\n" http://host.stockade.internal:18301/'
+             kill %1 %2
+             grep -h host.stockade.internal "$HOME"/.local/share/stockade/sessions/*/network.jsonl"#,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("from the host\nproxied=0"), "through the proxy\n{out}");
+    assert!(out.stdout.contains("from the host\ntransparent=0"), "without the proxy, at the gateway\n{out}");
+    assert!(out.stdout.contains("other=403"), "a port not given stays closed\n{out}");
+    assert!(out.stdout.contains("\"rule\":\"host port 18300 (--host-port)\""), "logged like any flow\n{out}");
+}

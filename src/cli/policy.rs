@@ -27,6 +27,7 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///   allow = ["registry.npmjs.org", "*.crates.io", "github.com:443", "10.0.0.5:8080"]
 ///   deny = ["gist.github.com", "api.github.com/gists", "api.github.com/repos/*/*/keys"]
 ///   allow_private = ["localhost:4873"]
+///   host_ports = [5432]   # this machine's loopback, as host.stockade.internal:5432
 ///
 ///   [network.hosts]
 ///   "registry.test" = "192.168.1.20"
@@ -403,11 +404,20 @@ fn describe(policy: &Policy) -> String {
             let _ = writeln!(out, "  {line}");
         }
     };
-    if policy.allow.is_empty() && policy.allow_private.is_empty() && policy.credentials.is_empty() {
+    if policy.allow.is_empty()
+        && policy.allow_private.is_empty()
+        && policy.credentials.is_empty()
+        && policy.host_ports.is_empty()
+    {
         out.push_str("Network: nothing allowed\n");
     }
     section(&mut out, "Allow (no port: 80 and 443)", policy.allow.iter().map(|r| r.to_string()).collect());
     section(&mut out, "Allow, also to private addresses", policy.allow_private.iter().map(|r| r.to_string()).collect());
+    section(
+        &mut out,
+        "Host ports (this machine's loopback, as the guest names it)",
+        policy.host_ports.iter().map(|p| p.to_string()).collect(),
+    );
     section(
         &mut out,
         "Deny (wins over allow; no port: all ports)",

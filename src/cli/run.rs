@@ -93,6 +93,13 @@ pub struct VmOptions {
     #[arg(short = 'p', long = "publish", value_name = "[HOST_ADDR:]HOST_PORT:GUEST_PORT")]
     publish: Vec<Published>,
 
+    /// Let the guest reach this port of the host's loopback as
+    /// host.stockade.internal:PORT (a database or API running on the host),
+    /// and no other host port. Repeatable; `[network] host_ports` in a
+    /// policy does the same. Logged like every connection.
+    #[arg(long = "host-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    host_ports: Vec<u16>,
+
     /// Run the VMM without its Landlock and seccomp jail. Only for hosts
     /// whose kernel lacks them (`stockade doctor` tells); the VM boundary
     /// remains, but a VMM bug would expose your files.
@@ -299,7 +306,10 @@ pub fn validate(
         bail!("the command is empty");
     }
     check_published(&vm.publish)?;
-    let policy = settings.resolve_policy(&vm.allows)?;
+    let mut policy = settings.resolve_policy(&vm.allows)?;
+    for port in vm.host_ports.iter().filter_map(|p| crate::policy::Port::new(*p)) {
+        policy.add_host_port(port, "--host-port");
+    }
     let mut requested: Vec<String> = extra_env.iter().map(|s| s.to_string()).collect();
     if settings.home_tools.value {
         // Only those set: the rest would be noted as missing, as -e does.

@@ -8,12 +8,14 @@
 //! an address that names no site) are not a missing rule: those are listed
 //! in comments, never allowed. Rules name exact hosts, never wildcards, and
 //! a port only when it is not one of the web ports a bare host covers.
+//! What the guest asked of the host's own services (`host.stockade.internal`)
+//! becomes `host_ports`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::pattern::Host;
-use super::verdict::Denial;
+use super::verdict::{Denial, is_host_alias};
 use crate::proxy::audit::{Decision, Kind, Record};
 
 /// Where a learned rule goes.
@@ -21,6 +23,7 @@ use crate::proxy::audit::{Decision, Kind, Record};
 enum Section {
     Allow,
     AllowPrivate,
+    HostPorts,
 }
 
 /// What one host was denied, by port (0: a DNS question only).
@@ -43,7 +46,12 @@ impl Lessons {
         let mut lessons = Lessons::default();
         for record in records.iter().filter(|r| r.decision == Decision::Deny) {
             let reason = record.reason.as_deref().unwrap_or("");
-            let section = if reason == Denial::NotAllowed.reason() || reason == Denial::IpNeedsRule.reason() {
+            let alias = Host::parse(&record.host).is_ok_and(|host| is_host_alias(&host));
+            let section = if alias && reason == Denial::NotHostPort.reason() {
+                Some(Section::HostPorts)
+            } else if alias {
+                None
+            } else if reason == Denial::NotAllowed.reason() || reason == Denial::IpNeedsRule.reason() {
                 Some(Section::Allow)
             } else if reason.starts_with(private_prefix()) {
                 Some(Section::AllowPrivate)
@@ -79,6 +87,12 @@ impl Lessons {
     /// The rules, as `policy check` reads them, per section.
     fn rules(&self, section: Section) -> Vec<(String, &Denied)> {
         let mut rules = Vec::new();
+        if section == Section::HostPorts {
+            for (_, denied) in self.hosts.range((section, String::new())..) {
+                rules.extend(denied.ports.iter().filter(|&&p| p != 0).map(|port| (port.to_string(), denied)));
+            }
+            return rules;
+        }
         for ((_, host), denied) in self.hosts.range((section, String::new())..).take_while(|((s, _), _)| *s == section)
         {
             let web = denied.ports.iter().any(|&p| p == 0 || p == 80 || p == 443);
@@ -113,6 +127,11 @@ impl Lessons {
                 "allow_private",
                 Some("# These resolve to loopback or private addresses: a service on this machine or your network."),
             ),
+            (
+                Section::HostPorts,
+                "host_ports",
+                Some("# Ports of this machine's loopback, which the guest reaches as host.stockade.internal."),
+            ),
         ] {
             let rules = self.rules(section);
             if rules.is_empty() {
@@ -123,7 +142,8 @@ impl Lessons {
             }
             let _ = writeln!(out, "{key} = [");
             for (rule, denied) in rules {
-                let _ = writeln!(out, "    {}, # {}", toml_string(&rule), what_was_denied(denied));
+                let value = if section == Section::HostPorts { rule } else { toml_string(&rule) };
+                let _ = writeln!(out, "    {value}, # {}", what_was_denied(denied));
             }
             out.push_str("]\n");
         }
@@ -214,6 +234,22 @@ mod tests {
         assert!(text.contains("#   evil.example:22: denied by evil.example (mine)"), "{text}");
         assert!(!text.contains("allowed.example"), "{text}");
         assert!(text.contains("\"pypi.org\", # 2 denials: DNS, port 443"), "{text}");
+    }
+
+    #[test]
+    fn the_hosts_own_services_are_learned_as_host_ports() {
+        let records = vec![
+            denied(Kind::Connect, "host.stockade.internal", 5432, "not one of the host ports"),
+            denied(Kind::Connect, "10.77.0.1", 8000, "not one of the host ports"),
+            denied(Kind::Connect, "host.stockade.internal", 5432, "not one of the host ports"),
+        ];
+        let text = Lessons::from_records(&records).render("s", "psql");
+        let file: toml::Value = toml::from_str(&text).expect(&text);
+        let ports: Vec<i64> =
+            file["network"]["host_ports"].as_array().unwrap().iter().map(|v| v.as_integer().unwrap()).collect();
+        assert_eq!(ports, [8000, 5432], "{text}");
+        assert!(file["network"].get("allow").is_none(), "the alias is never an allow rule\n{text}");
+        crate::policy::parse(&text, "learned.toml").expect("policy check accepts it");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::path::PathPattern;
 use super::pattern::{Host, HostRule, Port, PortSpec};
 use super::schema::{self, PolicyFile};
 use super::signin::{SigninRule, TokenPath};
-use super::{AgentState, Mount, NetworkRule, PathRule, PinnedHost, Policy, PolicyError, presets};
+use super::{AgentState, HostPort, Mount, NetworkRule, PathRule, PinnedHost, Policy, PolicyError, presets};
 
 /// Where `--policy NAME` looks before the presets.
 pub fn user_policy_dir() -> Option<PathBuf> {
@@ -116,6 +116,15 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
             .parse()
             .map_err(|_| at(Some(addr.span()), format!("{:?} is not an IP address", addr.get_ref())))?;
         policy.hosts.push(PinnedHost { name: host, addr: ip, origin: origin.clone() });
+    }
+
+    for item in &file.network.host_ports {
+        let port = u16::try_from(*item.get_ref()).ok().and_then(Port::new).ok_or_else(|| {
+            at(Some(item.span()), format!("host_ports: {} is not a port from 1 to 65535", item.get_ref()))
+        })?;
+        if !policy.host_ports.iter().any(|p| p.port == port) {
+            policy.host_ports.push(HostPort { port, origin: origin.clone() });
+        }
     }
 
     for cred in &file.credentials {
@@ -481,6 +490,27 @@ pass = ["NODE_OPTIONS"]
         assert_eq!(policy.hosts[0].name, "api.test");
         assert!(error_of("[network.hosts]\n\"api.test\" = \"localhost\"\n").contains("not an IP address"));
         assert!(error_of("[network.hosts]\n\"10.0.0.1\" = \"10.0.0.2\"\n").contains("not a name"));
+    }
+
+    #[test]
+    fn host_ports_are_ports_and_allow_only_the_alias_on_them() {
+        use crate::policy::{Denial, Verdict};
+        let policy =
+            parse("[network]\nhost_ports = [5432, 5432, 8000]\ndeny = [\"host.stockade.internal:8000\"]\n", "t")
+                .unwrap();
+        assert_eq!(policy.host_ports.len(), 2, "a port named twice counts once");
+        let alias = Host::parse("host.stockade.internal").unwrap();
+        let gateway = Host::parse("10.77.0.1").unwrap();
+        for host in [&alias, &gateway] {
+            assert!(matches!(policy.verdict(host, Port::new(5432).unwrap()), Verdict::Allow { private_ok: true, .. }));
+            assert!(matches!(policy.verdict(host, Port::new(5433).unwrap()), Verdict::Deny(Denial::NotHostPort)));
+        }
+        assert!(matches!(policy.verdict(&alias, Port::new(8000).unwrap()), Verdict::Deny(Denial::DeniedBy(_))));
+        assert!(parse("", "t").unwrap().allows_name(&alias), "the name resolves; its ports are refused");
+        for bad in ["0", "70000", "-1"] {
+            let err = error_of(&format!("[network]\nhost_ports = [{bad}]\n"));
+            assert!(err.contains(&format!("host_ports: {bad} is not a port from 1 to 65535")), "{err}");
+        }
     }
 
     #[test]

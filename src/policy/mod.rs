@@ -32,7 +32,7 @@ pub use path::{PathPattern, RequestPath};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
 pub use schema::MountMode;
 pub use signin::{SigninRule, TokenPath};
-pub use verdict::{Denial, Verdict};
+pub use verdict::{Denial, Verdict, is_host_alias};
 
 #[derive(Debug, Error)]
 pub enum PolicyError {
@@ -103,6 +103,19 @@ pub struct PinnedHost {
     pub origin: Arc<str>,
 }
 
+/// A `[network] host_ports` entry (or `--host-port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    pub port: Port,
+    pub origin: Arc<str>,
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{} ({})", crate::protocol::transparent::HOST_ALIAS, self.port, self.origin)
+    }
+}
+
 /// A `[mounts]` entry, path as written (`~/` not yet expanded).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
@@ -150,6 +163,8 @@ pub struct Policy {
     /// Deny rules naming a path; they refuse requests, not hosts.
     pub deny_paths: Vec<PathRule>,
     pub hosts: Vec<PinnedHost>,
+    /// Ports of the host's loopback the guest may reach, as `HOST_ALIAS`.
+    pub host_ports: Vec<HostPort>,
     pub credentials: Vec<CredentialRule>,
     /// Sign-in token files kept on the host.
     pub signins: Vec<SigninRule>,
@@ -171,6 +186,11 @@ impl Policy {
         self.allow_private.extend(other.allow_private);
         self.deny.extend(other.deny);
         self.deny_paths.extend(other.deny_paths);
+        for port in other.host_ports {
+            if !self.host_ports.iter().any(|p| p.port == port.port) {
+                self.host_ports.push(port);
+            }
+        }
         for pin in other.hosts {
             match self.hosts.iter().find(|p| p.name == pin.name) {
                 Some(old) if old.addr != pin.addr => {
@@ -232,6 +252,16 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// Lets the guest reach the host's loopback `port` (`--host-port`).
+    pub fn add_host_port(&mut self, port: Port, origin: &str) {
+        if !self.host_ports.iter().any(|p| p.port == port) {
+            self.host_ports.push(HostPort { port, origin: origin.into() });
+        }
+        if !self.sources.iter().any(|s| s == origin) {
+            self.sources.push(origin.to_string());
+        }
     }
 
     /// The address a `[network.hosts]` entry gives this name.

@@ -61,6 +61,10 @@ pub struct Network {
     /// Names answered with a fixed address instead of asking DNS.
     #[serde(default)]
     pub hosts: BTreeMap<Spanned<String>, Spanned<String>>,
+    /// Ports of the host's loopback the guest reaches as
+    /// `host.stockade.internal`.
+    #[serde(default)]
+    pub host_ports: Vec<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

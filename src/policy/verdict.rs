@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use super::path::RequestPath;
 use super::pattern::{Host, HostPattern, Port, PortSpec};
 use super::{PathRule, Policy};
+use crate::protocol::transparent::{GATEWAY_IP, HOST_ALIAS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -31,6 +32,8 @@ pub enum Denial {
     /// Allowed by name, but every address it resolves to is loopback,
     /// private, link-local or otherwise internal.
     PrivateAddress(IpAddr),
+    /// The host's own services: a port no `host_ports` entry lists.
+    NotHostPort,
 }
 
 impl Denial {
@@ -41,6 +44,7 @@ impl Denial {
             Denial::NotAllowed => "not in the policy".into(),
             Denial::IpNeedsRule => "an IP address needs an explicit rule".into(),
             Denial::PrivateAddress(addr) => format!("resolves to the internal address {addr}"),
+            Denial::NotHostPort => "not one of the host ports".into(),
         }
     }
 
@@ -56,6 +60,10 @@ impl Denial {
             Denial::IpNeedsRule => {
                 format!("Allow it with --allow {target} or a [network] allow rule naming the address.")
             }
+            Denial::NotHostPort => format!(
+                "To reach this machine's loopback port {port}, run with --host-port {port} or put {port} in \
+                 [network] host_ports."
+            ),
             Denial::PrivateAddress(_) => format!(
                 "To reach a service on this machine or your network, put \"{rule}\" in [network] allow_private."
             ),
@@ -91,6 +99,14 @@ impl Policy {
         if let Some(rule) = self.deny.iter().find(|r| r.rule.matches(host, port)) {
             return Verdict::Deny(Denial::DeniedBy(rule.to_string()));
         }
+        if is_host_alias(host) {
+            return match self.host_ports.iter().find(|p| p.port == port) {
+                Some(entry) => {
+                    Verdict::Allow { rule: format!("host port {port} ({})", entry.origin), private_ok: true }
+                }
+                None => Verdict::Deny(Denial::NotHostPort),
+            };
+        }
         if let Some(rule) = self.allow_private.iter().find(|r| r.rule.matches(host, port)) {
             return Verdict::Allow { rule: rule.to_string(), private_ok: true };
         }
@@ -114,10 +130,24 @@ impl Policy {
     /// Whether the DNS answer for a name may be real: some rule allows the
     /// name on some port and no deny rule covers it on every port.
     pub fn allows_name(&self, host: &Host) -> bool {
+        // Always answered: a connection then gets a refusal that says how to
+        // allow its port, not a name that does not resolve.
+        if is_host_alias(host) {
+            return true;
+        }
         let denied = self.deny.iter().any(|r| r.rule.ports == PortSpec::Any && r.rule.host.matches(host));
         let allowed = self.allow.iter().chain(&self.allow_private).any(|r| r.rule.host.matches(host))
             || self.credentials.iter().any(|c| c.host.host.matches(host));
         allowed && !denied
+    }
+}
+
+/// Whether `host` means the host's own services: `HOST_ALIAS`, or the
+/// gateway address it resolves to.
+pub fn is_host_alias(host: &Host) -> bool {
+    match host {
+        Host::Name(name) => name == HOST_ALIAS,
+        Host::Ip(ip) => *ip == IpAddr::V4(GATEWAY_IP),
     }
 }
 

@@ -14,6 +14,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 pub const GATEWAY_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const PREFIX_LEN: u8 = 24;
+/// The name the guest reaches the host's own services by (only the ports a
+/// policy lists in `host_ports`): the proxy's DNS answers it with
+/// `GATEWAY_IP`, and connections to the gateway go to the host's loopback.
+pub const HOST_ALIAS: &str = "host.stockade.internal";
 /// Locally administered unicast addresses.
 pub const GUEST_MAC: [u8; 6] = [0x02, 0x57, 0x4b, 0x00, 0x00, 0x02];
 pub const GATEWAY_MAC: [u8; 6] = [0x02, 0x57, 0x4b, 0x00, 0x00, 0x01];

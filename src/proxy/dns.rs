@@ -12,7 +12,8 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use super::Shared;
 use super::audit::{Decision, Kind, Record as AuditRecord};
 use super::resolve::{self, Answer};
-use crate::policy::Host;
+use crate::policy::{Host, is_host_alias};
+use crate::protocol::transparent::GATEWAY_IP;
 
 /// Answers one DNS message (as carried over UDP). Garbage in gets FORMERR
 /// when it has an id to answer to, and nothing otherwise.
@@ -58,8 +59,12 @@ pub async fn answer(shared: &Shared, query: &[u8]) -> Vec<u8> {
         return encode(&response);
     }
     let name = host.name().unwrap_or_default();
-    let private_ok = shared.policy.allow_private.iter().any(|r| r.rule.host.matches(&host));
+    let alias = is_host_alias(&host);
+    let private_ok = alias || shared.policy.allow_private.iter().any(|r| r.rule.host.matches(&host));
     let answer = match shared.policy.pinned(name) {
+        // The host's own services are reached at the gateway, which hands
+        // every connection to this proxy.
+        _ if alias => Answer::Addrs(vec![IpAddr::V4(GATEWAY_IP)], std::time::Duration::from_secs(60)),
         Some(ip) => Answer::Addrs(vec![ip], std::time::Duration::from_secs(60)),
         None => shared.resolver.records(name, wanted).await,
     };

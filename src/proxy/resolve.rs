@@ -4,14 +4,14 @@
 //! the rule allows them, and the proxy connects to exactly the addresses
 //! returned here, so a second DNS answer cannot rebind the name.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use hickory_proto::rr::{RData, RecordType};
 use hickory_resolver::TokioResolver;
 
 use super::address::is_internal;
-use crate::policy::{Denial, Host, Policy, Port, canonical_ip};
+use crate::policy::{Denial, Host, Policy, Port, canonical_ip, is_host_alias};
 
 /// The TTL given to the guest for answers: short, so policy changes of the
 /// next session and DNS changes upstream show quickly.
@@ -102,6 +102,8 @@ pub async fn destination(
     private_ok: bool,
 ) -> Result<Vec<SocketAddr>, Unreachable> {
     let addrs = match host {
+        // The host's own services (`host_ports`): its loopback, both families.
+        _ if is_host_alias(host) => vec![IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)],
         Host::Ip(ip) => vec![*ip],
         Host::Name(name) => match policy.pinned(name) {
             Some(ip) => vec![ip],

@@ -1452,3 +1452,47 @@ fn transparent_raw_flows_to_a_host_with_path_rules_are_refused() {
         "{records:?}"
     );
 }
+
+/// `host_ports`: the guest reaches the host's loopback on exactly those
+/// ports, as `host.stockade.internal` (through the proxy or transparently
+/// at the gateway), and the refusal of any other says how to allow it.
+#[test]
+fn host_ports_reach_the_hosts_loopback_and_no_other_port() {
+    use crate::protocol::transparent::{GATEWAY_IP, HOST_ALIAS};
+    let rt = runtime();
+    let (port, seen) = rt.block_on(echo_server(None));
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let setup = start_proxy("host-ports", &format!("[network]\nhost_ports = [{port}]\n"), vec![]).unwrap();
+
+    let answer = Message::from_vec(&setup.proxy.answer_dns(&dns_query(&format!("{HOST_ALIAS}."), RecordType::A)));
+    let addrs: Vec<_> = answer.unwrap().answers().iter().map(|r| r.data().clone()).collect();
+    assert_eq!(addrs, [RData::A(GATEWAY_IP.into())], "the alias is the gateway, never the guest's own loopback");
+
+    let (status, body, _) = rt.block_on(connect(setup.addr, &format!("{HOST_ALIAS}:{port}")));
+    assert_eq!(status, 200, "{body}");
+    let (status, body, _) = rt.block_on(connect(setup.addr, &format!("{HOST_ALIAS}:{other}")));
+    assert_eq!(status, 403);
+    assert!(body.contains(&format!("run with --host-port {other} or put {other} in [network] host_ports")), "{body}");
+
+    let entry = serve_transparent(&setup);
+    let host = format!("{HOST_ALIAS}:{port}");
+    let by_address = SocketAddr::from((GATEWAY_IP, port));
+    let (status, body) =
+        rt.block_on(async { get(transparent(entry, by_address).await, false, "/t", &[("host", &host)]).await });
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("GET /t"), "{body}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    let records = audit_records(&setup);
+    assert!(
+        records.iter().any(|r| r.host == HOST_ALIAS
+            && r.decision == Decision::Allow
+            && r.rule.as_deref().is_some_and(|rule| rule.starts_with(&format!("host port {port}")))),
+        "{records:?}"
+    );
+
+    let none = start_proxy("no-host-ports", "[network]\nallow = [\"example.com\"]\n", vec![]).unwrap();
+    let (status, body, _) = rt.block_on(connect(none.addr, &format!("{HOST_ALIAS}:{port}")));
+    assert_eq!(status, 403, "without host ports every port is refused, saying how to allow it");
+    assert!(body.contains(&format!("--host-port {port}")), "{body}");
+}
