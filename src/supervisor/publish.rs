@@ -238,9 +238,13 @@ fn pair(mut guest: UnixStream, clients: &Clients, seen: &Seen, tampering: &Tampe
     };
     let waiting = clients.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(&callback.id);
     let Some(Waiting { client, port, .. }) = waiting else {
-        tampering.report(
-            "a publish connection named a host client that was not waiting for one (only guest root can forge it)",
-        );
+        // An id we gave out may have waited too long and been closed, which
+        // a slow guest can cause; one we never gave out, the init never sends.
+        if callback.id >= clients.next.load(Ordering::SeqCst) {
+            tampering.report(
+                "a publish connection named a host client that was not waiting for one (only guest root can forge it)",
+            );
+        }
         return;
     };
     seen.count(&port, callback.reached);
