@@ -37,7 +37,10 @@ s = socket.socket(); s.bind(("127.0.0.1", 18082)); s.listen(); time.sleep(120)' 
         T,
     );
     assert!(out.stdout.contains("body=hello from the guest"), "the host reaches the guest's server\n{out}");
-    assert!(out.stdout.contains("closed=52"), "nothing behind 18081: an empty reply, not a hang\n{out}");
+    assert!(
+        out.stdout.contains("closed=52") || out.stdout.contains("closed=56"),
+        "nothing behind 18081: the connection is closed (empty reply or reset), not left hanging\n{out}"
+    );
     assert!(out.stdout.contains("run=0"), "{out}");
     assert!(
         out.stdout.contains("found nothing listening on guest port 9"),
