@@ -27,11 +27,11 @@ class H(http.server.BaseHTTPRequestHandler):
             for _ in range(size >> 20):
                 self.wfile.write(block)
         if self.path == "/quit":
-            self.server.shutdown_request = True
+            self.server.quit_requested = True
     def log_message(self, *a): pass
 server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-server.shutdown_request = False
-while not server.shutdown_request:
+server.quit_requested = False
+while not server.quit_requested:
     server.handle_request()
 PY
 cat > measure.py <<'PY'
