@@ -35,8 +35,10 @@ pub trait Progress {
 }
 
 /// Shows nothing (tests, and work whose caller has nowhere to show it).
+#[cfg(test)]
 pub struct Silent;
 
+#[cfg(test)]
 impl Progress for Silent {
     fn start(&mut self, _: Option<u64>) {}
     fn set(&mut self, _: u64) {}

@@ -39,7 +39,7 @@ use super::path::{RelPath, escape};
 use super::seen::{Seen, StatKey};
 use super::selection::Selection;
 use super::store::{self, Store, StoredEntry};
-use crate::progress::{Progress, Silent};
+use crate::progress::Progress;
 
 /// What to apply.
 #[derive(Debug, Clone, Default)]
@@ -159,8 +159,9 @@ pub fn check(store: &Store, workspace: &Path, options: &ApplyOptions) -> Result<
 }
 
 /// Applies the selected staged changes to the workspace.
+#[cfg(test)]
 pub fn apply(store: &Store, workspace: &Path, options: &ApplyOptions) -> Result<ApplyReport, ChangesError> {
-    apply_with_hook(store, workspace, options, &mut |_| {}, &mut Silent)
+    apply_with_hook(store, workspace, options, &mut |_| {}, &mut crate::progress::Silent)
 }
 
 /// [`apply`], reporting the operations written as it goes.
@@ -174,6 +175,7 @@ pub fn apply_with_progress(
 }
 
 /// Completes an interrupted apply, if the session has one.
+#[cfg(test)]
 pub fn recover(store: &Store, workspace: &Path) -> Result<Option<ApplyReport>, ChangesError> {
     let _lock = store.lock()?;
     recover_locked(store, workspace)

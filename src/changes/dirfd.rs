@@ -50,15 +50,6 @@ impl FileType {
             _ => FileType::Special,
         }
     }
-
-    pub fn word(self) -> &'static str {
-        match self {
-            FileType::File => "a file",
-            FileType::Dir => "a directory",
-            FileType::Symlink => "a symlink",
-            FileType::Special => "a special file",
-        }
-    }
 }
 
 /// Why a directory below the workspace could not be resolved.

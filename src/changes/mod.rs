@@ -17,10 +17,6 @@
 //! change store), `seen`, `tree` (directory digests), `dirfd`
 //! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`.
 #![forbid(unsafe_code)]
-// The supervisor and guest wiring land separately; until then parts of the
-// API (the plain `apply`, `recover`, some counters and sinks) are unused;
-// unused imports are no longer allowed, dead items still are.
-#![allow(dead_code)]
 
 mod apply;
 #[cfg(test)]

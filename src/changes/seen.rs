@@ -150,12 +150,9 @@ impl Seen {
         out.flush()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// The state the guest saw `path` in, if it saw it present.

@@ -16,7 +16,6 @@
 //! before that leaves unnamed blobs, which staging again discards.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -366,12 +365,6 @@ impl Store {
         self.set_states(&paths, EntryState::Discarded)
     }
 
-    /// Sets the review state of exactly these paths; returns how many changed.
-    pub fn mark(&self, paths: &[RelPath], state: EntryState) -> Result<usize, ChangesError> {
-        let _lock = self.lock()?;
-        self.set_states(paths, state)
-    }
-
     /// Sets the state of exactly these paths (the caller holds the lock).
     pub(crate) fn set_states(&self, paths: &[RelPath], state: EntryState) -> Result<usize, ChangesError> {
         if paths.is_empty() {
@@ -684,11 +677,6 @@ impl BlobSink for StoreSink<'_> {
         drop(blob.file);
         let _ = fs::remove_file(&blob.path);
     }
-}
-
-/// Staged entries by path, for lookups during apply.
-pub(crate) fn index(entries: &[StoredEntry]) -> HashMap<RelPath, usize> {
-    entries.iter().enumerate().map(|(i, e)| (e.entry.path.clone(), i)).collect()
 }
 
 #[cfg(test)]

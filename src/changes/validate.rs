@@ -23,6 +23,7 @@ pub fn sort(entries: &mut [Entry]) {
 }
 
 /// Checks the set rules; `entries` may be in any order.
+#[cfg(test)]
 pub fn check_set<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<(), SetError> {
     let mut sorted: Vec<&Entry> = entries.into_iter().collect();
     sorted.sort_unstable_by(|a, b| a.path.cmp(&b.path));

@@ -287,11 +287,6 @@ impl<W: Write> Writer<W> {
         self.entry(path, WireKind::File { mode: raw_mode, size, same_as: Some(*sha256) }, base)
     }
 
-    /// Whether content with this hash was sent already.
-    pub fn has_sent(&self, sha256: &Sha256) -> bool {
-        self.sent.contains_key(sha256)
-    }
-
     /// Ends the stream with its counts and hands back the output.
     pub fn finish(mut self) -> Result<(W, Summary), WireError> {
         let json = serde_json::to_vec(&self.summary).map_err(WireError::Entry)?;
@@ -665,25 +660,6 @@ fn read_exact_or_truncated(input: &mut impl Read, buf: &mut [u8], entries: u64) 
         io::ErrorKind::UnexpectedEof => WireError::Truncated { entries },
         _ => WireError::Io(e),
     })
-}
-
-/// A sink that only hashes and counts; the reader verifies everything else.
-/// Also useful to check a stream without keeping it.
-#[derive(Default)]
-pub struct DiscardSink {
-    pub blobs: u64,
-}
-
-impl BlobSink for DiscardSink {
-    type Blob = io::Sink;
-    fn begin(&mut self) -> io::Result<io::Sink> {
-        Ok(io::sink())
-    }
-    fn commit(&mut self, _blob: io::Sink, _sha256: &Sha256, _size: u64) -> io::Result<()> {
-        self.blobs += 1;
-        Ok(())
-    }
-    fn abort(&mut self, _blob: io::Sink) {}
 }
 
 /// A helper for writers and tests: a skipped record for a path and reason.

@@ -44,8 +44,6 @@ use crate::changes::{
 /// Mount options the workspace overlay needs for `export` to be exact:
 /// renamed directories copied rather than redirected, no metadata-only
 /// copy-ups, no index, no inode-number mixing.
-// Init mounts with these once the overlay is wired in; until then only tests read it.
-#[cfg_attr(not(test), allow(dead_code))]
 pub const OVERLAY_OPTIONS: &str = "redirect_dir=off,index=off,metacopy=off,xino=off";
 
 /// How overlayfs marks whiteouts and opaque directories: by a device node,

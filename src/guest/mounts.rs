@@ -367,10 +367,11 @@ fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
     // directory rename becomes copy and delete, as on filesystems without
     // rename support).
     let options = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+        "lowerdir={},upperdir={},workdir={},{}",
         lower.display(),
         upper.display(),
-        work.display()
+        work.display(),
+        super::export::OVERLAY_OPTIONS
     );
     mount_fs("overlay", target, "overlay", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(&options))?;
     Ok(Layers { lower, upper })

@@ -8,7 +8,7 @@
 //! of the choices is asked again.
 
 use std::fs::File;
-use std::io::{self, BufRead, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
 
@@ -28,9 +28,11 @@ pub trait Answers {
 }
 
 /// Answers read line by line; the first character of a line is the answer.
-pub struct LineAnswers<R: BufRead>(pub R);
+#[cfg(test)]
+pub struct LineAnswers<R: std::io::BufRead>(pub R);
 
-impl<R: BufRead> Answers for LineAnswers<R> {
+#[cfg(test)]
+impl<R: std::io::BufRead> Answers for LineAnswers<R> {
     fn ask(&mut self, out: &mut dyn Write, prompt: &str) -> io::Result<Option<char>> {
         write!(out, "{prompt} ")?;
         out.flush()?;

@@ -29,11 +29,6 @@ impl ColorChoice {
         self.enabled(std::io::stderr().is_terminal())
     }
 
-    /// Colour for stdout (the diff command).
-    pub fn for_stdout(self) -> bool {
-        self.enabled(std::io::stdout().is_terminal())
-    }
-
     fn decide(self, is_terminal: bool, no_color: Option<std::ffi::OsString>, term: Option<std::ffi::OsString>) -> bool {
         match self {
             ColorChoice::Always => true,
