@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 use super::*;
+use crate::changes::review::git::GitEvent;
 use crate::changes::review::style::Painter;
 use crate::changes::review::testutil::{Fx, Set, fx, git, have_git, options, p, stage_difference, write};
 
