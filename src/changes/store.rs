@@ -539,7 +539,7 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    fn new(dir: &Path, min_free: Option<u64>) -> Result<Space, ChangesError> {
+    pub(crate) fn new(dir: &Path, min_free: Option<u64>) -> Result<Space, ChangesError> {
         let (available, total) =
             crate::host::space::filesystem(dir).map_err(ChangesError::io("check the free space of", dir))?;
         let margin = min_free.unwrap_or_else(|| crate::host::space::staging_margin(total));
@@ -551,7 +551,7 @@ impl Space {
 
     /// Counts `bytes` about to be written, looking at the filesystem again
     /// every [`SPACE_CHECK_EVERY`] bytes.
-    fn charge(&mut self, bytes: u64) -> io::Result<()> {
+    pub(crate) fn charge(&mut self, bytes: u64) -> io::Result<()> {
         self.unchecked += bytes;
         if self.unchecked < self.every {
             return Ok(());

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow};
 
 use super::admission::{self, Channel, Listening, Tampering};
-use crate::changes::{Limits, StageReport, Store};
+use crate::changes::{Limits, Space, StageReport, Store};
 use crate::progress::{Meter, Progress};
 use crate::protocol::auth::{StreamDigest, StreamHasher, Token};
 
@@ -46,8 +46,6 @@ const LATE_WAIT: Duration = Duration::from_secs(5);
 /// Token-bearing change connections spooled besides the first; further
 /// ones are refused unread. Each is bounded by the disk margin.
 const MAX_SPOOLED: usize = 4;
-/// How often (in bytes) spooling looks at the free space again.
-const SPOOL_SPACE_EVERY: u64 = 8 << 20;
 
 /// What the init said about its export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,30 +162,18 @@ fn join_live(handle: JoinHandle<anyhow::Result<StageReport>>) -> anyhow::Result<
 }
 
 /// Copies a change connection into an unnamed file in `dir`, hashing it,
-/// and stops before the disk margin as staging does.
+/// and stops before the disk margin, watched as staging watches it.
 fn spool(mut stream: UnixStream, dir: &Path) -> io::Result<(File, StreamDigest)> {
+    let mut space = Space::new(dir, None).map_err(io::Error::other)?;
     let mut file = unnamed_file(dir)?;
-    let (_, total) = crate::host::space::filesystem(dir)?;
-    let margin = crate::host::space::staging_margin(total);
     let mut hasher = StreamHasher::default();
     let mut buf = vec![0u8; 256 * 1024];
-    let mut unchecked = SPOOL_SPACE_EVERY;
     loop {
         let n = stream.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        if unchecked >= SPOOL_SPACE_EVERY {
-            unchecked = 0;
-            let (available, _) = crate::host::space::filesystem(dir)?;
-            if available < margin {
-                return Err(io::Error::new(
-                    io::ErrorKind::StorageFull,
-                    "a spooled change connection reached the free-space margin",
-                ));
-            }
-        }
-        unchecked += n as u64;
+        space.charge(n as u64)?;
         hasher.update(&buf[..n]);
         file.write_all(&buf[..n])?;
     }
