@@ -633,6 +633,129 @@ mod tests {
         assert!(err.contains("has the wrong type: give a number, e.g. keep_sessions = 100"), "{err}");
     }
 
+    /// Every refusal, word for word: the texts users meet.
+    #[test]
+    fn every_refusal_word_for_word() {
+        let file = [
+            (
+                "policy = 1",
+                "1:10: policy = 1 has the wrong type: give a list of policy names or paths, e.g. policy = [\"npm\"]",
+            ),
+            ("policy = \"npm\"", "1:10: policy = \"npm\" must be a list, even of one: write policy = [\"npm\"]"),
+            (
+                "policy = [\"npm\", 1]",
+                "1:10: policy = [\"npm\", 1] must list policy names or paths as strings (e.g. policy = [\"npm\", \"github\"])",
+            ),
+            (
+                "policy = [\" \"]",
+                "1:10: policy = [\" \"] must list policy names or paths as strings (e.g. policy = [\"npm\", \"github\"])",
+            ),
+            ("cpus = \"4\"", "1:8: cpus = \"4\" has the wrong type: give a number, e.g. cpus = 4"),
+            ("cpus = 0", "1:8: cpus = 0 is out of range: give 1 to 32"),
+            ("memory = 4", "1:10: memory = 4 has the wrong type: give a size in quotes, e.g. memory = \"4G\""),
+            (
+                "memory = \"1K\"",
+                "1:10: memory = \"1K\" is too small: the guest needs at least 128M (e.g. memory = \"512M\")",
+            ),
+            (
+                "memory = \"lots\"",
+                "1:10: memory = \"lots\" is not a size: use a number with a unit (e.g. memory = \"512M\")",
+            ),
+            ("disk = true", "1:8: disk = true has the wrong type: give a size in quotes, e.g. disk = \"16G\""),
+            ("disk = \"2X\"", "1:8: disk = \"2X\" has the unknown unit \"X\": use K, M, G or T (e.g. disk = \"1G\")"),
+            ("apply = 1", "1:9: apply = 1 has the wrong type: give \"ask\", \"all\" or \"none\""),
+            ("apply = \"always\"", "1:9: apply = \"always\" is not one of ask, all or none"),
+            ("color = 1", "1:9: color = 1 has the wrong type: give \"auto\", \"always\" or \"never\""),
+            ("color = \"ask\"", "1:9: color = \"ask\" is not one of auto, always or never"),
+            (
+                "home_tools = \"no\"",
+                "1:14: home_tools = \"no\" has the wrong type: give true or false, e.g. home_tools = false",
+            ),
+            (
+                "keep_sessions = \"1\"",
+                "1:17: keep_sessions = \"1\" has the wrong type: give a number, e.g. keep_sessions = 100",
+            ),
+            ("keep_sessions = 100001", "1:17: keep_sessions = 100001 is out of range: give 0 to 100000"),
+            ("keep_days = 1.5", "1:13: keep_days = 1.5 has the wrong type: give a number of days, e.g. keep_days = 14"),
+            ("keep_days = 36501", "1:13: keep_days = 36501 is out of range: give 0 to 36500 days"),
+            (
+                "runs_code = \"x\"",
+                "1:13: runs_code = \"x\" has the wrong type: give a list of patterns, e.g. runs_code = [\"tools/*.sh\"]",
+            ),
+            (
+                "runs_code = [1]",
+                "1:13: runs_code = [1] must list patterns as strings (e.g. runs_code = [\"tools/*.sh\"])",
+            ),
+            ("runs_code = [\"\"]", "1:13: runs_code: an empty pattern would match nothing"),
+            (
+                "timeout = \"30s\"",
+                "1:1: unknown setting `timeout`: the settings are policy, cpus, memory, disk, apply, color, home_tools, keep_sessions, keep_days, runs_code; remove it or correct its name",
+            ),
+            ("cpus = ", "1:8: string values must be quoted, expected literal string; fix the TOML syntax"),
+        ];
+        for (text, message) in file {
+            assert_eq!(error(text), format!("/home/u/.config/stockade/config.toml:{message}"), "{text}");
+        }
+        let flags = [
+            (Flags { cpus: Some(0), ..Flags::default() }, "--cpus 0 is out of range: give 1 to 32"),
+            (Flags { cpus: Some(33), ..Flags::default() }, "--cpus 33 is out of range: give 1 to 32"),
+            (
+                Flags { memory: Some("0"), ..Flags::default() },
+                "--memory 0 is too small: the guest needs at least 128M (e.g. --memory 512M)",
+            ),
+            (
+                Flags { memory: Some("lots"), ..Flags::default() },
+                "--memory lots is not a size: use a number with a unit (e.g. --memory 512M)",
+            ),
+            (
+                Flags { disk: Some("1M"), ..Flags::default() },
+                "--disk 1M is too small: give at least 64M (e.g. --disk 1G)",
+            ),
+            (
+                Flags { disk: Some("2X"), ..Flags::default() },
+                "--disk 2X has the unknown unit \"X\": use K, M, G or T (e.g. --disk 1G)",
+            ),
+        ];
+        for (flags, message) in flags {
+            assert_eq!(Settings::defaults(PathBuf::new()).with_flags(flags).unwrap_err().to_string(), message);
+        }
+    }
+
+    #[test]
+    fn each_flag_sets_its_setting_and_is_named_as_its_source() {
+        // A blank --policy name is not refused here: the policy loader
+        // refuses it and lists the names there are.
+        let policy = vec![String::new()];
+        let flags = Flags {
+            policy: &policy,
+            cpus: Some(3),
+            memory: Some(" 1G"),
+            disk: Some("2G"),
+            apply: Some(ApplyMode::All),
+            color: Some(ColorChoice::Never),
+            no_home_tools: true,
+        };
+        let s = parse("cpus = 4\nkeep_days = 3\n").unwrap().with_flags(flags).unwrap();
+        let shown: Vec<String> =
+            s.entries().iter().map(|(key, value, source)| format!("{key} = {value} # {source}")).collect();
+        assert_eq!(
+            shown,
+            [
+                "policy = [\"\"] # --policy",
+                "cpus = 3 # --cpus",
+                "memory = \"1G\" # --memory",
+                "disk = \"2G\" # --disk",
+                "apply = \"all\" # --apply",
+                "color = \"never\" # --color",
+                "home_tools = false # --no-home-tools",
+                "keep_sessions = 100 # default",
+                "keep_days = 3 # config file, line 2",
+                "runs_code = [] # default",
+            ]
+        );
+        assert_eq!(s.memory.value.bytes, 1 << 30);
+    }
+
     #[test]
     fn a_missing_file_is_all_defaults() {
         let dir = tempfile::tempdir().unwrap();
