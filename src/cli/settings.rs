@@ -26,6 +26,13 @@
 //!
 //! Unknown keys and bad values are errors naming the file, line and key, so
 //! a typo never silently leaves a default in place.
+//!
+//! Each setting is one entry in [`DEFINITIONS`]: its key, what to write
+//! instead of a value of the wrong type, how a value is checked and set,
+//! its flag, and how `config show` prints it. Parsing, the flags, `config
+//! show` and the list of known keys all go through that table, so adding a
+//! setting is an entry there, a field in [`Settings`] with its default and,
+//! if a flag overrides it, a field in [`Flags`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,7 +40,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use thiserror::Error;
-use toml::Spanned;
+use toml::{Spanned, Value};
 
 use crate::changes::review::{ApplyMode, ColorChoice};
 use crate::policy::{Policy, PolicyError, line_column};
@@ -49,9 +56,105 @@ const MIN_MEMORY: u64 = 128 << 20;
 /// metadata and a few changes.
 const MIN_DISK: u64 = 64 << 20;
 
-/// The keys the file may hold, in the order `config show` prints them.
-const KEYS: [&str; 10] =
-    ["policy", "cpus", "memory", "disk", "apply", "color", "home_tools", "keep_sessions", "keep_days", "runs_code"];
+/// One setting: how it is read, overridden, shown and explained.
+struct Definition {
+    /// Its key in the file (and its field in `Settings`).
+    key: &'static str,
+    /// What the key takes, for a value of the wrong type.
+    expected: &'static str,
+    /// Checks a value and sets it with its source. A flag's value comes
+    /// here too, as the file would write it, so it is checked the same way.
+    read: fn(&mut Settings, &Value, Source) -> Result<(), Refusal>,
+    /// The command-line flag over the setting, if there is one.
+    flag: Option<Flag>,
+    /// The value as TOML, for `config show`, and where it came from.
+    show: fn(&Settings) -> (String, Source),
+}
+
+struct Flag {
+    name: &'static str,
+    /// The flag's value if it was given, as the file would write it.
+    given: fn(&Flags<'_>) -> Option<Value>,
+}
+
+/// The settings, in the order `config show` prints them.
+const DEFINITIONS: &[Definition] = &[
+    Definition {
+        key: "policy",
+        expected: "give a list of policy names or paths, e.g. policy = [\"npm\"]",
+        read: |s, value, source| s.policy.set(policy_names(value, source), source),
+        flag: Some(Flag {
+            name: "--policy",
+            given: |f| (!f.policy.is_empty()).then(|| Value::from(f.policy.to_vec())),
+        }),
+        show: |s| s.policy.shown(|names| list(names)),
+    },
+    Definition {
+        key: "cpus",
+        expected: "give a number, e.g. cpus = 4",
+        read: |s, value, source| s.cpus.set(integer(value).and_then(check_cpus), source),
+        flag: Some(Flag { name: "--cpus", given: |f| f.cpus.map(|n| Value::from(i64::from(n))) }),
+        show: |s| s.cpus.shown(u8::to_string),
+    },
+    Definition {
+        key: "memory",
+        expected: "give a size in quotes, e.g. memory = \"4G\"",
+        read: |s, value, source| s.memory.set(string(value).and_then(check_memory), source),
+        flag: Some(Flag { name: "--memory", given: |f| f.memory.map(Value::from) }),
+        show: |s| s.memory.shown(|size| quoted(&size.text)),
+    },
+    Definition {
+        key: "disk",
+        expected: "give a size in quotes, e.g. disk = \"16G\"",
+        read: |s, value, source| s.disk.set(string(value).and_then(check_disk), source),
+        flag: Some(Flag { name: "--disk", given: |f| f.disk.map(Value::from) }),
+        show: |s| s.disk.shown(|size| quoted(&size.text)),
+    },
+    Definition {
+        key: "apply",
+        expected: "give \"ask\", \"all\" or \"none\"",
+        read: |s, value, source| s.apply.set(string(value).and_then(|text| choice(text, "ask, all or none")), source),
+        flag: Some(Flag { name: "--apply", given: |f| f.apply.map(|mode| Value::from(value_name(mode))) }),
+        show: |s| s.apply.shown(|&mode| quoted(&value_name(mode))),
+    },
+    Definition {
+        key: "color",
+        expected: "give \"auto\", \"always\" or \"never\"",
+        read: |s, value, source| {
+            s.color.set(string(value).and_then(|text| choice(text, "auto, always or never")), source)
+        },
+        flag: Some(Flag { name: "--color", given: |f| f.color.map(|choice| Value::from(value_name(choice))) }),
+        show: |s| s.color.shown(|&choice| quoted(&value_name(choice))),
+    },
+    Definition {
+        key: "home_tools",
+        expected: "give true or false, e.g. home_tools = false",
+        read: |s, value, source| s.home_tools.set(value.as_bool().ok_or(Refusal::WrongType), source),
+        flag: Some(Flag { name: "--no-home-tools", given: |f| f.no_home_tools.then_some(Value::Boolean(false)) }),
+        show: |s| s.home_tools.shown(bool::to_string),
+    },
+    Definition {
+        key: "keep_sessions",
+        expected: "give a number, e.g. keep_sessions = 100",
+        read: |s, value, source| s.keep_sessions.set(integer(value).and_then(check_keep_sessions), source),
+        flag: None,
+        show: |s| s.keep_sessions.shown(u32::to_string),
+    },
+    Definition {
+        key: "keep_days",
+        expected: "give a number of days, e.g. keep_days = 14",
+        read: |s, value, source| s.keep_days.set(integer(value).and_then(check_keep_days), source),
+        flag: None,
+        show: |s| s.keep_days.shown(u32::to_string),
+    },
+    Definition {
+        key: "runs_code",
+        expected: "give a list of patterns, e.g. runs_code = [\"tools/*.sh\"]",
+        read: |s, value, source| s.runs_code.set(patterns(value), source),
+        flag: None,
+        show: |s| s.runs_code.shown(|patterns| list(patterns)),
+    },
+];
 
 #[derive(Debug, Error)]
 pub enum SettingsError {
@@ -110,6 +213,17 @@ pub struct Setting<T> {
 impl<T> Setting<T> {
     fn default(value: T) -> Setting<T> {
         Setting { value, source: Source::Default }
+    }
+
+    /// Takes a checked value from `source`; a refused one changes nothing.
+    fn set(&mut self, value: Result<T, Refusal>, source: Source) -> Result<(), Refusal> {
+        *self = Setting { value: value?, source };
+        Ok(())
+    }
+
+    /// The value as `show` writes it, and its source.
+    fn shown(&self, show: impl Fn(&T) -> String) -> (String, Source) {
+        (show(&self.value), self.source)
     }
 }
 
@@ -234,135 +348,47 @@ impl Settings {
         let mut settings = Settings::defaults(path.clone());
         settings.exists = true;
         for (key_span, key, value) in entries {
-            let line = line_column(text, key_span.start).0;
-            let source = Source::File { line };
+            let Some(definition) = DEFINITIONS.iter().find(|d| d.key == key) else {
+                let keys: Vec<&str> = DEFINITIONS.iter().map(|d| d.key).collect();
+                return Err(invalid(
+                    key_span,
+                    format!(
+                        "unknown setting `{key}`: the settings are {}; remove it or correct its name",
+                        keys.join(", ")
+                    ),
+                ));
+            };
+            let source = Source::File { line: line_column(text, key_span.start).0 };
             let written = text.get(value.span()).unwrap_or("").trim();
-            let refuse = |refusal: Refusal| invalid(value.span(), refusal.in_file(key, written));
-            match (key.as_str(), value.get_ref()) {
-                ("policy", toml::Value::Array(items)) => {
-                    let mut names = Vec::with_capacity(items.len());
-                    for item in items {
-                        match item.as_str() {
-                            Some(name) if !name.trim().is_empty() => names.push(name.to_string()),
-                            _ => {
-                                return Err(refuse(Refusal::new(
-                                    "must list policy names or paths as strings",
-                                    Some("[\"npm\", \"github\"]"),
-                                )));
-                            }
-                        }
-                    }
-                    settings.policy = Setting { value: names, source };
-                }
-                ("policy", toml::Value::String(name)) => {
-                    return Err(invalid(
-                        value.span(),
-                        format!("policy = {written} must be a list, even of one: write policy = [{name:?}]"),
-                    ));
-                }
-                ("cpus", toml::Value::Integer(n)) => {
-                    settings.cpus = Setting { value: check_cpus(*n).map_err(refuse)?, source };
-                }
-                ("memory", toml::Value::String(text)) => {
-                    settings.memory = Setting { value: check_memory(text).map_err(refuse)?, source };
-                }
-                ("disk", toml::Value::String(text)) => {
-                    settings.disk = Setting { value: check_disk(text).map_err(refuse)?, source };
-                }
-                ("apply", toml::Value::String(text)) => {
-                    settings.apply = Setting { value: choice(text, "ask, all or none").map_err(refuse)?, source };
-                }
-                ("color", toml::Value::String(text)) => {
-                    settings.color = Setting { value: choice(text, "auto, always or never").map_err(refuse)?, source };
-                }
-                ("home_tools", toml::Value::Boolean(on)) => {
-                    settings.home_tools = Setting { value: *on, source };
-                }
-                ("keep_sessions", toml::Value::Integer(n)) => {
-                    settings.keep_sessions = Setting { value: check_keep_sessions(*n).map_err(refuse)?, source };
-                }
-                ("runs_code", toml::Value::Array(items)) => {
-                    let mut patterns = Vec::with_capacity(items.len());
-                    for item in items {
-                        let Some(pattern) = item.as_str() else {
-                            return Err(refuse(Refusal::new(
-                                "must list patterns as strings",
-                                Some("[\"tools/*.sh\"]"),
-                            )));
-                        };
-                        if let Err(why) = crate::changes::review::check_pattern(pattern) {
-                            return Err(invalid(value.span(), format!("runs_code: {why}")));
-                        }
-                        patterns.push(pattern.to_string());
-                    }
-                    settings.runs_code = Setting { value: patterns, source };
-                }
-                ("keep_days", toml::Value::Integer(n)) => {
-                    settings.keep_days = Setting { value: check_keep_days(*n).map_err(refuse)?, source };
-                }
-                (known, _) if KEYS.contains(&known) => {
-                    return Err(refuse(Refusal::new(&format!("has the wrong type: {}", expected(known)), None)));
-                }
-                (unknown, _) => {
-                    return Err(invalid(
-                        key_span,
-                        format!(
-                            "unknown setting `{unknown}`: the settings are {}; remove it or correct its name",
-                            KEYS.join(", ")
-                        ),
-                    ));
-                }
-            }
+            (definition.read)(&mut settings, value.get_ref(), source)
+                .map_err(|refusal| invalid(value.span(), refusal.in_file(definition, written)))?;
         }
         Ok(settings)
     }
 
     /// The settings with the command line's values over them.
     pub fn with_flags(mut self, flags: Flags<'_>) -> Result<Settings, SettingsError> {
-        if !flags.policy.is_empty() {
-            self.policy = Setting { value: flags.policy.to_vec(), source: Source::Flag("--policy") };
-        }
-        if let Some(n) = flags.cpus {
-            let cpus = check_cpus(i64::from(n)).map_err(|r| r.on_flag("--cpus", &n.to_string()))?;
-            self.cpus = Setting { value: cpus, source: Source::Flag("--cpus") };
-        }
-        if let Some(text) = flags.memory {
-            let memory = check_memory(text).map_err(|r| r.on_flag("--memory", text))?;
-            self.memory = Setting { value: memory, source: Source::Flag("--memory") };
-        }
-        if let Some(text) = flags.disk {
-            let disk = check_disk(text).map_err(|r| r.on_flag("--disk", text))?;
-            self.disk = Setting { value: disk, source: Source::Flag("--disk") };
-        }
-        if let Some(apply) = flags.apply {
-            self.apply = Setting { value: apply, source: Source::Flag("--apply") };
-        }
-        if let Some(color) = flags.color {
-            self.color = Setting { value: color, source: Source::Flag("--color") };
-        }
-        if flags.no_home_tools {
-            self.home_tools = Setting { value: false, source: Source::Flag("--no-home-tools") };
+        for definition in DEFINITIONS {
+            let Some(flag) = &definition.flag else { continue };
+            let Some(value) = (flag.given)(&flags) else { continue };
+            (definition.read)(&mut self, &value, Source::Flag(flag.name)).map_err(|refusal| {
+                // As typed: a size unquoted, a number as it is.
+                let given = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+                SettingsError::Flag(refusal.on_flag(definition, flag.name, &given))
+            })?;
         }
         Ok(self)
     }
 
     /// Each setting as `key`, its value in TOML, and its source.
     pub fn entries(&self) -> Vec<(&'static str, String, Source)> {
-        let quoted = |s: &str| format!("{s:?}");
-        let names: Vec<String> = self.policy.value.iter().map(|n| quoted(n)).collect();
-        let runs_code: Vec<String> = self.runs_code.value.iter().map(|n| quoted(n)).collect();
-        vec![
-            ("policy", format!("[{}]", names.join(", ")), self.policy.source),
-            ("cpus", self.cpus.value.to_string(), self.cpus.source),
-            ("memory", quoted(&self.memory.value.text), self.memory.source),
-            ("disk", quoted(&self.disk.value.text), self.disk.source),
-            ("apply", quoted(&value_name(self.apply.value)), self.apply.source),
-            ("color", quoted(&value_name(self.color.value)), self.color.source),
-            ("home_tools", self.home_tools.value.to_string(), self.home_tools.source),
-            ("keep_sessions", self.keep_sessions.value.to_string(), self.keep_sessions.source),
-            ("keep_days", self.keep_days.value.to_string(), self.keep_days.source),
-            ("runs_code", format!("[{}]", runs_code.join(", ")), self.runs_code.source),
-        ]
+        DEFINITIONS
+            .iter()
+            .map(|definition| {
+                let (value, source) = (definition.show)(self);
+                (definition.key, value, source)
+            })
+            .collect()
     }
 
     /// How much of the session store pruning keeps.
@@ -382,35 +408,105 @@ impl Settings {
     }
 }
 
-/// Why a value was refused, and a good one to show instead.
+/// Why a value was refused.
 #[derive(Debug)]
-struct Refusal {
-    why: String,
-    example: Option<&'static str>,
+enum Refusal {
+    /// Not the TOML type the key takes: its definition says what is.
+    WrongType,
+    /// A bad value, and a good one to show instead.
+    Value { why: String, example: Option<&'static str> },
+    /// A bad item of a list, which the message quotes itself.
+    Item(String),
 }
 
 impl Refusal {
-    fn new(why: &str, example: Option<&'static str>) -> Refusal {
-        Refusal { why: why.to_string(), example }
-    }
-
-    /// `--memory 1K is too small: ... (e.g. --memory 512M)`.
-    fn on_flag(self, flag: &str, given: &str) -> SettingsError {
-        let example = self.example.map(|e| format!(" (e.g. {flag} {})", e.trim_matches('"'))).unwrap_or_default();
-        SettingsError::Flag(format!("{flag} {given} {}{example}", self.why))
+    fn new(why: impl Into<String>, example: Option<&'static str>) -> Refusal {
+        Refusal::Value { why: why.into(), example }
     }
 
     /// `memory = "1K" is too small: ... (e.g. memory = "512M")`.
-    fn in_file(self, key: &str, written: &str) -> String {
-        let example = self.example.map(|e| format!(" (e.g. {key} = {e})")).unwrap_or_default();
-        format!("{key} = {written} {}{example}", self.why)
+    fn in_file(self, definition: &Definition, written: &str) -> String {
+        let key = definition.key;
+        match self {
+            Refusal::WrongType => format!("{key} = {written} has the wrong type: {}", definition.expected),
+            Refusal::Value { why, example } => {
+                let example = example.map(|e| format!(" (e.g. {key} = {e})")).unwrap_or_default();
+                format!("{key} = {written} {why}{example}")
+            }
+            Refusal::Item(why) => format!("{key}: {why}"),
+        }
     }
+
+    /// `--memory 1K is too small: ... (e.g. --memory 512M)`.
+    fn on_flag(self, definition: &Definition, flag: &str, given: &str) -> String {
+        match self {
+            Refusal::WrongType => format!("{flag} {given} has the wrong type: {}", definition.expected),
+            Refusal::Value { why, example } => {
+                let example = example.map(|e| format!(" (e.g. {flag} {})", e.trim_matches('"'))).unwrap_or_default();
+                format!("{flag} {given} {why}{example}")
+            }
+            Refusal::Item(why) => format!("{flag}: {why}"),
+        }
+    }
+}
+
+fn integer(value: &Value) -> Result<i64, Refusal> {
+    value.as_integer().ok_or(Refusal::WrongType)
+}
+
+fn string(value: &Value) -> Result<&str, Refusal> {
+    value.as_str().ok_or(Refusal::WrongType)
+}
+
+fn quoted(text: &str) -> String {
+    format!("{text:?}")
+}
+
+fn list(items: &[String]) -> String {
+    let items: Vec<String> = items.iter().map(|item| quoted(item)).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// Policy names or paths. A blank one in the file is refused here, at its
+/// line; one given to `--policy` is left to the policy loader, which lists
+/// the names there are.
+fn policy_names(value: &Value, source: Source) -> Result<Vec<String>, Refusal> {
+    let items = match value {
+        Value::Array(items) => items,
+        Value::String(name) => {
+            return Err(Refusal::new(format!("must be a list, even of one: write policy = [{name:?}]"), None));
+        }
+        _ => return Err(Refusal::WrongType),
+    };
+    let from_flag = matches!(source, Source::Flag(_));
+    items
+        .iter()
+        .map(|item| match item.as_str() {
+            Some(name) if from_flag || !name.trim().is_empty() => Ok(name.to_string()),
+            _ => Err(Refusal::new("must list policy names or paths as strings", Some("[\"npm\", \"github\"]"))),
+        })
+        .collect()
+}
+
+/// Gitignore-style patterns of files that run code, each checked as the
+/// review will use it.
+fn patterns(value: &Value) -> Result<Vec<String>, Refusal> {
+    let Value::Array(items) = value else { return Err(Refusal::WrongType) };
+    items
+        .iter()
+        .map(|item| {
+            let pattern =
+                item.as_str().ok_or_else(|| Refusal::new("must list patterns as strings", Some("[\"tools/*.sh\"]")))?;
+            crate::changes::review::check_pattern(pattern).map_err(Refusal::Item)?;
+            Ok(pattern.to_string())
+        })
+        .collect()
 }
 
 fn check_cpus(n: i64) -> Result<u8, Refusal> {
     match u8::try_from(n) {
         Ok(cpus) if (1..=MAX_VCPUS).contains(&cpus) => Ok(cpus),
-        _ => Err(Refusal { why: format!("is out of range: give 1 to {MAX_VCPUS}"), example: None }),
+        _ => Err(Refusal::new(format!("is out of range: give 1 to {MAX_VCPUS}"), None)),
     }
 }
 
@@ -422,14 +518,14 @@ const MAX_KEEP_DAYS: u32 = 36_500;
 fn check_keep_sessions(n: i64) -> Result<u32, Refusal> {
     match u32::try_from(n) {
         Ok(keep) if keep <= MAX_KEEP_SESSIONS => Ok(keep),
-        _ => Err(Refusal { why: format!("is out of range: give 0 to {MAX_KEEP_SESSIONS}"), example: None }),
+        _ => Err(Refusal::new(format!("is out of range: give 0 to {MAX_KEEP_SESSIONS}"), None)),
     }
 }
 
 fn check_keep_days(n: i64) -> Result<u32, Refusal> {
     match u32::try_from(n) {
         Ok(days) if days <= MAX_KEEP_DAYS => Ok(days),
-        _ => Err(Refusal { why: format!("is out of range: give 0 to {MAX_KEEP_DAYS} days"), example: None }),
+        _ => Err(Refusal::new(format!("is out of range: give 0 to {MAX_KEEP_DAYS} days"), None)),
     }
 }
 
@@ -442,7 +538,7 @@ fn check_disk(text: &str) -> Result<Size, Refusal> {
 }
 
 fn check_size(text: &str, min: u64, too_small: &str, example: &'static str) -> Result<Size, Refusal> {
-    let bytes = parse_size(text).map_err(|why| Refusal { why, example: Some(example) })?;
+    let bytes = parse_size(text).map_err(|why| Refusal::new(why, Some(example)))?;
     if bytes < min {
         return Err(Refusal::new(too_small, Some(example)));
     }
@@ -451,28 +547,12 @@ fn check_size(text: &str, min: u64, too_small: &str, example: &'static str) -> R
 
 /// A value-enum setting by its name as on the command line.
 fn choice<T: clap::ValueEnum>(text: &str, allowed: &str) -> Result<T, Refusal> {
-    T::from_str(text, false).map_err(|_| Refusal { why: format!("is not one of {allowed}"), example: None })
+    T::from_str(text, false).map_err(|_| Refusal::new(format!("is not one of {allowed}"), None))
 }
 
 /// The name a value-enum value has on the command line and in the file.
 fn value_name<T: clap::ValueEnum>(value: T) -> String {
     value.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
-}
-
-/// What a key takes, for a value of the wrong type.
-fn expected(key: &str) -> &'static str {
-    match key {
-        "policy" => "give a list of policy names or paths, e.g. policy = [\"npm\"]",
-        "cpus" => "give a number, e.g. cpus = 4",
-        "memory" => "give a size in quotes, e.g. memory = \"4G\"",
-        "disk" => "give a size in quotes, e.g. disk = \"16G\"",
-        "apply" => "give \"ask\", \"all\" or \"none\"",
-        "home_tools" => "give true or false, e.g. home_tools = false",
-        "keep_sessions" => "give a number, e.g. keep_sessions = 100",
-        "keep_days" => "give a number of days, e.g. keep_days = 14",
-        "runs_code" => "give a list of patterns, e.g. runs_code = [\"tools/*.sh\"]",
-        _ => "give \"auto\", \"always\" or \"never\"",
-    }
 }
 
 /// Parses sizes like 512M, 2G, 1.5G, 2GiB or a plain number of bytes.
@@ -631,6 +711,129 @@ mod tests {
         assert!(err.ends_with(":1:13: keep_days = -1 is out of range: give 0 to 36500 days"), "{err}");
         let err = error("keep_sessions = \"10\"\n");
         assert!(err.contains("has the wrong type: give a number, e.g. keep_sessions = 100"), "{err}");
+    }
+
+    /// Every refusal, word for word: the texts users meet.
+    #[test]
+    fn every_refusal_word_for_word() {
+        let file = [
+            (
+                "policy = 1",
+                "1:10: policy = 1 has the wrong type: give a list of policy names or paths, e.g. policy = [\"npm\"]",
+            ),
+            ("policy = \"npm\"", "1:10: policy = \"npm\" must be a list, even of one: write policy = [\"npm\"]"),
+            (
+                "policy = [\"npm\", 1]",
+                "1:10: policy = [\"npm\", 1] must list policy names or paths as strings (e.g. policy = [\"npm\", \"github\"])",
+            ),
+            (
+                "policy = [\" \"]",
+                "1:10: policy = [\" \"] must list policy names or paths as strings (e.g. policy = [\"npm\", \"github\"])",
+            ),
+            ("cpus = \"4\"", "1:8: cpus = \"4\" has the wrong type: give a number, e.g. cpus = 4"),
+            ("cpus = 0", "1:8: cpus = 0 is out of range: give 1 to 32"),
+            ("memory = 4", "1:10: memory = 4 has the wrong type: give a size in quotes, e.g. memory = \"4G\""),
+            (
+                "memory = \"1K\"",
+                "1:10: memory = \"1K\" is too small: the guest needs at least 128M (e.g. memory = \"512M\")",
+            ),
+            (
+                "memory = \"lots\"",
+                "1:10: memory = \"lots\" is not a size: use a number with a unit (e.g. memory = \"512M\")",
+            ),
+            ("disk = true", "1:8: disk = true has the wrong type: give a size in quotes, e.g. disk = \"16G\""),
+            ("disk = \"2X\"", "1:8: disk = \"2X\" has the unknown unit \"X\": use K, M, G or T (e.g. disk = \"1G\")"),
+            ("apply = 1", "1:9: apply = 1 has the wrong type: give \"ask\", \"all\" or \"none\""),
+            ("apply = \"always\"", "1:9: apply = \"always\" is not one of ask, all or none"),
+            ("color = 1", "1:9: color = 1 has the wrong type: give \"auto\", \"always\" or \"never\""),
+            ("color = \"ask\"", "1:9: color = \"ask\" is not one of auto, always or never"),
+            (
+                "home_tools = \"no\"",
+                "1:14: home_tools = \"no\" has the wrong type: give true or false, e.g. home_tools = false",
+            ),
+            (
+                "keep_sessions = \"1\"",
+                "1:17: keep_sessions = \"1\" has the wrong type: give a number, e.g. keep_sessions = 100",
+            ),
+            ("keep_sessions = 100001", "1:17: keep_sessions = 100001 is out of range: give 0 to 100000"),
+            ("keep_days = 1.5", "1:13: keep_days = 1.5 has the wrong type: give a number of days, e.g. keep_days = 14"),
+            ("keep_days = 36501", "1:13: keep_days = 36501 is out of range: give 0 to 36500 days"),
+            (
+                "runs_code = \"x\"",
+                "1:13: runs_code = \"x\" has the wrong type: give a list of patterns, e.g. runs_code = [\"tools/*.sh\"]",
+            ),
+            (
+                "runs_code = [1]",
+                "1:13: runs_code = [1] must list patterns as strings (e.g. runs_code = [\"tools/*.sh\"])",
+            ),
+            ("runs_code = [\"\"]", "1:13: runs_code: an empty pattern would match nothing"),
+            (
+                "timeout = \"30s\"",
+                "1:1: unknown setting `timeout`: the settings are policy, cpus, memory, disk, apply, color, home_tools, keep_sessions, keep_days, runs_code; remove it or correct its name",
+            ),
+            ("cpus = ", "1:8: string values must be quoted, expected literal string; fix the TOML syntax"),
+        ];
+        for (text, message) in file {
+            assert_eq!(error(text), format!("/home/u/.config/stockade/config.toml:{message}"), "{text}");
+        }
+        let flags = [
+            (Flags { cpus: Some(0), ..Flags::default() }, "--cpus 0 is out of range: give 1 to 32"),
+            (Flags { cpus: Some(33), ..Flags::default() }, "--cpus 33 is out of range: give 1 to 32"),
+            (
+                Flags { memory: Some("0"), ..Flags::default() },
+                "--memory 0 is too small: the guest needs at least 128M (e.g. --memory 512M)",
+            ),
+            (
+                Flags { memory: Some("lots"), ..Flags::default() },
+                "--memory lots is not a size: use a number with a unit (e.g. --memory 512M)",
+            ),
+            (
+                Flags { disk: Some("1M"), ..Flags::default() },
+                "--disk 1M is too small: give at least 64M (e.g. --disk 1G)",
+            ),
+            (
+                Flags { disk: Some("2X"), ..Flags::default() },
+                "--disk 2X has the unknown unit \"X\": use K, M, G or T (e.g. --disk 1G)",
+            ),
+        ];
+        for (flags, message) in flags {
+            assert_eq!(Settings::defaults(PathBuf::new()).with_flags(flags).unwrap_err().to_string(), message);
+        }
+    }
+
+    #[test]
+    fn each_flag_sets_its_setting_and_is_named_as_its_source() {
+        // A blank --policy name is not refused here: the policy loader
+        // refuses it and lists the names there are.
+        let policy = vec![String::new()];
+        let flags = Flags {
+            policy: &policy,
+            cpus: Some(3),
+            memory: Some(" 1G"),
+            disk: Some("2G"),
+            apply: Some(ApplyMode::All),
+            color: Some(ColorChoice::Never),
+            no_home_tools: true,
+        };
+        let s = parse("cpus = 4\nkeep_days = 3\n").unwrap().with_flags(flags).unwrap();
+        let shown: Vec<String> =
+            s.entries().iter().map(|(key, value, source)| format!("{key} = {value} # {source}")).collect();
+        assert_eq!(
+            shown,
+            [
+                "policy = [\"\"] # --policy",
+                "cpus = 3 # --cpus",
+                "memory = \"1G\" # --memory",
+                "disk = \"2G\" # --disk",
+                "apply = \"all\" # --apply",
+                "color = \"never\" # --color",
+                "home_tools = false # --no-home-tools",
+                "keep_sessions = 100 # default",
+                "keep_days = 3 # config file, line 2",
+                "runs_code = [] # default",
+            ]
+        );
+        assert_eq!(s.memory.value.bytes, 1 << 30);
     }
 
     #[test]
