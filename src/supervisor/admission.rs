@@ -119,16 +119,16 @@ impl Drop for Listening {
     }
 }
 
-/// Accepts connections on `listener` and hands each to `on_conn`, on a
-/// thread of its own, until the returned guard is dropped.
-fn accept_loop(
-    listener: UnixListener,
+/// Calls `on_ready` with `listener` on a thread of its own each time it is
+/// readable (set it non-blocking), until the returned guard is dropped or
+/// `on_ready` says to stop.
+pub fn watch<L: AsFd + Send + 'static>(
+    listener: L,
     name: &str,
-    mut on_conn: impl FnMut(UnixStream) + Send + 'static,
+    mut on_ready: impl FnMut(&L) -> Watching + Send + 'static,
 ) -> anyhow::Result<Listening> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let (stop_rx, stop) = nix::unistd::pipe().context("cannot create a pipe")?;
-    listener.set_nonblocking(true).context("cannot set up a guest listener")?;
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
@@ -140,26 +140,44 @@ fn accept_loop(
                     Err(nix::errno::Errno::EINTR) => continue,
                     Err(_) => return,
                 }
-                if fds[1].any().unwrap_or(true) {
+                // The guard went (its pipe end closed), or was written to.
+                if fds[1].any().unwrap_or(true) || on_ready(&listener) == Watching::Stop {
                     return;
-                }
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if stream.set_nonblocking(false).is_ok() {
-                            on_conn(stream);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        tracing::warn!("cannot accept a guest connection: {e}");
-                        return;
-                    }
                 }
             }
         })
         .with_context(|| format!("cannot start the {name} thread"))?;
     Ok(Listening { stop })
+}
+
+/// Whether a [`watch`] goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watching {
+    Go,
+    Stop,
+}
+
+/// Accepts connections on `listener` and hands each to `on_conn`, on a
+/// thread of its own, until the returned guard is dropped.
+fn accept_loop(
+    listener: UnixListener,
+    name: &str,
+    mut on_conn: impl FnMut(UnixStream) + Send + 'static,
+) -> anyhow::Result<Listening> {
+    listener.set_nonblocking(true).context("cannot set up a guest listener")?;
+    watch(listener, name, move |listener| match listener.accept() {
+        Ok((stream, _)) => {
+            if stream.set_nonblocking(false).is_ok() {
+                on_conn(stream);
+            }
+            Watching::Go
+        }
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => Watching::Go,
+        Err(e) => {
+            tracing::warn!("cannot accept a guest connection: {e}");
+            Watching::Stop
+        }
+    })
 }
 
 /// After the init's control connection: refuses and reports every other.

@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use super::admission::{self, Channel, Tampering};
+use super::admission::{self, Channel, Tampering, Watching};
 use crate::protocol::auth::Token;
 use crate::protocol::publish::{Callback, Published};
 use crate::protocol::{HostMsg, write_frame};
@@ -124,7 +123,7 @@ fn refusal(port: &Published, addr: IpAddr, e: std::io::Error) -> anyhow::Error {
 
 /// The published ports being served; dropping it stops taking clients.
 pub struct Serving {
-    _accepts: Vec<OwnedFd>,
+    _accepts: Vec<admission::Listening>,
     _callbacks: admission::Listening,
 }
 
@@ -170,45 +169,30 @@ impl Bound {
     }
 }
 
-/// Takes clients on `listener` until the returned pipe end is dropped.
+/// Takes clients on `listener` until the conversation is over.
 fn accept(
     port: Published,
     listener: TcpListener,
     clients: Arc<Clients>,
     control: Arc<Mutex<UnixStream>>,
-) -> anyhow::Result<OwnedFd> {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let (stop_rx, stop) = nix::unistd::pipe().context("cannot create a pipe")?;
+) -> anyhow::Result<admission::Listening> {
     listener.set_nonblocking(true).context("cannot set up a published port")?;
-    std::thread::Builder::new()
-        .name("publish-accept".into())
-        .spawn(move || {
-            loop {
-                let mut fds =
-                    [PollFd::new(listener.as_fd(), PollFlags::POLLIN), PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN)];
-                match poll(&mut fds, PollTimeout::NONE) {
-                    Ok(_) => {}
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    Err(_) => return,
-                }
-                // The stop pipe's writer went: the conversation is over.
-                if fds[1].any().unwrap_or(true) {
-                    return;
-                }
-                match listener.accept() {
-                    Ok((client, from)) => {
-                        tracing::debug!("published port {port}: client {from}");
-                        if client.set_nonblocking(false).is_ok() && !ask(port, client, &clients, &control) {
-                            return;
-                        }
-                    }
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
-                    Err(e) => tracing::warn!("published port {port}: cannot accept a client: {e}"),
-                }
+    admission::watch(listener, "publish-accept", move |listener| match listener.accept() {
+        Ok((client, from)) => {
+            tracing::debug!("published port {port}: client {from}");
+            // The control connection gone: no guest to ask any more.
+            if client.set_nonblocking(false).is_ok() && !ask(port, client, &clients, &control) {
+                return Watching::Stop;
             }
-        })
-        .context("cannot start a published port's thread")?;
-    Ok(stop)
+            Watching::Go
+        }
+        Err(e) => {
+            if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) {
+                tracing::warn!("published port {port}: cannot accept a client: {e}");
+            }
+            Watching::Go
+        }
+    })
 }
 
 /// Asks the init to connect `client`; false once the control connection
