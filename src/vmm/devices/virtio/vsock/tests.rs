@@ -23,7 +23,7 @@ use super::packet::{
 };
 use super::{HostPorts, TYPE_VSOCK, Vsock};
 use crate::protocol::broker;
-use crate::protocol::{CHANGES_PORT, CONTROL_PORT, DNS_PORT, GUEST_CID, PROXY_PORT, STDIN_PORT, TRANSPARENT_PORT};
+use crate::protocol::{CHANGES_PORT, DNS_PORT, GUEST_CID, PROXY_PORT, TRANSPARENT_PORT};
 use crate::vmm::devices::broker::Dialer;
 use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice};
 
@@ -889,7 +889,8 @@ fn the_inits_ports_refuse_unprivileged_guest_ports() {
     let (dir, mem) = (TempDir::new(), guest_memory());
     let (dialer, notices) = dir.reporting_dialer();
     let mut g = Guest::with(&mem, dialer, HostPorts::stockade());
-    for port in [CONTROL_PORT, STDIN_PORT, CHANGES_PORT] {
+    // Every init port, the published ports' dial-back included.
+    for port in crate::protocol::auth::INIT_PORTS {
         let listener = dir.listen(port);
         // What an unprivileged process gets: an auto-bound port above 1023.
         for guest_port in [1024, 50_000, u32::MAX - 1] {
