@@ -8,7 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { printf 'tests: %s\n' "$*" >&2; }
 
-packages=(qemu-system-x86 busybox-static kmod cpio file tmux build-essential bc flex bison libelf-dev libssl-dev xz-utils linux-source-6.12 e2fsprogs git curl python3 ca-certificates mmdebstrap genext2fs uidmap)
+packages=(qemu-system-x86 busybox-static kmod cpio file tmux build-essential bc flex bison libelf-dev libssl-dev xz-utils linux-source-6.12 e2fsprogs git curl python3 ca-certificates mmdebstrap genext2fs uidmap openssh-client openssh-server)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

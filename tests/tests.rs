@@ -9,6 +9,7 @@ mod cli;
 mod config_cli;
 mod docker_e2e;
 mod doctor;
+mod git_ssh_e2e;
 mod help;
 mod image_e2e;
 mod init_channels_e2e;

@@ -73,6 +73,9 @@ fn prepare(spec: &RunSpec, control: &channel::Control) -> anyhow::Result<Option<
     if spec.network {
         net::start()?;
         trace::mark("network up");
+        if spec.ssh_agent {
+            net::serve_agent(spec.uid, spec.gid)?;
+        }
     }
     if spec.docker {
         docker::start(spec, control)?;

@@ -3,16 +3,22 @@
 //! every TCP connection and DNS question to the host's egress proxy; and an
 //! HTTP proxy forwarder on 127.0.0.1:3128 over vsock to the same proxy, for
 //! programs that honour the proxy variables. Both paths meet one policy.
+//! When the host relays its ssh-agent, a Unix socket for `SSH_AUTH_SOCK`
+//! forwarded the same way.
 
-use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::fs::File;
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::thread;
 
 use anyhow::Context;
 
 use super::channel::connect_host;
-use crate::protocol::PROXY_PORT;
 use crate::protocol::transparent::{GATEWAY_IP, GUEST_IP, PREFIX_LEN};
+use crate::protocol::{AGENT_PORT, GUEST_AGENT_SOCKET, PROXY_PORT};
 
 pub const PROXY_ADDR: &str = "127.0.0.1:3128";
 /// The virtio-net interface: the only NIC, named by the kernel.
@@ -28,7 +34,7 @@ pub fn start() -> anyhow::Result<()> {
     spawn("proxy-fwd", move || {
         for conn in proxy.incoming().flatten() {
             let _ = spawn("proxy-conn", move || {
-                let _ = bridge(conn, PROXY_PORT);
+                let _ = bridge(conn.into(), PROXY_PORT);
             });
         }
     })?;
@@ -40,10 +46,30 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Copies both ways between a local TCP connection and a new vsock stream to
-/// the host's `port`; each direction's end is passed on as a half-close.
-fn bridge(local: TcpStream, port: u32) -> anyhow::Result<()> {
+/// Serves the ssh-agent relay at `GUEST_AGENT_SOCKET`, for the command's
+/// user alone (it runs until power-off).
+pub fn serve_agent(uid: u32, gid: u32) -> anyhow::Result<()> {
+    let path = Path::new(GUEST_AGENT_SOCKET);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).with_context(|| format!("cannot chown {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    spawn("agent-fwd", move || {
+        for conn in listener.incoming().flatten() {
+            let _ = spawn("agent-conn", move || {
+                let _ = bridge(conn.into(), AGENT_PORT);
+            });
+        }
+    })
+}
+
+/// Copies both ways between a local stream socket and a new vsock stream
+/// to the host's `port`; each direction's end is passed on as a half-close.
+fn bridge(local: OwnedFd, port: u32) -> anyhow::Result<()> {
     let remote = connect_host(port)?;
+    let local = File::from(local);
     let mut remote_in = remote.try_clone()?;
     let mut local_out = local.try_clone()?;
     let upstream = thread::Builder::new().name("fwd-up".into()).spawn(move || {
@@ -53,7 +79,7 @@ fn bridge(local: TcpStream, port: u32) -> anyhow::Result<()> {
         let _ = nix::sys::socket::shutdown(remote_out.as_raw_fd(), nix::sys::socket::Shutdown::Write);
     })?;
     let _ = std::io::copy(&mut remote_in, &mut local_out);
-    let _ = local_out.shutdown(Shutdown::Write);
+    let _ = nix::sys::socket::shutdown(local_out.as_raw_fd(), nix::sys::socket::Shutdown::Write);
     let _ = upstream.join();
     Ok(())
 }

@@ -38,6 +38,7 @@ pub struct Port(u16);
 impl Port {
     pub const HTTP: Port = Port(80);
     pub const HTTPS: Port = Port(443);
+    pub const SSH: Port = Port(22);
 
     pub fn new(port: u16) -> Option<Port> {
         (port != 0).then_some(Port(port))

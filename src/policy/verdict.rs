@@ -94,6 +94,33 @@ impl Policy {
         self.deny_paths.iter().any(|r| r.rule.matches(host, port))
     }
 
+    /// Whether some allow rule names port 22 (then the guest gets the
+    /// host's ssh-agent, through the relay that signs only for SSH
+    /// connections to allowed hosts).
+    pub fn allows_ssh(&self) -> bool {
+        let ssh = Port::SSH;
+        self.allow.iter().chain(&self.allow_private).any(|r| r.rule.ports.matches(ssh))
+    }
+
+    /// The hosts named exactly by a rule allowing port 22, and allowed
+    /// there (a deny rule may take one back), for the guest's known_hosts.
+    pub fn ssh_hosts(&self) -> Vec<(Host, Port)> {
+        let ssh = Port::SSH;
+        let mut hosts: Vec<(Host, Port)> = Vec::new();
+        for rule in self.allow.iter().chain(&self.allow_private) {
+            let host = match &rule.rule.host {
+                HostPattern::Exact(name) => Host::Name(name.clone()),
+                HostPattern::Ip(ip) => Host::Ip(*ip),
+                HostPattern::Subdomains(_) | HostPattern::AnyName => continue,
+            };
+            let allowed = matches!(self.verdict(&host, ssh), Verdict::Allow { .. });
+            if rule.rule.ports.matches(ssh) && allowed && !hosts.iter().any(|(h, _)| *h == host) {
+                hosts.push((host, ssh));
+            }
+        }
+        hosts
+    }
+
     /// Whether the guest may connect to `host:port`, before resolution.
     pub fn verdict(&self, host: &Host, port: Port) -> Verdict {
         if let Some(rule) = self.deny.iter().find(|r| r.rule.matches(host, port)) {

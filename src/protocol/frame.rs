@@ -131,6 +131,7 @@ mod tests {
             network: true,
             pids: None,
             docker: true,
+            ssh_agent: true,
             token: crate::protocol::auth::Token::from_bytes([7; 32]),
         };
         let host = [

@@ -68,6 +68,11 @@ pub const TRANSPARENT_PORT: u32 = 1029;
 /// One connection per host client of a published port, guest to host: the
 /// token, a `publish::Callback`, then the client's bytes both ways.
 pub const PUBLISH_PORT: u32 = 1030;
+/// One connection per guest ssh-agent client, guest to the host's agent
+/// relay (which signs only for SSH connections the proxy checked).
+pub const AGENT_PORT: u32 = 1031;
+/// Where the init serves the ssh-agent relay (`SSH_AUTH_SOCK`).
+pub const GUEST_AGENT_SOCKET: &str = "/run/stockade/ssh-agent.sock";
 
 /// How the guest root is put together, entry by entry, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +140,9 @@ pub struct RunSpec {
     /// until it answers.
     #[serde(default)]
     pub docker: bool,
+    /// Serve the host's ssh-agent relay at `GUEST_AGENT_SOCKET`.
+    #[serde(default)]
+    pub ssh_agent: bool,
     /// This boot's secret: stdin and change connections start with it
     /// (see `auth`). For the init only; never passed to the command.
     pub token: auth::Token,

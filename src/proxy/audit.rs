@@ -30,6 +30,8 @@ pub enum Kind {
     Https,
     /// A DNS question.
     Dns,
+    /// A request to the host's ssh-agent (a signature).
+    Agent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,6 +46,7 @@ mod resolve;
 mod server;
 mod signin;
 mod sni;
+mod ssh;
 mod tls;
 mod transparent;
 mod tunnel;
@@ -152,6 +153,12 @@ pub struct ProxyConfig {
     /// against; `None` is the host's trust store (rustls-native-certs,
     /// which honours SSL_CERT_FILE and SSL_CERT_DIR).
     pub upstream_roots: Option<Vec<CertificateDer<'static>>>,
+    /// The host's ssh-agent socket (`SSH_AUTH_SOCK`), relayed to the guest
+    /// when the policy allows some host on port 22.
+    pub ssh_agent: Option<PathBuf>,
+    /// The files SSH server keys are checked against; `None`: the user's
+    /// (under `home`) and the system's known_hosts.
+    pub known_hosts: Option<Vec<PathBuf>>,
 }
 
 impl ProxyConfig {
@@ -160,8 +167,10 @@ impl ProxyConfig {
             policy,
             data_dir: data_dir.to_path_buf(),
             audit_log,
+            known_hosts: None,
             home: std::env::var_os("HOME").map(PathBuf::from),
             upstream_roots: None,
+            ssh_agent: std::env::var_os("SSH_AUTH_SOCK").filter(|s| !s.is_empty()).map(PathBuf::from),
         }
     }
 }
@@ -179,6 +188,7 @@ pub(crate) struct Shared {
     connections: Arc<Semaphore>,
     /// Addresses given in DNS answers, for transparent connections.
     names: names::Names,
+    ssh: ssh::Ssh,
 }
 
 /// A running proxy. Dropping it stops the proxy too (without waiting).
@@ -229,6 +239,7 @@ impl Proxy {
             Some(path) => AuditLog::open(path)?,
             None => AuditLog::discard(),
         };
+        let ssh_agent = config.ssh_agent.filter(|_| config.policy.allows_ssh());
         Ok(Shared {
             policy: config.policy,
             resolver: Resolver::from_system(),
@@ -239,6 +250,13 @@ impl Proxy {
             audit: Arc::new(audit),
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             names: names::Names::default(),
+            ssh: ssh::Ssh {
+                agent: ssh_agent,
+                known_hosts: config
+                    .known_hosts
+                    .unwrap_or_else(|| ssh::known_hosts::default_files(config.home.as_deref())),
+                sessions: ssh::Sessions::default(),
+            },
         })
     }
 
@@ -261,6 +279,26 @@ impl Proxy {
         let listener = tokio::net::UnixListener::from_std(listener).map_err(ProxyError::Listener)?;
         self.handle.spawn(server::accept_loop(self.shared.clone(), listener, transparent::serve));
         Ok(())
+    }
+
+    /// Serves the guest's ssh-agent connections accepted on `listener`;
+    /// `false` (and nothing served) when the guest gets no agent.
+    pub fn serve_agent_unix(&self, listener: std::os::unix::net::UnixListener) -> Result<bool, ProxyError> {
+        if self.shared.ssh.agent.is_none() {
+            return Ok(false);
+        }
+        listener.set_nonblocking(true).map_err(ProxyError::Listener)?;
+        let _guard = self.handle.enter();
+        let listener = tokio::net::UnixListener::from_std(listener).map_err(ProxyError::Listener)?;
+        self.handle.spawn(server::accept_loop(self.shared.clone(), listener, ssh::agent::serve));
+        Ok(true)
+    }
+
+    /// The guest's known_hosts: the host's lines for the hosts the policy
+    /// allows SSH to (empty when it allows none).
+    pub fn guest_known_hosts(&self) -> Option<String> {
+        let hosts = self.shared.policy.ssh_hosts();
+        (!hosts.is_empty()).then(|| ssh::known_hosts::guest_file(&self.shared.ssh.known_hosts, &hosts))
     }
 
     /// Serves transparent connections on TCP (tests).

@@ -220,7 +220,7 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
                 let this = Interception { shared, host, port, credential, signin, rule, upstream };
                 intercept::serve(this, TokioIo::new(upgraded)).await;
             }
-            None => tunnel::relay(&shared.audit, TokioIo::new(upgraded), server, &target.host, record).await,
+            None => tunnel::relay(&shared, TokioIo::new(upgraded), server, &target.host, record).await,
         }
     });
     Response::new(body::empty())

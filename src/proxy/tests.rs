@@ -114,11 +114,11 @@ where
     (port, seen)
 }
 
-struct Setup {
-    proxy: Proxy,
-    addr: SocketAddr,
-    audit: PathBuf,
-    dir: PathBuf,
+pub(super) struct Setup {
+    pub(super) proxy: Proxy,
+    pub(super) addr: SocketAddr,
+    pub(super) audit: PathBuf,
+    pub(super) dir: PathBuf,
 }
 
 impl Drop for Setup {
@@ -139,6 +139,17 @@ fn start_proxy_with_home(
     roots: Vec<CertificateDer<'static>>,
     files: &[(&str, &str)],
 ) -> Result<Setup, super::ProxyError> {
+    start_proxy_configured(name, policy_text, roots, files, |_| {})
+}
+
+/// [`start_proxy_with_home`], with `adjust` changing the configuration.
+pub(super) fn start_proxy_configured(
+    name: &str,
+    policy_text: &str,
+    roots: Vec<CertificateDer<'static>>,
+    files: &[(&str, &str)],
+    adjust: impl FnOnce(&mut ProxyConfig),
+) -> Result<Setup, super::ProxyError> {
     let dir = std::env::temp_dir().join(format!("stockade-proxy-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -152,6 +163,7 @@ fn start_proxy_with_home(
     let mut config = ProxyConfig::new(policy, &dir, Some(audit.clone()));
     config.upstream_roots = Some(roots);
     config.home = Some(dir.join("home"));
+    adjust(&mut config);
     let proxy = Proxy::start(config)?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -169,13 +181,13 @@ fn intercepting_proxy(name: &str, port: u16, roots: Vec<CertificateDer<'static>>
     (setup, ca)
 }
 
-fn runtime() -> Runtime {
+pub(super) fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
 /// Sends CONNECT; returns the status, the body of a refusal, and the
 /// stream (the tunnel, when it was opened).
-async fn connect(proxy: SocketAddr, target: &str) -> (u16, String, TcpStream) {
+pub(super) async fn connect(proxy: SocketAddr, target: &str) -> (u16, String, TcpStream) {
     let mut tcp = TcpStream::connect(proxy).await.unwrap();
     tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).await.unwrap();
     let mut head = Vec::new();
@@ -240,13 +252,13 @@ where
     (status, String::from_utf8_lossy(&body).to_string())
 }
 
-fn audit_records(setup: &Setup) -> Vec<audit::Record> {
+pub(super) fn audit_records(setup: &Setup) -> Vec<audit::Record> {
     // Records are written as flows end; give the proxy's threads a moment.
     std::thread::sleep(Duration::from_millis(100));
     audit::read(&setup.audit).map(|(r, _)| r).unwrap_or_default()
 }
 
-fn policy_for(hosts: &[(&str, u16)], credential: Option<&str>, extra: &str) -> String {
+pub(super) fn policy_for(hosts: &[(&str, u16)], credential: Option<&str>, extra: &str) -> String {
     let mut text = String::from("[network]\n");
     let rules: Vec<String> = hosts.iter().map(|(h, p)| format!("\"{h}:{p}\"")).collect();
     text.push_str(&format!("allow_private = [{}]\n{extra}\n[network.hosts]\n", rules.join(", ")));

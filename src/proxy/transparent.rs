@@ -209,7 +209,7 @@ where
     }
     let target = Target { host, port };
     let Some((server, _, record)) = open(&shared, &target, dst).await else { return };
-    tunnel::relay(&shared.audit, client, server, &target.host, record).await;
+    tunnel::relay(&shared, client, server, &target.host, record).await;
 }
 
 async fn tls<S>(shared: Arc<Shared>, client: Prefixed<S>, dst: SocketAddr, names: &HashSet<Host>, sni: Option<String>)
@@ -230,7 +230,7 @@ where
             let this = Interception { shared, host: target.host, port, credential, signin, rule, upstream };
             intercept::serve(this, client).await;
         }
-        None => tunnel::relay(&shared.audit, client, server, &target.host, record).await,
+        None => tunnel::relay(&shared, client, server, &target.host, record).await,
     }
 }
 

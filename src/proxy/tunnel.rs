@@ -1,25 +1,30 @@
 //! CONNECT tunnels that are not intercepted: the guest's bytes go to the
 //! server untouched, except that the first ones are read first: a TLS
-//! ClientHello must name the host the tunnel was opened for.
+//! ClientHello must name the host the tunnel was opened for, and an SSH
+//! client's connection goes to `ssh`, which checks the server's host key.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::audit::{AuditLog, Decision, Record};
+use super::Shared;
+use super::audit::{Decision, Record};
 use super::sni::{self, Inspection};
+use super::ssh;
 use crate::policy::Host;
 
 /// Copy buffer per direction: large enough for loopback-speed transfers.
 const BUFFER: usize = 64 * 1024;
 
 /// Relays a tunnel until both sides are done, then writes its record.
-pub async fn relay<C>(audit: &AuditLog, mut client: C, mut server: TcpStream, host: &Host, mut record: Record)
+pub async fn relay<C>(shared: &Shared, mut client: C, mut server: TcpStream, host: &Host, mut record: Record)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
     let mut hello = Vec::with_capacity(4096);
     let mut buf = vec![0u8; BUFFER];
     let mut down = 0u64;
+    // What the server said before the client did (an SSH server's version).
+    let mut greeting = Vec::new();
     // Until the client has said enough to judge, only the server may speak
     // (some protocols greet first); nothing of the client's is forwarded.
     let inspection = loop {
@@ -37,6 +42,9 @@ where
                     if client.write_all(&buf[..n]).await.is_err() {
                         break None;
                     }
+                    if greeting.len() < BUFFER {
+                        greeting.extend_from_slice(&buf[..n]);
+                    }
                     down += n as u64;
                 }
             },
@@ -46,8 +54,11 @@ where
         record.decision = Decision::Deny;
         record.reason = Some(refusal);
         record.bytes_down = down;
-        audit.record(&record);
+        shared.audit.record(&record);
         return;
+    }
+    if matches!(inspection, Some(Inspection::NotTls)) && ssh::is_ssh(&hello) {
+        return ssh::relay(shared, client, server, hello, greeting, record).await;
     }
     let mut up = 0u64;
     if inspection.is_some() && server.write_all(&hello).await.is_ok() {
@@ -61,7 +72,7 @@ where
     }
     record.bytes_up = up;
     record.bytes_down = down;
-    audit.record(&record);
+    shared.audit.record(&record);
 }
 
 /// Why the first bytes of a tunnel to `host` are refused, if they are.

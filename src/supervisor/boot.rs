@@ -46,9 +46,14 @@ impl Booted {
             vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &recorded.vsock_base(), on_refused)?;
         tracing::info!("session {} in {}", session.id, session.dir.display());
         tracing::debug!("VMM started after {:?}", host.started.elapsed());
-        let env = prepare::complete(&mut layout, config, host, held)?;
+        let completed = prepare::complete(&mut layout, config, host, held)?;
         tracing::debug!("egress proxy up after {:?}", host.started.elapsed());
-        let spec = RunSpec { root: layout.root, env, ..run_spec(config, host, channels.token.clone())? };
+        let spec = RunSpec {
+            root: layout.root,
+            env: completed.env,
+            ssh_agent: completed.ssh_agent,
+            ..run_spec(config, host, channels.token.clone())?
+        };
         Ok(Booted { vmm, command: Command { spec, formatting }, channels })
     }
 }
@@ -88,6 +93,7 @@ fn run_spec(config: &RunConfig, host: &Host, token: Token) -> anyhow::Result<Run
         network: true,
         pids: config.pids,
         docker: config.docker,
+        ssh_agent: false,
         token,
     })
 }

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use super::vm;
 use crate::policy::Policy;
 use crate::protocol::transparent::GATEWAY_IP;
-use crate::protocol::{DNS_PORT, PROXY_PORT, TRANSPARENT_PORT};
+use crate::protocol::{AGENT_PORT, DNS_PORT, GUEST_AGENT_SOCKET, PROXY_PORT, TRANSPARENT_PORT};
 use crate::proxy::{AUDIT_FILE, GuestTrust, Proxy, ProxyConfig};
 
 /// The guest forwarder's address (see guest::net).
@@ -82,6 +82,10 @@ pub struct GuestSide {
     pub trust: Option<GuestTrust>,
     /// Sign-in token files as the guest gets them: placeholders only.
     pub signin_files: Vec<crate::proxy::SigninFile>,
+    /// The host's known_hosts lines for the SSH hosts the policy allows.
+    pub known_hosts: Option<String>,
+    /// The guest gets the ssh-agent relay (`SSH_AUTH_SOCK` is in `env`).
+    pub ssh_agent: bool,
 }
 
 impl GuestSide {
@@ -114,6 +118,14 @@ fn start(
     let (transparent_listener, transparent_socket) = vm::listen(vsock_base, TRANSPARENT_PORT)?;
     proxy.serve_dns_unix(dns_listener).context("cannot serve the guest's DNS")?;
     proxy.serve_transparent_unix(transparent_listener).context("cannot serve the guest's transparent connections")?;
+    let mut sockets = vec![proxy_socket, dns_socket, transparent_socket];
+    let (agent_listener, agent_socket) = vm::listen(vsock_base, AGENT_PORT)?;
+    let ssh_agent = proxy.serve_agent_unix(agent_listener).context("cannot serve the guest's ssh-agent")?;
+    if ssh_agent {
+        sockets.push(agent_socket);
+    } else {
+        let _ = std::fs::remove_file(agent_socket);
+    }
 
     let mut env = Vec::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
@@ -123,13 +135,14 @@ fn start(
     for name in ["NO_PROXY", "no_proxy"] {
         env.push((name.to_string(), "localhost,127.0.0.1,::1".to_string()));
     }
+    if ssh_agent {
+        env.push(("SSH_AUTH_SOCK".to_string(), GUEST_AGENT_SOCKET.to_string()));
+    }
+    let known_hosts = proxy.guest_known_hosts();
     let trust = proxy.guest_trust();
     let placeholders = proxy.placeholder_env();
     let signin_files = proxy.signin_files();
-    Ok((
-        Network { proxy, sockets: vec![proxy_socket, dns_socket, transparent_socket] },
-        GuestSide { env, placeholders, trust, signin_files },
-    ))
+    Ok((Network { proxy, sockets }, GuestSide { env, placeholders, trust, signin_files, known_hosts, ssh_agent }))
 }
 
 impl Network {

@@ -285,18 +285,30 @@ fn lay_out(
     Ok(layout)
 }
 
+/// What the command gets once the proxy is up.
+pub struct Completed {
+    pub env: Vec<(String, String)>,
+    /// The init serves the host's ssh-agent relay.
+    pub ssh_agent: bool,
+}
+
 /// The command's root layout and environment, once the proxy is up: the
-/// files made from the network, and the sign-in files (in an agent's state
-/// when one holds them, else generated in place).
+/// files made from the network, the sign-in files (in an agent's state
+/// when one holds them, else generated in place), and the guest's
+/// known_hosts when the policy allows SSH.
 pub fn complete(
     layout: &mut root::Layout,
     config: &RunConfig,
     host: &Host,
     held: &mut Held,
-) -> anyhow::Result<Vec<(String, String)>> {
+) -> anyhow::Result<Completed> {
     let user = &host.user;
     let net = held.network.ready()?;
     let trust = layout.complete(user, &net)?;
+    if let Some(known_hosts) = &net.known_hosts {
+        root::place_signin_file(KNOWN_HOSTS, known_hosts.as_bytes(), &user.home, &mut layout.root);
+    }
+    let ssh_agent = net.ssh_agent;
     for file in &net.signin_files {
         let rel = Path::new(file.file.trim_start_matches("~/"));
         match held.agents.iter().find(|a| file.file.starts_with("~/") && a.holds(rel)) {
@@ -304,8 +316,11 @@ pub fn complete(
             None => root::place_signin_file(&file.file, &file.content, &user.home, &mut layout.root),
         }
     }
-    Ok(guest_env(&config.env, net, trust))
+    Ok(Completed { env: guest_env(&config.env, net, trust), ssh_agent })
 }
+
+/// The guest's known_hosts: its home holds none of the host's files.
+const KNOWN_HOSTS: &str = "~/.ssh/known_hosts";
 
 /// The home toolchains to share (host mode with `home_tools` only): those
 /// on the command's PATH, less what is shared anyway.
@@ -350,6 +365,8 @@ mod tests {
             placeholders: vars(&[("API_KEY", "placeholder")]),
             trust: None,
             signin_files: Vec::new(),
+            known_hosts: None,
+            ssh_agent: false,
         };
         let env = guest_env(&user, net, vars(&[("SSL_CERT_FILE", "/ca.pem"), ("API_KEY", "ca-side")]));
         assert_eq!(

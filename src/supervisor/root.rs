@@ -406,6 +406,8 @@ mod tests {
             env: vec![("HTTPS_PROXY".into(), "http://127.0.0.1:3128".into())],
             placeholders: Vec::new(),
             signin_files: Vec::new(),
+            known_hosts: None,
+            ssh_agent: false,
             trust: trust.then(|| GuestTrust { ca_pem: "CA\n".into(), bundle_pem: "ROOTS\nCA\n".into() }),
         }
     }

@@ -5,8 +5,8 @@
 //! CAP_NET_BIND_SERVICE can bind; a process running as the user's uid is
 //! refused with RST before the host hears of it. They also have connection
 //! slots of their own, so the guest cannot crowd the init out by holding
-//! every other slot open. Ports offered to any guest process (the proxy)
-//! are named; any other port, among them the ones only the VMM's own
+//! every other slot open. Ports offered to any guest process (the proxy,
+//! the ssh-agent relay) are named; any other port, among them the ones only the VMM's own
 //! network device dials (DNS, transparent TCP), is refused.
 
 use crate::protocol::auth::{INIT_PORTS, PRIVILEGED_PORTS};
@@ -35,11 +35,12 @@ pub struct HostPorts {
 }
 
 impl HostPorts {
-    /// stockade's guest: the init's ports, and the egress proxy for its
-    /// forwarder (and any program that speaks vsock to it directly; it
-    /// meets the same policy).
+    /// stockade's guest: the init's ports, the egress proxy for its
+    /// forwarder and the ssh-agent relay for its socket (and any program
+    /// that speaks vsock to them directly; they meet the same policy).
     pub fn stockade() -> HostPorts {
-        HostPorts { init: INIT_PORTS.to_vec(), open: Some(vec![crate::protocol::PROXY_PORT]) }
+        let open = vec![crate::protocol::PROXY_PORT, crate::protocol::AGENT_PORT];
+        HostPorts { init: INIT_PORTS.to_vec(), open: Some(open) }
     }
 
     /// The init's ports as in `stockade`, every other port open.

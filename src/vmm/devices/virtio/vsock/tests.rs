@@ -23,7 +23,7 @@ use super::packet::{
 };
 use super::{HostPorts, TYPE_VSOCK, Vsock};
 use crate::protocol::broker;
-use crate::protocol::{CHANGES_PORT, DNS_PORT, GUEST_CID, PROXY_PORT, TRANSPARENT_PORT};
+use crate::protocol::{AGENT_PORT, CHANGES_PORT, DNS_PORT, GUEST_CID, PROXY_PORT, TRANSPARENT_PORT};
 use crate::vmm::devices::broker::Dialer;
 use crate::vmm::devices::virtio::{Activation, DeviceQueue, Interrupt, VIRTIO_F_VERSION_1, VirtioDevice};
 
@@ -908,14 +908,16 @@ fn the_inits_ports_refuse_unprivileged_guest_ports() {
 }
 
 #[test]
-fn the_proxy_is_open_to_any_guest_port_and_the_net_devices_ports_to_none() {
+fn the_proxy_and_agent_are_open_to_any_guest_port_and_the_net_devices_ports_to_none() {
     let (dir, mem) = (TempDir::new(), guest_memory());
     let mut g = Guest::with_ports(&mem, &dir, HostPorts::stockade());
-    let proxy = dir.listen(PROXY_PORT);
-    assert_eq!(g.request_from(50_000, PROXY_PORT), [OP_RESPONSE]);
-    assert!(pending(&proxy).is_some());
-    assert_eq!(g.request_from(1000, PROXY_PORT), [OP_RESPONSE]);
-    assert!(pending(&proxy).is_some());
+    for port in [PROXY_PORT, AGENT_PORT] {
+        let listener = dir.listen(port);
+        assert_eq!(g.request_from(50_000, port), [OP_RESPONSE]);
+        assert!(pending(&listener).is_some());
+        assert_eq!(g.request_from(1000, port), [OP_RESPONSE]);
+        assert!(pending(&listener).is_some());
+    }
     // DNS and transparent TCP are dialled by the VMM's own network device,
     // which writes the transparent header itself; over vsock the guest
     // could forge it.
