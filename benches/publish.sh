@@ -29,7 +29,8 @@ class H(http.server.BaseHTTPRequestHandler):
         if self.path == "/quit":
             self.server.quit_requested = True
     def log_message(self, *a): pass
-server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+# One request at a time: a threaded server could miss /quit and wait forever.
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
 server.quit_requested = False
 while not server.quit_requested:
     server.handle_request()
@@ -80,5 +81,5 @@ PY
 python3 server.py 18091 "$mib" &
 "$S" run --cpus 1 --memory 512M -p 18090:8080 -- python3 server.py 8080 "$mib" >/dev/null 2>"$ws/run.err" &
 run=$!
-python3 measure.py "$conns" "$mib"
+python3 measure.py "$conns" "$mib" || { kill "$run"; wait "$run"; cat "$ws/run.err" >&2; exit 1; }
 wait "$run" || { cat "$ws/run.err" >&2; exit 1; }

@@ -17,6 +17,7 @@ use std::thread;
 use anyhow::Context;
 
 use super::channel::connect_host;
+use crate::protocol::stream::pump;
 use crate::protocol::transparent::{GATEWAY_IP, GUEST_IP, PREFIX_LEN};
 use crate::protocol::{AGENT_PORT, GUEST_AGENT_SOCKET, PROXY_PORT};
 
@@ -75,10 +76,10 @@ fn bridge(local: OwnedFd, port: u32) -> anyhow::Result<()> {
     let upstream = thread::Builder::new().name("fwd-up".into()).spawn(move || {
         let mut local_in = local;
         let mut remote_out = remote;
-        let _ = std::io::copy(&mut local_in, &mut remote_out);
+        let _ = pump(&mut local_in, &mut remote_out);
         let _ = nix::sys::socket::shutdown(remote_out.as_raw_fd(), nix::sys::socket::Shutdown::Write);
     })?;
-    let _ = std::io::copy(&mut remote_in, &mut local_out);
+    let _ = pump(&mut remote_in, &mut local_out);
     let _ = nix::sys::socket::shutdown(local_out.as_raw_fd(), nix::sys::socket::Shutdown::Write);
     let _ = upstream.join();
     Ok(())

@@ -55,7 +55,7 @@ fn serve(id: u64, port: u16, token: &Token) -> anyhow::Result<()> {
 /// Copies until the end of `from`, then ends the write side of `to`, so
 /// a half-closed HTTP request still gets its answer.
 fn pipe<R: Read, W: Write>(mut from: R, mut to: W, close: impl FnOnce(&W)) {
-    let _ = std::io::copy(&mut from, &mut to);
+    let _ = crate::protocol::stream::pump(&mut from, &mut to);
     close(&to);
 }
 

@@ -15,7 +15,8 @@
 //! - `broker`: how the jailed VMM asks the supervisor for host ports;
 //! - `limits`: limits the CLI checks and the VMM builds to;
 //! - `exit`: stockade's own exit statuses;
-//! - `publish`: published ports (`run -p`) and how the init dials back.
+//! - `publish`: published ports (`run -p`) and how the init dials back;
+//! - `stream`: how forwarded streams are copied across vsock.
 //!
 //! The guest opens two connections to the host (CID 2): `CONTROL_PORT`
 //! carries framed messages both ways, `STDIN_PORT` carries the command's
@@ -40,6 +41,7 @@ pub mod limits;
 pub mod publish;
 pub mod seen;
 pub mod shares;
+pub mod stream;
 pub mod transparent;
 pub mod vm_config;
 

@@ -259,7 +259,7 @@ fn splice(client: TcpStream, guest: UnixStream) -> std::io::Result<()> {
 }
 
 fn copy(from: &mut impl Read, to: &mut impl Write) {
-    let _ = std::io::copy(from, to);
+    let _ = crate::protocol::stream::pump(from, to);
 }
 
 /// Never a port on the host's outside: a check for the tests.
