@@ -28,6 +28,11 @@ impl Dirs {
         };
         Ok(Dirs { data, cache })
     }
+
+    /// The package cache: registry downloads the proxy has checked.
+    pub fn packages(&self) -> PathBuf {
+        self.cache.join("packages")
+    }
 }
 
 /// The XDG directories for stockade; `None` without a home directory. The

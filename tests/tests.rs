@@ -18,6 +18,7 @@ mod limits_e2e;
 mod man_pages;
 mod network_e2e;
 mod new_user_e2e;
+mod packages_e2e;
 mod policy_cli;
 mod publish_e2e;
 mod rig_selftest;

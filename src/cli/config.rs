@@ -16,7 +16,9 @@ use super::settings::{self, Flags, Settings, Source};
 /// memory, disk (sizes such as "4G"), apply (ask, all or none), color
 /// (auto, always or never), home_tools (true or false), keep_sessions and
 /// keep_days (how many finished sessions, and for how many days, every run
-/// and `stockade sessions --prune` keep). An unknown key or a bad value is
+/// and `stockade sessions --prune` keep), package_cache (a size: how much
+/// the cache of checked registry downloads may hold; "0" turns it off; see
+/// `stockade cache`). An unknown key or a bad value is
 /// an error that names the file and line.
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
@@ -79,16 +81,17 @@ mod tests {
         assert_eq!(
             show(&settings),
             "# /c/config.toml\n\
-             policy = []          # default: the default preset, nothing allowed\n\
-             cpus = 4             # config file, line 1\n\
-             memory = \"2G\"        # default\n\
-             disk = \"16G\"         # config file, line 2\n\
-             apply = \"ask\"        # default\n\
-             color = \"never\"      # --color\n\
-             home_tools = true    # default\n\
-             keep_sessions = 100  # default\n\
-             keep_days = 14       # default\n\
-             runs_code = []       # default\n"
+             policy = []           # default: the default preset, nothing allowed\n\
+             cpus = 4              # config file, line 1\n\
+             memory = \"2G\"         # default\n\
+             disk = \"16G\"          # config file, line 2\n\
+             apply = \"ask\"         # default\n\
+             color = \"never\"       # --color\n\
+             home_tools = true     # default\n\
+             keep_sessions = 100   # default\n\
+             keep_days = 14        # default\n\
+             runs_code = []        # default\n\
+             package_cache = \"5G\"  # default\n"
         );
         let missing = Settings::defaults(PathBuf::from("/c/config.toml"));
         assert!(show(&missing).starts_with("# /c/config.toml (does not exist)\n"), "{}", show(&missing));

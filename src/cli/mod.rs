@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+mod cache;
 mod ci;
 mod completions;
 mod config;
@@ -66,6 +67,7 @@ enum Command {
     Log(log::LogArgs),
     Config(config::ConfigArgs),
     Image(image::ImageArgs),
+    Cache(cache::CacheArgs),
     Completions(completions::CompletionsArgs),
     /// Internal: write the manual pages (regenerates man/).
     #[command(hide = true)]
@@ -98,6 +100,7 @@ pub fn main() -> ExitCode {
         Command::Log(args) => log::run(args),
         Command::Config(args) => config::run(args, global),
         Command::Image(args) => image::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::Vmm(args) => vmm::run(args),

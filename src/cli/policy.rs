@@ -462,6 +462,18 @@ fn describe(policy: &Policy) -> String {
     );
     section(
         &mut out,
+        "Package registries (downloads checked against the registry's digests, kept in the host's cache)",
+        policy
+            .registries
+            .iter()
+            .map(|r| match &r.index {
+                Some(index) => format!("{r}, checksums from {index}"),
+                None => r.to_string(),
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
         "Mounts",
         policy
             .mounts

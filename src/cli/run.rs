@@ -325,6 +325,7 @@ pub fn validate(
         cpus: settings.cpus.value,
         memory_bytes: settings.memory.value.bytes,
         disk_bytes: settings.disk.value.bytes,
+        package_cache_bytes: settings.package_cache.value.bytes,
         apply: settings.apply.value,
         code: CodeChoice { include_code: vm.include_code, runs_code: settings.runs_code.value.clone() },
         color: settings.color.value,

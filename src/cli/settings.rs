@@ -16,6 +16,7 @@
 //! keep_sessions = 100 # finished sessions kept (none staged), newest first
 //! keep_days = 14      # and none older than this
 //! runs_code = ["tools/*.sh", "scripts/git-hooks/"] # also flagged in review
+//! package_cache = "5G" # checked registry downloads kept on the host; "0" turns it off
 //! ```
 //!
 //! `runs_code` adds gitignore-style patterns to the built-in list of files
@@ -154,6 +155,15 @@ const DEFINITIONS: &[Definition] = &[
         flag: None,
         show: |s| s.runs_code.shown(|patterns| list(patterns)),
     },
+    Definition {
+        key: "package_cache",
+        expected: "give a size in quotes, e.g. package_cache = \"5G\" (\"0\" turns the cache off)",
+        read: |s, value, source| {
+            s.package_cache.set(string(value).and_then(|text| check_size(text, 0, "", "\"5G\"")), source)
+        },
+        flag: None,
+        show: |s| s.package_cache.shown(|size| quoted(&size.text)),
+    },
 ];
 
 #[derive(Debug, Error)]
@@ -255,6 +265,8 @@ pub struct Settings {
     pub keep_days: Setting<u32>,
     /// The user's patterns of files that run code, flagged in review.
     pub runs_code: Setting<Vec<String>>,
+    /// The package cache's size; 0 turns it off.
+    pub package_cache: Setting<Size>,
 }
 
 /// What the command line gave for the settings; `None` or empty keeps the
@@ -306,6 +318,7 @@ impl Settings {
             keep_sessions: Setting::default(retention::DEFAULT_KEEP),
             keep_days: Setting::default(retention::DEFAULT_KEEP_DAYS),
             runs_code: Setting::default(Vec::new()),
+            package_cache: Setting::default(size("5G")),
         }
     }
 
@@ -768,8 +781,16 @@ mod tests {
             ),
             ("runs_code = [\"\"]", "1:13: runs_code: an empty pattern would match nothing"),
             (
+                "package_cache = 5",
+                "1:17: package_cache = 5 has the wrong type: give a size in quotes, e.g. package_cache = \"5G\" (\"0\" turns the cache off)",
+            ),
+            (
+                "package_cache = \"lots\"",
+                "1:17: package_cache = \"lots\" is not a size: use a number with a unit (e.g. package_cache = \"5G\")",
+            ),
+            (
                 "timeout = \"30s\"",
-                "1:1: unknown setting `timeout`: the settings are policy, cpus, memory, disk, apply, color, home_tools, keep_sessions, keep_days, runs_code; remove it or correct its name",
+                "1:1: unknown setting `timeout`: the settings are policy, cpus, memory, disk, apply, color, home_tools, keep_sessions, keep_days, runs_code, package_cache; remove it or correct its name",
             ),
             ("cpus = ", "1:8: string values must be quoted, expected literal string; fix the TOML syntax"),
         ];
@@ -831,6 +852,7 @@ mod tests {
                 "keep_sessions = 100 # default",
                 "keep_days = 3 # config file, line 2",
                 "runs_code = [] # default",
+                "package_cache = \"5G\" # default",
             ]
         );
         assert_eq!(s.memory.value.bytes, 1 << 30);

@@ -13,6 +13,7 @@ use toml::Spanned;
 use super::credential::{CredentialRule, Scope, ValueSource};
 use super::path::PathPattern;
 use super::pattern::{Host, HostRule, Port, PortSpec};
+use super::registry::{RegistryKind, RegistryRule, RegistryUrl};
 use super::schema::{self, PolicyFile};
 use super::signin::{SigninRule, TokenPath};
 use super::{AgentState, HostPort, Mount, NetworkRule, PathRule, PinnedHost, Policy, PolicyError, presets};
@@ -141,6 +142,21 @@ pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
             });
         }
         policy.signins.push(rule);
+    }
+
+    for item in &file.registries {
+        let kind = RegistryKind::parse(item.kind.get_ref()).ok_or_else(|| {
+            at(Some(item.kind.span()), format!("registry kind {:?}: give {}", item.kind.get_ref(), RegistryKind::NAMES))
+        })?;
+        let url = RegistryUrl::parse(item.url.get_ref()).map_err(|m| at(Some(item.url.span()), m))?;
+        let index = match &item.index {
+            Some(index) => Some(RegistryUrl::parse(index.get_ref()).map_err(|m| at(Some(index.span()), m))?),
+            None => None,
+        };
+        let rule = RegistryRule::new(kind, url, index, origin.clone()).map_err(|m| at(Some(item.url.span()), m))?;
+        if !policy.registries.iter().any(|r| r.same(&rule)) {
+            policy.registries.push(rule);
+        }
     }
 
     for (path, mode) in &file.mounts {

@@ -16,6 +16,7 @@ mod load;
 mod path;
 mod pattern;
 pub mod presets;
+mod registry;
 mod schema;
 mod signin;
 mod verdict;
@@ -30,6 +31,7 @@ pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
 pub use load::{is_path, line_column, load_file, parse, user_policy_dir};
 pub use path::{PathPattern, RequestPath};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
+pub use registry::{RegistryKind, RegistryRule, RegistryUrl};
 pub use schema::MountMode;
 pub use signin::{SigninRule, TokenPath};
 pub use verdict::{Denial, Verdict, is_host_alias};
@@ -168,6 +170,8 @@ pub struct Policy {
     pub credentials: Vec<CredentialRule>,
     /// Sign-in token files kept on the host.
     pub signins: Vec<SigninRule>,
+    /// Registries whose downloads the package cache may serve.
+    pub registries: Vec<RegistryRule>,
     pub mounts: Vec<Mount>,
     /// Host variables to pass to the command.
     pub env_pass: Vec<String>,
@@ -232,6 +236,11 @@ impl Policy {
             }
             self.signins.push(rule);
         }
+        for rule in other.registries {
+            if !self.registries.iter().any(|r| r.same(&rule)) {
+                self.registries.push(rule);
+            }
+        }
         for mount in other.mounts {
             match self.mounts.iter_mut().find(|m| m.path == mount.path) {
                 // Like deny beating allow: the more restrictive mode wins.
@@ -282,6 +291,12 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// The registry rule whose downloads or index are at a destination.
+    pub fn registry_at(&self, host: &Host, port: Port) -> Option<&RegistryRule> {
+        let at = |r: &&RegistryRule| r.url.is_at(host, port) || r.index.as_ref().is_some_and(|i| i.is_at(host, port));
+        self.registries.iter().find(at)
     }
 
     /// The credential rule for a destination, if any.

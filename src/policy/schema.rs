@@ -18,6 +18,8 @@ pub struct PolicyFile {
     pub credentials: Vec<Credential>,
     #[serde(default, rename = "signin")]
     pub signins: Vec<Signin>,
+    #[serde(default, rename = "registry")]
+    pub registries: Vec<Registry>,
     #[serde(default)]
     pub mounts: BTreeMap<Spanned<String>, Spanned<MountMode>>,
     #[serde(default)]
@@ -95,6 +97,15 @@ pub struct Signin {
     pub tokens: Spanned<Vec<Spanned<String>>>,
     /// Host rules where the real values are written.
     pub hosts: Spanned<Vec<Spanned<String>>>,
+}
+
+/// A package registry whose downloads the host's cache may serve.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registry {
+    pub kind: Spanned<String>,
+    pub url: Spanned<String>,
+    pub index: Option<Spanned<String>>,
 }
 
 /// Where a credential's value comes from: exactly one of the three.

@@ -79,6 +79,11 @@ pub struct Record {
     /// What the answer did to a host sign-in file (refreshed, created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signin_saved: Option<String>,
+    /// What the package cache did: "hit" (served from it), "stored"
+    /// (downloaded, checked, kept), "refused" (did not match the registry's
+    /// digest), "checksums" (the proxy's own metadata request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
     /// Bytes from the guest to the server, and back.
     #[serde(default)]
     pub bytes_up: u64,
@@ -103,6 +108,7 @@ impl Record {
             credential: None,
             signin: None,
             signin_saved: None,
+            cache: None,
             bytes_up: 0,
             bytes_down: 0,
         }

@@ -21,6 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use super::Shared;
 use super::audit::{Decision, Kind, Record};
 use super::body::{self, Buffered, Counted, Direction, Flow, ProxyBody};
+use super::packages;
 use super::signin::{self, Grant, MAX_BODY};
 use super::upstream::TlsUpstream;
 use crate::policy::{Host, Port, RequestPath};
@@ -116,6 +117,11 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         record.reason = Some(format!("denied by {rule}"));
         shared.audit.record(&record);
         return body::text(StatusCode::FORBIDDEN, message);
+    }
+    if let Some(download) = packages::recognize(shared, this, &req) {
+        if let Some(response) = packages::serve(this, download, record.clone()).await {
+            return response;
+        }
     }
     let credential = match this.credential {
         Some(index) => match shared.credentials.rule(index) {

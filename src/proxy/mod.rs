@@ -42,6 +42,7 @@ mod credentials;
 mod dns;
 mod intercept;
 mod names;
+pub mod packages;
 mod resolve;
 mod server;
 mod signin;
@@ -86,8 +87,15 @@ const MAX_DNS_MESSAGE: usize = 65535;
 
 /// Guest variables that must name a bundle of the host's roots plus the
 /// proxy CA (they replace the default trust store).
-pub const BUNDLE_ENV_VARS: &[&str] =
-    &["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO", "PIP_CERT"];
+pub const BUNDLE_ENV_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "CARGO_HTTP_CAINFO",
+    "PIP_CERT",
+    "NPM_CONFIG_CAFILE",
+];
 /// Guest variables that must name the proxy CA alone (added to a default
 /// trust store).
 pub const CA_ENV_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
@@ -159,6 +167,9 @@ pub struct ProxyConfig {
     /// The files SSH server keys are checked against; `None`: the user's
     /// (under `home`) and the system's known_hosts.
     pub known_hosts: Option<Vec<PathBuf>>,
+    /// The package cache for the policy's `[[registry]]` rules; `None`
+    /// serves every download from its registry.
+    pub package_cache: Option<packages::CacheConfig>,
 }
 
 impl ProxyConfig {
@@ -168,6 +179,7 @@ impl ProxyConfig {
             data_dir: data_dir.to_path_buf(),
             audit_log,
             known_hosts: None,
+            package_cache: None,
             home: std::env::var_os("HOME").map(PathBuf::from),
             upstream_roots: None,
             ssh_agent: std::env::var_os("SSH_AUTH_SOCK").filter(|s| !s.is_empty()).map(PathBuf::from),
@@ -189,6 +201,8 @@ pub(crate) struct Shared {
     /// Addresses given in DNS answers, for transparent connections.
     names: names::Names,
     ssh: ssh::Ssh,
+    /// Present when the cache is on and the policy names a registry.
+    packages: Option<packages::Packages>,
 }
 
 /// A running proxy. Dropping it stops the proxy too (without waiting).
@@ -219,8 +233,23 @@ impl Proxy {
     async fn prepare(config: ProxyConfig) -> Result<Shared, ProxyError> {
         let credentials = Credentials::load(&config.policy.credentials, config.home.as_deref()).await?;
         let signins = Signins::load(&config.policy.signins, config.home.as_deref())?;
-        // Path deny rules need the requests read too, so the CA as well.
-        let (ca, upstream_tls) = if credentials.is_empty() && signins.is_empty() && config.policy.deny_paths.is_empty()
+        let packages = match config.package_cache.as_ref().filter(|_| !config.policy.registries.is_empty()) {
+            Some(cache) => match packages::Packages::open(cache) {
+                Ok(packages) => Some(packages),
+                Err(e) => {
+                    // Downloads still work, from the registry each time.
+                    tracing::warn!("the package cache in {} cannot be used: {e}", cache.dir.display());
+                    None
+                }
+            },
+            None => None,
+        };
+        // Path deny rules and the package cache need the requests read too,
+        // so the CA as well.
+        let (ca, upstream_tls) = if credentials.is_empty()
+            && signins.is_empty()
+            && config.policy.deny_paths.is_empty()
+            && packages.is_none()
         {
             (None, None)
         } else {
@@ -257,6 +286,7 @@ impl Proxy {
                     .unwrap_or_else(|| ssh::known_hosts::default_files(config.home.as_deref())),
                 sessions: ssh::Sessions::default(),
             },
+            packages,
         })
     }
 
@@ -366,10 +396,16 @@ impl Proxy {
         Some(GuestTrust { ca_pem: ca.cert_pem().to_string(), bundle_pem: bundle })
     }
 
-    /// Stops serving; in-flight connections get a moment to finish.
+    /// Stops serving; in-flight connections get a moment to finish. A run
+    /// that added to the package cache then trims it to its size.
     pub fn stop(mut self) {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(STOP_GRACE);
+        }
+        if let Some(packages) = &self.shared.packages {
+            if let Err(e) = packages.store.trim() {
+                tracing::warn!("cannot trim the package cache: {e}");
+            }
         }
     }
 }

@@ -227,8 +227,9 @@ async fn connect(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyB
 }
 
 /// Whether a destination is intercepted, and for which rules: a host with
-/// a credential, sign-in or path deny rule is (the CA and upstream trust
-/// exist whenever such a rule does).
+/// a credential, sign-in or path deny rule is, and a registry's download
+/// host when the package cache is on (the CA and upstream trust exist
+/// whenever such a rule does).
 pub(super) fn interception_for(
     shared: &Shared,
     host: &Host,
@@ -238,7 +239,8 @@ pub(super) fn interception_for(
     let signin = shared.signins.rules_for(host, port);
     // A path rule can only be kept where the proxy reads the requests.
     let paths = shared.policy.has_path_rules(host, port);
-    if credential.is_none() && signin.is_empty() && !paths {
+    let cached = shared.packages.is_some() && shared.policy.registry_at(host, port).is_some();
+    if credential.is_none() && signin.is_empty() && !paths && !cached {
         return None;
     }
     shared.ca.as_ref()?;

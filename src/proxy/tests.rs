@@ -1508,3 +1508,91 @@ fn host_ports_reach_the_hosts_loopback_and_no_other_port() {
     assert_eq!(status, 403, "without host ports every port is refused, saying how to allow it");
     assert!(body.contains(&format!("--host-port {port}")), "{body}");
 }
+
+const TARBALL: &[u8] = b"the a-1.0.0 tarball, as the registry published it";
+
+/// A registry: a packument for `a` listing 1.0.0 (served as published)
+/// and 2.0.0 (whose tarball is served altered).
+async fn npm_registry(seen: Seen, req: Request<Incoming>) -> Answer {
+    use base64::Engine as _;
+    seen.lock().unwrap().push(req.uri().path().to_string());
+    let integrity = |data: &[u8]| {
+        let digest = <sha2::Sha512 as sha2::Digest>::digest(data);
+        format!("sha512-{}", base64::engine::general_purpose::STANDARD.encode(digest))
+    };
+    let body = match req.uri().path() {
+        "/a" => format!(
+            r#"{{"name":"a","versions":{{
+                "1.0.0":{{"dist":{{"tarball":"https://registry.test/a/-/a-1.0.0.tgz","integrity":"{}"}}}},
+                "2.0.0":{{"dist":{{"tarball":"https://registry.test/a/-/a-2.0.0.tgz","integrity":"{}"}}}}}}}}"#,
+            integrity(TARBALL),
+            integrity(b"the real 2.0.0")
+        )
+        .into_bytes(),
+        "/a/-/a-1.0.0.tgz" => TARBALL.to_vec(),
+        "/a/-/a-2.0.0.tgz" => b"altered on the way".to_vec(),
+        _ => return Ok(Response::builder().status(404).body(Full::new(Bytes::new())).unwrap()),
+    };
+    Ok(Response::new(Full::new(Bytes::from(body))))
+}
+
+/// A fresh proxy (a new run) with the package cache in `cache`.
+fn registry_run(name: &str, port: u16, ca: &TestCa, cache: &std::path::Path) -> (Setup, CertificateDer<'static>) {
+    let policy = policy_for(&[("registry.test", port)], None, "")
+        + &format!("[[registry]]\nkind = \"npm\"\nurl = \"https://registry.test:{port}/\"\n");
+    let cache = super::packages::CacheConfig { dir: cache.to_path_buf(), limit: 1 << 30 };
+    let setup =
+        start_proxy_configured(name, &policy, vec![ca.der.clone()], &[], |c| c.package_cache = Some(cache)).unwrap();
+    let pem = setup.proxy.guest_trust().expect("a registry rule means interception").ca_pem;
+    (setup, rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes()).unwrap())
+}
+
+async fn fetch_package(setup: &Setup, port: u16, ca: &CertificateDer<'static>, path: &str) -> (u16, String) {
+    let (status, _, tcp) = connect(setup.addr, &format!("registry.test:{port}")).await;
+    assert_eq!(status, 200);
+    let tls = tls_over(tcp, "registry.test", ca, &[]).await.unwrap();
+    get(tls, false, path, &[("host", &format!("registry.test:{port}"))]).await
+}
+
+#[test]
+fn package_downloads_are_checked_kept_and_served_to_the_next_run() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (port, seen) = rt.block_on(loopback_server(Some(ca.server_config("registry.test", &[])), npm_registry));
+    let cache = std::env::temp_dir().join(format!("stockade-package-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let tarball = String::from_utf8_lossy(TARBALL).to_string();
+
+    let (first, first_ca) = registry_run("cache-1", port, &ca, &cache);
+    let got = rt.block_on(fetch_package(&first, port, &first_ca, "/a/-/a-1.0.0.tgz"));
+    assert_eq!(got, (200, tarball.clone()));
+    assert_eq!(*seen.lock().unwrap(), ["/a", "/a/-/a-1.0.0.tgz"], "checksums, then the file");
+    let records = audit_records(&first);
+    assert!(records.iter().any(|r| r.cache.as_deref() == Some("stored") && r.status == Some(200)), "{records:?}");
+    drop(first);
+
+    let (second, second_ca) = registry_run("cache-2", port, &ca, &cache);
+    let got = rt.block_on(fetch_package(&second, port, &second_ca, "/a/-/a-1.0.0.tgz"));
+    assert_eq!(got, (200, tarball.clone()));
+    assert_eq!(seen.lock().unwrap().len(), 2, "the second run asked the registry nothing");
+    let records = audit_records(&second);
+    assert!(records.iter().any(|r| r.cache.as_deref() == Some("hit") && r.bytes_down == TARBALL.len() as u64));
+
+    // A cached file changed on the host's disk is never served.
+    for blob in std::fs::read_dir(cache.join("blobs")).unwrap() {
+        std::fs::write(blob.unwrap().path(), b"poisoned").unwrap();
+    }
+    let got = rt.block_on(fetch_package(&second, port, &second_ca, "/a/-/a-1.0.0.tgz"));
+    assert_eq!(got, (200, tarball));
+    assert_eq!(seen.lock().unwrap().last().unwrap(), "/a/-/a-1.0.0.tgz", "fetched again");
+
+    // Nor is a download that does not match the registry's integrity.
+    let (status, body) = rt.block_on(fetch_package(&second, port, &second_ca, "/a/-/a-2.0.0.tgz"));
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("not the registry's"), "{body}");
+    assert_eq!(super::packages::store::usage(&cache).unwrap().files, 1, "only the good file is kept");
+    let records = audit_records(&second);
+    assert!(records.iter().any(|r| r.cache.as_deref() == Some("refused")), "{records:?}");
+    drop(second);
+    std::fs::remove_dir_all(&cache).unwrap();
+}

@@ -63,6 +63,8 @@ pub struct RunConfig {
     pub memory_bytes: u64,
     /// Size of the sparse scratch disk for the workspace's upper layer.
     pub disk_bytes: u64,
+    /// How much the package cache may hold; 0 turns it off.
+    pub package_cache_bytes: u64,
     /// What happens to the guest's workspace changes after the command.
     pub apply: changes::review::ApplyMode,
     /// `--include-code` and the user's `runs_code` patterns.

@@ -14,6 +14,7 @@ use super::vm;
 use crate::policy::Policy;
 use crate::protocol::transparent::GATEWAY_IP;
 use crate::protocol::{AGENT_PORT, DNS_PORT, GUEST_AGENT_SOCKET, PROXY_PORT, TRANSPARENT_PORT};
+use crate::proxy::packages::CacheConfig;
 use crate::proxy::{AUDIT_FILE, GuestTrust, Proxy, ProxyConfig};
 
 /// The guest forwarder's address (see guest::net).
@@ -37,12 +38,19 @@ enum State {
 }
 
 impl Egress {
-    pub fn start(policy: &Policy, data_dir: &Path, session_dir: &Path, vsock_base: &Path) -> anyhow::Result<Egress> {
-        let (policy, data_dir, session_dir, vsock_base) =
-            (policy.clone(), data_dir.to_path_buf(), session_dir.to_path_buf(), vsock_base.to_path_buf());
+    pub fn start(
+        policy: &Policy,
+        data_dir: &Path,
+        package_cache: Option<CacheConfig>,
+        session_dir: &Path,
+        vsock_base: &Path,
+    ) -> anyhow::Result<Egress> {
+        let mut config = ProxyConfig::new(policy.clone(), data_dir, Some(session_dir.join(AUDIT_FILE)));
+        config.package_cache = package_cache;
+        let vsock_base = vsock_base.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("proxy-start".into())
-            .spawn(move || start(&policy, &data_dir, &session_dir, &vsock_base))
+            .spawn(move || start(config, &vsock_base))
             .context("cannot start the egress proxy's thread")?;
         Ok(Egress(State::Starting(thread)))
     }
@@ -104,13 +112,7 @@ impl GuestSide {
     }
 }
 
-fn start(
-    policy: &Policy,
-    data_dir: &Path,
-    session_dir: &Path,
-    vsock_base: &Path,
-) -> anyhow::Result<(Network, GuestSide)> {
-    let config = ProxyConfig::new(policy.clone(), data_dir, Some(session_dir.join(AUDIT_FILE)));
+fn start(config: ProxyConfig, vsock_base: &Path) -> anyhow::Result<(Network, GuestSide)> {
     let proxy = Proxy::start(config).context("cannot start the egress proxy")?;
     let (proxy_listener, proxy_socket) = vm::listen(vsock_base, PROXY_PORT)?;
     let (dns_listener, dns_socket) = vm::listen(vsock_base, DNS_PORT)?;

@@ -10,6 +10,7 @@
 //! profile, the sign-in files, the proxy variables) reaches the guest with
 //! the command, which it asks for only once it has booted.
 
+use crate::proxy::packages::CacheConfig;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -237,7 +238,15 @@ impl Prepared {
         let published = publish::bind(&config.publish)?;
         let recorded = Recorded::create(config, host)?;
         let seen = recorded.store.start_seen()?;
-        let network = Egress::start(&config.policy, &host.dirs.data, &recorded.session.dir, &recorded.vsock_base())?;
+        let package_cache = (config.package_cache_bytes > 0)
+            .then(|| CacheConfig { dir: host.dirs.packages(), limit: config.package_cache_bytes });
+        let network = Egress::start(
+            &config.policy,
+            &host.dirs.data,
+            package_cache,
+            &recorded.session.dir,
+            &recorded.vsock_base(),
+        )?;
         let (scratch, formatting) = Scratch::create(&recorded.session, config.disk_bytes)?;
         let published_seen = published.seen.clone();
         let published = (!published.is_empty()).then_some(published);

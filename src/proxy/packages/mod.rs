@@ -1,0 +1,319 @@
+//! The package cache: downloads from the registries a policy names
+//! (`[[registry]]`) are served from the host's cache when an earlier run
+//! fetched them, so a fresh VM's second `npm install` or `cargo fetch`
+//! downloads nothing again.
+//!
+//! A file enters the cache only after the proxy found it to have the digest
+//! the registry itself publishes, read by the proxy from the registry (the
+//! packument, the sparse index, the file's path), never from anything the
+//! guest sent; and it is checked again each time it is served. A hostile
+//! run can ask for any file but cannot put bytes of its choosing in front
+//! of the next run. Requests the cache cannot vouch for (no digest, a
+//! private registry's metadata it cannot read) go to the registry as
+//! before.
+
+mod registries;
+pub mod store;
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, ReadBuf};
+
+use super::Shared;
+use super::audit::{Decision, Kind, Record};
+use super::body::{self, BoxError, Buffered, Counted, Direction, Flow, ProxyBody};
+use super::intercept::Interception;
+use super::resolve::{self, Unreachable};
+use super::upstream::{self, TlsUpstream};
+use crate::policy::{RegistryUrl, Verdict};
+pub use registries::Download;
+use registries::Source;
+use store::{Store, Tampered};
+
+/// The largest packument or index file read (popular npm packages have
+/// packuments of tens of MB even abbreviated).
+const MAX_METADATA: usize = 128 << 20;
+/// npm's abbreviated packument: versions with their `dist`, little else.
+const NPM_ACCEPT: &str = "application/vnd.npm.install-v1+json; q=1.0, application/json; q=0.8";
+
+/// Where the cache is and how large it may grow.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    pub limit: u64,
+}
+
+/// The download a guest request is, when the cache may serve it.
+pub fn recognize<B>(shared: &Shared, this: &Interception, req: &Request<B>) -> Option<Download> {
+    shared.packages.as_ref()?;
+    if req.method() != Method::GET || req.uri().query().is_some() {
+        return None;
+    }
+    let rule = shared.policy.registry_at(&this.host, this.port)?;
+    registries::recognize(rule, &this.host, this.port, req.uri().path())
+}
+
+/// Serves a download from the cache, or fetches, checks and keeps it;
+/// `None` when the cache cannot vouch for it and the request should go to
+/// the registry as any other would.
+pub async fn serve(this: &Interception, download: Download, record: Record) -> Option<Response<ProxyBody>> {
+    let shared = &this.shared;
+    let store = &shared.packages.as_ref()?.store;
+    let mut record = record;
+    let known = match &download.source {
+        Source::Known(digest) => Some(digest.clone()),
+        _ => store.entry(&download.key),
+    };
+    if let Some(digest) = &known {
+        match blocking({
+            let (shared, digest) = (shared.clone(), digest.clone());
+            move || shared.packages.as_ref().map(|p| p.store.verified(&digest))
+        })
+        .await
+        {
+            Some(Ok(Ok(Some((file, size))))) => {
+                record.cache = Some("hit".into());
+                record.status = Some(200);
+                return Some(from_file(shared, record, file, size));
+            }
+            Some(Ok(Err(Tampered { found }))) => {
+                tracing::warn!(
+                    "the cached copy of {} had changed on disk ({found}, not {digest}); removed it and fetched it again",
+                    download.label
+                );
+                record.reason = Some(format!("cached copy had changed on disk ({found}); removed, fetched again"));
+            }
+            Some(Err(e)) => tracing::warn!("cannot read the package cache: {e}"),
+            Some(Ok(Ok(None))) | None => {}
+        }
+    }
+    let expected = match known {
+        Some(digest) => digest,
+        None => match expected_digest(this, &download).await {
+            Ok(digest) => digest,
+            Err(reason) => {
+                tracing::debug!("not cached: {}: {reason}", download.label);
+                return None;
+            }
+        },
+    };
+    Some(fill(this, download, expected, record).await)
+}
+
+/// Fetches the registry's metadata for a download and reads its digest.
+async fn expected_digest(this: &Interception, download: &Download) -> Result<store::Digest, String> {
+    let shared = &this.shared;
+    let rule = shared.policy.registry_at(&this.host, this.port).ok_or("no registry rule")?;
+    let (url, path, accept) = match &download.source {
+        Source::Known(digest) => return Ok(digest.clone()),
+        Source::Npm { path, .. } => (&rule.url, path, NPM_ACCEPT),
+        Source::Crates { path, .. } => (rule.index.as_ref().ok_or("no index")?, path, "*/*"),
+    };
+    let metadata = metadata(shared, url, path, accept).await?;
+    registries::digest_in(&download.source, &metadata)
+}
+
+/// A GET of registry metadata by the proxy itself, under the same policy
+/// as the guest's requests, and logged like them.
+async fn metadata(shared: &Shared, url: &RegistryUrl, path: &str, accept: &str) -> Result<Bytes, String> {
+    let mut record = Record::new(Kind::Https, url.host.to_string(), url.port.get(), Decision::Allow);
+    record.method = Some("GET".into());
+    record.path = Some(path.to_string());
+    record.cache = Some("checksums".into());
+    let result = async {
+        let private_ok = match shared.policy.verdict(&url.host, url.port) {
+            Verdict::Allow { private_ok, rule } => {
+                record.rule = Some(rule);
+                private_ok
+            }
+            Verdict::Deny(denial) => return Err(format!("not allowed: {}", denial.reason())),
+        };
+        let addrs = match resolve::destination(&shared.policy, &shared.resolver, &url.host, url.port, private_ok).await
+        {
+            Ok(addrs) => addrs,
+            Err(Unreachable::Denied(denial)) => return Err(denial.reason()),
+            Err(Unreachable::NotFound(reason)) => return Err(reason),
+        };
+        let tcp = upstream::connect_any(&addrs).await?;
+        let tls = shared.upstream_tls.clone().ok_or("no upstream TLS configuration")?;
+        let upstream = TlsUpstream::new(url.host.clone(), url.port, addrs, tls, tcp);
+        let req = Request::get(path)
+            .header(header::ACCEPT, accept)
+            .header(header::USER_AGENT, concat!("stockade/", env!("CARGO_PKG_VERSION")))
+            .body(body::empty())
+            .map_err(|e| e.to_string())?;
+        let response = upstream.send(req).await?;
+        record.status = Some(response.status().as_u16());
+        if response.status() != StatusCode::OK {
+            return Err(format!("{url}: status {}", response.status()));
+        }
+        match body::buffer(response.into_body(), MAX_METADATA).await.map_err(|e| e.to_string())? {
+            Buffered::Whole(bytes) => Ok(bytes),
+            Buffered::Larger(_) => Err(format!("larger than {} MiB", MAX_METADATA >> 20)),
+        }
+    }
+    .await;
+    match &result {
+        Ok(bytes) => record.bytes_down = bytes.len() as u64,
+        Err(reason) => {
+            record.decision = Decision::Fail;
+            record.reason = Some(reason.clone());
+        }
+    }
+    shared.audit.record(&record);
+    result
+}
+
+/// Downloads the file from the registry into the cache, checking it on the
+/// way, and serves it only if it has the registry's digest.
+async fn fill(this: &Interception, download: Download, expected: store::Digest, record: Record) -> Response<ProxyBody> {
+    let shared = &this.shared;
+    let Some(packages) = shared.packages.as_ref() else {
+        return body::text(StatusCode::INTERNAL_SERVER_ERROR, "stockade: no package cache".into());
+    };
+    let flow = Flow::new(shared.audit.clone(), record);
+    let req = Request::get(download.path.as_str())
+        .header(header::ACCEPT, "*/*")
+        .header(header::ACCEPT_ENCODING, "identity")
+        .header(header::USER_AGENT, concat!("stockade/", env!("CARGO_PKG_VERSION")))
+        .body(body::empty());
+    let req = match req {
+        Ok(req) => req,
+        Err(e) => return failed(&flow, format!("bad download path: {e}")),
+    };
+    let response = match this.upstream.send(req).await {
+        Ok(response) => response,
+        Err(reason) => return failed(&flow, reason),
+    };
+    flow.update(|r| r.status = Some(response.status().as_u16()));
+    if response.status() != StatusCode::OK {
+        // The registry's own answer (a 404, a redirect): nothing to keep.
+        let (mut parts, incoming) = response.into_parts();
+        body::strip_hop_by_hop(&mut parts.headers);
+        return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
+    }
+    let mut fill = match packages.store.fill(expected.clone()) {
+        Ok(fill) => fill,
+        Err(e) => return failed(&flow, format!("cannot write the package cache: {e}")),
+    };
+    let mut incoming = response.into_body();
+    while let Some(frame) = incoming.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => return failed(&flow, format!("the download of {} broke off: {e}", download.label)),
+        };
+        if let Ok(data) = frame.into_data() {
+            if let Err(e) = fill.write(&data) {
+                return failed(&flow, format!("cannot write the package cache: {e}"));
+            }
+        }
+    }
+    let kept = blocking({
+        let shared = shared.clone();
+        move || shared.packages.as_ref().map(|p| p.store.keep(fill))
+    })
+    .await;
+    match kept {
+        Some(Ok(Ok((file, size)))) => {
+            if !matches!(download.source, Source::Known(_)) {
+                if let Err(e) = packages.store.set_entry(&download.key, &expected) {
+                    tracing::warn!("cannot record {} in the package cache: {e}", download.label);
+                }
+            }
+            flow.update(|r| r.cache = Some("stored".into()));
+            file_response(flow, file, size)
+        }
+        Some(Ok(Err(Tampered { found }))) => {
+            let reason = format!("{} has digest {found}, not the registry's {expected}", download.label);
+            flow.update(|r| r.cache = Some("refused".into()));
+            let response = failed(&flow, reason.clone());
+            tracing::warn!("refused a download: {reason}");
+            response
+        }
+        Some(Err(e)) => failed(&flow, format!("cannot write the package cache: {e}")),
+        None => failed(&flow, "no package cache".into()),
+    }
+}
+
+fn failed(flow: &std::sync::Arc<Flow>, reason: String) -> Response<ProxyBody> {
+    flow.fail(reason.clone());
+    body::text(StatusCode::BAD_GATEWAY, format!("stockade: package download refused: {reason}"))
+}
+
+fn from_file(shared: &Shared, record: Record, file: File, size: u64) -> Response<ProxyBody> {
+    file_response(Flow::new(shared.audit.clone(), record), file, size)
+}
+
+fn file_response(flow: std::sync::Arc<Flow>, file: File, size: u64) -> Response<ProxyBody> {
+    let body = FileBody { file: tokio::fs::File::from_std(file), left: size };
+    let mut response = Response::new(Counted::boxed(body, flow, Direction::Down));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    response
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Option<T> + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok().flatten()
+}
+
+/// A cached file as a response body.
+struct FileBody {
+    file: tokio::fs::File,
+    left: u64,
+}
+
+impl Body for FileBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.left == 0 {
+            return Poll::Ready(None);
+        }
+        let want = usize::try_from(this.left.min(64 * 1024)).unwrap_or(64 * 1024);
+        let mut buf = vec![0u8; want];
+        let mut read = ReadBuf::new(&mut buf);
+        match Pin::new(&mut this.file).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) => {
+                let n = read.filled().len();
+                if n == 0 {
+                    return Poll::Ready(Some(Err("the cached file ended early".into())));
+                }
+                this.left -= n as u64;
+                buf.truncate(n);
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from(buf)))))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+/// The cache a proxy serves from.
+pub struct Packages {
+    pub store: Store,
+}
+
+impl Packages {
+    pub fn open(config: &CacheConfig) -> std::io::Result<Packages> {
+        Ok(Packages { store: Store::open(&config.dir, config.limit)? })
+    }
+}
