@@ -16,14 +16,16 @@ mod registries;
 pub mod store;
 
 use std::fs::File;
+use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
@@ -200,46 +202,138 @@ async fn fill(this: &Interception, download: Download, expected: store::Digest, 
         body::strip_hop_by_hop(&mut parts.headers);
         return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
     }
-    let mut fill = match packages.store.fill(expected.clone()) {
+    let fill = match packages.store.fill(expected.clone()) {
         Ok(fill) => fill,
         Err(e) => return failed(&flow, format!("cannot write the package cache: {e}")),
     };
-    let mut incoming = response.into_body();
-    while let Some(frame) = incoming.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(e) => return failed(&flow, format!("the download of {} broke off: {e}", download.label)),
-        };
-        if let Ok(data) = frame.into_data() {
-            if let Err(e) = fill.write(&data) {
-                return failed(&flow, format!("cannot write the package cache: {e}"));
+    // Passed on as it arrives, so a large file is no slower than without
+    // the cache; only its last frame waits for the check.
+    let (mut parts, incoming) = response.into_parts();
+    body::strip_hop_by_hop(&mut parts.headers);
+    let tee = Tee {
+        inner: incoming,
+        state: TeeState::Filling(Box::new(fill)),
+        held: None,
+        shared: shared.clone(),
+        download,
+        expected,
+        flow: flow.clone(),
+    };
+    Response::from_parts(parts, Counted::boxed(tee, flow, Direction::Down))
+}
+
+/// A download on its way to the guest, written to the cache as it passes.
+/// Its last frame is held back until the whole file is found to have the
+/// registry's digest: a file that does not never reaches the guest whole,
+/// and is not kept.
+struct Tee {
+    inner: Incoming,
+    state: TeeState,
+    held: Option<Bytes>,
+    shared: Arc<Shared>,
+    download: Download,
+    expected: store::Digest,
+    flow: Arc<Flow>,
+}
+
+type Kept = Option<std::io::Result<Result<(File, u64), Tampered>>>;
+
+enum TeeState {
+    /// Boxed: a hasher's state is large beside the other states.
+    Filling(Box<store::Fill>),
+    Keeping(tokio::task::JoinHandle<Kept>),
+    Done,
+}
+
+impl Tee {
+    /// What the check at the end decided: the held frame, or an error.
+    fn kept(&mut self, kept: Kept) -> Option<Result<Frame<Bytes>, BoxError>> {
+        let label = &self.download.label;
+        match kept {
+            Some(Ok(Ok(_))) => {
+                let recorded = match (&self.download.source, self.shared.packages.as_ref()) {
+                    (Source::Known(_), _) | (_, None) => Ok(()),
+                    (_, Some(packages)) => packages.store.set_entry(&self.download.key, &self.expected),
+                };
+                if let Err(e) = recorded {
+                    tracing::warn!("cannot record {label} in the package cache: {e}");
+                }
+                self.flow.update(|r| r.cache = Some("stored".into()));
+            }
+            Some(Ok(Err(Tampered { found }))) => {
+                let reason = format!("{label} has digest {found}, not the registry's {}", self.expected);
+                tracing::warn!("refused a download: {reason}");
+                self.flow.update(|r| r.cache = Some("refused".into()));
+                self.flow.fail(reason.clone());
+                self.held = None;
+                return Some(Err(format!("stockade: package download refused: {reason}").into()));
+            }
+            // The digest matched; only keeping the file failed.
+            Some(Err(e)) => tracing::warn!("cannot keep {label} in the package cache: {e}"),
+            None => {}
+        }
+        self.held.take().map(|data| Ok(Frame::data(data)))
+    }
+}
+
+impl Body for Tee {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.state {
+                TeeState::Filling(fill) => match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                    Some(Ok(frame)) => {
+                        // Trailers are not passed on: a download has none.
+                        let Ok(data) = frame.into_data() else { continue };
+                        if let Err(e) = fill.write(&data) {
+                            this.state = TeeState::Done;
+                            this.held = None;
+                            let reason = format!("cannot write the package cache: {e}");
+                            this.flow.fail(reason.clone());
+                            return Poll::Ready(Some(Err(reason.into())));
+                        }
+                        if let Some(previous) = this.held.replace(data) {
+                            return Poll::Ready(Some(Ok(Frame::data(previous))));
+                        }
+                    }
+                    Some(Err(e)) => {
+                        this.state = TeeState::Done;
+                        this.held = None;
+                        this.flow.fail(format!("the download of {} broke off: {e}", this.download.label));
+                        return Poll::Ready(Some(Err(e.into())));
+                    }
+                    None => {
+                        let TeeState::Filling(fill) = std::mem::replace(&mut this.state, TeeState::Done) else {
+                            continue;
+                        };
+                        let shared = this.shared.clone();
+                        let keep = move || shared.packages.as_ref().map(|p| p.store.keep(*fill));
+                        this.state = TeeState::Keeping(tokio::task::spawn_blocking(keep));
+                    }
+                },
+                TeeState::Keeping(handle) => {
+                    let kept = std::task::ready!(Pin::new(handle).poll(cx)).ok().flatten();
+                    this.state = TeeState::Done;
+                    return Poll::Ready(this.kept(kept));
+                }
+                TeeState::Done => return Poll::Ready(this.held.take().map(|data| Ok(Frame::data(data)))),
             }
         }
     }
-    let kept = blocking({
-        let shared = shared.clone();
-        move || shared.packages.as_ref().map(|p| p.store.keep(fill))
-    })
-    .await;
-    match kept {
-        Some(Ok(Ok((file, size)))) => {
-            if !matches!(download.source, Source::Known(_)) {
-                if let Err(e) = packages.store.set_entry(&download.key, &expected) {
-                    tracing::warn!("cannot record {} in the package cache: {e}", download.label);
-                }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.inner.size_hint();
+        if let Some(held) = &self.held {
+            let held = held.len() as u64;
+            hint.set_lower(hint.lower() + held);
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + held);
             }
-            flow.update(|r| r.cache = Some("stored".into()));
-            file_response(flow, file, size)
         }
-        Some(Ok(Err(Tampered { found }))) => {
-            let reason = format!("{} has digest {found}, not the registry's {expected}", download.label);
-            flow.update(|r| r.cache = Some("refused".into()));
-            let response = failed(&flow, reason.clone());
-            tracing::warn!("refused a download: {reason}");
-            response
-        }
-        Some(Err(e)) => failed(&flow, format!("cannot write the package cache: {e}")),
-        None => failed(&flow, "no package cache".into()),
+        hint
     }
 }
 
