@@ -64,6 +64,9 @@ PY
 
 npm_install >/dev/null 2>&1
 cargo_fetch >/dev/null 2>&1
+# Only the lock file stays: with node_modules in the workspace every timed
+# install would find everything in place and download nothing.
+rm -rf npm/node_modules
 APPLY=none
 
 for _ in $(seq "$rounds"); do
