@@ -1531,6 +1531,7 @@ async fn npm_registry(seen: Seen, req: Request<Incoming>) -> Answer {
         .into_bytes(),
         "/a/-/a-1.0.0.tgz" => TARBALL.to_vec(),
         "/a/-/a-2.0.0.tgz" => b"altered on the way".to_vec(),
+        "/a/-/a-9.9.9.tgz" => b"a file the packument does not list".to_vec(),
         _ => return Ok(Response::builder().status(404).body(Full::new(Bytes::new())).unwrap()),
     };
     Ok(Response::new(Full::new(Bytes::from(body))))
@@ -1610,4 +1611,27 @@ fn package_downloads_are_checked_kept_and_served_to_the_next_run() {
     assert!(refused.reason.as_deref().is_some_and(|r| r.contains("not the registry's")), "{refused:?}");
     drop(second);
     std::fs::remove_dir_all(&cache).unwrap();
+}
+
+/// A guest asking for a file the registry publishes no digest for (a
+/// version its packument does not list) gets the registry's answer, but the
+/// file is never kept: nothing the guest chooses can enter the cache for a
+/// later run.
+#[test]
+fn a_file_without_a_registry_digest_is_passed_on_and_never_kept() {
+    let rt = runtime();
+    let ca = TestCa::new();
+    let (port, seen) = rt.block_on(loopback_server(Some(ca.server_config("registry.test", &[])), npm_registry));
+    let cache = std::env::temp_dir().join(format!("stockade-package-cache-unlisted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    for run in ["unlisted-1", "unlisted-2"] {
+        let (setup, setup_ca) = registry_run(run, port, &ca, &cache);
+        let got = rt.block_on(fetch_package(&setup, port, &setup_ca, "/a/-/a-9.9.9.tgz"));
+        assert_eq!(got, Ok((200, "a file the packument does not list".to_string())));
+        assert!(audit_records(&setup).iter().all(|r| r.cache.as_deref() != Some("stored")));
+    }
+    let tarballs = seen.lock().unwrap().iter().filter(|p| p.ends_with(".tgz")).count();
+    assert_eq!(tarballs, 2, "each run asked the registry");
+    assert_eq!(super::packages::store::usage(&cache).map(|u| u.files).unwrap_or(0), 0);
+    let _ = std::fs::remove_dir_all(&cache);
 }
