@@ -25,8 +25,8 @@ export STOCKADE_DATA_DIR="$work/data"
 cp "$bin" "$work/stockade"
 bin=$work/stockade
 
-# The initramfs our VMM builds in memory, as a file for QEMU: /init is the
-# stockade binary, which finds no host on vsock and powers off at once.
+# Our VMM serves the binary as /init over virtio-fs; QEMU gets the same init
+# in an initramfs. The init finds no host on vsock and powers off at once.
 mkdir -p "$work/initramfs/dev" "$work/initramfs/proc" "$work/initramfs/sys" "$work/initramfs/tmp"
 cp "$bin" "$work/initramfs/init"
 mknod "$work/initramfs/dev/console" c 5 1

@@ -39,9 +39,10 @@ pub fn daemon_env(command_env: &[(String, String)]) -> Vec<(String, String)> {
     let mut env = vec![
         ("PATH".to_string(), PATH.to_string()),
         ("HOME".to_string(), "/root".to_string()),
-        // The guest's root is the initramfs, which pivot_root(2) cannot
-        // leave (EINVAL); this makes runc move the container's root over
-        // and chroot instead. Weaker against a container that escapes its
+        // The guest's root is a tmpfs the init moved over / and chrooted
+        // into (as switch_root does), where pivot_root(2) fails (EINVAL);
+        // this makes runc move the container's root over and chroot
+        // instead. Weaker against a container that escapes its
         // chroot, but the isolation boundary here is the VM, not runc.
         ("DOCKER_RAMDISK".to_string(), "true".to_string()),
     ];

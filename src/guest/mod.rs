@@ -35,6 +35,7 @@ pub fn main() -> ! {
 }
 
 fn run() -> anyhow::Result<()> {
+    mounts::writable_root()?;
     mounts::kernel_filesystems()?;
     trace::mark("kernel filesystems mounted");
     let control = channel::connect_control()?;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use nix::mount::{MsFlags, mount};
 
 use crate::protocol::RootEntry;
-use crate::protocol::shares::{FS_TAG, FS_TAG_RW};
+use crate::protocol::shares::{BOOT_NEW_ROOT, FS_TAG, FS_TAG_RW};
 
 /// Where the virtio-fs share is mounted before its parts are bound into place.
 const SHARE_MOUNT: &str = "/.stockade/host";
@@ -127,6 +127,36 @@ fn inherit_owner(path: &Path) {
 fn mount_fs(source: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> anyhow::Result<()> {
     create_mount_point(target)?;
     mount(Some(source), target, Some(fstype), flags, data).with_context(|| format!("cannot mount {fstype} on {target}"))
+}
+
+/// Filesystem magic of FUSE (virtio-fs), which the root is when the kernel
+/// mounted the host's boot directory as its root.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Gives the init a writable root. The kernel mounted the host's read-only
+/// boot directory as `/` and runs the init from it; a tmpfs moved over `/`
+/// (as switch_root does) becomes the root everything else is built in. The
+/// boot directory stays mounted beneath it, so the init's pages still load
+/// from it on demand.
+pub fn writable_root() -> anyhow::Result<()> {
+    let root = nix::sys::statfs::statfs("/").context("cannot stat the root filesystem")?;
+    if root.filesystem_type().0 != FUSE_SUPER_MAGIC {
+        // Booted from an initramfs: its root is writable already.
+        return Ok(());
+    }
+    mount(Some("tmpfs"), BOOT_NEW_ROOT, Some("tmpfs"), MsFlags::empty(), Some("mode=0755"))
+        .with_context(|| format!("cannot mount the guest's root tmpfs on {BOOT_NEW_ROOT}"))?;
+    nix::unistd::chdir(BOOT_NEW_ROOT).with_context(|| format!("cannot enter {BOOT_NEW_ROOT}"))?;
+    for (dir, mode) in [("dev", 0o755), ("proc", 0o555), ("sys", 0o555), ("tmp", 0o1777)] {
+        fs::DirBuilder::new().mode(mode).create(dir).with_context(|| format!("cannot create /{dir}"))?;
+        // The umask must not take the sticky or write bits off /tmp.
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;
+    }
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .context("cannot move the guest's root tmpfs over /")?;
+    nix::unistd::chroot(".").context("cannot enter the guest's root tmpfs")?;
+    nix::unistd::chdir("/").context("cannot enter /")?;
+    Ok(())
 }
 
 /// proc, sys, dev and friends.

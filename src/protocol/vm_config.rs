@@ -33,7 +33,8 @@ pub struct ShareConfig {
 pub struct VmConfig {
     /// The PVH vmlinux.
     pub kernel: PathBuf,
-    /// The program placed at /init in the initramfs (the stockade binary).
+    /// The program the guest runs as /init (the stockade binary), served
+    /// read-only in the guest's first root.
     pub init: PathBuf,
     pub vcpus: u8,
     pub memory_bytes: u64,

@@ -1,6 +1,7 @@
-//! PVH boot: load the vmlinux, place the command line, the initramfs and
-//! `hvm_start_info` in guest memory, and put the boot vCPU in the state the
-//! PVH entry point expects (32-bit protected mode, paging off, EBX pointing at
+//! PVH boot: load the vmlinux, place the command line and `hvm_start_info`
+//! in guest memory (no initramfs: the root is served over virtio-fs, see
+//! `devices::virtio::fs::boot`), and put the boot vCPU in the state the PVH
+//! entry point expects (32-bit protected mode, paging off, EBX pointing at
 //! the start info).
 
 use std::fs::File;
@@ -10,19 +11,15 @@ use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::KernelLoader;
-use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info};
+use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_start_info};
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 
-use super::layout::{
-    CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, HIMEM_START, MPTABLE_ADDR, PVH_INFO_ADDR, PVH_MEMMAP_ADDR, PVH_MODLIST_ADDR,
-};
+use super::layout::{CMDLINE_ADDR, CMDLINE_MAX, GDT_ADDR, HIMEM_START, MPTABLE_ADDR, PVH_INFO_ADDR, PVH_MEMMAP_ADDR};
 
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 const E820_RAM: u32 = 1;
-/// Page alignment the kernel wants for the initramfs.
-const INITRD_ALIGN: u64 = 0x1000;
 
 #[derive(Debug, Error)]
 pub enum BootError {
@@ -38,8 +35,6 @@ pub enum BootError {
     NoPvh(String),
     #[error("the kernel command line is {0} bytes, more than the {CMDLINE_MAX} the kernel accepts")]
     CmdlineTooLong(usize),
-    #[error("the initramfs ({0} bytes) does not fit in guest memory; give the VM more --memory")]
-    InitrdTooLarge(usize),
     #[error("cannot write boot data to guest memory")]
     Memory(#[source] vm_memory::GuestMemoryError),
     #[error("cannot write the PVH boot parameters: {0}")]
@@ -52,13 +47,7 @@ pub struct BootEntry {
 }
 
 /// Loads everything the guest needs to boot and returns its entry point.
-pub fn load(
-    mem: &GuestMemoryMmap,
-    kernel: &Path,
-    cmdline: &str,
-    initrd: &[u8],
-    ram: &[(u64, u64)],
-) -> Result<BootEntry, BootError> {
+pub fn load(mem: &GuestMemoryMmap, kernel: &Path, cmdline: &str, ram: &[(u64, u64)]) -> Result<BootEntry, BootError> {
     let path = kernel.display().to_string();
     let mut file = File::open(kernel).map_err(|source| BootError::OpenKernel { path: path.clone(), source })?;
     let loaded = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
@@ -74,16 +63,6 @@ pub fn load(
     cmd.push(0);
     mem.write_slice(&cmd, GuestAddress(CMDLINE_ADDR)).map_err(BootError::Memory)?;
 
-    // The initramfs goes at the top of low RAM, clear of the kernel.
-    let low_end = ram[0].0 + ram[0].1;
-    let size = initrd.len() as u64;
-    let initrd_addr = low_end
-        .checked_sub(size)
-        .map(|a| a & !(INITRD_ALIGN - 1))
-        .filter(|&a| a > loaded.kernel_end)
-        .ok_or(BootError::InitrdTooLarge(initrd.len()))?;
-    mem.write_slice(initrd, GuestAddress(initrd_addr)).map_err(BootError::Memory)?;
-
     let mut memmap = vec![hvm_memmap_table_entry { addr: 0, size: MPTABLE_ADDR, type_: E820_RAM, reserved: 0 }];
     for &(base, len) in ram {
         let start = base.max(HIMEM_START);
@@ -92,12 +71,9 @@ pub fn load(
             memmap.push(hvm_memmap_table_entry { addr: start, size: end - start, type_: E820_RAM, reserved: 0 });
         }
     }
-    let modlist = [hvm_modlist_entry { paddr: initrd_addr, size, cmdline_paddr: 0, reserved: 0 }];
     let start_info = hvm_start_info {
         magic: XEN_HVM_START_MAGIC,
         version: 1,
-        nr_modules: 1,
-        modlist_paddr: PVH_MODLIST_ADDR,
         cmdline_paddr: CMDLINE_ADDR,
         memmap_paddr: PVH_MEMMAP_ADDR,
         memmap_entries: u32::try_from(memmap.len()).map_err(|_| BootError::Params("memory map too long".into()))?,
@@ -105,7 +81,6 @@ pub fn load(
     };
     let mut params = BootParams::new(&start_info, GuestAddress(PVH_INFO_ADDR));
     params.set_sections(&memmap, GuestAddress(PVH_MEMMAP_ADDR));
-    params.set_modules(&modlist, GuestAddress(PVH_MODLIST_ADDR));
     PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, mem)
         .map_err(|e| BootError::Params(e.to_string()))?;
 

@@ -6,8 +6,6 @@ pub const GDT_ADDR: u64 = 0x500;
 /// PVH `hvm_start_info`, then its memory map right after.
 pub const PVH_INFO_ADDR: u64 = 0x6000;
 pub const PVH_MEMMAP_ADDR: u64 = 0x7000;
-/// Initramfs module list entry.
-pub const PVH_MODLIST_ADDR: u64 = 0x6800;
 /// Kernel command line (x86 COMMAND_LINE_SIZE is 2048).
 pub const CMDLINE_ADDR: u64 = 0x20000;
 pub const CMDLINE_MAX: usize = 2048;
@@ -62,8 +60,7 @@ mod tests {
     // The fixed areas do not overlap: checked when the crate compiles.
     const _: () = {
         assert!(GDT_ADDR + 64 <= PVH_INFO_ADDR);
-        assert!(PVH_INFO_ADDR + 0x100 <= PVH_MODLIST_ADDR);
-        assert!(PVH_MODLIST_ADDR + 0x100 <= PVH_MEMMAP_ADDR);
+        assert!(PVH_INFO_ADDR + 0x100 <= PVH_MEMMAP_ADDR);
         assert!(PVH_MEMMAP_ADDR + 0x1000 <= CMDLINE_ADDR);
         assert!(CMDLINE_ADDR + CMDLINE_MAX as u64 <= MPTABLE_ADDR);
         assert!(MPTABLE_ADDR + MPTABLE_MAX <= 0xa0000);

@@ -2,8 +2,9 @@
 //!
 //! `run` is the boot sequence: create the VM and its memory, the interrupt
 //! controllers, the legacy devices and the virtio devices on MMIO; load the
-//! kernel and the initramfs (our own binary as /init) for PVH boot; write the
-//! MP table; start the vCPUs; wait for the guest to reset. The process exits
+//! kernel for PVH boot, told to mount a virtio-fs root that holds our own
+//! binary as /init; write the MP table; start the vCPUs; wait for the guest
+//! to reset. The process exits
 //! right after, which ends every vCPU and device thread with it.
 
 // Casts between guest-sized and host-sized integers are where a VMM
@@ -13,7 +14,6 @@
 pub mod boot;
 pub mod cpuid;
 pub mod devices;
-pub mod initramfs;
 pub mod layout;
 pub mod memory;
 pub mod mptable;
@@ -32,6 +32,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::jail::{self, FsRules, ThreadKind};
 use crate::logcap::{Capped, KERNEL_LOG_CAP, Style};
+use crate::protocol::shares::{BOOT_INIT, BOOT_TAG};
 use crate::protocol::vm_config::VmConfig;
 use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
@@ -60,12 +61,6 @@ pub enum VmmError {
     Vcpu(#[from] vcpu::VcpuError),
     #[error("cannot create the kernel log {path}")]
     KernelLog {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read the init binary {path}")]
-    Init {
         path: String,
         #[source]
         source: std::io::Error,
@@ -127,6 +122,12 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         "panic=-1".into(),
         "8250.nr_uarts=1".into(),
         "random.trust_cpu=on".into(),
+        // No initramfs: the kernel mounts the boot tree itself and maps
+        // the init's pages from it as they are needed.
+        format!("root={BOOT_TAG}"),
+        "rootfstype=virtiofs".into(),
+        "ro".into(),
+        format!("init={BOOT_INIT}"),
     ];
     if !config.verbose_kernel {
         cmdline.push("quiet".into());
@@ -159,13 +160,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
         mmio.insert(base, MMIO_LEN, Arc::new(Mutex::new(transport)));
     }
 
-    let init = std::fs::read(&config.init)
-        .map_err(|source| VmmError::Init { path: config.init.display().to_string(), source })?;
-    let initrd = initramfs::build(&init);
-    drop(init);
-    tracing::debug!("initramfs built after {:?}", started.elapsed());
-    let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &initrd, &ram)?;
-    drop(initrd);
+    let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &ram)?;
     tracing::debug!("kernel loaded after {:?}", started.elapsed());
     mptable::write(&mem, config.vcpus)?;
 
@@ -220,7 +215,8 @@ fn watch_interrupts(lines: Vec<(&'static str, Interrupt)>) -> std::io::Result<()
 }
 
 /// The files the jailed VMM may still reach: the shares, read-only unless a
-/// policy made them writable. Everything else it needs is already open.
+/// policy made them writable. Everything else it needs is already open (the
+/// init it serves too).
 pub fn jail_rules(config: &VmConfig) -> FsRules {
     let (writable, read_only): (Vec<_>, Vec<_>) = config.shares.iter().partition(|s| s.writable);
     FsRules {

@@ -12,6 +12,7 @@ use fuse_backend_rs::api::{BackFileSystem, Vfs, VfsOptions};
 use fuse_backend_rs::passthrough::{CachePolicy, Config, PassthroughFs};
 use thiserror::Error;
 
+use super::boot::BootFs;
 use super::event_handler::FsHandler;
 use super::readonly::{self, ReadOnlyFs};
 use super::request::Access;
@@ -56,6 +57,8 @@ pub enum FsError {
     Record { path: PathBuf, record: PathBuf, source: io::Error },
     #[error("cannot mount share {} at {guest_path} in the guest filesystem", path.display())]
     Mount { path: PathBuf, guest_path: String, source: fuse_backend_rs::api::vfs::VfsError },
+    #[error("cannot open {} to serve it as the guest's init", path.display())]
+    Init { path: PathBuf, source: io::Error },
 }
 
 /// The virtio-fs device, serving the filesystem `F`.
@@ -75,6 +78,15 @@ impl Fs<ReadOnlyFs<Vfs>> {
 
         let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, true)?;
         Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))), access: Access::ReadOnly })
+    }
+}
+
+impl Fs<BootFs> {
+    /// The device of the guest's first root, serving `init` as /init.
+    pub fn boot(tag: &str, init: &Path) -> Result<Self, FsError> {
+        let config = config_space(tag)?;
+        let fs = BootFs::new(init).map_err(|source| FsError::Init { path: init.to_owned(), source })?;
+        Ok(Fs { config, server: Arc::new(Server::new(fs)), access: Access::ReadOnly })
     }
 }
 

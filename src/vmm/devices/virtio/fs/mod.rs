@@ -23,6 +23,7 @@
 //! `request` serves one FUSE request, `event_handler` what the worker does
 //! on a kick; `readonly` and `sightings` wrap the passthrough filesystem.
 
+mod boot;
 mod device;
 mod event_handler;
 pub mod readonly;
@@ -37,7 +38,7 @@ use std::time::Duration;
 use super::{DeviceError, Env, Instance, Registration};
 use crate::jail::seccomp::WORKER;
 use crate::jail::{DeviceThread, Openat};
-use crate::protocol::shares::{FS_TAG, FS_TAG_RW};
+use crate::protocol::shares::{BOOT_TAG, FS_TAG, FS_TAG_RW};
 
 pub use device::{Fs, FsError, Share};
 
@@ -124,9 +125,12 @@ pub const WRITABLE_THREAD: DeviceThread =
 
 pub const REGISTRATION: Registration = Registration { threads: &[&READ_ONLY_THREAD, &WRITABLE_THREAD], create };
 
-/// One device for the read-only shares and one for the writable ones, each
-/// only if it has shares.
+/// The device of the guest's first root (see `boot`), one for the
+/// read-only shares and one for the writable ones, each only if it has
+/// shares.
 fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
+    let mut devices =
+        vec![Instance { name: READ_ONLY_THREAD.name, device: Box::new(Fs::boot(BOOT_TAG, &env.config.init)?) }];
     let shares = |writable: bool| -> Vec<Share> {
         env.config
             .shares
@@ -139,7 +143,6 @@ fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
             })
             .collect()
     };
-    let mut devices = Vec::new();
     let read_only = shares(false);
     if !read_only.is_empty() {
         devices.push(Instance { name: READ_ONLY_THREAD.name, device: Box::new(Fs::new(FS_TAG, &read_only)?) });
