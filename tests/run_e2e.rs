@@ -130,7 +130,7 @@ fn interrupt_reaches_the_command_and_a_second_stops_the_vm() {
 #[test]
 fn guest_kernel_panic_gives_125_and_names_the_log() {
     let Some(rig) = rig::require("guest_kernel_panic_gives_125_and_names_the_log") else { return };
-    let out = rig.sh(&script("$S run --kernel-arg rdinit=/nonexistent -- true; echo \"panic=$?\""), T);
+    let out = rig.sh(&script("$S run --kernel-arg init=/nonexistent -- true; echo \"panic=$?\""), T);
     assert!(out.stdout.contains("panic=125"), "{out}");
     assert!(out.stderr.contains("panicked"), "{out}");
     assert!(out.stderr.contains("kernel.log"), "{out}");
