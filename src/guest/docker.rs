@@ -40,9 +40,9 @@ pub fn daemon_env(command_env: &[(String, String)]) -> Vec<(String, String)> {
         ("PATH".to_string(), PATH.to_string()),
         ("HOME".to_string(), "/root".to_string()),
         // The guest's root is a tmpfs the init moved over / and chrooted
-        // into (as switch_root does), where pivot_root(2) fails (EINVAL);
-        // this makes runc move the container's root over and chroot
-        // instead. Weaker against a container that escapes its
+        // into (as switch_root does); this keeps runc on the path tested
+        // here, moving the container's root over and chrooting, rather than
+        // pivot_root(2). Weaker against a container that escapes its
         // chroot, but the isolation boundary here is the VM, not runc.
         ("DOCKER_RAMDISK".to_string(), "true".to_string()),
     ];

@@ -129,15 +129,15 @@ fn mount_fs(source: &str, target: &str, fstype: &str, flags: MsFlags, data: Opti
     mount(Some(source), target, Some(fstype), flags, data).with_context(|| format!("cannot mount {fstype} on {target}"))
 }
 
-/// Filesystem magic of FUSE (virtio-fs), which the root is when the kernel
-/// mounted the host's boot directory as its root.
+/// Filesystem magic of FUSE (virtio-fs): the root's, when the kernel
+/// mounted the VMM's boot tree as its root.
 const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
-/// Gives the init a writable root. The kernel mounted the host's read-only
-/// boot directory as `/` and runs the init from it; a tmpfs moved over `/`
-/// (as switch_root does) becomes the root everything else is built in. The
-/// boot directory stays mounted beneath it, so the init's pages still load
-/// from it on demand.
+/// Gives the init a writable root. The kernel mounted the VMM's read-only
+/// boot tree as `/` and runs the init from it; a tmpfs moved over `/` (as
+/// switch_root does) becomes the root everything else is built in. The boot
+/// tree stays mounted beneath it, so the init's pages still load from it on
+/// demand.
 pub fn writable_root() -> anyhow::Result<()> {
     let root = nix::sys::statfs::statfs("/").context("cannot stat the root filesystem")?;
     if root.filesystem_type().0 != FUSE_SUPER_MAGIC {

@@ -4,8 +4,8 @@
 //! controllers, the legacy devices and the virtio devices on MMIO; load the
 //! kernel for PVH boot, told to mount a virtio-fs root that holds our own
 //! binary as /init; write the MP table; start the vCPUs; wait for the guest
-//! to reset. The process exits
-//! right after, which ends every vCPU and device thread with it.
+//! to reset. The process exits right after, which ends every vCPU and
+//! device thread with it.
 
 // Casts between guest-sized and host-sized integers are where a VMM
 // truncates silently: here each is a checked conversion (as in Firecracker).

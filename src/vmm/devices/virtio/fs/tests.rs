@@ -147,16 +147,22 @@ impl Reply {
 }
 
 /// A FUSE client speaking to the device through one queue.
-struct Client {
+struct Client<F: FileSystem + Sync = ReadOnlyFs<Vfs>> {
     driver: Driver,
-    server: Arc<Server<ReadOnlyFs<Vfs>>>,
+    server: Arc<Server<F>>,
     unique: u64,
 }
 
 impl Client {
     fn new(shares: &[Share]) -> Client {
-        let fs = new_fs("host", shares).unwrap();
-        let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
+        Client::started(new_fs("host", shares).unwrap().server)
+    }
+}
+
+impl<F: FileSystem + Sync> Client<F> {
+    /// A client of `server` past FUSE_INIT.
+    fn started(server: Arc<Server<F>>) -> Client<F> {
+        let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server, unique: 0 };
         let init = client.call(Opcode::Init as u32, 0, init_in().as_slice());
         assert_eq!(init.header.error, 0);
         client
@@ -906,4 +912,29 @@ fn a_recorded_share_writes_each_path_the_guest_sees_once() {
         ],
         "host inode numbers, each path once, nothing from the other share"
     );
+}
+
+/// The guest's first root, as a root guest speaking FUSE itself would meet
+/// it: it serves the init and nothing else, and nothing in it changes.
+#[test]
+fn the_boot_root_serves_the_init_read_only_whatever_the_guest_asks() {
+    let dir = share_dir();
+    let init = dir.as_path().join("hello.txt");
+    let mut client = Client::started(Fs::boot("stockade-boot", &init).unwrap().server);
+    let node = client.lookup_node(ROOT_ID, "init");
+    let open: OpenOut = client.open(Opcode::Open, node.nodeid, libc::O_RDONLY).obj();
+    assert_eq!(client.read(node.nodeid, open.fh, 0, 4096).ok(), CONTENT);
+    // Past the end, at the very end of the offset range, and on nodes that
+    // are not files: nothing, and no panic.
+    assert_eq!(client.read(node.nodeid, open.fh, u64::MAX - 1, u32::MAX).ok(), b"");
+    assert_ne!(client.read(ROOT_ID, 0, 0, 16).errno(), 0);
+    assert_ne!(client.read(0xdead, 0, 0, 16).errno(), 0);
+    assert_eq!(client.open(Opcode::Open, node.nodeid, libc::O_RDWR).errno(), libc::EROFS);
+    // Mutating requests are refused at the gate and again by the tree.
+    let mkdir = cat(&[MkdirIn { mode: 0o755, umask: 0 }.as_slice(), &cstr("x")]);
+    assert_eq!(client.call(Opcode::Mkdir as u32, ROOT_ID, &mkdir).errno(), libc::EROFS);
+    assert_ne!(client.call_ungated(Opcode::Mkdir as u32, ROOT_ID, &mkdir).errno(), 0);
+    let setattr = SetattrIn { valid: 1 << 3, size: 0, ..Default::default() };
+    assert_ne!(client.call_ungated(Opcode::Setattr as u32, node.nodeid, setattr.as_slice()).errno(), 0);
+    assert_eq!(std::fs::read(&init).unwrap(), CONTENT, "the host's file is untouched");
 }
