@@ -312,7 +312,7 @@ fn scratch_overlay(source: &str, target: &str) -> anyhow::Result<()> {
 }
 
 /// Where generated files are written before they are bound into place (the
-/// initramfs root, which is writable).
+/// init's tmpfs root, which is writable).
 const FILES_DIR: &str = "/.stockade/files";
 
 /// Puts a generated file at `target`. A target reached through symlinks
