@@ -16,6 +16,7 @@ mod limits;
 mod mounts;
 mod net;
 mod publish;
+mod template;
 mod trace;
 mod tty;
 
@@ -38,6 +39,7 @@ fn run() -> anyhow::Result<()> {
     mounts::writable_root()?;
     mounts::kernel_filesystems()?;
     trace::mark("kernel filesystems mounted");
+    template::point();
     let control = channel::connect_control()?;
     let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     control.send(&GuestMsg::Ready { kernel })?;
@@ -46,6 +48,7 @@ fn run() -> anyhow::Result<()> {
         other => anyhow::bail!("expected a command from the host, got {other:?}"),
     };
     trace::mark("command received");
+    template::adopt_host(&spec)?;
     let report = match prepare(&spec, &control) {
         Ok(layers) => {
             let report = command::run(&spec, &control)?;

@@ -266,6 +266,7 @@ const IMAGE_SKIP: &[&str] = &["dev", "proc", "sys", "tmp", "run", "home", "lost+
 /// directory bound at the root, links recreated.
 fn image_root(disk: &str) -> anyhow::Result<()> {
     create_mount_point(IMAGE_LOWER)?;
+    super::template::forget_cached_blocks(disk);
     mount(Some(disk), IMAGE_LOWER, Some("ext4"), MsFlags::MS_RDONLY | MsFlags::MS_NODEV, None::<&str>)
         .with_context(|| format!("cannot mount the root image {disk}"))?;
     mount_fs("tmpfs", IMAGE_UPPER, "tmpfs", MsFlags::MS_NODEV, Some("mode=0755"))?;
@@ -377,6 +378,7 @@ fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
     let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
     // The disk is formatted without zeroed inode tables; the kernel must not
     // spend the session zeroing them in the background.
+    super::template::forget_cached_blocks(disk);
     mount_fs(disk, SCRATCH_MOUNT, "ext4", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("noinit_itable"))?;
     let upper = Path::new(SCRATCH_MOUNT).join("upper");
     let work = Path::new(SCRATCH_MOUNT).join("work");

@@ -133,6 +133,8 @@ mod tests {
             docker: true,
             ssh_agent: true,
             token: crate::protocol::auth::Token::from_bytes([7; 32]),
+            clock: Some(crate::protocol::template::HostClock { secs: 1_800_000_000, nanos: 5 }),
+            seed: vec![9; 64],
         };
         let host = [
             HostMsg::Run(spec),

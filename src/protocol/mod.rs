@@ -42,6 +42,7 @@ pub mod publish;
 pub mod seen;
 pub mod shares;
 pub mod stream;
+pub mod template;
 pub mod transparent;
 pub mod vm_config;
 
@@ -148,6 +149,13 @@ pub struct RunSpec {
     /// This boot's secret: stdin and change connections start with it
     /// (see `auth`). For the init only; never passed to the command.
     pub token: auth::Token,
+    /// The host's clock and fresh entropy, taken as the spec is sent: a
+    /// guest restored from a template has the clock and random state of the
+    /// moment it was recorded until the init applies these.
+    #[serde(default)]
+    pub clock: Option<template::HostClock>,
+    #[serde(default)]
+    pub seed: Vec<u8>,
 }
 
 /// How the command ended.

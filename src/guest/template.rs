@@ -1,0 +1,79 @@
+//! The init's side of templates (see `protocol::template`): the point where
+//! a template may be recorded, and what a run takes from the host after it
+//! so that no two runs from one template share a clock or random state.
+
+use std::os::fd::AsRawFd;
+
+use anyhow::Context;
+
+use crate::protocol::RunSpec;
+use crate::protocol::template::{POINT_PORT, POINT_VALUE};
+
+/// RNDADDENTROPY: `_IOW('R', 0x03, int[2])`.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+/// RNDRESEEDCRNG: `_IO('R', 0x07)`.
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+/// BLKFLSBUF: `_IO(0x12, 97)`.
+const BLKFLSBUF: libc::c_ulong = 0x1261;
+
+/// Tells the VMM that the guest is at its template point. A VMM that is not
+/// recording ignores the write; one that is saves the VM here, and every run
+/// restored from that template resumes right after this call.
+pub fn point() {
+    // SAFETY: ioperm only changes this process's I/O permission bitmap, for
+    // one port that no guest device uses.
+    if unsafe { libc::ioperm(libc::c_ulong::from(POINT_PORT), 1, 1) } != 0 {
+        // Without the permission the write would fault; the run still works,
+        // only no template is recorded.
+        eprintln!("stockade-init: cannot reach the template port: {}", std::io::Error::last_os_error());
+        return;
+    }
+    // SAFETY: a one-byte port write, permitted by the ioperm above; it has
+    // no effect on this process's memory.
+    unsafe {
+        std::arch::asm!("out dx, al", in("dx") POINT_PORT, in("al") POINT_VALUE, options(nomem, nostack, preserves_flags));
+    }
+    // SAFETY: drops the permission again; nothing else in the guest needs it.
+    unsafe { libc::ioperm(libc::c_ulong::from(POINT_PORT), 1, 0) };
+}
+
+/// Sets the clock from the host and mixes the host's entropy into the
+/// random pool, forcing a reseed, before anything of the run draws from it.
+pub fn adopt_host(spec: &RunSpec) -> anyhow::Result<()> {
+    if let Some(clock) = spec.clock {
+        let time = libc::timespec { tv_sec: clock.secs, tv_nsec: libc::c_long::from(clock.nanos) };
+        // SAFETY: clock_settime reads the timespec we pass and nothing else.
+        if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &time) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("cannot set the guest clock");
+        }
+    }
+    if !spec.seed.is_empty() {
+        let random = std::fs::File::open("/dev/urandom").context("cannot open /dev/urandom")?;
+        let len = i32::try_from(spec.seed.len()).context("the host's seed is too long")?;
+        // struct rand_pool_info: entropy bits, buffer size, then the bytes.
+        let mut info = Vec::with_capacity(8 + spec.seed.len());
+        info.extend_from_slice(&(len * 8).to_ne_bytes());
+        info.extend_from_slice(&len.to_ne_bytes());
+        info.extend_from_slice(&spec.seed);
+        // SAFETY: RNDADDENTROPY reads a rand_pool_info of the size its
+        // header gives, which is exactly `info`.
+        if unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("cannot add the host's entropy");
+        }
+        // SAFETY: RNDRESEEDCRNG takes no argument.
+        if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("cannot reseed the guest's random generator");
+        }
+    }
+    Ok(())
+}
+
+/// Drops what the guest cached of `disk` before the template point (the
+/// kernel reads each disk's first blocks when it finds it): this run's disk
+/// is another file.
+pub fn forget_cached_blocks(disk: &str) {
+    if let Ok(dev) = std::fs::File::open(disk) {
+        // SAFETY: BLKFLSBUF takes no argument; it only drops clean cache.
+        unsafe { libc::ioctl(dev.as_raw_fd(), BLKFLSBUF) };
+    }
+}
