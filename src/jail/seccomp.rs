@@ -26,6 +26,10 @@ pub enum ThreadKind {
     Main,
     /// Runs KVM_RUN and the exits it returns (MMIO and port I/O).
     Vcpu,
+    /// A vCPU of a VM that records a template (`vmm::template`): also reads
+    /// the VM's state from KVM, kicks the other vCPUs and writes the
+    /// template files it was given before the jail closed.
+    RecordingVcpu,
     /// Re-raises lost interrupts.
     IrqWatch,
     /// Creates every other thread (see `jail::thread`).
@@ -36,12 +40,14 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// The kinds every VMM has, whatever its devices.
-    pub const FIXED: [ThreadKind; 4] = [ThreadKind::Main, ThreadKind::Vcpu, ThreadKind::IrqWatch, ThreadKind::Launcher];
+    pub const FIXED: [ThreadKind; 5] =
+        [ThreadKind::Main, ThreadKind::Vcpu, ThreadKind::RecordingVcpu, ThreadKind::IrqWatch, ThreadKind::Launcher];
 
     pub fn name(self) -> &'static str {
         match self {
             ThreadKind::Main => "main",
             ThreadKind::Vcpu => "vcpu",
+            ThreadKind::RecordingVcpu => "recording vcpu",
             ThreadKind::IrqWatch => "irq-watch",
             ThreadKind::Launcher => "launcher",
             ThreadKind::Device(thread) => thread.name,
@@ -93,6 +99,36 @@ pub enum SeccompError {
 
 /// `KVM_RUN`, `_IO(KVMIO, 0x80)`.
 const KVM_RUN: u64 = 0xae80;
+
+/// The KVM ioctls that read a vCPU's or the VM's state, for saving a
+/// template; none of them changes anything.
+fn kvm_state_reads() -> [u64; 14] {
+    use kvm_bindings::*;
+    use std::mem::size_of;
+    [
+        nix::request_code_read!(0xae, 0x81, size_of::<kvm_regs>()),
+        nix::request_code_read!(0xae, 0x83, size_of::<kvm_sregs>()),
+        nix::request_code_readwrite!(0xae, 0x88, size_of::<kvm_msrs>()),
+        nix::request_code_read!(0xae, 0x8e, size_of::<kvm_lapic_state>()),
+        nix::request_code_read!(0xae, 0x98, size_of::<kvm_mp_state>()),
+        nix::request_code_read!(0xae, 0x9f, size_of::<kvm_vcpu_events>()),
+        nix::request_code_read!(0xae, 0xa1, size_of::<kvm_debugregs>()),
+        nix::request_code_read!(0xae, 0xa4, size_of::<kvm_xsave>()),
+        nix::request_code_read!(0xae, 0xa6, size_of::<kvm_xcrs>()),
+        nix::request_code_none!(0xae, 0xa3),
+        nix::request_code_readwrite!(0xae, 0x62, size_of::<kvm_irqchip>()),
+        nix::request_code_read!(0xae, 0x9f, size_of::<kvm_pit_state2>()),
+        nix::request_code_read!(0xae, 0x7c, size_of::<kvm_clock_data>()),
+        // KVM_RUN is here too: a recording vCPU runs like any other.
+        KVM_RUN,
+    ]
+}
+
+/// The recording vCPU's own calls: reading the pagemap and writing the
+/// template files, and kicking the other vCPUs (`tgkill`, to this process
+/// only, checked in `rules`).
+const RECORDING: &[i64] =
+    &[libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_fdatasync, libc::SYS_statx, libc::SYS_fstat];
 
 /// Every thread: memory, locks, signals, its own end, and writing to the
 /// descriptors it already holds (the log, eventfds).
@@ -149,6 +185,7 @@ fn plain(kind: ThreadKind, devices: &[&'static DeviceThread]) -> Vec<i64> {
     let own: &[&[i64]] = match kind {
         ThreadKind::Main | ThreadKind::IrqWatch => &[],
         ThreadKind::Vcpu => &[&[libc::SYS_fcntl, libc::SYS_eventfd2]],
+        ThreadKind::RecordingVcpu => &[&[libc::SYS_fcntl, libc::SYS_eventfd2], RECORDING],
         ThreadKind::Launcher => {
             return all_kinds(devices)
                 .filter(|k| *k != ThreadKind::Launcher)
@@ -206,8 +243,19 @@ fn rules(
     if let ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }) = kind {
         map.insert(libc::SYS_openat, read_only_open()?);
     }
-    if matches!(kind, ThreadKind::Vcpu | ThreadKind::Launcher) {
-        map.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, KVM_RUN)?])?]);
+    match kind {
+        ThreadKind::Vcpu => {
+            map.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, KVM_RUN)?])?]);
+        }
+        // The launcher's filter is inherited by every thread it starts.
+        ThreadKind::RecordingVcpu | ThreadKind::Launcher => {
+            let reads =
+                kvm_state_reads().into_iter().map(|code| SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, code)?]));
+            map.insert(libc::SYS_ioctl, reads.collect::<Result<_, _>>()?);
+            let pid = u64::from(std::process::id());
+            map.insert(libc::SYS_tgkill, vec![SeccompRule::new(vec![cond(0, SeccompCmpOp::Eq, pid)?])?]);
+        }
+        _ => {}
     }
     Ok(map)
 }
@@ -307,12 +355,21 @@ mod tests {
                 libc::SYS_execve,
                 libc::SYS_execveat,
                 libc::SYS_kill,
-                libc::SYS_tgkill,
                 libc::SYS_tkill,
                 libc::SYS_truncate,
             ] {
                 assert!(!allowed.contains_key(&nr), "{} may call {nr}", kind.name());
             }
+            // Signals only to this process's threads, and only to kick a
+            // vCPU while recording.
+            let tgkill = allowed.get(&libc::SYS_tgkill);
+            assert_eq!(
+                tgkill.is_some(),
+                matches!(kind, ThreadKind::RecordingVcpu | ThreadKind::Launcher),
+                "{} may call tgkill",
+                kind.name()
+            );
+            assert!(tgkill.is_none_or(|rules| rules.len() == 1), "tgkill is conditional");
         }
     }
 

@@ -9,10 +9,15 @@
 //! connections the guest was refused on the init's ports (a guest process
 //! trying to speak for the init), so that the run can report them.
 //!
+//! It also says once how the VM started: booted, recording a template,
+//! restored from one, or booted because the template it was given could not
+//! be used (see `vmm::template`).
+//!
 //! Wire: a request is three u32 little-endian: the kind, then two
 //! arguments. A dial (kind 0, port, 0) is answered with an errno as 4 bytes
 //! little-endian, 0 with the descriptor attached. A refusal notice (kind 1,
-//! host port, guest port) has no answer.
+//! host port, guest port) and a start notice (kind 2, how, 0) have no
+//! answer.
 //!
 //! The VMM's end is `vmm::devices::broker`. The supervisor's end, `serve`,
 //! lives here: it is plain socket code, and keeping it beside the format
@@ -29,6 +34,7 @@ use thiserror::Error;
 
 const KIND_DIAL: u32 = 0;
 const KIND_REFUSED: u32 = 1;
+const KIND_START: u32 = 2;
 
 /// Bytes in a request.
 pub const REQUEST_LEN: usize = 12;
@@ -42,6 +48,71 @@ pub enum Request {
     Dial { port: u32 },
     /// The guest was refused `host_port` from `guest_port`; no answer.
     Refused { host_port: u32, guest_port: u32 },
+    /// How the VM started; no answer.
+    Start(StartKind),
+}
+
+/// How a VM started, as the VMM tells the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartKind {
+    /// It booted the kernel (no template asked for).
+    Booted,
+    /// It booted and records a template at the template point.
+    Recording,
+    /// It resumed a template.
+    Restored,
+    /// It booted because the template's files are damaged or unreadable.
+    BootedDamaged,
+    /// It booted because the template was made for another CPU or KVM.
+    BootedMismatch,
+    /// It booted because KVM refused the template's state.
+    BootedRefused,
+}
+
+impl StartKind {
+    const ALL: [StartKind; 6] = [
+        StartKind::Booted,
+        StartKind::Recording,
+        StartKind::Restored,
+        StartKind::BootedDamaged,
+        StartKind::BootedMismatch,
+        StartKind::BootedRefused,
+    ];
+
+    fn code(self) -> u32 {
+        match self {
+            StartKind::Booted => 0,
+            StartKind::Recording => 1,
+            StartKind::Restored => 2,
+            StartKind::BootedDamaged => 3,
+            StartKind::BootedMismatch => 4,
+            StartKind::BootedRefused => 5,
+        }
+    }
+
+    /// Whether the VM was given a template and could not use it.
+    pub fn template_failed(self) -> bool {
+        matches!(self, StartKind::BootedDamaged | StartKind::BootedMismatch | StartKind::BootedRefused)
+    }
+
+    /// A sentence for `-v`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StartKind::Booted => "the VM booted (no template used)",
+            StartKind::Recording => "the VM booted and records a template for later runs",
+            StartKind::Restored => "the VM resumed a template instead of booting",
+            StartKind::BootedDamaged => "the VM booted: its template is damaged and was removed",
+            StartKind::BootedMismatch => "the VM booted: its template was made for another CPU or KVM and was removed",
+            StartKind::BootedRefused => "the VM booted: KVM refused its template, which was removed",
+        }
+    }
+}
+
+/// What the VMM tells the supervisor without asking anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    Refused { host_port: u32, guest_port: u32 },
+    Start(StartKind),
 }
 
 /// A request of a kind this build does not know.
@@ -54,6 +125,7 @@ impl Request {
         let (kind, a, b) = match self {
             Request::Dial { port } => (KIND_DIAL, port, 0),
             Request::Refused { host_port, guest_port } => (KIND_REFUSED, host_port, guest_port),
+            Request::Start(kind) => (KIND_START, kind.code(), 0),
         };
         let mut out = [0u8; REQUEST_LEN];
         out[..4].copy_from_slice(&kind.to_le_bytes());
@@ -67,6 +139,11 @@ impl Request {
         match word(0) {
             KIND_DIAL => Ok(Request::Dial { port: word(4) }),
             KIND_REFUSED => Ok(Request::Refused { host_port: word(4), guest_port: word(8) }),
+            KIND_START => StartKind::ALL
+                .into_iter()
+                .find(|k| k.code() == word(4))
+                .map(Request::Start)
+                .ok_or(UnknownKind(KIND_START)),
             kind => Err(UnknownKind(kind)),
         }
     }
@@ -90,9 +167,8 @@ pub fn socket_path(uds_base: &Path, port: u32) -> PathBuf {
 }
 
 /// The supervisor's end: serves dial requests on `channel` until the VMM
-/// closes it, and hands refusal notices (host port, guest port) to
-/// `on_refused`.
-pub fn serve(mut channel: UnixStream, uds_base: &Path, on_refused: impl Fn(u32, u32)) {
+/// closes it, and hands notices to `on_notice`.
+pub fn serve(mut channel: UnixStream, uds_base: &Path, on_notice: impl Fn(Notice)) {
     loop {
         let mut request = [0u8; REQUEST_LEN];
         if channel.read_exact(&mut request).is_err() {
@@ -100,7 +176,11 @@ pub fn serve(mut channel: UnixStream, uds_base: &Path, on_refused: impl Fn(u32, 
         }
         let port = match Request::decode(&request) {
             Ok(Request::Refused { host_port, guest_port }) => {
-                on_refused(host_port, guest_port);
+                on_notice(Notice::Refused { host_port, guest_port });
+                continue;
+            }
+            Ok(Request::Start(kind)) => {
+                on_notice(Notice::Start(kind));
                 continue;
             }
             Ok(Request::Dial { port }) => port,
@@ -146,7 +226,11 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_unknown_kinds_are_refused() {
-        for request in [Request::Dial { port: 1024 }, Request::Refused { host_port: 1026, guest_port: 50_000 }] {
+        let starts = StartKind::ALL.map(Request::Start);
+        for request in [Request::Dial { port: 1024 }, Request::Refused { host_port: 1026, guest_port: 50_000 }]
+            .into_iter()
+            .chain(starts)
+        {
             assert_eq!(Request::decode(&request.encode()), Ok(request));
         }
         assert_eq!(Request::Dial { port: 1 }.encode(), [0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);

@@ -62,4 +62,19 @@ pub struct VmConfig {
     /// Extra kernel command-line arguments (debugging).
     #[serde(default)]
     pub kernel_args: Vec<String>,
+    /// Record a template at the template point, or start from one (see
+    /// `vmm::template`); none boots without either.
+    #[serde(default)]
+    pub template: Option<TemplatePlan>,
+}
+
+/// What the VMM does about templates.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplatePlan {
+    /// Boot, and save the VM into this new, empty directory at the
+    /// template point.
+    Record(PathBuf),
+    /// Resume the template in this directory; boot if it cannot be used.
+    Restore(PathBuf),
 }

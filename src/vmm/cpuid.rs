@@ -2,6 +2,7 @@
 //! VMM knows (APIC ids, CPU count) and the hypervisor bit.
 
 use kvm_bindings::CpuId;
+use kvm_ioctls::Kvm;
 
 const LEAF_FEATURES: u32 = 0x1;
 const LEAF_EXT_TOPOLOGY: u32 = 0xb;
@@ -15,6 +16,14 @@ const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const EDX_HTT: u32 = 1 << 28;
 /// CLFLUSH line size in 8-byte units (64 bytes), as real CPUs report.
 const CLFLUSH_SIZE: u32 = 8;
+
+/// The CPUID vCPU `id` of `count` is given: what KVM supports, adjusted.
+pub fn for_vcpu(kvm: &Kvm, id: u8, count: u8) -> Result<CpuId, kvm_ioctls::Error> {
+    let mut cpuid = kvm.get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)?;
+    let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
+    configure(&mut cpuid, id, count, tsc_deadline);
+    Ok(cpuid)
+}
 
 /// Adjusts KVM's supported CPUID for vCPU `id` of `count`; `tsc_deadline`
 /// says whether KVM emulates the TSC-deadline LAPIC timer.

@@ -1,6 +1,9 @@
 //! Guest RAM: anonymous private mappings, touched lazily (MAP_NORESERVE), so
 //! a 2 GiB guest costs only what it uses.
 
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use thiserror::Error;
@@ -24,10 +27,26 @@ pub enum MemoryError {
 
 /// Maps guest RAM for the given (base, length) ranges.
 pub fn create(ranges: &[(u64, u64)]) -> Result<GuestMemoryMmap, MemoryError> {
+    map_ranges(ranges, None)
+}
+
+/// Maps guest RAM copy-on-write from `file`, which holds the ranges one
+/// after another (a template's memory): pages load from it when the guest
+/// first touches them, and the guest's writes stay in this process.
+pub fn create_from(ranges: &[(u64, u64)], file: &File) -> Result<GuestMemoryMmap, MemoryError> {
+    map_ranges(ranges, Some(file))
+}
+
+fn map_ranges(ranges: &[(u64, u64)], file: Option<&File>) -> Result<GuestMemoryMmap, MemoryError> {
     let mut regions = Vec::new();
+    let mut offset = 0u64;
     for &(base, len) in ranges {
         let size = usize::try_from(len).map_err(|_| MemoryError::Map(len, std::io::Error::other("too large")))?;
-        let addr = map_aligned(size).map_err(|e| MemoryError::Map(len, e))?;
+        let mut addr = map_aligned(size).map_err(|e| MemoryError::Map(len, e))?;
+        if let Some(file) = file {
+            addr = map_file_over(addr, size, file, offset).map_err(|e| MemoryError::Map(len, e))?;
+        }
+        offset += len;
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         // SAFETY: `addr` is a fresh private anonymous mapping of exactly
@@ -80,6 +99,31 @@ fn map_aligned(size: usize) -> std::io::Result<*mut u8> {
         libc::madvise(aligned as *mut libc::c_void, size, libc::MADV_DONTDUMP);
     }
     Ok(aligned as *mut u8)
+}
+
+/// Replaces the anonymous mapping at `addr` with a private mapping of
+/// `file` from `offset`.
+fn map_file_over(addr: *mut u8, size: usize, file: &File, offset: u64) -> std::io::Result<*mut u8> {
+    let offset = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+    // SAFETY: MAP_FIXED over [addr, addr + size), the mapping `map_aligned`
+    // just made for this region and that nothing references yet; the file
+    // mapping is private, so guest writes never reach the file.
+    let raw = unsafe {
+        libc::mmap(
+            addr.cast(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            file.as_raw_fd(),
+            offset,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: advice on the mapping just made.
+    unsafe { libc::madvise(raw, size, libc::MADV_DONTDUMP) };
+    Ok(raw.cast())
 }
 
 /// Tells KVM where each region lives in our address space.

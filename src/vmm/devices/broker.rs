@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
 
-use crate::protocol::broker::{REPLY_LEN, Request, decode_reply};
+use crate::protocol::broker::{REPLY_LEN, Request, StartKind, decode_reply};
 
 fn send_all(channel: &UnixStream, bytes: &[u8]) -> io::Result<()> {
     let mut sent = 0;
@@ -78,6 +78,12 @@ impl Dialer {
         let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
         send_all(&channel, &Request::Refused { host_port, guest_port }.encode())
     }
+
+    /// Tells the supervisor how the VM started.
+    pub fn report_start(&self, kind: StartKind) -> io::Result<()> {
+        let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        send_all(&channel, &Request::Start(kind).encode())
+    }
 }
 
 #[cfg(test)]
@@ -86,7 +92,7 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     use super::*;
-    use crate::protocol::broker::{serve, socket_path};
+    use crate::protocol::broker::{Notice, serve, socket_path};
 
     #[test]
     fn dials_listening_ports_and_reports_the_others() {
@@ -97,7 +103,7 @@ mod tests {
         let listener = UnixListener::bind(socket_path(&base, 1024)).unwrap();
         let (vmm, supervisor) = UnixStream::pair().unwrap();
         let (tx, refused) = std::sync::mpsc::channel();
-        let serving = std::thread::spawn(move || serve(supervisor, &base, move |h, g| tx.send((h, g)).unwrap()));
+        let serving = std::thread::spawn(move || serve(supervisor, &base, move |notice| tx.send(notice).unwrap()));
         let mut dialer = Dialer::from_stream(vmm);
 
         let mut stream = dialer.dial(1024).unwrap();
@@ -113,8 +119,10 @@ mod tests {
 
         // A notice has no answer: the next dial still gets its own.
         dialer.report_refused(1026, 50_000).unwrap();
+        dialer.report_start(StartKind::Restored).unwrap();
         assert!(dialer.dial(1024).is_ok());
-        assert_eq!(refused.recv().unwrap(), (1026, 50_000));
+        assert_eq!(refused.recv().unwrap(), Notice::Refused { host_port: 1026, guest_port: 50_000 });
+        assert_eq!(refused.recv().unwrap(), Notice::Start(StartKind::Restored));
         drop(dialer);
         serving.join().unwrap();
         let _ = std::fs::remove_dir_all(&dir);

@@ -5,8 +5,9 @@
 
 use std::io;
 
-use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use serde::{Deserialize, Serialize};
+use virtio_queue::{Queue, QueueState, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::bus::BusDevice;
@@ -41,6 +42,54 @@ pub struct MmioTransport {
     status: u32,
     activated: bool,
     config_generation: u32,
+    /// The queues as the driver set them up, kept at activation for saving.
+    activated_with: Vec<QueueState>,
+}
+
+/// One queue of a transport in a template (virtio_queue's `QueueState`,
+/// which has no serde of its own).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SavedQueue {
+    max_size: u16,
+    next_avail: u16,
+    next_used: u16,
+    event_idx: bool,
+    size: u16,
+    ready: bool,
+    desc_table: u64,
+    avail_ring: u64,
+    used_ring: u64,
+}
+
+impl From<&SavedQueue> for QueueState {
+    fn from(q: &SavedQueue) -> QueueState {
+        QueueState {
+            max_size: q.max_size,
+            next_avail: q.next_avail,
+            next_used: q.next_used,
+            event_idx_enabled: q.event_idx,
+            size: q.size,
+            ready: q.ready,
+            desc_table: q.desc_table,
+            avail_ring: q.avail_ring,
+            used_ring: q.used_ring,
+        }
+    }
+}
+
+/// A transport in a template: the registers the driver programmed and, for
+/// an active device, its queues.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TransportState {
+    device_type: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    status: u32,
+    activated: bool,
+    config_generation: u32,
+    queues: Vec<SavedQueue>,
 }
 
 impl MmioTransport {
@@ -65,7 +114,83 @@ impl MmioTransport {
             status: 0,
             activated: false,
             config_generation: 0,
+            activated_with: Vec::new(),
         })
+    }
+
+    /// This transport's state, read while its device's worker is parked.
+    /// An active device has used every request it took (its worker handles
+    /// each kick to the end), so the used index in guest memory is where
+    /// both its avail and used positions stand; buffers it had taken and
+    /// not used yet are simply offered to the next device again.
+    pub fn save(&self) -> TransportState {
+        let queues = if self.activated {
+            self.activated_with
+                .iter()
+                .map(|q| {
+                    let used = self.mem.read_obj::<u16>(GuestAddress(q.used_ring + 2)).unwrap_or(q.next_used);
+                    saved_queue(&QueueState { next_avail: used, next_used: used, ..*q })
+                })
+                .collect()
+        } else {
+            self.queues.iter().map(|q| saved_queue(&q.state())).collect()
+        };
+        TransportState {
+            device_type: self.device.device_type(),
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            queue_sel: self.queue_sel,
+            status: self.status,
+            activated: self.activated,
+            config_generation: self.config_generation,
+            queues,
+        }
+    }
+
+    /// Takes `state` from a template: the device must be of the same type
+    /// with as many queues. An active device is started by `resume` once
+    /// the VM is otherwise ready.
+    pub fn restore(&mut self, state: &TransportState) -> io::Result<()> {
+        if state.device_type != self.device.device_type() || state.queues.len() != self.queues.len() {
+            return Err(io::Error::other(format!(
+                "the template has a device of type {} with {} queues here, this VM one of type {} with {}",
+                state.device_type,
+                state.queues.len(),
+                self.device.device_type(),
+                self.queues.len()
+            )));
+        }
+        let mut queues = Vec::new();
+        for saved in &state.queues {
+            queues.push(Queue::try_from(QueueState::from(saved)).map_err(|e| io::Error::other(format!("{e:?}")))?);
+        }
+        self.queues = queues;
+        self.device_features_sel = state.device_features_sel;
+        self.driver_features_sel = state.driver_features_sel;
+        self.driver_features = state.driver_features;
+        self.queue_sel = state.queue_sel;
+        self.status = state.status;
+        self.config_generation = state.config_generation;
+        self.activated = false;
+        Ok(())
+    }
+
+    /// Starts a restored device that was active in the template, then
+    /// kicks each queue and raises its interrupt once: whatever the guest
+    /// posted or was told just before the save is looked at again.
+    pub fn resume(&mut self, was_active: bool) {
+        if !was_active {
+            return;
+        }
+        self.activate();
+        if !self.activated {
+            return;
+        }
+        for kick in &self.kicks {
+            let _ = kick.write(1);
+        }
+        self.interrupt.signal_used_queue();
     }
 
     /// The device's interrupt line, for the VMM's lost-interrupt watchdog.
@@ -193,6 +318,7 @@ impl MmioTransport {
     }
 
     fn activate(&mut self) {
+        self.activated_with.clear();
         let ready = self.queues.iter().all(|q| q.ready() && q.is_valid(&self.mem));
         if !ready {
             tracing::warn!("virtio-mmio: DRIVER_OK with queues not ready or invalid");
@@ -220,6 +346,7 @@ impl MmioTransport {
                 }
             };
             stand_in.set_ready(true);
+            self.activated_with.push(q.state());
             queues.push(DeviceQueue { queue: std::mem::replace(q, stand_in), kick });
         }
         let activation = Activation {
@@ -240,6 +367,27 @@ impl MmioTransport {
                 self.status |= STATUS_NEEDS_RESET;
             }
         }
+    }
+}
+
+fn saved_queue(q: &QueueState) -> SavedQueue {
+    SavedQueue {
+        max_size: q.max_size,
+        next_avail: q.next_avail,
+        next_used: q.next_used,
+        event_idx: q.event_idx_enabled,
+        size: q.size,
+        ready: q.ready,
+        desc_table: q.desc_table,
+        avail_ring: q.avail_ring,
+        used_ring: q.used_ring,
+    }
+}
+
+impl TransportState {
+    /// Whether the device was running when the template was saved.
+    pub fn was_active(&self) -> bool {
+        self.activated
     }
 }
 
@@ -368,6 +516,44 @@ mod tests {
         wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
         assert!(activated.lock().unwrap().is_none());
         assert_ne!(rd(&mut t, 0x70) & STATUS_FAILED, 0);
+    }
+
+    #[test]
+    fn a_saved_active_transport_resumes_at_the_used_index() {
+        let (mut t, activated) = transport();
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        wr(&mut t, 0x24, 1);
+        wr(&mut t, 0x20, 1);
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+        wr(&mut t, 0x38, 16);
+        wr(&mut t, 0x80, 0x1000);
+        wr(&mut t, 0x90, 0x2000);
+        wr(&mut t, 0xa0, 0x3000);
+        wr(&mut t, 0x44, 1);
+        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+        // The device used five requests: the used index says so.
+        t.mem.write_obj(5u16, GuestAddress(0x3002)).unwrap();
+        let state = t.save();
+        assert!(state.was_active());
+        assert_eq!((state.queues[0].next_avail, state.queues[0].next_used), (5, 5));
+
+        let (mut fresh, restarted) = transport();
+        fresh.restore(&state).unwrap();
+        assert!(restarted.lock().unwrap().is_none(), "restore alone starts nothing");
+        fresh.resume(state.was_active());
+        assert_eq!(*restarted.lock().unwrap(), Some(VIRTIO_F_VERSION_1));
+        assert_eq!(rd(&mut fresh, 0x70) & STATUS_DRIVER_OK, STATUS_DRIVER_OK);
+        assert_eq!(rd(&mut fresh, 0x60), 1, "the driver is told to look at its used rings");
+        drop(activated);
+    }
+
+    #[test]
+    fn a_template_of_another_device_is_refused() {
+        let (t, _) = transport();
+        let mut state = t.save();
+        state.device_type = 2;
+        let (mut other, _) = transport();
+        assert!(other.restore(&state).is_err());
     }
 
     #[test]

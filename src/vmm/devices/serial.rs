@@ -3,6 +3,8 @@
 
 use std::io::Write;
 
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::SerialState;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -28,9 +30,65 @@ pub struct SerialPort<W: Write + Send> {
     uart: Serial<IrqTrigger, vm_superio::serial::NoEvents, W>,
 }
 
+/// The UART's registers in a template (vm-superio's `SerialState`, which
+/// has no serde of its own).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UartState {
+    registers: [u8; 9],
+    in_buffer: Vec<u8>,
+}
+
 impl<W: Write + Send> SerialPort<W> {
     pub fn new(irq: EventFd, out: W) -> Self {
         SerialPort { uart: Serial::new(IrqTrigger(irq), out) }
+    }
+
+    /// A UART that goes on from `state`, writing to `out`.
+    pub fn restored(irq: EventFd, out: W, state: &UartState) -> std::io::Result<Self> {
+        let [
+            baud_divisor_low,
+            baud_divisor_high,
+            interrupt_enable,
+            interrupt_identification,
+            line_control,
+            line_status,
+            modem_control,
+            modem_status,
+            scratch,
+        ] = state.registers;
+        let state = SerialState {
+            baud_divisor_low,
+            baud_divisor_high,
+            interrupt_enable,
+            interrupt_identification,
+            line_control,
+            line_status,
+            modem_control,
+            modem_status,
+            scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let uart = Serial::from_state(&state, IrqTrigger(irq), vm_superio::serial::NoEvents, out)
+            .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        Ok(SerialPort { uart })
+    }
+
+    pub fn state(&self) -> UartState {
+        let s = self.uart.state();
+        UartState {
+            registers: [
+                s.baud_divisor_low,
+                s.baud_divisor_high,
+                s.interrupt_enable,
+                s.interrupt_identification,
+                s.line_control,
+                s.line_status,
+                s.modem_control,
+                s.modem_status,
+                s.scratch,
+            ],
+            in_buffer: s.in_buffer,
+        }
     }
 }
 
@@ -58,5 +116,27 @@ impl<W: Write + Send> BusDevice for SerialPort<W> {
             // A full log disk must not stop the guest; say it once per failure.
             tracing::warn!("serial: cannot write the kernel log: {e:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    use super::*;
+
+    #[test]
+    fn a_restored_uart_keeps_what_the_driver_programmed() {
+        let mut port = SerialPort::new(EventFd::new(EFD_NONBLOCK).unwrap(), Vec::new());
+        // Line control 0x03 (8N1), scratch 0x5a, interrupts on (IER 0x01).
+        port.write(3, &[0x03]);
+        port.write(7, &[0x5a]);
+        port.write(1, &[0x01]);
+        let state = port.state();
+        let mut again = SerialPort::restored(EventFd::new(EFD_NONBLOCK).unwrap(), Vec::new(), &state).unwrap();
+        assert_eq!(again.state(), state);
+        let mut b = [0u8];
+        again.read(7, &mut b);
+        assert_eq!(b, [0x5a]);
     }
 }

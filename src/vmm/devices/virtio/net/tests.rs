@@ -45,7 +45,7 @@ impl TempDir {
     fn dialer(&self) -> Dialer {
         let (vmm, supervisor) = UnixStream::pair().unwrap();
         let base = self.0.join("vsock");
-        std::thread::spawn(move || broker::serve(supervisor, &base, |_, _| {}));
+        std::thread::spawn(move || broker::serve(supervisor, &base, |_| {}));
         Dialer::from_stream(vmm)
     }
 

@@ -61,7 +61,7 @@ impl TempDir {
     fn dialer(&self) -> Dialer {
         let (vmm, supervisor) = UnixStream::pair().unwrap();
         let base = self.base();
-        std::thread::spawn(move || broker::serve(supervisor, &base, |_, _| {}));
+        std::thread::spawn(move || broker::serve(supervisor, &base, |_| {}));
         Dialer::from_stream(vmm)
     }
 
@@ -71,8 +71,10 @@ impl TempDir {
         let (tx, notices) = std::sync::mpsc::channel();
         let base = self.base();
         std::thread::spawn(move || {
-            broker::serve(supervisor, &base, move |host, guest| {
-                let _ = tx.send((host, guest));
+            broker::serve(supervisor, &base, move |notice| {
+                if let broker::Notice::Refused { host_port, guest_port } = notice {
+                    let _ = tx.send((host_port, guest_port));
+                }
             })
         });
         (Dialer::from_stream(vmm), notices)

@@ -1,0 +1,302 @@
+//! Templates: a VM saved at the init's template point (see
+//! `protocol::template`), so that later runs of the same shape resume it
+//! instead of booting a kernel.
+//!
+//! A template is a directory of two files: `memory`, the guest's RAM with
+//! only touched pages written (`pages`), and `state`, everything KVM and our
+//! devices hold (`cpu`, `machine`, the transports and the UART), sealed with
+//! its digest. The supervisor picks the directory by a key over everything
+//! that shapes the guest up to that point (kernel, binary, vCPUs, memory,
+//! devices); the VMM checks here what only it can see: the CPUID each vCPU
+//! is given and the TSC frequency. Anything that does not match or does not
+//! load makes the run boot instead (`Start::BootedInstead`).
+//!
+//! `Recorder` saves one; `Template::open` reads one back.
+
+pub mod cpu;
+pub mod machine;
+pub mod pages;
+pub mod pause;
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{Kvm, VmFd};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
+
+use super::devices::mmio::{MmioTransport, TransportState};
+use super::devices::serial::UartState;
+use super::devices::virtio::worker;
+use crate::protocol::broker::StartKind;
+use cpu::VcpuState;
+use machine::MachineState;
+use pause::Pause;
+
+pub const MEMORY_FILE: &str = "memory";
+pub const STATE_FILE: &str = "state";
+/// The first line of a state file, before its digest; a new layout of the
+/// state gets a new number, so an old template is never misread.
+const MAGIC: &str = "stockade-template-1";
+/// How long the other vCPUs and the device workers get to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Error)]
+pub enum TemplateError {
+    #[error("KVM could not {step}")]
+    Kvm {
+        step: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("cannot write the template")]
+    Write(#[source] std::io::Error),
+    #[error("cannot read the template")]
+    Read(#[source] std::io::Error),
+    #[error("the template is damaged: {0}")]
+    Damaged(String),
+    #[error("the template was made on another CPU or KVM: {0}")]
+    Mismatch(String),
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl TemplateError {
+    /// How the supervisor hears of this failure.
+    pub fn start_kind(&self) -> StartKind {
+        match self {
+            TemplateError::Read(_) | TemplateError::Damaged(_) => StartKind::BootedDamaged,
+            TemplateError::Mismatch(_) => StartKind::BootedMismatch,
+            _ => StartKind::BootedRefused,
+        }
+    }
+}
+
+/// Everything of a VM but its memory.
+#[derive(Serialize, Deserialize)]
+pub struct Saved {
+    pub memory_bytes: u64,
+    /// A digest of the CPUID each vCPU was given, in vCPU order.
+    pub cpuid: Vec<String>,
+    pub tsc_khz: u32,
+    pub vcpus: Vec<VcpuState>,
+    pub machine: MachineState,
+    pub transports: Vec<TransportState>,
+    pub uart: UartState,
+}
+
+/// The digest of a vCPU's CPUID entries.
+pub fn cpuid_digest(cpuid: &kvm_bindings::CpuId) -> String {
+    let mut hash = Sha256::new();
+    for e in cpuid.as_slice() {
+        for word in [e.function, e.index, e.flags, e.eax, e.ebx, e.ecx, e.edx] {
+            hash.update(word.to_le_bytes());
+        }
+    }
+    hex(&hash.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The state file's bytes: magic, digest of the rest, then the JSON.
+fn seal(saved: &Saved) -> Result<Vec<u8>, TemplateError> {
+    let body = serde_json::to_vec(saved).map_err(|e| TemplateError::Write(std::io::Error::other(e)))?;
+    let mut out = format!("{MAGIC} {}\n", hex(&Sha256::digest(&body))).into_bytes();
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+fn unseal(bytes: &[u8]) -> Result<Saved, TemplateError> {
+    let newline = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| TemplateError::Damaged("no header".into()))?;
+    let header = std::str::from_utf8(&bytes[..newline]).map_err(|_| TemplateError::Damaged("bad header".into()))?;
+    let body = &bytes[newline + 1..];
+    let Some((MAGIC, digest)) = header.split_once(' ') else {
+        return Err(TemplateError::Damaged(format!("not a template of this version ({header:.40})")));
+    };
+    if digest != hex(&Sha256::digest(body)) {
+        return Err(TemplateError::Damaged("its state does not match its digest".into()));
+    }
+    serde_json::from_slice(body).map_err(|e| TemplateError::Damaged(e.to_string()))
+}
+
+/// A template read back, checked against this host, ready to restore.
+pub struct Template {
+    pub saved: Saved,
+    pub memory: File,
+}
+
+impl Template {
+    /// Reads the template in `dir` for a VM of `memory_bytes` whose vCPUs
+    /// get the CPUID digests `cpuid`.
+    pub fn open(dir: &Path, memory_bytes: u64, cpuid: &[String]) -> Result<Template, TemplateError> {
+        let mut bytes = Vec::new();
+        File::open(dir.join(STATE_FILE)).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(TemplateError::Read)?;
+        let saved = unseal(&bytes)?;
+        let memory = File::open(dir.join(MEMORY_FILE)).map_err(TemplateError::Read)?;
+        let len = memory.metadata().map_err(TemplateError::Read)?.len();
+        if saved.memory_bytes != memory_bytes || len != memory_bytes {
+            return Err(TemplateError::Damaged(format!(
+                "its memory file holds {len} bytes, the VM has {memory_bytes}"
+            )));
+        }
+        if saved.cpuid != cpuid || saved.vcpus.len() != cpuid.len() {
+            return Err(TemplateError::Mismatch("the vCPUs' CPUID differs".into()));
+        }
+        Ok(Template { saved, memory })
+    }
+}
+
+/// Whether `dir` holds a whole recording: a sealed state and a memory file
+/// of the size it names (a VMM killed while saving leaves neither).
+pub fn is_complete(dir: &Path) -> bool {
+    let mut bytes = Vec::new();
+    if File::open(dir.join(STATE_FILE)).and_then(|mut f| f.read_to_end(&mut bytes)).is_err() {
+        return false;
+    }
+    let Ok(saved) = unseal(&bytes) else { return false };
+    std::fs::metadata(dir.join(MEMORY_FILE)).is_ok_and(|m| m.len() == saved.memory_bytes)
+}
+
+/// What the recording saves besides the vCPUs, shared with every vCPU
+/// thread of a recording VM.
+pub struct Recorder {
+    pub pause: Pause,
+    pub msr_list: Vec<u32>,
+    vm: Arc<VmFd>,
+    mem: GuestMemoryMmap,
+    touched: pages::Touched,
+    memory: File,
+    state: File,
+    cpuid: Vec<String>,
+    transports: Vec<Arc<Mutex<MmioTransport>>>,
+    uart: Box<dyn Fn() -> UartState + Send + Sync>,
+    done: AtomicBool,
+}
+
+/// Creates `name` in `dir` for writing; the directory is the supervisor's
+/// fresh recording directory, so an existing file is an error.
+fn create(dir: &Path, name: &str) -> Result<File, TemplateError> {
+    OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join(name))
+        .map_err(TemplateError::Write)
+}
+
+/// The recording's parts that `Recorder::create` takes.
+pub struct RecorderParts {
+    pub vm: Arc<VmFd>,
+    pub mem: GuestMemoryMmap,
+    pub cpuid: Vec<String>,
+    pub transports: Vec<Arc<Mutex<MmioTransport>>>,
+    pub uart: Box<dyn Fn() -> UartState + Send + Sync>,
+}
+
+impl Recorder {
+    /// Opens everything the recording writes, before the jail closes.
+    pub fn create(kvm: &Kvm, dir: &Path, parts: RecorderParts) -> Result<Recorder, TemplateError> {
+        let vcpus = parts.cpuid.len();
+        let memory = create(dir, MEMORY_FILE)?;
+        // Sized now: the jailed vCPU that writes it may not truncate files.
+        memory.set_len(parts.mem.iter().map(|r| r.len()).sum()).map_err(TemplateError::Write)?;
+        if vcpus > 1 {
+            pause::install_kick_handler().map_err(TemplateError::Write)?;
+        }
+        Ok(Recorder {
+            pause: Pause::new(vcpus),
+            msr_list: cpu::msr_list(kvm)?,
+            vm: parts.vm,
+            mem: parts.mem,
+            touched: pages::Touched::open().map_err(TemplateError::Read)?,
+            memory,
+            state: create(dir, STATE_FILE)?,
+            cpuid: parts.cpuid,
+            transports: parts.transports,
+            uart: parts.uart,
+            done: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether this is the first arrival at the template point: only that
+    /// one is recorded, later writes of the port change nothing.
+    pub fn first_arrival(&self) -> bool {
+        !self.done.swap(true, Ordering::SeqCst)
+    }
+
+    /// Saves the VM, given vCPU `me`'s state, the others parked by
+    /// `pause.stop_others`, and `tsc_khz`. The device workers are parked
+    /// while memory and the transports are read.
+    pub fn save(
+        &self,
+        me: usize,
+        mine: VcpuState,
+        others: Vec<(usize, VcpuState)>,
+        tsc_khz: u32,
+    ) -> Result<(), TemplateError> {
+        let started = Instant::now();
+        let mut vcpus: Vec<Option<VcpuState>> = (0..self.cpuid.len()).map(|_| None).collect();
+        vcpus[me] = Some(mine);
+        for (id, state) in others {
+            vcpus[id] = Some(state);
+        }
+        let vcpus: Vec<VcpuState> = vcpus
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or_else(|| TemplateError::Refused("a vCPU is missing".into()))?;
+        worker::park_all(STOP_TIMEOUT).map_err(TemplateError::Refused)?;
+        let result = (|| {
+            let machine = MachineState::save(&self.vm)?;
+            let transports =
+                self.transports.iter().map(|t| t.lock().unwrap_or_else(|p| p.into_inner()).save()).collect();
+            let written = pages::write(&self.mem, &self.touched, &self.memory)?;
+            let saved = Saved {
+                memory_bytes: self.memory.metadata().map_err(TemplateError::Write)?.len(),
+                cpuid: self.cpuid.clone(),
+                tsc_khz,
+                vcpus,
+                machine,
+                transports,
+                uart: (self.uart)(),
+            };
+            let bytes = seal(&saved)?;
+            self.state.write_all_at(&bytes, 0).map_err(TemplateError::Write)?;
+            self.state.sync_data().map_err(TemplateError::Write)?;
+            Ok(written)
+        })();
+        worker::open_all();
+        let written = result?;
+        tracing::info!("template recorded in {:?}: {} MiB of memory written", started.elapsed(), written >> 20);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_file_with_a_changed_byte_is_refused() {
+        let body = br#"{"memory_bytes":1}"#;
+        let mut bytes = format!("{MAGIC} {}\n", hex(&Sha256::digest(body))).into_bytes();
+        bytes.extend_from_slice(body);
+        // The digest holds, so what fails is the incomplete state.
+        assert!(matches!(unseal(&bytes), Err(TemplateError::Damaged(_))));
+        let last = bytes.len() - 2;
+        bytes[last] = b'2';
+        let err = unseal(&bytes).err().expect("refused");
+        assert!(err.to_string().contains("digest"), "{err}");
+        assert!(unseal(b"stockade-template-0 00\n{}").err().unwrap().to_string().contains("version"));
+        assert!(unseal(b"").is_err());
+    }
+}
