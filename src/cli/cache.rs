@@ -1,5 +1,8 @@
-//! `stockade cache`: what the package cache holds, and emptying it.
+//! `stockade cache`: what the package cache and the VM templates hold, and
+//! emptying them.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -7,10 +10,11 @@ use clap::{Args, Subcommand};
 
 use super::settings::Settings;
 use crate::host::space::human_bytes;
+use crate::host::templates;
 use crate::paths::Dirs;
 use crate::proxy::packages::store;
 
-/// Show or clear the package cache
+/// Show or clear the package cache and the VM templates
 ///
 /// Policies with a [[registry]] rule (the npm, cargo and pypi presets) let
 /// the egress proxy keep the packages a run downloads: npm tarballs, .crate
@@ -20,6 +24,11 @@ use crate::proxy::packages::store;
 /// run cannot hand the next altered packages. The guest never sees the
 /// cache. The `package_cache` setting (default "5G", "0" for off) bounds its
 /// size; the least recently used files go first.
+///
+/// The templates are VMs saved just before they took their command, one per
+/// VM shape (kernel, stockade binary, CPUs, memory, devices): runs resume
+/// them instead of booting (`--no-snapshot` boots). At most four are kept,
+/// the least recently used removed first.
 #[derive(Debug, Args)]
 pub struct CacheArgs {
     #[command(subcommand)]
@@ -30,32 +39,70 @@ pub struct CacheArgs {
 enum CacheCommand {
     /// Print where the cache is, how much it holds and its limit (the default)
     Show,
-    /// Remove every cached package (runs download them again)
+    /// Remove every cached package and template (runs download and record
+    /// them again)
     Clear,
 }
 
 pub fn run(args: CacheArgs) -> anyhow::Result<ExitCode> {
     let dirs = Dirs::resolve()?;
     let dir = dirs.packages();
+    let template_dir = templates::root(&dirs.cache);
+    let mut out = String::new();
     match args.command.unwrap_or(CacheCommand::Show) {
         CacheCommand::Show => {
             let usage =
                 store::usage(&dir).with_context(|| format!("cannot read the package cache {}", dir.display()))?;
             let settings = Settings::load()?;
             let limit = &settings.package_cache.value;
-            println!("Package cache: {}", dir.display());
-            println!("  {} files, {}", usage.files, human_bytes(usage.bytes));
+            let _ = writeln!(out, "Package cache: {}", dir.display());
+            let _ = writeln!(out, "  {} files, {}", usage.files, human_bytes(usage.bytes));
             if limit.bytes == 0 {
-                println!("  off (package_cache = \"0\" in {})", settings.path.display());
+                let _ = writeln!(out, "  off (package_cache = \"0\" in {})", settings.path.display());
             } else {
-                println!("  limit {} ({})", limit.text, settings.package_cache.source);
+                let _ = writeln!(out, "  limit {} ({})", limit.text, settings.package_cache.source);
+            }
+            let listed = templates::list(&template_dir)
+                .with_context(|| format!("cannot read the templates in {}", template_dir.display()))?;
+            let _ = writeln!(out, "Templates: {}", template_dir.display());
+            let total: u64 = listed.iter().map(|t| t.bytes).sum();
+            let _ = writeln!(out, "  {} of at most {}, {}", listed.len(), templates::KEEP, human_bytes(total));
+            for t in &listed {
+                let ago = t.last_used.elapsed().unwrap_or_default().as_secs();
+                let _ = writeln!(out, "  {}  {}  used {} ago", t.key, human_bytes(t.bytes), human_age(ago));
             }
         }
         CacheCommand::Clear => {
             let removed =
                 store::clear(&dir).with_context(|| format!("cannot empty the package cache {}", dir.display()))?;
-            println!("Removed {} files, {}, from {}", removed.files, human_bytes(removed.bytes), dir.display());
+            let _ = writeln!(
+                out,
+                "Removed {} files, {}, from {}",
+                removed.files,
+                human_bytes(removed.bytes),
+                dir.display()
+            );
+            let (count, bytes) = templates::clear(&template_dir)
+                .with_context(|| format!("cannot remove the templates in {}", template_dir.display()))?;
+            let _ = writeln!(out, "Removed {count} templates, {}, from {}", human_bytes(bytes), template_dir.display());
         }
     }
+    // One write: a reader that stops early (`| head`) ends the output
+    // quietly instead of failing it.
+    if let Err(e) = std::io::stdout().write_all(out.as_bytes())
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        return Err(e).context("cannot write to stdout");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// "3 s", "5 min", "2 h", "4 days".
+fn human_age(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min", s / 60),
+        s if s < 86_400 => format!("{} h", s / 3600),
+        s => format!("{} days", s / 86_400),
+    }
 }

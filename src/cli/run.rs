@@ -128,6 +128,13 @@ pub struct VmOptions {
     #[arg(long)]
     docker: bool,
 
+    /// Boot the guest kernel instead of resuming a template of it. The
+    /// first run of each VM shape boots and records a template (the guest
+    /// saved just before it takes its command); later runs of that shape
+    /// resume it, which is faster. `stockade cache` lists the templates.
+    #[arg(long)]
+    no_snapshot: bool,
+
     /// Boot this guest kernel (a PVH vmlinux) instead of the installed one.
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -340,6 +347,7 @@ pub fn validate(
         kernel: vm.kernel,
         kernel_args: vm.kernel_args,
         verbose_kernel: verbose > 0,
+        snapshot: !vm.no_snapshot,
         tty: if vm.tty {
             Some(true)
         } else if vm.no_tty {

@@ -5,3 +5,4 @@
 pub mod kernel;
 pub mod kvm;
 pub mod space;
+pub mod templates;

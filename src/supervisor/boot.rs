@@ -7,6 +7,7 @@ use anyhow::Context;
 
 use super::prepare::{self, Channels, GuestStart, Held, Host, Recorded};
 use super::{RunConfig, admission, scratch, session, terminal, vm};
+use crate::host::templates;
 use crate::protocol::auth::Token;
 use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{RunSpec, WindowSize};
@@ -36,14 +37,20 @@ impl Booted {
     ) -> anyhow::Result<Booted> {
         let GuestStart { mut layout, channels, formatting } = guest;
         let session = &recorded.session;
-        let vm_config = VmConfig { shares: std::mem::take(&mut layout.shares), ..vm_config(config, host, session)? };
+        let mut vm_config =
+            VmConfig { shares: std::mem::take(&mut layout.shares), ..vm_config(config, host, session)? };
+        let template = if config.snapshot { template(&mut vm_config, &host.dirs)? } else { None };
         let refusals = channels.tampering.clone();
         let on_refused = move |host, guest| {
             refusals.report(admission::refused_by_the_vmm(host));
             tracing::debug!("the VMM refused host port {host} to guest port {guest}");
         };
-        let vmm =
-            vm::VmProcess::start(&vm_config, &session.dir, &session.vmm_log(), &recorded.vsock_base(), on_refused)?;
+        let vmm = vm::VmProcess::start(
+            &vm_config,
+            vm::Paths { session: &session.dir, log: &session.vmm_log(), vsock_base: &recorded.vsock_base() },
+            template,
+            on_refused,
+        )?;
         tracing::info!("session {} in {}", session.id, session.dir.display());
         tracing::debug!("VMM started after {:?}", host.started.elapsed());
         let completed = prepare::complete(&mut layout, config, host, held)?;
@@ -56,6 +63,25 @@ impl Booted {
         };
         Ok(Booted { vmm, command: Command { spec, formatting }, channels })
     }
+}
+
+/// Picks the template for `vm` and tells the VMM about it. A resumed VM
+/// has no boot log, so the kernel's command line does not depend on `-v`
+/// (which would make a template of its own).
+fn template(vm: &mut VmConfig, dirs: &crate::paths::Dirs) -> anyhow::Result<Option<templates::Use>> {
+    vm.verbose_kernel = false;
+    let root = templates::root(&dirs.cache);
+    let key = templates::key(vm).context("cannot read the guest kernel or the stockade binary")?;
+    let chosen = match templates::choose(&root, &key) {
+        Ok(chosen) => chosen,
+        Err(e) => {
+            // No template costs time, not the run.
+            tracing::warn!("cannot use the templates in {}: {e}", root.display());
+            return Ok(None);
+        }
+    };
+    vm.template = Some(chosen.plan.clone());
+    Ok(Some(chosen))
 }
 
 /// The VM, less its shares.
@@ -74,6 +100,7 @@ fn vm_config(config: &RunConfig, host: &Host, session: &session::Session) -> any
         jail: config.jail,
         verbose_kernel: config.verbose_kernel,
         kernel_args: config.kernel_args.clone(),
+        template: None,
     })
 }
 
@@ -95,5 +122,7 @@ fn run_spec(config: &RunConfig, host: &Host, token: Token) -> anyhow::Result<Run
         docker: config.docker,
         ssh_agent: false,
         token,
+        clock: None,
+        seed: Vec::new(),
     })
 }

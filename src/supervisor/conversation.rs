@@ -15,6 +15,7 @@ use super::prepare::Channels;
 use super::{RunConfig, admission, deadline, session, signals, staging, terminal, vm};
 use crate::changes;
 use crate::protocol::auth::Token;
+use crate::protocol::template::{HostClock, SEED_LEN};
 use crate::protocol::{ExitReport, ExportOutcome, GuestMsg, HostMsg, read_frame, write_frame};
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
@@ -78,7 +79,10 @@ fn converse(
         return Ok(Conversation::VmEnded);
     };
     command.formatting.wait()?;
-    send(&talk.writer, &HostMsg::Run(command.spec))?;
+    let mut spec = command.spec;
+    spec.clock = Some(HostClock::now());
+    spec.seed = host_seed()?;
+    send(&talk.writer, &HostMsg::Run(spec))?;
     // Clients of published ports are asked for only once the init has the
     // command (and so the token it dials back with).
     let _published = match publish {
@@ -111,9 +115,19 @@ fn call_in(
     tampering: &admission::Tampering,
 ) -> anyhow::Result<Option<Talk>> {
     let started = Instant::now();
-    let Some(control) = vm::accept(listener, vmm, BOOT_TIMEOUT)? else {
+    let resumed = vmm.resumes_template();
+    let timeout = if resumed { vm::RESUMED_CALL_IN } else { BOOT_TIMEOUT };
+    let Some(control) = vm::accept(listener, vmm, timeout)? else {
         if vmm.is_running() {
             vmm.kill();
+            if resumed {
+                bail!(
+                    "the guest resumed from a template did not call in within {}s; the template was removed, \
+                     so the next run boots and records it again (--no-snapshot always boots); the kernel log is {}",
+                    timeout.as_secs(),
+                    session.kernel_log().display()
+                );
+            }
             bail!(
                 "the guest did not call in within {}s; the kernel log is {}",
                 BOOT_TIMEOUT.as_secs(),
@@ -122,6 +136,7 @@ fn call_in(
         }
         return Ok(None);
     };
+    vmm.called_in();
     // The first control connection is PID 1's: no other guest process
     // existed to open one.
     let further = admission::refuse_further_control(listener, tampering.clone())?;
@@ -357,6 +372,15 @@ impl Drop for StopOnDrop {
     fn drop(&mut self) {
         let _ = nix::unistd::write(&self.0.stop, &[1]);
     }
+}
+
+/// Fresh host entropy for the guest's random pool (see `RunSpec::seed`).
+fn host_seed() -> anyhow::Result<Vec<u8>> {
+    let mut seed = vec![0u8; SEED_LEN];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+        .context("cannot read host entropy for the guest from /dev/urandom")?;
+    Ok(seed)
 }
 
 #[cfg(test)]

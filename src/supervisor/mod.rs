@@ -88,7 +88,11 @@ pub struct RunConfig {
     pub docker: bool,
     pub kernel: Option<PathBuf>,
     pub kernel_args: Vec<String>,
+    /// Print the guest kernel's whole boot log (only a booting VM has one).
     pub verbose_kernel: bool,
+    /// Resume a template instead of booting, or record one (`--no-snapshot`
+    /// turns this off).
+    pub snapshot: bool,
     /// Run the command on a pseudo-terminal; `None` decides by whether
     /// stockade runs on one.
     pub tty: Option<bool>,

@@ -6,18 +6,40 @@ use std::fs::File;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::protocol::broker;
-use crate::protocol::vm_config::VmConfig;
+use crate::host::templates;
+use crate::protocol::broker::{self, Notice, StartKind};
+use crate::protocol::vm_config::{TemplatePlan, VmConfig};
 
 /// Longest Unix socket path the kernel accepts (sun_path less the NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
+/// How long a guest resumed from a template may take to call in. It has
+/// no kernel to boot, so one that takes longer is stuck: its template is
+/// removed and the run stops, instead of waiting out a boot's timeout.
+pub const RESUMED_CALL_IN: Duration = Duration::from_secs(45);
+
 pub struct VmProcess {
     child: Child,
+    /// The template this VM records or resumes, settled when it exits.
+    template: Option<templates::Use>,
+    /// How the VMM said the VM started.
+    started: Arc<Mutex<Option<StartKind>>>,
+    called_in: bool,
+}
+
+/// Where a VMM's files go.
+pub struct Paths<'a> {
+    /// The session directory, which gets the VM description.
+    pub session: &'a Path,
+    /// The VMM's log.
+    pub log: &'a Path,
+    /// The listeners for guest connections to host ports.
+    pub vsock_base: &'a Path,
 }
 
 impl VmProcess {
@@ -27,11 +49,11 @@ impl VmProcess {
     /// the VMM refused on the init's ports.
     pub fn start(
         config: &VmConfig,
-        session_dir: &Path,
-        log: &Path,
-        vsock_base: &Path,
+        paths: Paths,
+        template: Option<templates::Use>,
         on_refused: impl Fn(u32, u32) + Send + 'static,
     ) -> anyhow::Result<VmProcess> {
+        let Paths { session: session_dir, log, vsock_base } = paths;
         let broker = UnixListener::bind(&config.vsock_broker)
             .with_context(|| format!("cannot listen on {}", config.vsock_broker.display()))?;
         let config_path = session_dir.join("vmm.json");
@@ -52,15 +74,42 @@ impl VmProcess {
         }
         let child = cmd.spawn().context("cannot start the VMM process")?;
         let (pid, base) = (child.id(), vsock_base.to_path_buf());
+        let started = Arc::new(Mutex::new(None));
+        let heard = started.clone();
+        let on_notice = move |notice| match notice {
+            Notice::Refused { host_port, guest_port } => on_refused(host_port, guest_port),
+            Notice::Start(kind) => {
+                tracing::info!("{}", kind.describe());
+                *heard.lock().unwrap_or_else(|p| p.into_inner()) = Some(kind);
+            }
+        };
         std::thread::Builder::new()
             .name("vsock-broker".into())
-            .spawn(move || serve_broker(&broker, pid, &base, on_refused))
+            .spawn(move || serve_broker(&broker, pid, &base, on_notice))
             .context("cannot start the vsock broker thread")?;
-        Ok(VmProcess { child })
+        Ok(VmProcess { child, template, started, called_in: false })
     }
 
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Whether this VM was asked to resume a template.
+    pub fn resumes_template(&self) -> bool {
+        self.template.as_ref().is_some_and(|t| matches!(t.plan, TemplatePlan::Restore(_)))
+    }
+
+    /// The guest reached the host: its start worked.
+    pub fn called_in(&mut self) {
+        self.called_in = true;
+    }
+
+    /// Settles the template once the VMM is gone (see `templates::Use`).
+    fn settle(&mut self) {
+        if let Some(template) = self.template.take() {
+            let start = *self.started.lock().unwrap_or_else(|p| p.into_inner());
+            template.settle(start, self.called_in);
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -72,6 +121,7 @@ impl VmProcess {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if !self.is_running() {
+                self.settle();
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -82,6 +132,7 @@ impl VmProcess {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.settle();
     }
 }
 
@@ -90,18 +141,19 @@ impl Drop for VmProcess {
         if self.is_running() {
             self.kill();
         }
+        self.settle();
     }
 }
 
 /// Serves the dial requests of the VMM `pid`: the first connection to the
 /// broker socket from that process, no other.
-fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path, on_refused: impl Fn(u32, u32)) {
+fn serve_broker(listener: &UnixListener, pid: u32, vsock_base: &Path, on_notice: impl Fn(Notice)) {
     loop {
         let Ok((stream, _)) = listener.accept() else { return };
         let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials);
         match peer {
             Ok(cred) if u32::try_from(cred.pid()).ok() == Some(pid) => {
-                return broker::serve(stream, vsock_base, on_refused);
+                return broker::serve(stream, vsock_base, on_notice);
             }
             _ => tracing::warn!("refused a broker connection that is not from the VMM"),
         }
