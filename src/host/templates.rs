@@ -82,6 +82,10 @@ pub fn choose(root: &Path, key: &str) -> io::Result<Use> {
         mark_used(&ready);
         return Ok(Use { plan: TemplatePlan::Restore(ready), root: root.to_path_buf(), key: key.to_string() });
     }
+    if ready.exists() {
+        tracing::info!("the template {key} is incomplete or damaged and was removed; this run boots and records it again");
+        fs::remove_dir_all(&ready)?;
+    }
     let recording = root.join(format!(".rec-{key}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&recording);
     fs::create_dir(&recording)?;
@@ -246,5 +250,10 @@ mod tests {
         assert!(!rec.exists());
         assert!(list(&root).unwrap().is_empty());
         assert!(matches!(choose(&root, "aaaa").unwrap().plan, TemplatePlan::Record(_)));
+        // A damaged template in place is removed, and the run records anew.
+        fs::create_dir_all(root.join("bbbb")).unwrap();
+        fs::write(root.join("bbbb").join(template::STATE_FILE), b"stockade-template-1 00\n{}").unwrap();
+        assert!(matches!(choose(&root, "bbbb").unwrap().plan, TemplatePlan::Record(_)));
+        assert!(!root.join("bbbb").exists());
     }
 }
