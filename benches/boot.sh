@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Boot benchmark: p50/p90 wall time of `stockade run -- true`, of the bare VMM
-# booting the same kernel and init to exit, and of QEMU microvm booting that
-# kernel and init; peak RSS of each VMM process. Prints a table.
+# Boot benchmark: p50/p90 wall time of `stockade run -- true` resumed from a
+# template and booted, of the bare VMM resuming a template and booting the
+# same kernel and init to exit, and of QEMU microvm booting that kernel and
+# init; peak RSS of each, and each row's ratio to QEMU. The rows take turns
+# within each round, so a machine that slows down mid-way slows them all.
+# Also: how long a resumed guest takes to call in, the template's size and
+# recording time, and the VMM's own resident memory apart from guest pages.
 #
 # Runs where a standard guest boots: directly on hardware KVM, or inside the
 # rig's L1 on a PVM host (tests/rig). Usage:
@@ -47,40 +51,77 @@ while True:
 ' "$work/broker.sock" &
 broker=$!
 trap 'kill $broker 2>/dev/null; rm -rf "$work"' EXIT
+until [[ -S $work/broker.sock ]]; do sleep 0.05; done
 
-# time_runs NAME CMD...: runs CMD $runs times after one warm-up, records
-# wall seconds and peak RSS (KiB) of the timed process.
-declare -A p50 p90 rss
-time_runs() {
-    local name=$1; shift
-    echo "timing $name" >&2
-    timeout 120 "$@" >/dev/null 2>&1 || true
-    local times=() peak=0
-    for _ in $(seq "$runs"); do
-        local start end kb
-        start=$(date +%s.%N)
-        # A run stuck past two minutes (a rig flake) counts as 120 s.
-        timeout 120 /usr/bin/time -o "$work/rss" -f '%M' "$@" >/dev/null 2>&1 || true
-        kb=$(tail -n1 "$work/rss")
-        end=$(date +%s.%N)
-        times+=("$(echo "$end - $start" | bc)")
-        ((kb > peak)) && peak=$kb
-    done
-    local sorted
-    sorted=$(printf '%s\n' "${times[@]}" | sort -n)
-    p50[$name]=$(echo "$sorted" | awk -v n="$runs" 'NR == int((n + 1) / 2)')
-    p90[$name]=$(echo "$sorted" | awk -v n="$runs" 'NR == int((n * 9 + 9) / 10)')
-    rss[$name]=$peak
+cat >"$work/record.json" <<JSON
+{"kernel":"$kernel","init":"$bin","vcpus":1,"memory_bytes":268435456,
+ "kernel_log":"$work/rec-kernel.log","vsock_broker":"$work/broker.sock","shares":[],
+ "jail":true,"verbose_kernel":false,"template":{"record":"$work/template"}}
+JSON
+sed "s#\"record\"#\"restore\"#" "$work/record.json" >"$work/resume.json"
+mkdir -p "$work/template"
+start=$(date +%s.%N)
+RUST_LOG=info timeout 120 "$bin" vmm --config "$work/record.json" >/dev/null 2>"$work/record.log" || true
+recorded_in=$(echo "$(date +%s.%N) - $start" | bc)
+saved=$(grep -o 'template recorded in [^:]*' "$work/record.log" || { cat "$work/record.log" >&2; echo "no template recorded"; })
+template_kib=$(du -sk "$work/template" | cut -f1)
+
+# The rows, in the order each round runs them.
+names=("run -- true (resumed)" "run -- true (--no-snapshot)" "vmm, resumed" "vmm, booted" "qemu microvm")
+commands=(
+    "$bin run -v --cpus 1 --memory 256M --kernel $kernel -- true"
+    "$bin run --no-snapshot --cpus 1 --memory 256M --kernel $kernel -- true"
+    "$bin vmm --config $work/resume.json"
+    "$bin vmm --config $work/vmm.json"
+    qemu
+)
+qemu=(qemu-system-x86_64 -M microvm,x-option-roms=off,isa-serial=on,rtc=off -enable-kvm -cpu host -m 256 -smp 1
+    -nodefaults -no-user-config -nographic -serial null -no-reboot -kernel "$kernel" -initrd "$work/initramfs.cpio"
+    -append "console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1")
+
+# run_row I: runs row I once; appends its wall seconds and peak RSS (KiB).
+declare -A times peak
+run_row() {
+    local i=$1 start kb
+    # shellcheck disable=SC2206
+    local cmd=(${commands[$i]})
+    [[ ${cmd[0]} == qemu ]] && cmd=("${qemu[@]}")
+    start=$(date +%s.%N)
+    # A run stuck past two minutes (a rig flake) counts as 120 s.
+    timeout 120 /usr/bin/time -o "$work/rss" -f '%M' "${cmd[@]}" >/dev/null 2>"$work/err" || true
+    times[$i]+="$(echo "$(date +%s.%N) - $start" | bc) "
+    kb=$(tail -n1 "$work/rss")
+    ((kb > ${peak[$i]:-0})) && peak[$i]=$kb
+    grep -o 'ready after [0-9.]*m\?s' "$work/err" >>"$work/ready" || true
 }
 
 mkdir -p "$work/ws" && cd "$work/ws"
-time_runs "stockade run -- true" "$bin" run --cpus 1 --memory 256M --kernel "$kernel" -- true
-time_runs "stockade vmm (kernel+init to exit)" "$bin" vmm --config "$work/vmm.json"
-time_runs "qemu microvm (same kernel+init)" qemu-system-x86_64 -M microvm,x-option-roms=off,isa-serial=on,rtc=off \
-    -enable-kvm -cpu host -m 256 -smp 1 -nodefaults -no-user-config -nographic -serial null -no-reboot \
-    -kernel "$kernel" -initrd "$work/initramfs.cpio" -append "console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1"
-
-printf '%-38s %8s %8s %12s\n' "what ($runs runs)" "p50 s" "p90 s" "peak RSS"
-for name in "stockade run -- true" "stockade vmm (kernel+init to exit)" "qemu microvm (same kernel+init)"; do
-    printf '%-38s %8.3f %8.3f %9d KiB\n' "$name" "${p50[$name]}" "${p90[$name]}" "${rss[$name]}"
+echo "warm-up (the first run records the template)" >&2
+for i in "${!names[@]}"; do run_row "$i"; times[$i]=""; peak[$i]=0; done
+: >"$work/ready"
+for round in $(seq "$runs"); do
+    echo "round $round of $runs" >&2
+    for i in "${!names[@]}"; do run_row "$i"; done
 done
+
+# The VMM's own memory: the resumed bare VMM, sampled from smaps while it
+# runs; guest RAM is the one mapping as large as the guest's memory.
+"$bin" vmm --config "$work/resume.json" >/dev/null 2>&1 &
+vmm=$!
+while kill -0 "$vmm" 2>/dev/null; do
+    cp "/proc/$vmm/smaps" "$work/smaps" 2>/dev/null || true
+    sleep 0.02
+done
+read -r own guest < <(awk '/^[0-9a-f]+-[0-9a-f]+ /{big=0} /^Size:/{big=($2 >= 262144)} /^Rss:/{if (big) g+=$2; else o+=$2} END{print o+0, g+0}' "$work/smaps")
+
+quantile() { printf '%s\n' $1 | sort -n | awk -v n="$runs" -v q="$2" 'NR == int((n * q + q) / 10)'; }
+qemu_p50=$(quantile "${times[4]}" 5)
+printf '%-30s %8s %8s %8s %12s\n' "what ($runs runs)" "p50 s" "p90 s" "vs QEMU" "peak RSS"
+for i in "${!names[@]}"; do
+    p50=$(quantile "${times[$i]}" 5)
+    p90=$(quantile "${times[$i]}" 9)
+    printf '%-30s %8.3f %8.3f %7.2fx %9d KiB\n' "${names[$i]}" "$p50" "$p90" "$(echo "$p50 / $qemu_p50" | bc -l)" "${peak[$i]}"
+done
+echo "resumed guest called in: p50 $(sort -t' ' -k3 -n "$work/ready" | awk '{a[NR]=$3} END{print a[int((NR+1)/2)]}') after the VMM started"
+echo "template: ${template_kib} KiB on disk for 256 MiB of guest memory; the recording boot took ${recorded_in} s, ${saved}"
+echo "VMM's own resident memory (resumed, last sample): ${own} KiB, guest pages ${guest} KiB"

@@ -83,7 +83,9 @@ pub fn choose(root: &Path, key: &str) -> io::Result<Use> {
         return Ok(Use { plan: TemplatePlan::Restore(ready), root: root.to_path_buf(), key: key.to_string() });
     }
     if ready.exists() {
-        tracing::info!("the template {key} is incomplete or damaged and was removed; this run boots and records it again");
+        tracing::info!(
+            "the template {key} is incomplete or damaged and was removed; this run boots and records it again"
+        );
         fs::remove_dir_all(&ready)?;
     }
     let recording = root.join(format!(".rec-{key}-{}", std::process::id()));
