@@ -158,3 +158,20 @@ C
     assert!(!out.stdout.contains("secret"), "a later run saw the recording run's files\n{out}");
     assert_eq!(how(&out.stderr), ["recorded", "resumed", "resumed"], "{out}");
 }
+
+/// Two vCPUs (the default outside the rig): the recording parks the other
+/// vCPU, and the resumed guest has both.
+#[test]
+fn a_two_vcpu_guest_records_and_resumes() {
+    let Some(rig) = rig::require("a_two_vcpu_guest_records_and_resumes") else { return };
+    let out = rig.sh(
+        &script(&format!(
+            "{PRELUDE}
+             for i in 1 2; do $S run -v --cpus 2 -- nproc 2> run$i.err | sed \"s/^/nproc$i=/\"; done
+             cat run1.err run2.err >&2"
+        )),
+        T,
+    );
+    assert!(out.stdout.contains("nproc1=2") && out.stdout.contains("nproc2=2"), "{out}");
+    assert_eq!(how(&out.stderr), ["recorded", "resumed"], "{out}");
+}
