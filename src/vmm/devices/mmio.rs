@@ -46,14 +46,14 @@ pub struct MmioTransport {
     activated_with: Vec<QueueState>,
 }
 
-/// One queue of a transport in a template (virtio_queue's `QueueState`,
-/// which has no serde of its own).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SavedQueue {
+/// `QueueState`'s fields, for serde (virtio_queue has no serde of its own).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "QueueState")]
+struct QueueStateDef {
     max_size: u16,
     next_avail: u16,
     next_used: u16,
-    event_idx: bool,
+    event_idx_enabled: bool,
     size: u16,
     ready: bool,
     desc_table: u64,
@@ -61,21 +61,9 @@ pub struct SavedQueue {
     used_ring: u64,
 }
 
-impl From<&SavedQueue> for QueueState {
-    fn from(q: &SavedQueue) -> QueueState {
-        QueueState {
-            max_size: q.max_size,
-            next_avail: q.next_avail,
-            next_used: q.next_used,
-            event_idx_enabled: q.event_idx,
-            size: q.size,
-            ready: q.ready,
-            desc_table: q.desc_table,
-            avail_ring: q.avail_ring,
-            used_ring: q.used_ring,
-        }
-    }
-}
+/// One queue of a transport in a template.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SavedQueue(#[serde(with = "QueueStateDef")] QueueState);
 
 /// A transport in a template: the registers the driver programmed and, for
 /// an active device, its queues.
@@ -129,11 +117,11 @@ impl MmioTransport {
                 .iter()
                 .map(|q| {
                     let used = self.mem.read_obj::<u16>(GuestAddress(q.used_ring + 2)).unwrap_or(q.next_used);
-                    saved_queue(&QueueState { next_avail: used, next_used: used, ..*q })
+                    SavedQueue(QueueState { next_avail: used, next_used: used, ..*q })
                 })
                 .collect()
         } else {
-            self.queues.iter().map(|q| saved_queue(&q.state())).collect()
+            self.queues.iter().map(|q| SavedQueue(q.state())).collect()
         };
         TransportState {
             device_type: self.device.device_type(),
@@ -163,7 +151,7 @@ impl MmioTransport {
         }
         let mut queues = Vec::new();
         for saved in &state.queues {
-            queues.push(Queue::try_from(QueueState::from(saved)).map_err(|e| io::Error::other(format!("{e:?}")))?);
+            queues.push(Queue::try_from(saved.0).map_err(|e| io::Error::other(format!("{e:?}")))?);
         }
         self.queues = queues;
         self.device_features_sel = state.device_features_sel;
@@ -370,20 +358,6 @@ impl MmioTransport {
     }
 }
 
-fn saved_queue(q: &QueueState) -> SavedQueue {
-    SavedQueue {
-        max_size: q.max_size,
-        next_avail: q.next_avail,
-        next_used: q.next_used,
-        event_idx: q.event_idx_enabled,
-        size: q.size,
-        ready: q.ready,
-        desc_table: q.desc_table,
-        avail_ring: q.avail_ring,
-        used_ring: q.used_ring,
-    }
-}
-
 impl TransportState {
     /// Whether the device was running when the template was saved.
     pub fn was_active(&self) -> bool {
@@ -535,7 +509,7 @@ mod tests {
         t.mem.write_obj(5u16, GuestAddress(0x3002)).unwrap();
         let state = t.save();
         assert!(state.was_active());
-        assert_eq!((state.queues[0].next_avail, state.queues[0].next_used), (5, 5));
+        assert_eq!((state.queues[0].0.next_avail, state.queues[0].0.next_used), (5, 5));
 
         let (mut fresh, restarted) = transport();
         fresh.restore(&state).unwrap();

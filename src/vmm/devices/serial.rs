@@ -30,13 +30,25 @@ pub struct SerialPort<W: Write + Send> {
     uart: Serial<IrqTrigger, vm_superio::serial::NoEvents, W>,
 }
 
-/// The UART's registers in a template (vm-superio's `SerialState`, which
-/// has no serde of its own).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct UartState {
-    registers: [u8; 9],
+/// `SerialState`'s fields, for serde (vm-superio has no serde of its own).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "SerialState")]
+struct SerialStateDef {
+    baud_divisor_low: u8,
+    baud_divisor_high: u8,
+    interrupt_enable: u8,
+    interrupt_identification: u8,
+    line_control: u8,
+    line_status: u8,
+    modem_control: u8,
+    modem_status: u8,
+    scratch: u8,
     in_buffer: Vec<u8>,
 }
+
+/// The UART's registers in a template.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UartState(#[serde(with = "SerialStateDef")] SerialState);
 
 impl<W: Write + Send> SerialPort<W> {
     pub fn new(irq: EventFd, out: W) -> Self {
@@ -45,50 +57,13 @@ impl<W: Write + Send> SerialPort<W> {
 
     /// A UART that goes on from `state`, writing to `out`.
     pub fn restored(irq: EventFd, out: W, state: &UartState) -> std::io::Result<Self> {
-        let [
-            baud_divisor_low,
-            baud_divisor_high,
-            interrupt_enable,
-            interrupt_identification,
-            line_control,
-            line_status,
-            modem_control,
-            modem_status,
-            scratch,
-        ] = state.registers;
-        let state = SerialState {
-            baud_divisor_low,
-            baud_divisor_high,
-            interrupt_enable,
-            interrupt_identification,
-            line_control,
-            line_status,
-            modem_control,
-            modem_status,
-            scratch,
-            in_buffer: state.in_buffer.clone(),
-        };
-        let uart = Serial::from_state(&state, IrqTrigger(irq), vm_superio::serial::NoEvents, out)
+        let uart = Serial::from_state(&state.0, IrqTrigger(irq), vm_superio::serial::NoEvents, out)
             .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
         Ok(SerialPort { uart })
     }
 
     pub fn state(&self) -> UartState {
-        let s = self.uart.state();
-        UartState {
-            registers: [
-                s.baud_divisor_low,
-                s.baud_divisor_high,
-                s.interrupt_enable,
-                s.interrupt_identification,
-                s.line_control,
-                s.line_status,
-                s.modem_control,
-                s.modem_status,
-                s.scratch,
-            ],
-            in_buffer: s.in_buffer,
-        }
+        UartState(self.uart.state())
     }
 }
 

@@ -139,14 +139,18 @@ fn run(name: &str, mut handler: impl EventHandler, gate: &Gate) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return tracing::error!("{name}: epoll wait: {e}"),
         };
-        let (gated, ready): (Vec<EpollEvent>, Vec<EpollEvent>) =
-            events[..n].iter().partition(|e| e.data() == GATE_TOKEN);
-        if !ready.is_empty() || n == 0 {
-            handler.handle(&ready);
+        let ready = &events[..n];
+        // The gate fires once per recording: the usual wake-up is handled
+        // as it came, without sorting anything out of it.
+        if !ready.iter().any(|e| e.data() == GATE_TOKEN) {
+            handler.handle(ready);
+            continue;
         }
-        if !gated.is_empty() {
-            gate.park();
+        let rest: Vec<EpollEvent> = ready.iter().filter(|e| e.data() != GATE_TOKEN).copied().collect();
+        if !rest.is_empty() {
+            handler.handle(&rest);
         }
+        gate.park();
     }
 }
 
