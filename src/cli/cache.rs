@@ -13,6 +13,7 @@ use crate::host::space::human_bytes;
 use crate::host::templates;
 use crate::paths::Dirs;
 use crate::proxy::packages::store;
+use crate::supervisor::scratch;
 
 /// Show or clear the package cache and the VM templates
 ///
@@ -29,6 +30,9 @@ use crate::proxy::packages::store;
 /// VM shape (kernel, stockade binary, CPUs, memory, devices): runs resume
 /// them instead of booting (`--no-snapshot` boots). At most four are kept,
 /// the least recently used removed first.
+///
+/// Blank scratch disks: one formatted, empty disk per disk size in use,
+/// copied for each run's scratch disk instead of formatting one per run.
 #[derive(Debug, Args)]
 pub struct CacheArgs {
     #[command(subcommand)]
@@ -39,8 +43,8 @@ pub struct CacheArgs {
 enum CacheCommand {
     /// Print where the cache is, how much it holds and its limit (the default)
     Show,
-    /// Remove every cached package and template (runs download and record
-    /// them again)
+    /// Remove every cached package, template and blank disk (runs download,
+    /// record and format them again)
     Clear,
 }
 
@@ -48,6 +52,7 @@ pub fn run(args: CacheArgs) -> anyhow::Result<ExitCode> {
     let dirs = Dirs::resolve()?;
     let dir = dirs.packages();
     let template_dir = templates::root(&dirs.cache);
+    let blanks = scratch::blanks_dir(&dirs.cache);
     let mut out = String::new();
     match args.command.unwrap_or(CacheCommand::Show) {
         CacheCommand::Show => {
@@ -71,6 +76,9 @@ pub fn run(args: CacheArgs) -> anyhow::Result<ExitCode> {
                 let ago = t.last_used.elapsed().unwrap_or_default().as_secs();
                 let _ = writeln!(out, "  {}  {}  used {} ago", t.key, human_bytes(t.bytes), human_age(ago));
             }
+            let (count, bytes) = scratch::usage(&blanks);
+            let _ = writeln!(out, "Blank disks: {}", blanks.display());
+            let _ = writeln!(out, "  {count}, {}", human_bytes(bytes));
         }
         CacheCommand::Clear => {
             let removed =
@@ -85,6 +93,9 @@ pub fn run(args: CacheArgs) -> anyhow::Result<ExitCode> {
             let (count, bytes) = templates::clear(&template_dir)
                 .with_context(|| format!("cannot remove the templates in {}", template_dir.display()))?;
             let _ = writeln!(out, "Removed {count} templates, {}, from {}", human_bytes(bytes), template_dir.display());
+            let (count, bytes) = scratch::clear(&blanks)
+                .with_context(|| format!("cannot remove the blank disks in {}", blanks.display()))?;
+            let _ = writeln!(out, "Removed {count} blank disks, {}, from {}", human_bytes(bytes), blanks.display());
         }
     }
     // One write: a reader that stops early (`| head`) ends the output

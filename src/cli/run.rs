@@ -176,6 +176,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
+    supervisor::reached("arguments read");
     let (report, summary_file) = (args.ci || args.summary.is_some(), args.summary.clone());
     let ci_mode = args.ci;
     let command: Vec<String> = args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
@@ -183,8 +184,14 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
     let mut review = ci::Review::default();
     let result = prepare(args, global).and_then(|config| {
         review = ci::Review { apply_all: config.apply == ApplyMode::All, code: config.code.clone() };
-        super::sessions::prune_before_run();
-        supervisor::run(config)
+        // Old sessions go while this one starts; pruning never takes a
+        // session that is running (this one included).
+        let pruning = std::thread::Builder::new().name("prune".into()).spawn(super::sessions::prune_before_run);
+        let finished = supervisor::run(config);
+        if let Ok(pruning) = pruning {
+            let _ = pruning.join();
+        }
+        finished
     });
     if let Ok(finished) = &result {
         explain_refusals(finished, docker);
@@ -193,6 +200,7 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
         ci::write(&ci::RunSummary::of(&command, &result, started.elapsed(), &review), summary_file.as_deref())?;
     }
     let finished = result?;
+    supervisor::reached("run reported");
     Ok(ExitCode::from(if ci_mode { ci::exit_code(&finished) } else { finished.status }))
 }
 

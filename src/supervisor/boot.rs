@@ -52,9 +52,9 @@ impl Booted {
             on_refused,
         )?;
         tracing::info!("session {} in {}", session.id, session.dir.display());
-        tracing::debug!("VMM started after {:?}", host.started.elapsed());
+        super::reached("VMM started");
         let completed = prepare::complete(&mut layout, config, host, held)?;
-        tracing::debug!("egress proxy up after {:?}", host.started.elapsed());
+        super::reached("egress proxy up");
         let spec = RunSpec {
             root: layout.root,
             env: completed.env,

@@ -79,10 +79,12 @@ fn converse(
         return Ok(Conversation::VmEnded);
     };
     command.formatting.wait()?;
+    super::reached("scratch disk formatted");
     let mut spec = command.spec;
     spec.clock = Some(HostClock::now());
     spec.seed = host_seed()?;
     send(&talk.writer, &HostMsg::Run(spec))?;
+    super::reached("command sent");
     // Clients of published ports are asked for only once the init has the
     // command (and so the token it dials back with).
     let _published = match publish {
@@ -142,7 +144,10 @@ fn call_in(
     let further = admission::refuse_further_control(listener, tampering.clone())?;
     let mut reader = std::io::BufReader::new(control.try_clone()?);
     match read_frame::<GuestMsg>(&mut reader) {
-        Ok(GuestMsg::Ready { kernel }) => tracing::info!("guest {kernel} ready after {:.0?}", started.elapsed()),
+        Ok(GuestMsg::Ready { kernel }) => {
+            tracing::info!("guest {kernel} ready after {:.0?}", started.elapsed());
+            super::reached("guest ready");
+        }
         Ok(other) => bail!("the guest said {other:?} before it was ready"),
         Err(_) => return Ok(None),
     }
@@ -235,6 +240,7 @@ impl<'a> Relay<'a> {
             }
             GuestMsg::Changes(outcome) => self.changes(outcome),
             GuestMsg::Exit(report) => {
+                super::reached("command ended");
                 let _ = send(writer, &HostMsg::Finish);
                 if let Some(receiver) = self.receiver.take() {
                     receiver.abandon();

@@ -4,7 +4,7 @@
 //! place that maps an end to a status).
 
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::conversation::{Conversation, Ended};
 use super::prepare::{Held, Host, Recorded};
@@ -39,7 +39,7 @@ impl Finish<'_> {
         // The guest has said all it will; its VMM powers off (or is killed
         // after the grace) while the network stops and the changes are
         // reviewed. If the thread cannot start, dropping the VMM kills it.
-        let reaper = reap(vmm, host.started);
+        let reaper = reap(vmm);
         let Held { network, sockets, scratch, agents, tampering, published } = held;
         drop(network);
         // The guest's changes were exported; the disk that held them is
@@ -61,7 +61,7 @@ impl Finish<'_> {
                 );
             }
         }
-        tracing::debug!("network stopped after {:?}", host.started.elapsed());
+        super::reached("network stopped");
         for warning in published.warnings() {
             eprintln!("stockade: warning: {warning}");
         }
@@ -73,6 +73,7 @@ impl Finish<'_> {
             let _ = reaper.join();
         }
         outcome.record(&mut recorded, &tampered);
+        super::reached("run recorded");
         Finished {
             status: outcome.status,
             session_id: recorded.session.id.clone(),
@@ -83,10 +84,10 @@ impl Finish<'_> {
     }
 }
 
-fn reap(mut vmm: vm::VmProcess, started: Instant) -> std::io::Result<JoinHandle<()>> {
+fn reap(mut vmm: vm::VmProcess) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("vmm-reaper".into()).spawn(move || {
         vmm.finish(SHUTDOWN_GRACE);
-        tracing::debug!("VMM exited after {:?}", started.elapsed());
+        super::reached("VMM exited");
     })
 }
 

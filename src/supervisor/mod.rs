@@ -39,7 +39,7 @@ mod prepare;
 mod publish;
 pub mod retention;
 mod root;
-mod scratch;
+pub mod scratch;
 pub mod session;
 mod signals;
 mod staging;
@@ -47,7 +47,8 @@ mod terminal;
 mod vm;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use crate::changes;
 
@@ -116,8 +117,18 @@ pub struct Finished {
     pub tampering: Vec<String>,
 }
 
+/// When this run started: the first step it reached.
+static STARTED: OnceLock<Instant> = OnceLock::new();
+
+/// Notes in the debug log (`-vv`) how long the run took to reach `step`, so
+/// a slow start or end can be seen step by step.
+pub fn reached(step: &str) {
+    tracing::debug!("{step} after {:.1?}", STARTED.get_or_init(Instant::now).elapsed());
+}
+
 /// Runs the command in a fresh VM and says how it ended.
 pub fn run(config: RunConfig) -> anyhow::Result<Finished> {
+    reached("run configured");
     signals::block()?;
     let host = prepare::Host::check(&config)?;
     let prepare::Prepared { recorded, mut held, guest } = prepare::Prepared::new(&config, &host)?;

@@ -13,7 +13,6 @@
 use crate::proxy::packages::CacheConfig;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{Context, bail};
 
@@ -28,8 +27,6 @@ use crate::protocol::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
 
 /// The host and the invocation, checked before anything is created.
 pub struct Host {
-    /// When the run started, for the timings in the debug log.
-    pub started: Instant,
     pub dirs: Dirs,
     pub kernel: PathBuf,
     pub cwd: PathBuf,
@@ -42,10 +39,9 @@ pub struct Host {
 
 impl Host {
     pub fn check(config: &RunConfig) -> anyhow::Result<Host> {
-        let started = Instant::now();
         let dirs = Dirs::resolve()?;
         let kernel = check_kvm(&dirs, config.kernel.as_deref())?;
-        tracing::debug!("host checked after {:?}", started.elapsed());
+        super::reached("KVM checked");
         if config.jail {
             if let Err(why) = crate::jail::check_available() {
                 bail!(
@@ -57,9 +53,10 @@ impl Host {
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
         let user = root::User::current();
         let workspace = root::find_workspace(&cwd, &user.home)?;
+        super::reached("workspace found");
         let image = config.image.as_deref().map(|name| crate::image::find(&dirs.cache, name)).transpose()?;
         let system = if image.is_some() { root::System::Image } else { root::System::Host };
-        Ok(Host { started, dirs, kernel, cwd, user, workspace, image: image.map(|i| i.path), system })
+        Ok(Host { dirs, kernel, cwd, user, workspace, image: image.map(|i| i.path), system })
     }
 }
 
@@ -127,9 +124,9 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    fn create(session: &session::Session, bytes: u64) -> anyhow::Result<(Scratch, scratch::Formatting)> {
+    fn create(session: &session::Session, bytes: u64, cache: &Path) -> anyhow::Result<(Scratch, scratch::Formatting)> {
         let path = session.scratch_disk();
-        let formatting = scratch::create(&path, bytes)?;
+        let formatting = scratch::create(&path, bytes, &scratch::blanks_dir(cache))?;
         Ok((Scratch { path, kept: false }, formatting))
     }
 
@@ -237,6 +234,7 @@ impl Prepared {
         // anything is created.
         let published = publish::bind(&config.publish)?;
         let recorded = Recorded::create(config, host)?;
+        super::reached("session created");
         let seen = recorded.store.start_seen()?;
         let package_cache = (config.package_cache_bytes > 0)
             .then(|| CacheConfig { dir: host.dirs.packages(), limit: config.package_cache_bytes });
@@ -247,7 +245,8 @@ impl Prepared {
             &recorded.session.dir,
             &recorded.vsock_base(),
         )?;
-        let (scratch, formatting) = Scratch::create(&recorded.session, config.disk_bytes)?;
+        let (scratch, formatting) = Scratch::create(&recorded.session, config.disk_bytes, &host.dirs.cache)?;
+        super::reached("egress proxy and scratch disk started");
         let published_seen = published.seen.clone();
         let published = (!published.is_empty()).then_some(published);
         let (channels, sockets) = Channels::open(&recorded.vsock_base(), &recorded.store, published)?;
@@ -259,6 +258,7 @@ impl Prepared {
             agents.push(state);
         }
         let layout = lay_out(config, host, seen, &agents)?;
+        super::reached("root laid out");
         let tampering = channels.tampering.clone();
         Ok(Prepared {
             recorded,

@@ -1,27 +1,64 @@
 //! The scratch disk: a sparse file in the session directory, formatted ext4,
-//! where the guest keeps the upper layer of the workspace overlay. Formatting
-//! runs while the VM boots; the guest mounts the disk only after we send the
-//! command, by which time the format has finished.
+//! where the guest keeps the upper layer of the workspace overlay.
+//!
+//! mkfs runs once per disk size: its output, a blank image, is kept in the
+//! cache (`<cache>/scratch`), and each run copies the blank's few MiB of
+//! metadata into a fresh sparse file, on a thread of its own while the VM
+//! starts. The guest mounts the disk only after we send the command, by
+//! which time the copy has finished. (Every run's disk so has the same
+//! filesystem UUID; the guest mounts it by device, and the disk never
+//! outlives its VM.)
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
+use std::time::SystemTime;
 
 use anyhow::{Context, bail};
+use nix::unistd::{Whence, lseek};
+use sha2::{Digest, Sha256};
 
 /// Where mke2fs lives on Debian-like systems when it is not on $PATH
 /// (ordinary users' PATH often lacks the sbin directories).
 const SBIN_DIRS: [&str; 2] = ["/usr/sbin", "/sbin"];
+/// No journal: the disk never outlives the VM, so crash consistency buys
+/// nothing. Lazy table init and no discard keep the image sparse.
+const FORMAT_ARGS: [&str; 11] = [
+    "-F",
+    "-q",
+    "-m",
+    "0",
+    "-O",
+    "^has_journal",
+    "-L",
+    "stockade",
+    "-E",
+    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+    "--",
+];
+/// Blank images kept at most (one per disk size in use); the least
+/// recently used go first.
+const KEEP_BLANKS: usize = 4;
+/// Offset of the ext2/3/4 superblock's magic number, and the number.
+const EXT4_MAGIC_AT: u64 = 1024 + 0x38;
+const EXT4_MAGIC: u16 = 0xEF53;
+
+/// The blank images' directory under the cache.
+pub fn blanks_dir(cache: &Path) -> PathBuf {
+    cache.join("scratch")
+}
 
 pub struct Formatting {
     path: PathBuf,
     job: JoinHandle<anyhow::Result<()>>,
 }
 
-/// Creates the sparse image of `bytes` at `path` and starts formatting it.
-pub fn create(path: &Path, bytes: u64) -> anyhow::Result<Formatting> {
+/// Creates the sparse image of `bytes` at `path` and starts filling it with
+/// a blank filesystem from `blanks` (formatting one there first if needed).
+pub fn create(path: &Path, bytes: u64, blanks: &Path) -> anyhow::Result<Formatting> {
     let mkfs = find_mkfs().context(
         "cannot find mkfs.ext4, which formats the scratch disk for the guest's changes: install e2fsprogs \
          (apt install e2fsprogs)",
@@ -33,17 +70,19 @@ pub fn create(path: &Path, bytes: u64) -> anyhow::Result<Formatting> {
         .open(path)
         .with_context(|| format!("cannot create the scratch disk {}", path.display()))?;
     file.set_len(bytes).with_context(|| format!("cannot size the scratch disk {}", path.display()))?;
-    drop(file);
-    let image = path.to_path_buf();
+    let blanks = blanks.to_path_buf();
     let job = std::thread::Builder::new()
-        .name("mkfs".into())
-        .spawn(move || format(&mkfs, &image))
-        .context("cannot start formatting the scratch disk")?;
+        .name("scratch".into())
+        .spawn(move || {
+            let blank = blank(&blanks, &mkfs, bytes)?;
+            copy_data(&blank, &file).with_context(|| format!("cannot copy the blank disk {}", blank.display()))
+        })
+        .context("cannot start filling the scratch disk")?;
     Ok(Formatting { path: path.to_path_buf(), job })
 }
 
 impl Formatting {
-    /// Waits for the format to finish.
+    /// Waits for the disk to be ready.
     pub fn wait(self) -> anyhow::Result<()> {
         match self.job.join() {
             Ok(result) => result.with_context(|| format!("cannot format the scratch disk {}", self.path.display())),
@@ -60,13 +99,50 @@ fn find_mkfs() -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// The blank image of `bytes` made by `mkfs`, formatted now unless the
+/// cache has a sound one. Formats to a private name and renames, so a
+/// concurrent run sees a whole blank or none.
+fn blank(dir: &Path, mkfs: &Path, bytes: u64) -> anyhow::Result<PathBuf> {
+    let m = fs::metadata(mkfs).with_context(|| format!("cannot read {}", mkfs.display()))?;
+    let maker = format!("{}:{}:{}:{}.{} {FORMAT_ARGS:?}", m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+    let key: String = Sha256::digest(maker.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("ext4-{bytes}-{key}.img"));
+    if is_blank(&path, bytes) {
+        // Its modification time is its last use.
+        if let Ok(file) = File::options().write(true).open(&path) {
+            let _ = file.set_modified(SystemTime::now());
+        }
+        return Ok(path);
+    }
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let partial = dir.join(format!(".partial-{}-{bytes}", std::process::id()));
+    let result = (|| {
+        let file = File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+        file.set_len(bytes).with_context(|| format!("cannot size {}", partial.display()))?;
+        format(mkfs, &partial)?;
+        fs::rename(&partial, &path).with_context(|| format!("cannot rename {} into place", partial.display()))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    result?;
+    prune(dir, KEEP_BLANKS);
+    Ok(path)
+}
+
+/// Whether `path` is a blank image of `bytes` (as far as its size and
+/// superblock tell: a damaged one is formatted again).
+fn is_blank(path: &Path, bytes: u64) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let mut magic = [0u8; 2];
+    file.metadata().is_ok_and(|m| m.is_file() && m.len() == bytes)
+        && file.read_exact_at(&mut magic, EXT4_MAGIC_AT).is_ok()
+        && u16::from_le_bytes(magic) == EXT4_MAGIC
+}
+
 fn format(mkfs: &Path, image: &Path) -> anyhow::Result<()> {
-    // No journal: the disk never outlives the VM, so crash consistency buys
-    // nothing. Lazy table init and no discard keep the file sparse and the
-    // format to a few milliseconds.
     let output = Command::new(mkfs)
-        .args(["-F", "-q", "-m", "0", "-O", "^has_journal", "-L", "stockade"])
-        .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .args(FORMAT_ARGS)
         .arg(image)
         .stdin(Stdio::null())
         .output()
@@ -77,29 +153,174 @@ fn format(mkfs: &Path, image: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Copies the data of `from` (skipping its holes) to the same offsets of
+/// `to`, which is already as long: in the kernel, and shared rather than
+/// copied where the filesystem can reflink.
+fn copy_data(from: &Path, to: &File) -> io::Result<()> {
+    let source = File::open(from)?;
+    let end = i64::try_from(source.metadata()?.len()).map_err(io::Error::other)?;
+    let mut at = 0i64;
+    while at < end {
+        let data = match lseek(&source, at, Whence::SeekData) {
+            Ok(offset) => offset,
+            // No data past `at`.
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(&source, data, Whence::SeekHole)?.min(end);
+        copy_range(&source, to, data, hole - data)?;
+        at = hole;
+    }
+    Ok(())
+}
+
+fn copy_range(from: &File, to: &File, start: i64, len: i64) -> io::Result<()> {
+    let (mut off_in, mut off_out, mut left) = (start, start, len);
+    while left > 0 {
+        let chunk = usize::try_from(left).unwrap_or(usize::MAX);
+        match nix::fcntl::copy_file_range(from, Some(&mut off_in), to, Some(&mut off_out), chunk) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the blank disk shrank")),
+            Ok(n) => left -= i64::try_from(n).map_err(io::Error::other)?,
+            // Across filesystems on older kernels, or where unsupported.
+            Err(nix::errno::Errno::EXDEV | nix::errno::Errno::ENOSYS | nix::errno::Errno::EOPNOTSUPP) => {
+                return copy_by_hand(from, to, off_in, left);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn copy_by_hand(from: &File, to: &File, start: i64, len: i64) -> io::Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut at, end) =
+        (u64::try_from(start).map_err(io::Error::other)?, u64::try_from(start + len).map_err(io::Error::other)?);
+    while at < end {
+        let n = usize::try_from(end - at).unwrap_or(usize::MAX).min(buf.len());
+        from.read_exact_at(&mut buf[..n], at)?;
+        to.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Keeps the `keep` most recently used blanks.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    let mut blanks: Vec<(SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ext4-"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    blanks.sort_by_key(|b| std::cmp::Reverse(b.0));
+    for (_, path) in blanks.into_iter().skip(keep) {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// How many blank images there are, and the bytes they hold on disk.
+pub fn usage(dir: &Path) -> (usize, u64) {
+    let Ok(entries) = fs::read_dir(dir) else { return (0, 0) };
+    entries.flatten().filter_map(|e| e.metadata().ok()).fold((0, 0), |(n, b), m| (n + 1, b + m.blocks() * 512))
+}
+
+/// Removes every blank image: how many, and the bytes they held on disk.
+pub fn clear(dir: &Path) -> io::Result<(usize, u64)> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(e),
+    };
+    let (mut count, mut bytes) = (0, 0);
+    for entry in entries.flatten() {
+        let held = entry.metadata().map(|m| m.blocks() * 512).unwrap_or(0);
+        fs::remove_file(entry.path())?;
+        count += 1;
+        bytes += held;
+    }
+    Ok((count, bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn magic(image: &Path) -> u16 {
+        let mut magic = [0u8; 2];
+        File::open(image).unwrap().read_exact_at(&mut magic, EXT4_MAGIC_AT).unwrap();
+        u16::from_le_bytes(magic)
+    }
+
+    fn assert_sparse_ext4(image: &Path, bytes: u64) {
+        let meta = fs::metadata(image).unwrap();
+        assert_eq!(meta.len(), bytes);
+        assert!(meta.blocks() * 512 < 64 << 20, "the image must stay sparse: {} blocks", meta.blocks());
+        assert_eq!(magic(image), EXT4_MAGIC, "ext2/3/4 superblock magic in {}", image.display());
+    }
+
+    fn blank_files(dir: &Path) -> Vec<PathBuf> {
+        let mut found: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        found.sort();
+        found
+    }
+
     #[test]
-    fn formats_a_sparse_ext4_image() {
+    fn formats_once_and_copies_the_blank_after() {
         if find_mkfs().is_none() {
             eprintln!("skipping: mkfs.ext4 is not installed (apt install e2fsprogs)");
             return;
         }
         let dir = std::env::temp_dir().join(format!("stockade-scratch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let image = dir.join("scratch.img");
-        create(&image, 1 << 30).unwrap().wait().unwrap();
-        let meta = std::fs::metadata(&image).unwrap();
-        assert_eq!(meta.len(), 1 << 30);
-        use std::os::unix::fs::MetadataExt;
-        assert!(meta.blocks() * 512 < 64 << 20, "the image must stay sparse: {} blocks", meta.blocks());
-        let mut magic = [0u8; 2];
-        use std::os::unix::fs::FileExt;
-        std::fs::File::open(&image).unwrap().read_exact_at(&mut magic, 1024 + 0x38).unwrap();
-        assert_eq!(u16::from_le_bytes(magic), 0xEF53, "ext2/3/4 superblock magic");
-        assert!(create(&image, 1 << 30).is_err(), "an existing image is never overwritten");
-        std::fs::remove_dir_all(&dir).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let blanks = dir.join("blanks");
+        let (first, second) = (dir.join("first.img"), dir.join("second.img"));
+        create(&first, 1 << 30, &blanks).unwrap().wait().unwrap();
+        assert_sparse_ext4(&first, 1 << 30);
+        let kept = blank_files(&blanks);
+        assert_eq!(kept.len(), 1, "one blank for one size: {kept:?}");
+        let formatted_at = fs::metadata(&kept[0]).unwrap().ino();
+
+        create(&second, 1 << 30, &blanks).unwrap().wait().unwrap();
+        assert_sparse_ext4(&second, 1 << 30);
+        assert_eq!(blank_files(&blanks), kept, "the second disk reuses the blank");
+        assert_eq!(fs::metadata(&kept[0]).unwrap().ino(), formatted_at, "and does not format it again");
+        assert!(create(&second, 1 << 30, &blanks).is_err(), "an existing image is never overwritten");
+
+        // A damaged blank is formatted again rather than copied.
+        fs::write(&kept[0], b"not a filesystem").unwrap();
+        let third = dir.join("third.img");
+        create(&third, 1 << 30, &blanks).unwrap().wait().unwrap();
+        assert_sparse_ext4(&third, 1 << 30);
+        assert_sparse_ext4(&kept[0], 1 << 30);
+
+        let (count, bytes) = usage(&blanks);
+        assert!(count == 1 && bytes > 0 && bytes < 64 << 20, "{count} blanks, {bytes} bytes");
+        assert_eq!(clear(&blanks).unwrap().0, 1);
+        assert!(blank_files(&blanks).is_empty());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn copies_data_at_its_offsets_and_keeps_holes() {
+        let dir = std::env::temp_dir().join(format!("stockade-scratch-copy-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let (from, to) = (dir.join("from"), dir.join("to"));
+        let source = File::create(&from).unwrap();
+        source.set_len(64 << 20).unwrap();
+        source.write_all_at(b"head", 0).unwrap();
+        source.write_all_at(&[7u8; 8192], 40 << 20).unwrap();
+        let target = File::options().read(true).write(true).create_new(true).open(&to).unwrap();
+        target.set_len(64 << 20).unwrap();
+        copy_data(&from, &target).unwrap();
+        let mut got = [0u8; 4];
+        target.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got, b"head");
+        let mut block = vec![0u8; 8192];
+        target.read_exact_at(&mut block, 40 << 20).unwrap();
+        assert!(block.iter().all(|&b| b == 7));
+        assert!(target.metadata().unwrap().blocks() * 512 < 4 << 20, "holes stay holes");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

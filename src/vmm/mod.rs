@@ -98,7 +98,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     let started = std::time::Instant::now();
     let kvm = Kvm::new().map_err(VmmError::Kvm)?;
-    let dialer = devices::broker::Dialer::connect(&config.vsock_broker)
+    let dialer = devices::broker::Dialer::connect(&config.vsock_broker, started)
         .map_err(|source| VmmError::Device { device: devices::virtio::vsock::THREAD.name, source })?;
     let (machine, kind) = match &config.template {
         Some(TemplatePlan::Restore(dir)) => match restore(config, &kvm, &dialer, dir) {

@@ -5,7 +5,9 @@ use std::io::{self, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
 
@@ -25,21 +27,28 @@ fn send_all(channel: &UnixStream, bytes: &[u8]) -> io::Result<()> {
 #[derive(Clone)]
 pub struct Dialer {
     channel: Arc<Mutex<UnixStream>>,
+    /// When the VMM started, and whether the guest has dialed yet: its
+    /// first dial is the init running, which the debug log times.
+    started: Instant,
+    dialed: Arc<AtomicBool>,
 }
 
 impl Dialer {
     /// Connects to the supervisor's broker socket.
-    pub fn connect(path: &Path) -> io::Result<Dialer> {
-        Ok(Dialer { channel: Arc::new(Mutex::new(UnixStream::connect(path)?)) })
+    pub fn connect(path: &Path, started: Instant) -> io::Result<Dialer> {
+        Ok(Dialer { channel: Arc::new(Mutex::new(UnixStream::connect(path)?)), started, dialed: Arc::default() })
     }
 
     #[cfg(test)]
     pub fn from_stream(channel: UnixStream) -> Dialer {
-        Dialer { channel: Arc::new(Mutex::new(channel)) }
+        Dialer { channel: Arc::new(Mutex::new(channel)), started: Instant::now(), dialed: Arc::default() }
     }
 
     /// A stream connected to host port `port`, or the supervisor's errno.
     pub fn dial(&mut self, port: u32) -> io::Result<UnixStream> {
+        if !self.dialed.swap(true, Ordering::Relaxed) {
+            tracing::debug!("the guest first dialed the host after {:?}", self.started.elapsed());
+        }
         let mut channel = self.channel.lock().unwrap_or_else(|e| e.into_inner());
         send_all(&channel, &Request::Dial { port }.encode())?;
         let mut reply = [0u8; REPLY_LEN];
