@@ -4,8 +4,10 @@
 # same kernel and init to exit, and of QEMU microvm booting that kernel and
 # init; peak RSS of each, and each row's ratio to QEMU. The rows take turns
 # within each round, so a machine that slows down mid-way slows them all.
-# Also: how long a resumed guest takes to call in, the template's size and
-# recording time, and the VMM's own resident memory apart from guest pages.
+# Also: the restore's phases (VMM start to vCPUs running, and on to the
+# guest's init running), how long a resumed guest takes to call in, the
+# template's size and recording time, and the VMM's own resident memory
+# apart from guest pages, resumed and booted.
 #
 # Runs where a standard guest boots: directly on hardware KVM, or inside the
 # rig's L1 on a PVM host (tests/rig). Usage:
@@ -71,8 +73,8 @@ names=("run -- true (resumed)" "run -- true (--no-snapshot)" "vmm, resumed" "vmm
 commands=(
     "$bin run -v --cpus 1 --memory 256M --kernel $kernel -- true"
     "$bin run --no-snapshot --cpus 1 --memory 256M --kernel $kernel -- true"
-    "$bin vmm --config $work/resume.json"
-    "$bin vmm --config $work/vmm.json"
+    "env RUST_LOG=stockade=debug $bin vmm --config $work/resume.json"
+    "env RUST_LOG=stockade=debug $bin vmm --config $work/vmm.json"
     qemu
 )
 qemu=(qemu-system-x86_64 -M microvm,x-option-roms=off,isa-serial=on,rtc=off -enable-kvm -cpu host -m 256 -smp 1
@@ -93,26 +95,42 @@ run_row() {
     kb=$(tail -n1 "$work/rss")
     ((kb > ${peak[$i]:-0})) && peak[$i]=$kb
     grep -o 'ready after [0-9.]*m\?s' "$work/err" >>"$work/ready" || true
+    # The bare VMM's debug log: when its vCPUs ran, and when the init first
+    # dialed the host (it runs: the restore is over).
+    grep -o 'vCPUs started after [0-9.]*m\?s' "$work/err" | ms >>"$work/vcpus-$i" || true
+    grep -o 'first dialed the host after [0-9.]*m\?s' "$work/err" | ms >>"$work/dialed-$i" || true
 }
+# ms: "... after 1.5s" or "... after 87.3ms" on stdin, milliseconds out.
+ms() { awk '{v=$NF; if (v ~ /ms$/) {sub(/ms$/, "", v)} else if (v ~ /µs$/) {sub(/µs$/, "", v); v/=1000} else {sub(/s$/, "", v); v*=1000}; printf "%.1f\n", v}'; }
+# median FILE: the middle value of a file of numbers.
+median() { sort -n "$1" | awk '{a[NR]=$1} END{if (NR) print a[int((NR+1)/2)]; else print "n/a"}'; }
 
 mkdir -p "$work/ws" && cd "$work/ws"
 echo "warm-up (the first run records the template)" >&2
 for i in "${!names[@]}"; do run_row "$i"; times[$i]=""; peak[$i]=0; done
 : >"$work/ready"
+rm -f "$work"/vcpus-* "$work"/dialed-*
 for round in $(seq "$runs"); do
     echo "round $round of $runs" >&2
     for i in "${!names[@]}"; do run_row "$i"; done
 done
 
-# The VMM's own memory: the resumed bare VMM, sampled from smaps while it
-# runs; guest RAM is the one mapping as large as the guest's memory.
-"$bin" vmm --config "$work/resume.json" >/dev/null 2>&1 &
-vmm=$!
-while kill -0 "$vmm" 2>/dev/null; do
-    cp "/proc/$vmm/smaps" "$work/smaps" 2>/dev/null || true
-    sleep 0.02
-done
-read -r own guest < <(awk '/^[0-9a-f]+-[0-9a-f]+ /{big=0} /^Size:/{big=($2 >= 262144)} /^Rss:/{if (big) g+=$2; else o+=$2} END{print o+0, g+0}' "$work/smaps")
+# The VMM's own memory: a bare VMM's smaps sampled while it runs, the
+# sample where it was largest; guest RAM is the one mapping as large as the
+# guest's memory.
+own_memory() {
+    local vmm best="0 0" sample
+    "$bin" vmm --config "$1" >/dev/null 2>&1 &
+    vmm=$!
+    while kill -0 "$vmm" 2>/dev/null; do
+        sample=$(awk '/^[0-9a-f]+-[0-9a-f]+ /{big=0} /^Size:/{big=($2 >= 262144)} /^Rss:/{if (big) g+=$2; else o+=$2} END{print o+0, g+0}' "/proc/$vmm/smaps" 2>/dev/null || true)
+        [[ -n $sample && ${sample%% *} -gt ${best%% *} ]] && best=$sample
+        sleep 0.02
+    done
+    echo "$best"
+}
+read -r own_resumed guest_resumed < <(own_memory "$work/resume.json")
+read -r own_booted guest_booted < <(own_memory "$work/vmm.json")
 
 quantile() { printf '%s\n' $1 | sort -n | awk -v n="$runs" -v q="$2" 'NR == int((n * q + q) / 10)'; }
 qemu_p50=$(quantile "${times[4]}" 5)
@@ -124,4 +142,5 @@ for i in "${!names[@]}"; do
 done
 echo "resumed guest called in: p50 $(sort -t' ' -k3 -n "$work/ready" | awk '{a[NR]=$3} END{print a[int((NR+1)/2)]}') after the VMM started"
 echo "template: ${template_kib} KiB on disk for 256 MiB of guest memory; the recording boot took ${recorded_in} s, ${saved}"
-echo "VMM's own resident memory (resumed, last sample): ${own} KiB, guest pages ${guest} KiB"
+echo "bare VMM, p50 ms after it started: resumed: vCPUs running $(median "$work/vcpus-2"), init running $(median "$work/dialed-2"); booted: vCPUs running $(median "$work/vcpus-3"), init running $(median "$work/dialed-3")"
+echo "VMM's own resident memory (largest sample): resumed ${own_resumed} KiB (guest pages ${guest_resumed} KiB), booted ${own_booted} KiB (guest pages ${guest_booted} KiB)"

@@ -1,7 +1,7 @@
 //! Templates end to end (see `vmm::template`): the first run of a VM shape
 //! records one, later runs resume it with their own clock and random state,
-//! a damaged template falls back to a boot, and a guest that writes the
-//! template port itself changes nothing.
+//! a damaged template falls back to a boot, so does a resumed guest that
+//! fails, and a guest that writes the template port itself changes nothing.
 
 use crate::rig;
 use crate::run_e2e::{T, script};
@@ -94,6 +94,35 @@ fn a_damaged_template_boots_with_a_note_and_is_recorded_again() {
     // with a note and records the template again; the next one resumes it.
     assert_eq!(how(&out.stderr), ["damaged", "recorded", "resumed", "resumed"], "{out}");
     assert!(out.stdout.contains("listed=2"), "{out}");
+}
+
+#[test]
+fn a_resumed_guest_that_fails_is_replaced_by_a_booting_one() {
+    let Some(rig) = rig::require("a_resumed_guest_that_fails_is_replaced") else { return };
+    let out = rig.sh(
+        &script(&format!(
+            "{PRELUDE}
+             $S run --cpus 1 -- true; echo first=$?
+             # Memory of the right size that is no longer the guest's: it
+             # passes every check made before the VM starts, and the
+             # resumed guest dies at once.
+             for m in \"$STOCKADE_CACHE\"/templates/*/memory; do
+                 size=$(stat -c %s \"$m\"); rm \"$m\"; truncate -s \"$size\" \"$m\"
+             done
+             $S run -v --cpus 1 -- echo after-failure 2> failed.err; echo failed=$?
+             $S run -v --cpus 1 -- true 2> again.err; echo again=$?
+             cat failed.err again.err >&2"
+        )),
+        T,
+    );
+    for status in ["first=0", "failed=0", "again=0"] {
+        assert!(out.stdout.contains(status), "missing {status}\n{out}");
+    }
+    assert!(out.stdout.contains("after-failure"), "{out}");
+    assert!(out.stderr.contains("stopped before it called in; booting instead"), "{out}");
+    // The failed resume, the boot in its place, then a recording: the
+    // template went with the failure.
+    assert_eq!(how(&out.stderr), ["resumed", "booted", "recorded"], "{out}");
 }
 
 #[test]

@@ -120,16 +120,24 @@ fn call_in(
     let resumed = vmm.resumes_template();
     let timeout = if resumed { vm::RESUMED_CALL_IN } else { BOOT_TIMEOUT };
     let Some(control) = vm::accept(listener, vmm, timeout)? else {
+        if resumed {
+            let what = if vmm.is_running() {
+                format!("did not call in within {}s", timeout.as_secs())
+            } else {
+                "stopped before it called in".to_string()
+            };
+            tracing::warn!(
+                "the guest resumed from a template {what}; booting instead (the template was removed, so the next run \
+                 records it again; the kernel log is {})",
+                session.kernel_log().display()
+            );
+            vmm.boot_instead()?;
+            // Whatever the stopped VM left queued is not the init's.
+            while listener.accept().is_ok() {}
+            return call_in(listener, vmm, session, tampering);
+        }
         if vmm.is_running() {
             vmm.kill();
-            if resumed {
-                bail!(
-                    "the guest resumed from a template did not call in within {}s; the template was removed, \
-                     so the next run boots and records it again (--no-snapshot always boots); the kernel log is {}",
-                    timeout.as_secs(),
-                    session.kernel_log().display()
-                );
-            }
             bail!(
                 "the guest did not call in within {}s; the kernel log is {}",
                 BOOT_TIMEOUT.as_secs(),

@@ -20,8 +20,9 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// How long a guest resumed from a template may take to call in. It has
 /// no kernel to boot, so one that takes longer is stuck: its template is
-/// removed and the run stops, instead of waiting out a boot's timeout.
-pub const RESUMED_CALL_IN: Duration = Duration::from_secs(45);
+/// removed and the VM boots instead, rather than waiting out a boot's
+/// timeout.
+pub const RESUMED_CALL_IN: Duration = Duration::from_secs(20);
 
 pub struct VmProcess {
     child: Child,
@@ -30,6 +31,8 @@ pub struct VmProcess {
     /// How the VMM said the VM started.
     started: Arc<Mutex<Option<StartKind>>>,
     called_in: bool,
+    /// How it was started, to start it again booting.
+    launch: Launch,
 }
 
 /// Where a VMM's files go.
@@ -42,6 +45,18 @@ pub struct Paths<'a> {
     pub vsock_base: &'a Path,
 }
 
+/// Hears of the guest connections the VMM refused on the init's ports.
+type OnRefused = Arc<dyn Fn(u32, u32) + Send + Sync>;
+
+/// All a VMM process is started from.
+struct Launch {
+    config: VmConfig,
+    session: PathBuf,
+    log: PathBuf,
+    vsock_base: PathBuf,
+    on_refused: OnRefused,
+}
+
 impl VmProcess {
     /// Writes the VM description into the session, starts the VMM, and
     /// brokers its connections to the listeners under `vsock_base`.
@@ -51,43 +66,28 @@ impl VmProcess {
         config: &VmConfig,
         paths: Paths,
         template: Option<templates::Use>,
-        on_refused: impl Fn(u32, u32) + Send + 'static,
+        on_refused: impl Fn(u32, u32) + Send + Sync + 'static,
     ) -> anyhow::Result<VmProcess> {
-        let Paths { session: session_dir, log, vsock_base } = paths;
-        let broker = UnixListener::bind(&config.vsock_broker)
-            .with_context(|| format!("cannot listen on {}", config.vsock_broker.display()))?;
-        let config_path = session_dir.join("vmm.json");
-        std::fs::write(&config_path, serde_json::to_vec_pretty(config)?)
-            .with_context(|| format!("cannot write {}", config_path.display()))?;
-        let exe = std::env::current_exe().context("cannot find the stockade binary")?;
-        let log = File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("vmm")
-            .arg("--config")
-            .arg(&config_path)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        if let Some(filter) = std::env::var_os("RUST_LOG") {
-            cmd.env("RUST_LOG", filter);
-        }
-        let child = cmd.spawn().context("cannot start the VMM process")?;
-        let (pid, base) = (child.id(), vsock_base.to_path_buf());
-        let started = Arc::new(Mutex::new(None));
-        let heard = started.clone();
-        let on_notice = move |notice| match notice {
-            Notice::Refused { host_port, guest_port } => on_refused(host_port, guest_port),
-            Notice::Start(kind) => {
-                tracing::info!("{}", kind.describe());
-                *heard.lock().unwrap_or_else(|p| p.into_inner()) = Some(kind);
-            }
+        let launch = Launch {
+            config: config.clone(),
+            session: paths.session.to_path_buf(),
+            log: paths.log.to_path_buf(),
+            vsock_base: paths.vsock_base.to_path_buf(),
+            on_refused: Arc::new(on_refused),
         };
-        std::thread::Builder::new()
-            .name("vsock-broker".into())
-            .spawn(move || serve_broker(&broker, pid, &base, on_notice))
-            .context("cannot start the vsock broker thread")?;
-        Ok(VmProcess { child, template, started, called_in: false })
+        let (child, started) = launch.spawn()?;
+        Ok(VmProcess { child, template, started, called_in: false, launch })
+    }
+
+    /// Stops a VMM whose resumed guest failed to call in, and boots a
+    /// fresh one in its place (its template is removed).
+    pub fn boot_instead(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let _ = std::fs::remove_file(&self.launch.config.vsock_broker);
+        self.launch.config.template = None;
+        let (child, started) = self.launch.spawn()?;
+        (self.child, self.started, self.called_in) = (child, started, false);
+        Ok(())
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -142,6 +142,49 @@ impl Drop for VmProcess {
             self.kill();
         }
         self.settle();
+    }
+}
+
+impl Launch {
+    /// Starts the VMM process and the thread that brokers its connections;
+    /// returns it and where its start notice lands.
+    fn spawn(&self) -> anyhow::Result<(Child, Arc<Mutex<Option<StartKind>>>)> {
+        let config = &self.config;
+        let broker = UnixListener::bind(&config.vsock_broker)
+            .with_context(|| format!("cannot listen on {}", config.vsock_broker.display()))?;
+        let config_path = self.session.join("vmm.json");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(config)?)
+            .with_context(|| format!("cannot write {}", config_path.display()))?;
+        let exe = std::env::current_exe().context("cannot find the stockade binary")?;
+        let log = File::create(&self.log).with_context(|| format!("cannot create {}", self.log.display()))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("vmm")
+            .arg("--config")
+            .arg(&config_path)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(filter) = std::env::var_os("RUST_LOG") {
+            cmd.env("RUST_LOG", filter);
+        }
+        let child = cmd.spawn().context("cannot start the VMM process")?;
+        let (pid, base) = (child.id(), self.vsock_base.clone());
+        let started = Arc::new(Mutex::new(None));
+        let heard = started.clone();
+        let on_refused = self.on_refused.clone();
+        let on_notice = move |notice| match notice {
+            Notice::Refused { host_port, guest_port } => on_refused(host_port, guest_port),
+            Notice::Start(kind) => {
+                tracing::info!("{}", kind.describe());
+                *heard.lock().unwrap_or_else(|p| p.into_inner()) = Some(kind);
+            }
+        };
+        std::thread::Builder::new()
+            .name("vsock-broker".into())
+            .spawn(move || serve_broker(&broker, pid, &base, on_notice))
+            .context("cannot start the vsock broker thread")?;
+        Ok((child, started))
     }
 }
 
