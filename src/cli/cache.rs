@@ -43,8 +43,8 @@ pub struct CacheArgs {
 enum CacheCommand {
     /// Print where the cache is, how much it holds and its limit (the default)
     Show,
-    /// Remove every cached package, template and blank disk (runs download,
-    /// record and format them again)
+    /// Remove every cached package, template and blank disk (later runs
+    /// make them again)
     Clear,
 }
 
