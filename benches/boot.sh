@@ -119,18 +119,22 @@ done
 # sample where it was largest; guest RAM is the one mapping as large as the
 # guest's memory.
 own_memory() {
-    local vmm best="0 0" sample
+    local vmm best="0 0 0 0" sample
     "$bin" vmm --config "$1" >/dev/null 2>&1 &
     vmm=$!
     while kill -0 "$vmm" 2>/dev/null; do
-        sample=$(awk '/^[0-9a-f]+-[0-9a-f]+ /{big=0} /^Size:/{big=($2 >= 262144)} /^Rss:/{if (big) g+=$2; else o+=$2} END{print o+0, g+0}' "/proc/$vmm/smaps" 2>/dev/null || true)
+        # own, guest, own anonymous, own file-backed (the binary's pages,
+        # shared with any other process running it)
+        sample=$(awk '/^[0-9a-f]+-[0-9a-f]+ /{big=0; file=($6 ~ /^\//)} /^Size:/{big=($2 >= 262144)}
+            /^Rss:/{if (big) g+=$2; else if (file) f+=$2; else a+=$2} END{print a+f, g+0, a+0, f+0}' \
+            "/proc/$vmm/smaps" 2>/dev/null || true)
         [[ -n $sample && ${sample%% *} -gt ${best%% *} ]] && best=$sample
         sleep 0.02
     done
     echo "$best"
 }
-read -r own_resumed guest_resumed < <(own_memory "$work/resume.json")
-read -r own_booted guest_booted < <(own_memory "$work/vmm.json")
+read -r own_resumed guest_resumed anon_resumed file_resumed < <(own_memory "$work/resume.json")
+read -r own_booted guest_booted anon_booted file_booted < <(own_memory "$work/vmm.json")
 
 quantile() { printf '%s\n' $1 | sort -n | awk -v n="$runs" -v q="$2" 'NR == int((n * q + q) / 10)'; }
 qemu_p50=$(quantile "${times[4]}" 5)
@@ -143,4 +147,6 @@ done
 echo "resumed guest called in: p50 $(sort -t' ' -k3 -n "$work/ready" | awk '{a[NR]=$3} END{print a[int((NR+1)/2)]}') after the VMM started"
 echo "template: ${template_kib} KiB on disk for 256 MiB of guest memory; the recording boot took ${recorded_in} s, ${saved}"
 echo "bare VMM, p50 ms after it started: resumed: vCPUs running $(median "$work/vcpus-2"), init running $(median "$work/dialed-2"); booted: vCPUs running $(median "$work/vcpus-3"), init running $(median "$work/dialed-3")"
-echo "VMM's own resident memory (largest sample): resumed ${own_resumed} KiB (guest pages ${guest_resumed} KiB), booted ${own_booted} KiB (guest pages ${guest_booted} KiB)"
+echo "VMM's own resident memory (largest sample), apart from guest pages:"
+echo "  resumed ${own_resumed} KiB: ${anon_resumed} KiB anonymous, ${file_resumed} KiB of the binary; guest pages ${guest_resumed} KiB"
+echo "  booted ${own_booted} KiB: ${anon_booted} KiB anonymous, ${file_booted} KiB of the binary; guest pages ${guest_booted} KiB"
