@@ -79,7 +79,7 @@ fn converse(
         return Ok(Conversation::VmEnded);
     };
     command.formatting.wait()?;
-    super::reached("scratch disk formatted");
+    super::reached("scratch disk ready");
     let mut spec = command.spec;
     spec.clock = Some(HostClock::now());
     spec.seed = host_seed()?;

@@ -9,13 +9,14 @@
 //! 1. [`prepare`]: the host check (KVM, kernel, jail, workspace) comes first
 //!    because it creates nothing; then the session and its record, then the
 //!    egress proxy starting on a thread of its own, and beside it the
-//!    scratch disk (formatted in the background), the init's listeners and
-//!    the change receiver, the agents' state and the root layout's shares.
+//!    scratch disk (filled from a blank in the background), the init's
+//!    listeners and the change receiver, the agents' state and the root
+//!    layout's shares.
 //! 2. [`boot`]: the VMM starts with those shares; while the guest boots the
 //!    proxy is waited for, and the command is completed with what comes
 //!    from it (the CA files, the proxy variables, the sign-in files).
 //! 3. [`conversation`]: once the init calls in, the scratch disk must be
-//!    formatted before the command is sent (the guest mounts it on receipt);
+//!    filled before the command is sent (the guest mounts it on receipt);
 //!    the listeners and the proxy are already up (the guest dials them only
 //!    after that). The terminal is raw for this stage only, so the review
 //!    that follows reads a sane one.
