@@ -23,7 +23,7 @@ mod apply;
 mod bench;
 mod conflict;
 mod dirfd;
-mod extent;
+pub(crate) mod extent;
 mod journal;
 mod model;
 mod path;

@@ -37,7 +37,7 @@ pub fn root(cache: &Path) -> PathBuf {
 }
 
 /// Identity of a file that changes when the file is replaced or rewritten.
-fn identity(path: &Path) -> io::Result<String> {
+pub fn identity(path: &Path) -> io::Result<String> {
     let m = fs::metadata(path)?;
     Ok(format!("{}:{}:{}:{}.{}", m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
 }

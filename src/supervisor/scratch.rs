@@ -18,8 +18,10 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use anyhow::{Context, bail};
-use nix::unistd::{Whence, lseek};
 use sha2::{Digest, Sha256};
+
+use crate::changes::extent;
+use crate::host::templates;
 
 /// Where mke2fs lives on Debian-like systems when it is not on $PATH
 /// (ordinary users' PATH often lacks the sbin directories).
@@ -103,8 +105,8 @@ fn find_mkfs() -> Option<PathBuf> {
 /// cache has a sound one. Formats to a private name and renames, so a
 /// concurrent run sees a whole blank or none.
 fn blank(dir: &Path, mkfs: &Path, bytes: u64) -> anyhow::Result<PathBuf> {
-    let m = fs::metadata(mkfs).with_context(|| format!("cannot read {}", mkfs.display()))?;
-    let maker = format!("{}:{}:{}:{}.{} {FORMAT_ARGS:?}", m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec());
+    let mkfs_identity = templates::identity(mkfs).with_context(|| format!("cannot read {}", mkfs.display()))?;
+    let maker = format!("{mkfs_identity} {FORMAT_ARGS:?}");
     let key: String = Sha256::digest(maker.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect();
     let path = dir.join(format!("ext4-{bytes}-{key}.img"));
     if is_blank(&path, bytes) {
@@ -158,32 +160,26 @@ fn format(mkfs: &Path, image: &Path) -> anyhow::Result<()> {
 /// copied where the filesystem can reflink.
 fn copy_data(from: &Path, to: &File) -> io::Result<()> {
     let source = File::open(from)?;
-    let end = i64::try_from(source.metadata()?.len()).map_err(io::Error::other)?;
-    let mut at = 0i64;
-    while at < end {
-        let data = match lseek(&source, at, Whence::SeekData) {
-            Ok(offset) => offset,
-            // No data past `at`.
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let hole = lseek(&source, data, Whence::SeekHole)?.min(end);
-        copy_range(&source, to, data, hole - data)?;
-        at = hole;
+    let size = source.metadata()?.len();
+    let mut at = 0;
+    while let Some((start, end)) = extent::next_data(&source, at, size)? {
+        copy_range(&source, to, start, end - start)?;
+        at = end;
     }
     Ok(())
 }
 
-fn copy_range(from: &File, to: &File, start: i64, len: i64) -> io::Result<()> {
-    let (mut off_in, mut off_out, mut left) = (start, start, len);
+fn copy_range(from: &File, to: &File, start: u64, len: u64) -> io::Result<()> {
+    let offset = |v: u64| i64::try_from(v).map_err(io::Error::other);
+    let (mut off_in, mut off_out, mut left) = (offset(start)?, offset(start)?, len);
     while left > 0 {
         let chunk = usize::try_from(left).unwrap_or(usize::MAX);
         match nix::fcntl::copy_file_range(from, Some(&mut off_in), to, Some(&mut off_out), chunk) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the blank disk shrank")),
-            Ok(n) => left -= i64::try_from(n).map_err(io::Error::other)?,
+            Ok(n) => left -= n as u64,
             // Across filesystems on older kernels, or where unsupported.
             Err(nix::errno::Errno::EXDEV | nix::errno::Errno::ENOSYS | nix::errno::Errno::EOPNOTSUPP) => {
-                return copy_by_hand(from, to, off_in, left);
+                return copy_by_hand(from, to, start + (len - left), left);
             }
             Err(e) => return Err(e.into()),
         }
@@ -191,10 +187,9 @@ fn copy_range(from: &File, to: &File, start: i64, len: i64) -> io::Result<()> {
     Ok(())
 }
 
-fn copy_by_hand(from: &File, to: &File, start: i64, len: i64) -> io::Result<()> {
+fn copy_by_hand(from: &File, to: &File, mut at: u64, len: u64) -> io::Result<()> {
     let mut buf = vec![0u8; 1 << 20];
-    let (mut at, end) =
-        (u64::try_from(start).map_err(io::Error::other)?, u64::try_from(start + len).map_err(io::Error::other)?);
+    let end = at + len;
     while at < end {
         let n = usize::try_from(end - at).unwrap_or(usize::MAX).min(buf.len());
         from.read_exact_at(&mut buf[..n], at)?;
