@@ -36,10 +36,17 @@ struct Epilogue<'a> {
 impl Finish<'_> {
     pub fn conclude(self, vmm: vm::VmProcess, ended: Ended) -> Finished {
         let Finish { config, host, mut recorded, held } = self;
-        // The guest has said all it will; its VMM powers off (or is killed
-        // after the grace) while the network stops and the changes are
-        // reviewed. If the thread cannot start, dropping the VMM kills it.
-        let reaper = reap(vmm);
+        // The guest has said all it will. After a reported end its VMM is
+        // stopped at once; otherwise it may still be powering off, and gets
+        // the grace while the network stops and the changes are reviewed.
+        // If the thread cannot start, dropping the VMM kills it.
+        let reaper = if matches!(ended.result, Ok(Conversation::Ended { .. })) {
+            vmm.stop();
+            super::reached("VMM stopped");
+            None
+        } else {
+            Some(reap(vmm))
+        };
         let Held { network, sockets, scratch, agents, tampering, published } = held;
         drop(network);
         // The guest's changes were exported; the disk that held them is
@@ -69,7 +76,7 @@ impl Finish<'_> {
         epilogue.apply = apply_mode(&epilogue, &tampered);
         epilogue.announce(&ended);
         let outcome = Outcome::of(&ended, config.timeout);
-        if let Ok(reaper) = reaper {
+        if let Some(Ok(reaper)) = reaper {
             let _ = reaper.join();
         }
         outcome.record(&mut recorded, &tampered);
