@@ -14,6 +14,7 @@ fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
              $S run -- sh -c 'cat /etc/hostname; hostname
                  echo "guest-id=$(cat /etc/machine-id)"
                  echo "key=$(cat /etc/ssh/ssh_host_test_key 2>&1)"
+                 echo "via-share=$(cat /.stockade/host/etc/ssh/ssh_host_test_key 2>&1)"
                  echo "shadow=$(cat /etc/shadow 2>&1 | head -c 40)"
                  echo "me=$(id -un)"
                  echo "accounts=$(cut -d: -f1 /etc/passwd | tr "\n" " ")"
@@ -38,6 +39,7 @@ fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
     assert_eq!(guest_id.len(), 32, "{out}");
     assert_ne!(guest_id, host_id, "the guest must not carry the host's machine id\n{out}");
     assert!(!out.stdout.contains("HOST-PRIVATE-KEY"), "an ssh host key reached the guest\n{out}");
+    assert!(field("via-share=").contains("Permission denied"), "the VMM refuses the secret itself\n{out}");
     assert!(!field("shadow=").contains("root:"), "/etc/shadow reached the guest\n{out}");
     assert!(out.stdout.contains("ssh-config=kept"), "only the secrets are hidden\n{out}");
     assert!(out.stdout.contains("nameserver 10.77.0.1\n"), "names go to the proxy's DNS\n{out}");

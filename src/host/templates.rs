@@ -212,6 +212,7 @@ mod tests {
             kernel_log: dir.join("kernel.log"),
             vsock_broker: dir.join("broker.sock"),
             shares: Vec::new(),
+            secrets: Vec::new(),
             network: true,
             disk: None,
             image: None,

@@ -44,6 +44,10 @@ pub struct VmConfig {
     /// get their host end from it (see `broker`).
     pub vsock_broker: PathBuf,
     pub shares: Vec<ShareConfig>,
+    /// Host files under the shares that the guest may see listed but never
+    /// open, even as root: the host's secrets (rootfs/host.toml's `hide`).
+    #[serde(default)]
+    pub secrets: Vec<PathBuf>,
     /// Give the guest a virtio-net device whose TCP and DNS go to the
     /// egress proxy (`TRANSPARENT_PORT`, `DNS_PORT`).
     #[serde(default)]

@@ -37,8 +37,11 @@ impl Booted {
     ) -> anyhow::Result<Booted> {
         let GuestStart { mut layout, channels, formatting } = guest;
         let session = &recorded.session;
-        let mut vm_config =
-            VmConfig { shares: std::mem::take(&mut layout.shares), ..vm_config(config, host, session)? };
+        let mut vm_config = VmConfig {
+            shares: std::mem::take(&mut layout.shares),
+            secrets: std::mem::take(&mut layout.secrets),
+            ..vm_config(config, host, session)?
+        };
         let template = if config.snapshot { template(&mut vm_config, &host.dirs)? } else { None };
         let refusals = channels.tampering.clone();
         let on_refused = move |host, guest| {
@@ -94,6 +97,7 @@ fn vm_config(config: &RunConfig, host: &Host, session: &session::Session) -> any
         kernel_log: session.kernel_log(),
         vsock_broker: session.dir.join("broker.sock"),
         shares: Vec::new(),
+        secrets: Vec::new(),
         network: true,
         disk: Some(session.scratch_disk()),
         image: host.image.clone(),

@@ -139,10 +139,13 @@ pub fn find_workspace(cwd: &Path, home: &Path) -> anyhow::Result<PathBuf> {
 #[derive(Debug)]
 pub struct Layout {
     pub shares: Vec<ShareConfig>,
+    /// The host's secrets under the shares, which the VMM never lets the
+    /// guest open.
+    pub secrets: Vec<PathBuf>,
     pub root: Vec<RootEntry>,
     /// The files to generate, and where in `root` they go: after the tmpfs
-    /// mounts, before the hidden files (everything added later goes just
-    /// before the workspace, so this place stays put).
+    /// mounts (everything added later goes just before the workspace, so
+    /// this place stays put).
     generated: Vec<Generated>,
     generated_at: usize,
 }
@@ -197,9 +200,7 @@ pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<L
         .collect();
     let generated_at = root.len();
     let hidden: &[String] = if system == System::Host { &spec.hide } else { &[] };
-    for target in hidden.iter().flat_map(|pattern| expand(pattern)) {
-        root.push(RootEntry::File { target, content: String::new(), mode: 0 });
-    }
+    let secrets = hidden.iter().flat_map(|pattern| expand(pattern)).map(PathBuf::from).collect();
     let ws = workspace.to_str().context("the workspace path is not valid UTF-8")?;
     shares.push(ShareConfig {
         guest_path: WORKSPACE_SHARE.to_string(),
@@ -212,7 +213,7 @@ pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<L
         target: ws.to_string(),
         disk: SCRATCH_DISK.to_string(),
     });
-    Ok(Layout { shares, root, generated, generated_at })
+    Ok(Layout { shares, secrets, root, generated, generated_at })
 }
 
 impl Layout {

@@ -16,7 +16,10 @@ use super::boot::BootFs;
 use super::event_handler::FsHandler;
 use super::readonly::{self, ReadOnlyFs};
 use super::request::Access;
-use super::{CACHE_TIMEOUT, CONFIG_LEN, QUEUE_SIZES, READ_ONLY_THREAD, TAG_LEN, TYPE_FS, WRITABLE_THREAD, sightings};
+use super::secrets::Secrets;
+use super::sightings::Sightings;
+use super::watched::Watched;
+use super::{CACHE_TIMEOUT, CONFIG_LEN, QUEUE_SIZES, READ_ONLY_THREAD, TAG_LEN, TYPE_FS, WRITABLE_THREAD};
 use crate::vmm::devices::virtio::{
     ActivateError, Activation, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes, worker,
 };
@@ -70,13 +73,14 @@ pub struct Fs<F: FileSystem + Send + Sync + 'static> {
 
 impl Fs<ReadOnlyFs<Vfs>> {
     /// A device whose guest-visible mount tag is `tag`, serving `shares`
-    /// read-only, each under its guest path inside one filesystem.
-    pub fn new(tag: &str, shares: &[Share]) -> Result<Self, FsError> {
+    /// read-only, each under its guest path inside one filesystem, none of
+    /// `secrets` readable.
+    pub fn new(tag: &str, shares: &[Share], secrets: &Secrets) -> Result<Self, FsError> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
 
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, true)?;
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, true, secrets)?;
         Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))), access: Access::ReadOnly })
     }
 }
@@ -98,32 +102,42 @@ impl Fs<Vfs> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto, false)?;
+        // Unwatched: a watch forwards the read side only.
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto, false, &Secrets::default())?;
         Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: Access::Writable })
     }
 }
 
-/// A Vfs holding every share; with `recording`, a share that names a
-/// sightings file has its lookups recorded there.
+/// A Vfs holding every share, none of `secrets` readable; with
+/// `recording`, a share that names a sightings file has its lookups
+/// recorded there.
 pub(super) fn mount_shares(
     shares: &[Share],
     guest_paths: &[String],
     cache: CachePolicy,
     recording: bool,
+    secrets: &Secrets,
 ) -> Result<Vfs, FsError> {
     let vfs = Vfs::new(vfs_options());
     for (share, guest_path) in shares.iter().zip(guest_paths) {
         let fs = open_share(&share.host_path, cache.clone())?;
-        let fs: BackFileSystem =
+        let sightings =
             match share.record.as_deref().filter(|_| recording) {
                 Some(record) => {
                     let out = std::fs::OpenOptions::new().append(true).open(record).map_err(|source| {
                         FsError::Record { path: share.host_path.clone(), record: record.to_owned(), source }
                     })?;
-                    Box::new(sightings::Recording::new(fs, out))
+                    Some(Sightings::new(out))
                 }
-                None => Box::new(fs),
+                None => None,
             };
+        let guard = (!secrets.is_empty()).then(|| secrets.guard());
+        let fs: BackFileSystem = match (sightings, guard) {
+            (Some(sightings), Some(guard)) => Box::new(Watched::new(Watched::new(fs, sightings), guard)),
+            (Some(sightings), None) => Box::new(Watched::new(fs, sightings)),
+            (None, Some(guard)) => Box::new(Watched::new(fs, guard)),
+            (None, None) => Box::new(fs),
+        };
         vfs.mount(fs, guest_path).map_err(|source| FsError::Mount {
             path: share.host_path.clone(),
             guest_path: guest_path.clone(),

@@ -21,14 +21,18 @@
 //!
 //! `device` is what the transport sees and builds the filesystem,
 //! `request` serves one FUSE request, `event_handler` what the worker does
-//! on a kick; `readonly` and `sightings` wrap the passthrough filesystem.
+//! on a kick; `readonly` wraps the Vfs, and `watched` each share's
+//! passthrough filesystem, with `sightings` (what the guest saw of the
+//! workspace) and `secrets` (host files it may never read) as its watches.
 
 mod boot;
 mod device;
 mod event_handler;
 pub mod readonly;
 mod request;
+mod secrets;
 mod sightings;
+mod watched;
 
 #[cfg(test)]
 mod tests;
@@ -41,6 +45,7 @@ use crate::jail::{DeviceThread, Openat};
 use crate::protocol::shares::{BOOT_TAG, FS_TAG, FS_TAG_RW};
 
 pub use device::{Fs, FsError, Share};
+pub use secrets::Secrets;
 
 /// Device type id (virtio spec 5).
 pub const TYPE_FS: u32 = 26;
@@ -143,9 +148,11 @@ fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
             })
             .collect()
     };
+    let secrets = Secrets::at(&env.config.secrets);
     let read_only = shares(false);
     if !read_only.is_empty() {
-        devices.push(Instance { name: READ_ONLY_THREAD.name, device: Box::new(Fs::new(FS_TAG, &read_only)?) });
+        devices
+            .push(Instance { name: READ_ONLY_THREAD.name, device: Box::new(Fs::new(FS_TAG, &read_only, &secrets)?) });
     }
     let writable = shares(true);
     if !writable.is_empty() {

@@ -5,9 +5,8 @@
 //! examined (see `protocol::seen` for the file and `changes::seen` for the
 //! comparison).
 //!
-//! [`Recording`] wraps the share's passthrough filesystem below the Vfs, where
-//! inodes are the passthrough's own and attributes carry the host's inode
-//! numbers. It forwards what `ReadOnlyFs` forwards and nothing else.
+//! [`Sightings`] is a watch (see `watched`) on the share's passthrough
+//! filesystem, where attributes carry the host's inode numbers.
 //!
 //! The guest chooses what it looks up, so the record is bounded: each path
 //! is written once (a keyed hash remembers which), and after [`MAX_PATHS`]
@@ -16,21 +15,16 @@
 //! on the host counts as changed there, so stopping early can only add
 //! conflicts, never hide one.
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
-use std::ffi::CStr;
 use std::fs::File;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Write};
 use std::sync::Mutex;
-use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::{FsOptions, OpenOptions, stat64, statvfs64};
-use fuse_backend_rs::api::BackendFileSystem;
-use fuse_backend_rs::api::filesystem::{
-    Context, DirEntry, Entry, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyWriter,
-};
+use fuse_backend_rs::abi::fuse_abi::stat64;
+use fuse_backend_rs::api::filesystem::Entry;
 
+use super::watched::Watch;
 use crate::protocol::seen::{self, HostStat};
 
 /// The passthrough's inode for the share's root.
@@ -42,9 +36,8 @@ pub const MAX_PATHS: usize = 2_000_000;
 /// 100 bytes; a guest making 4 KiB paths on purpose stops here).
 pub const MAX_BYTES: u64 = 256 << 20;
 
-/// A filesystem whose lookups are recorded in a sightings file.
-pub struct Recording<F> {
-    inner: F,
+/// The lookups of a share, recorded in a sightings file.
+pub struct Sightings {
     record: Mutex<Record>,
 }
 
@@ -65,10 +58,10 @@ struct Record {
     stopped: bool,
 }
 
-impl<F> Recording<F> {
-    /// Records the lookups in `inner` to `out`, which already holds the
-    /// magic (the supervisor writes it when it creates the file).
-    pub fn new(inner: F, out: File) -> Self {
+impl Sightings {
+    /// Records the lookups to `out`, which already holds the magic (the
+    /// supervisor writes it when it creates the file).
+    pub fn new(out: File) -> Self {
         let record = Record {
             out,
             dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
@@ -80,11 +73,40 @@ impl<F> Recording<F> {
             keys: RandomState::new(),
             stopped: false,
         };
-        Recording { inner, record: Mutex::new(record) }
+        Sightings { record: Mutex::new(record) }
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
         self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Watch for Sightings {
+    fn looked_up(&self, parent: u64, name: &[u8], result: &io::Result<Entry>) {
+        let seen = match result {
+            Ok(entry) if entry.inode != 0 => Some(Some(entry)),
+            Ok(_) => Some(None),
+            Err(e) if is_enoent(e) => Some(None),
+            Err(_) => None,
+        };
+        if let Some(entry) = seen {
+            let mut record = self.record();
+            record.note(parent, name, entry);
+            record.write();
+        }
+    }
+
+    /// Each entry the guest receives with its attributes is a lookup it
+    /// will not send.
+    fn listed(&self, parent: u64, name: &[u8], entry: &Entry, delivered: bool) {
+        if delivered && entry.inode != 0 {
+            self.record().note(parent, name, Some(entry));
+        }
+    }
+
+    /// One write for the whole listing.
+    fn listing_done(&self) {
+        self.record().write();
     }
 }
 
@@ -173,168 +195,10 @@ fn is_enoent(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOENT)
 }
 
-impl<F: BackendFileSystem<Inode = u64, Handle = u64> + 'static> BackendFileSystem for Recording<F> {
-    fn mount(&self) -> io::Result<(Entry, u64)> {
-        self.inner.mount()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for Recording<F> {
-    type Inode = u64;
-    type Handle = u64;
-
-    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
-        self.inner.init(capable)
-    }
-
-    fn destroy(&self) {
-        self.inner.destroy()
-    }
-
-    fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
-        let result = self.inner.lookup(ctx, parent, name);
-        let seen = match &result {
-            Ok(entry) if entry.inode != 0 => Some(Some(entry)),
-            Ok(_) => Some(None),
-            Err(e) if is_enoent(e) => Some(None),
-            Err(_) => None,
-        };
-        if let Some(entry) = seen {
-            let mut record = self.record();
-            record.note(parent, name.to_bytes(), entry);
-            record.write();
-        }
-        result
-    }
-
-    fn forget(&self, ctx: &Context, inode: u64, count: u64) {
-        self.inner.forget(ctx, inode, count)
-    }
-
-    fn batch_forget(&self, ctx: &Context, requests: Vec<(u64, u64)>) {
-        self.inner.batch_forget(ctx, requests)
-    }
-
-    fn getattr(&self, ctx: &Context, inode: u64, handle: Option<u64>) -> io::Result<(stat64, Duration)> {
-        self.inner.getattr(ctx, inode, handle)
-    }
-
-    fn readlink(&self, ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
-        self.inner.readlink(ctx, inode)
-    }
-
-    fn open(
-        &self,
-        ctx: &Context,
-        inode: u64,
-        flags: u32,
-        fuse_flags: u32,
-    ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        self.inner.open(ctx, inode, flags, fuse_flags)
-    }
-
-    fn read(
-        &self,
-        ctx: &Context,
-        inode: u64,
-        handle: u64,
-        w: &mut dyn ZeroCopyWriter,
-        size: u32,
-        offset: u64,
-        lock_owner: Option<u64>,
-        flags: u32,
-    ) -> io::Result<usize> {
-        self.inner.read(ctx, inode, handle, w, size, offset, lock_owner, flags)
-    }
-
-    fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
-        self.inner.flush(ctx, inode, handle, lock_owner)
-    }
-
-    fn release(
-        &self,
-        ctx: &Context,
-        inode: u64,
-        flags: u32,
-        handle: u64,
-        flush: bool,
-        flock_release: bool,
-        lock_owner: Option<u64>,
-    ) -> io::Result<()> {
-        self.inner.release(ctx, inode, flags, handle, flush, flock_release, lock_owner)
-    }
-
-    fn statfs(&self, ctx: &Context, inode: u64) -> io::Result<statvfs64> {
-        self.inner.statfs(ctx, inode)
-    }
-
-    fn getxattr(&self, ctx: &Context, inode: u64, name: &CStr, size: u32) -> io::Result<GetxattrReply> {
-        self.inner.getxattr(ctx, inode, name, size)
-    }
-
-    fn listxattr(&self, ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply> {
-        self.inner.listxattr(ctx, inode, size)
-    }
-
-    fn opendir(&self, ctx: &Context, inode: u64, flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
-        self.inner.opendir(ctx, inode, flags)
-    }
-
-    fn readdir(
-        &self,
-        ctx: &Context,
-        inode: u64,
-        handle: u64,
-        size: u32,
-        offset: u64,
-        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
-    ) -> io::Result<()> {
-        self.inner.readdir(ctx, inode, handle, size, offset, add_entry)
-    }
-
-    fn readdirplus(
-        &self,
-        ctx: &Context,
-        inode: u64,
-        handle: u64,
-        size: u32,
-        offset: u64,
-        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
-    ) -> io::Result<()> {
-        // Each entry the guest receives with its attributes is a lookup it
-        // will not send.
-        let listed = self.inner.readdirplus(ctx, inode, handle, size, offset, &mut |dir_entry, entry| {
-            let name = dir_entry.name;
-            let took = add_entry(dir_entry, entry)?;
-            if took != 0 && entry.inode != 0 {
-                self.record().note(inode, name, Some(&entry));
-            }
-            Ok(took)
-        });
-        // One write for the whole listing.
-        self.record().write();
-        listed
-    }
-
-    fn releasedir(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
-        self.inner.releasedir(ctx, inode, flags, handle)
-    }
-
-    fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
-        self.inner.access(ctx, inode, mask)
-    }
-
-    fn lseek(&self, ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32) -> io::Result<u64> {
-        self.inner.lseek(ctx, inode, handle, offset, whence)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use fuse_backend_rs::abi::fuse_abi::Attr;
 
     use super::*;

@@ -26,6 +26,7 @@ use vmm_sys_util::tempdir::TempDir;
 use super::device::*;
 use super::readonly::{Verdict, gate, opens_for_writing};
 use super::request::{Access, process_queue};
+use super::secrets::Secrets;
 
 use fuse_backend_rs::api::Vfs;
 use fuse_backend_rs::api::server::Server;
@@ -51,8 +52,12 @@ const CONTENT: &[u8] = b"hello from the host\n";
 static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn new_fs(tag: &str, shares: &[Share]) -> Result<Fs<ReadOnlyFs<Vfs>>, FsError> {
+    fs_keeping(tag, shares, &Secrets::default())
+}
+
+fn fs_keeping(tag: &str, shares: &[Share], secrets: &Secrets) -> Result<Fs<ReadOnlyFs<Vfs>>, FsError> {
     let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
-    Fs::new(tag, shares)
+    Fs::new(tag, shares, secrets)
 }
 
 /// The process umask, read without changing it.
@@ -829,7 +834,7 @@ fn the_umask_survives_setup_and_guest_remounts() {
     let dir = share_dir();
     let guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
     let before = current_umask();
-    let fs = Fs::new("host", &[share("/ws", dir.as_path())]).unwrap();
+    let fs = Fs::new("host", &[share("/ws", dir.as_path())], &Secrets::default()).unwrap();
     assert_eq!(current_umask(), before);
     let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
     assert_eq!(client.call(Opcode::Init as u32, 0, init_in().as_slice()).errno(), 0);
@@ -937,4 +942,53 @@ fn the_boot_root_serves_the_init_read_only_whatever_the_guest_asks() {
     let setattr = SetattrIn { valid: 1 << 3, size: 0, ..Default::default() };
     assert_ne!(client.call_ungated(Opcode::Setattr as u32, node.nodeid, setattr.as_slice()).errno(), 0);
     assert_eq!(std::fs::read(&init).unwrap(), CONTENT, "the host's file is untouched");
+}
+
+/// A root guest speaking FUSE itself cannot read the host's secrets: not by
+/// their path, not through a hard link, not from a listing with
+/// attributes, not in another share; files beside them read as usual.
+#[test]
+fn a_secret_is_listed_but_never_opened_however_the_guest_reaches_it() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("ssh")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"HOST-PRIVATE-KEY").unwrap();
+    std::fs::hard_link(root.join("ssh/host_key"), root.join("sub/linked")).unwrap();
+    std::os::unix::fs::symlink("../ssh/host_key", root.join("sub/pointing")).unwrap();
+    let other = share_dir();
+    let secrets = Secrets::at(&[root.join("ssh/host_key"), root.join("missing")]);
+    let shares = [share("/etc", root), share("/usr", other.as_path())];
+    let mut client = Client::started(fs_keeping("host", &shares, &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let ssh = client.lookup_node(etc.nodeid, "ssh");
+    let key = client.lookup_node(ssh.nodeid, "host_key");
+    assert_eq!(key.attr.size, 16, "the secret is seen, with its attributes");
+    assert_eq!(client.open(Opcode::Open, key.nodeid, libc::O_RDONLY).errno(), libc::EACCES);
+
+    let sub = client.lookup_node(etc.nodeid, "sub");
+    let linked = client.lookup_node(sub.nodeid, "linked");
+    assert_eq!(client.open(Opcode::Open, linked.nodeid, libc::O_RDONLY).errno(), libc::EACCES, "a hard link");
+    let pointing = client.lookup_node(sub.nodeid, "pointing");
+    assert_eq!(client.call(Opcode::Readlink as u32, pointing.nodeid, &[]).ok(), b"../ssh/host_key");
+
+    // A listing with attributes hands out inodes too; every one of them that
+    // is a secret is refused.
+    let forget = fuse_backend_rs::abi::fuse_abi::ForgetIn { nlookup: 1 };
+    client.call(Opcode::Forget as u32, key.nodeid, forget.as_slice());
+    let dir_open: OpenOut = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    let list = ReadIn { fh: dir_open.fh, size: 4096, ..Default::default() };
+    let listed = direntplus(client.call(Opcode::Readdirplus as u32, ssh.nodeid, list.as_slice()).ok());
+    let (_, listed_key) = listed.iter().find(|(name, _)| name == "host_key").expect("the secret is listed");
+    assert_eq!(client.open(Opcode::Open, listed_key.nodeid, libc::O_RDONLY).errno(), libc::EACCES);
+
+    let hello = client.lookup_node(etc.nodeid, "hello.txt");
+    let open: OpenOut = client.open(Opcode::Open, hello.nodeid, libc::O_RDONLY).obj();
+    assert_eq!(client.read(hello.nodeid, open.fh, 0, 4096).ok(), CONTENT);
+    // Inode numbers are each share's own: the other share's files are not
+    // refused for sharing a number with a secret.
+    let usr = client.lookup_node(ROOT_ID, "usr");
+    let usr_sub = client.lookup_node(usr.nodeid, "sub");
+    let inner = client.lookup_node(usr_sub.nodeid, "inner.txt");
+    let open: OpenOut = client.open(Opcode::Open, inner.nodeid, libc::O_RDONLY).obj();
+    assert_eq!(client.read(inner.nodeid, open.fh, 0, 4096).ok(), b"inner");
 }
