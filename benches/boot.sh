@@ -4,6 +4,9 @@
 # same kernel and init to exit, and of QEMU microvm booting that kernel and
 # init; peak RSS of each, and each row's ratio to QEMU. The rows take turns
 # within each round, so a machine that slows down mid-way slows them all.
+# A `run` row's RSS is the largest process the run reaped: a VMM whose guest
+# reported its end is killed and not waited for, so it often is the
+# supervisor's; the bare VMM rows give the VMM's.
 # Also: the restore's phases (VMM start to vCPUs running, and on to the
 # guest's init running), how long a resumed guest takes to call in, the
 # template's size and recording time, and the VMM's own resident memory
