@@ -131,13 +131,9 @@ pub(super) fn mount_shares(
                 }
                 None => None,
             };
-        let guard = (!secrets.is_empty()).then(|| secrets.guard());
-        let fs: BackFileSystem = match (sightings, guard) {
-            (Some(sightings), Some(guard)) => Box::new(Watched::new(Watched::new(fs, sightings), guard)),
-            (Some(sightings), None) => Box::new(Watched::new(fs, sightings)),
-            (None, Some(guard)) => Box::new(Watched::new(fs, guard)),
-            (None, None) => Box::new(fs),
-        };
+        let watch = (sightings, (!secrets.is_empty()).then(|| secrets.guard()));
+        let fs: BackFileSystem =
+            if matches!(watch, (None, None)) { Box::new(fs) } else { Box::new(Watched::new(fs, watch)) };
         vfs.mount(fs, guest_path).map_err(|source| FsError::Mount {
             path: share.host_path.clone(),
             guest_path: guest_path.clone(),

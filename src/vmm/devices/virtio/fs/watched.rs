@@ -32,6 +32,48 @@ pub trait Watch: Send + Sync {
     }
 }
 
+/// No watch: nothing to hear, every open allowed.
+impl<W: Watch> Watch for Option<W> {
+    fn looked_up(&self, parent: u64, name: &[u8], result: &io::Result<Entry>) {
+        if let Some(w) = self {
+            w.looked_up(parent, name, result);
+        }
+    }
+    fn listed(&self, parent: u64, name: &[u8], entry: &Entry, delivered: bool) {
+        if let Some(w) = self {
+            w.listed(parent, name, entry, delivered);
+        }
+    }
+    fn listing_done(&self) {
+        if let Some(w) = self {
+            w.listing_done();
+        }
+    }
+    fn may_open(&self, inode: u64) -> io::Result<()> {
+        self.as_ref().map_or(Ok(()), |w| w.may_open(inode))
+    }
+}
+
+/// Two watches: both hear everything, and both must allow an open.
+impl<A: Watch, B: Watch> Watch for (A, B) {
+    fn looked_up(&self, parent: u64, name: &[u8], result: &io::Result<Entry>) {
+        self.0.looked_up(parent, name, result);
+        self.1.looked_up(parent, name, result);
+    }
+    fn listed(&self, parent: u64, name: &[u8], entry: &Entry, delivered: bool) {
+        self.0.listed(parent, name, entry, delivered);
+        self.1.listed(parent, name, entry, delivered);
+    }
+    fn listing_done(&self) {
+        self.0.listing_done();
+        self.1.listing_done();
+    }
+    fn may_open(&self, inode: u64) -> io::Result<()> {
+        self.0.may_open(inode)?;
+        self.1.may_open(inode)
+    }
+}
+
 /// `inner` with `watch` on it.
 pub struct Watched<F, W> {
     inner: F,
