@@ -136,7 +136,7 @@ struct Machine {
     reset_requested: Arc<AtomicBool>,
     interrupts: Vec<(&'static str, Interrupt)>,
     /// Each transport, and whether a template had it active (it is resumed
-    /// once the jail is closed).
+    /// once the vCPUs run).
     transports: Vec<(Arc<Mutex<MmioTransport>>, bool)>,
     vcpus: Vec<Vcpu>,
     /// Whether the vCPUs record a template at the template point.
@@ -167,12 +167,11 @@ impl From<TemplateError> for RestoreError {
 /// and virtio transports made: what booting and resuming share.
 fn assemble(
     config: &VmConfig,
-    kvm: &Kvm,
+    vm: kvm_ioctls::VmFd,
     dialer: &devices::broker::Dialer,
     mem: &GuestMemoryMmap,
     uart: Option<&UartState>,
 ) -> Result<Assembled, VmmError> {
-    let vm = kvm.create_vm().map_err(setup("create VM"))?;
     memory::register(&vm, mem)?;
     vm.set_tss_address(layout::KVM_TSS_ADDR).map_err(setup("set TSS address"))?;
     vm.create_irq_chip().map_err(setup("create interrupt controllers"))?;
@@ -253,7 +252,8 @@ fn boot(
 ) -> Result<Machine, VmmError> {
     let ram = layout::ram_ranges(config.memory_bytes);
     let mem = memory::create(&ram)?;
-    let Assembled { vm, mut machine, cmdline: devices } = assemble(config, kvm, dialer, &mem, None)?;
+    let vm = kvm.create_vm().map_err(setup("create VM"))?;
+    let Assembled { vm, mut machine, cmdline: devices } = assemble(config, vm, dialer, &mem, None)?;
 
     let mut cmdline = vec![
         "console=ttyS0".to_string(),
@@ -332,12 +332,24 @@ fn restore(
     dialer: &devices::broker::Dialer,
     dir: &std::path::Path,
 ) -> Result<Machine, RestoreError> {
-    let cpuid = cpuid_digests(kvm, config.vcpus)?;
-    let Template { saved, memory } = Template::open(dir, config.memory_bytes, &cpuid)?;
-    let ram = layout::ram_ranges(config.memory_bytes);
-    let mem = memory::create_from(&ram, &memory).map_err(|e| RestoreError::Vmm(e.into()))?;
+    // Creating a VM takes a while under nested virtualization: the template
+    // is read and mapped meanwhile. The thread ends before the jail closes.
+    let (vm, opened) = std::thread::scope(|scope| {
+        let creating = scope.spawn(|| kvm.create_vm());
+        let opened = (|| -> Result<_, RestoreError> {
+            let cpuid = cpuid_digests(kvm, config.vcpus)?;
+            let Template { saved, memory } = Template::open(dir, config.memory_bytes, &cpuid)?;
+            let ram = layout::ram_ranges(config.memory_bytes);
+            let mem = memory::create_from(&ram, &memory).map_err(|e| RestoreError::Vmm(e.into()))?;
+            Ok((saved, mem))
+        })();
+        let vm = creating.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (vm, opened)
+    });
+    let (saved, mem) = opened?;
+    let vm = vm.map_err(|e| RestoreError::Vmm(setup("create VM")(e)))?;
     let Assembled { vm, mut machine, .. } =
-        assemble(config, kvm, dialer, &mem, Some(&saved.uart)).map_err(RestoreError::Vmm)?;
+        assemble(config, vm, dialer, &mem, Some(&saved.uart)).map_err(RestoreError::Vmm)?;
     if saved.transports.len() != machine.transports.len() {
         return Err(TemplateError::Mismatch(format!(
             "the template has {} devices, this VM {}",
@@ -362,8 +374,8 @@ fn restore(
 }
 
 impl Machine {
-    /// Closes the jail, starts the devices a template had running, then the
-    /// vCPUs, and waits for the guest to reset.
+    /// Closes the jail, starts the vCPUs, then the devices a template had
+    /// running, and waits for the guest to reset.
     fn run(self, config: &VmConfig, started: std::time::Instant) -> Result<(), VmmError> {
         let Machine { _vm, pio, mmio, serial, exit, reset_requested, interrupts, transports, vcpus, recording } = self;
         // Everything the VM needs is open: nothing more is reachable from here.
@@ -371,9 +383,6 @@ impl Machine {
             let closed =
                 jail::enter(&jail_rules(config), &devices::virtio::device_threads()).map_err(VmmError::Jail)?;
             tracing::debug!("jail closed (Landlock ABI {})", closed.landlock_abi);
-        }
-        for (transport, resume) in &transports {
-            transport.lock().unwrap_or_else(|p| p.into_inner()).resume(*resume);
         }
         watch_interrupts(interrupts).map_err(|source| VmmError::Device { device: "interrupt watchdog", source })?;
 
@@ -386,6 +395,14 @@ impl Machine {
                 .map_err(|source| VmmError::Device { device: "vcpu thread", source })?;
         }
         tracing::debug!("vCPUs started after {:?}", started.elapsed());
+        // Starting a device's threads takes a while under nested
+        // virtualization, and a resumed guest runs on its own a good while
+        // before it touches one: resume them while it does. Each transport's
+        // lock orders its resume against the guest's register accesses, and
+        // a queue kicked before its device runs is served at the resume.
+        for (transport, resume) in &transports {
+            transport.lock().unwrap_or_else(|p| p.into_inner()).resume(*resume);
+        }
 
         jail::thread::confine_current(ThreadKind::Main);
         let _ = exit.read();

@@ -166,9 +166,11 @@ impl MmioTransport {
 
     /// Starts a restored device that was active in the template, then
     /// kicks each queue and raises its interrupt once: whatever the guest
-    /// posted or was told just before the save is looked at again.
+    /// posted or was told just before the save is looked at again. The
+    /// vCPUs may already run: a device the guest reset or started again
+    /// by itself in the meantime is left as the guest made it.
     pub fn resume(&mut self, was_active: bool) {
-        if !was_active {
+        if !was_active || self.activated {
             return;
         }
         self.activate();
@@ -492,19 +494,25 @@ mod tests {
         assert_ne!(rd(&mut t, 0x70) & STATUS_FAILED, 0);
     }
 
+    /// The driver's side of bringing up the fake device with one queue.
+    fn handshake(t: &mut MmioTransport) {
+        wr(t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        wr(t, 0x24, 1);
+        wr(t, 0x20, 1);
+        wr(t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+        wr(t, 0x30, 0);
+        wr(t, 0x38, 16);
+        wr(t, 0x80, 0x1000);
+        wr(t, 0x90, 0x2000);
+        wr(t, 0xa0, 0x3000);
+        wr(t, 0x44, 1);
+        wr(t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+    }
+
     #[test]
     fn a_saved_active_transport_resumes_at_the_used_index() {
         let (mut t, activated) = transport();
-        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
-        wr(&mut t, 0x24, 1);
-        wr(&mut t, 0x20, 1);
-        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
-        wr(&mut t, 0x38, 16);
-        wr(&mut t, 0x80, 0x1000);
-        wr(&mut t, 0x90, 0x2000);
-        wr(&mut t, 0xa0, 0x3000);
-        wr(&mut t, 0x44, 1);
-        wr(&mut t, 0x70, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+        handshake(&mut t);
         // The device used five requests: the used index says so.
         t.mem.write_obj(5u16, GuestAddress(0x3002)).unwrap();
         let state = t.save();
@@ -519,6 +527,23 @@ mod tests {
         assert_eq!(rd(&mut fresh, 0x70) & STATUS_DRIVER_OK, STATUS_DRIVER_OK);
         assert_eq!(rd(&mut fresh, 0x60), 1, "the driver is told to look at its used rings");
         drop(activated);
+    }
+
+    #[test]
+    fn a_device_the_guest_restarted_before_its_resume_is_not_started_twice() {
+        let (mut t, _) = transport();
+        handshake(&mut t);
+        let state = t.save();
+
+        let (mut fresh, activated) = transport();
+        fresh.restore(&state).unwrap();
+        // The vCPUs run before the devices resume: this guest resets the
+        // device and brings it up again first.
+        wr(&mut fresh, 0x70, 0);
+        handshake(&mut fresh);
+        assert_eq!(activated.lock().unwrap().take(), Some(VIRTIO_F_VERSION_1));
+        fresh.resume(state.was_active());
+        assert!(activated.lock().unwrap().is_none(), "resume started the running device again");
     }
 
     #[test]
