@@ -1,8 +1,9 @@
 //! The guest's init, PID 1, carried inside the stockade binary.
 //!
-//! Steps, in order: mount the kernel filesystems; connect to the host over
-//! vsock and say ready; receive the command and the root layout; assemble
-//! the root from the virtio-fs share and tmpfs mounts; bring up the network;
+//! Steps, in order: mount the kernel filesystems; bring up the network
+//! interfaces; (the template point;) connect to the host over vsock and say
+//! ready; receive the command and the root layout; assemble the root from
+//! the virtio-fs share and tmpfs mounts; start the proxy forwarder;
 //! start dockerd when asked (`--docker`); run the command with
 //! its stdio bridged to the host; report how it ended; wait for the host to
 //! take everything; flush the writable share and reset the VM.
@@ -39,6 +40,8 @@ fn run() -> anyhow::Result<()> {
     mounts::writable_root()?;
     mounts::kernel_filesystems()?;
     trace::mark("kernel filesystems mounted");
+    // A failure is the run's to report, as a setup failure.
+    let links = net::configure_links().map_err(|e| format!("{e:#}"));
     template::point();
     let control = channel::connect_control()?;
     let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
@@ -49,7 +52,7 @@ fn run() -> anyhow::Result<()> {
     };
     trace::mark("command received");
     template::adopt_host(&spec)?;
-    let report = match prepare(&spec, &control) {
+    let report = match prepare(&spec, &control, links) {
         Ok(layers) => {
             let report = command::run(&spec, &control)?;
             trace::mark("command ended");
@@ -70,11 +73,16 @@ fn run() -> anyhow::Result<()> {
 
 /// Everything the command's world needs before it starts: the root, the
 /// network, dockerd. Returns the workspace overlay's layers.
-fn prepare(spec: &RunSpec, control: &channel::Control) -> anyhow::Result<Option<mounts::Layers>> {
+fn prepare(
+    spec: &RunSpec,
+    control: &channel::Control,
+    links: Result<(), String>,
+) -> anyhow::Result<Option<mounts::Layers>> {
     let layers = mounts::assemble_root(&spec.root)?;
     trace::mark("root assembled");
     set_hostname();
     if spec.network {
+        links.map_err(anyhow::Error::msg)?;
         net::start()?;
         trace::mark("network up");
         if spec.ssh_agent {

@@ -25,12 +25,18 @@ pub const PROXY_ADDR: &str = "127.0.0.1:3128";
 /// The virtio-net interface: the only NIC, named by the kernel.
 const INTERFACE: &str = "eth0";
 
-/// Brings up the interfaces and starts the forwarder (it runs until
-/// power-off).
-pub fn start() -> anyhow::Result<()> {
+/// Brings up the interfaces: loopback, and eth0 with its address and
+/// default route. The same in every run, so the init does it before the
+/// template point and a resumed run finds the driver started (its receive
+/// ring filled) instead of paying for it.
+pub fn configure_links() -> anyhow::Result<()> {
     let sock = inet_socket().context("cannot make a socket to configure interfaces")?;
     interface_up(&sock, "lo").context("cannot bring up the loopback interface")?;
-    configure_ethernet(&sock).with_context(|| format!("cannot configure {INTERFACE} ({GUEST_IP}/{PREFIX_LEN})"))?;
+    configure_ethernet(&sock).with_context(|| format!("cannot configure {INTERFACE} ({GUEST_IP}/{PREFIX_LEN})"))
+}
+
+/// Starts the forwarder (it runs until power-off).
+pub fn start() -> anyhow::Result<()> {
     let proxy = TcpListener::bind(PROXY_ADDR).with_context(|| format!("cannot listen on {PROXY_ADDR}"))?;
     spawn("proxy-fwd", move || {
         for conn in proxy.incoming().flatten() {

@@ -1,7 +1,8 @@
 //! The one signal between the guest's init and the VMM about templates (see
 //! `vmm::template`): the init writes `POINT_VALUE` to I/O port `POINT_PORT`
-//! once, after the kernel filesystems are mounted and before it opens any
-//! connection. A VMM that records a template saves the VM at that write; any
+//! once, after the kernel filesystems are mounted and the network
+//! interfaces configured (their addresses are the same in every run), and
+//! before it opens any connection. A VMM that records a template saves the VM at that write; any
 //! other VMM ignores it. What a run must not share with the template (the
 //! clock, the random state) comes with the run spec.
 
