@@ -41,7 +41,7 @@ fn run() -> anyhow::Result<()> {
     mounts::kernel_filesystems()?;
     trace::mark("kernel filesystems mounted");
     // A failure is the run's to report, as a setup failure.
-    let links = net::configure_links().map_err(|e| format!("{e:#}"));
+    let links = net::configure_links();
     template::point();
     let control = channel::connect_control()?;
     let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
@@ -76,13 +76,13 @@ fn run() -> anyhow::Result<()> {
 fn prepare(
     spec: &RunSpec,
     control: &channel::Control,
-    links: Result<(), String>,
+    links: anyhow::Result<()>,
 ) -> anyhow::Result<Option<mounts::Layers>> {
     let layers = mounts::assemble_root(&spec.root)?;
     trace::mark("root assembled");
     set_hostname();
     if spec.network {
-        links.map_err(anyhow::Error::msg)?;
+        links?;
         net::start()?;
         trace::mark("network up");
         if spec.ssh_agent {

@@ -2,8 +2,8 @@
 //! `vmm::template`): the init writes `POINT_VALUE` to I/O port `POINT_PORT`
 //! once, after the kernel filesystems are mounted and the network
 //! interfaces configured (their addresses are the same in every run), and
-//! before it opens any connection. A VMM that records a template saves the VM at that write; any
-//! other VMM ignores it. What a run must not share with the template (the
+//! before it opens any connection. A VMM that records a template saves the
+//! VM at that write; any other VMM ignores it. What a run must not share with the template (the
 //! clock, the random state) comes with the run spec.
 
 /// The I/O port the init writes; unused by any device the guest has.
