@@ -44,7 +44,7 @@ pub const MEMORY_FILE: &str = "memory";
 pub const STATE_FILE: &str = "state";
 /// The first line of a state file, before its digest; a new layout of the
 /// state gets a new number, so an old template is never misread.
-const MAGIC: &str = "stockade-template-1";
+const MAGIC: &str = "stockade-template-2";
 /// How long the other vCPUs and the device workers get to stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -107,25 +107,41 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The state file's bytes: magic, digest of the rest, then the JSON.
+/// The state file's bytes: a header line (magic, digest of the rest, the
+/// memory size), then the JSON. The header alone says whether a template is
+/// whole, without reading and checking the state (see `is_complete`).
 fn seal(saved: &Saved) -> Result<Vec<u8>, TemplateError> {
     let body = serde_json::to_vec(saved).map_err(|e| TemplateError::Write(std::io::Error::other(e)))?;
-    let mut out = format!("{MAGIC} {}\n", hex(&Sha256::digest(&body))).into_bytes();
+    let digest = hex(&Sha256::digest(&body));
+    let mut out = format!("{MAGIC} {digest} {}\n", saved.memory_bytes).into_bytes();
     out.extend_from_slice(&body);
     Ok(out)
 }
 
-fn unseal(bytes: &[u8]) -> Result<Saved, TemplateError> {
+/// The header's digest and memory size, and where the body starts.
+fn header(bytes: &[u8]) -> Result<(&str, u64, usize), TemplateError> {
     let newline = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| TemplateError::Damaged("no header".into()))?;
     let header = std::str::from_utf8(&bytes[..newline]).map_err(|_| TemplateError::Damaged("bad header".into()))?;
-    let body = &bytes[newline + 1..];
-    let Some((MAGIC, digest)) = header.split_once(' ') else {
+    let mut words = header.split(' ');
+    let (Some(MAGIC), Some(digest), Some(memory), None) = (words.next(), words.next(), words.next(), words.next())
+    else {
         return Err(TemplateError::Damaged(format!("not a template of this version ({header:.40})")));
     };
+    let memory = memory.parse().map_err(|_| TemplateError::Damaged("bad memory size".into()))?;
+    Ok((digest, memory, newline + 1))
+}
+
+fn unseal(bytes: &[u8]) -> Result<Saved, TemplateError> {
+    let (digest, memory, start) = header(bytes)?;
+    let body = &bytes[start..];
     if digest != hex(&Sha256::digest(body)) {
         return Err(TemplateError::Damaged("its state does not match its digest".into()));
     }
-    serde_json::from_slice(body).map_err(|e| TemplateError::Damaged(e.to_string()))
+    let saved: Saved = serde_json::from_slice(body).map_err(|e| TemplateError::Damaged(e.to_string()))?;
+    if saved.memory_bytes != memory {
+        return Err(TemplateError::Damaged("its header and state disagree on the memory size".into()));
+    }
+    Ok(saved)
 }
 
 /// A template read back, checked against this host, ready to restore.
@@ -155,16 +171,20 @@ impl Template {
     }
 }
 
-/// Whether `dir` holds a whole recording: a sealed state and a memory file
-/// of the size it names (a VMM killed while saving leaves neither).
+/// Whether `dir` holds a whole recording: a state of this version and a
+/// memory file of the size its header names (a VMM killed while saving
+/// leaves neither). Cheap: it reads the header only, since every run asks
+/// and the supervisor keeps several templates; the VMM checks the state's
+/// digest when it resumes one, and boots instead if it does not hold.
 pub fn is_complete(dir: &Path) -> bool {
-    let mut bytes = Vec::new();
-    if File::open(dir.join(STATE_FILE)).and_then(|mut f| f.read_to_end(&mut bytes)).is_err() {
-        return false;
-    }
-    let Ok(saved) = unseal(&bytes) else { return false };
-    std::fs::metadata(dir.join(MEMORY_FILE)).is_ok_and(|m| m.len() == saved.memory_bytes)
+    let mut bytes = [0u8; HEADER_MAX];
+    let Ok(read) = File::open(dir.join(STATE_FILE)).and_then(|f| f.read_at(&mut bytes, 0)) else { return false };
+    let Ok((_, memory, _)) = header(&bytes[..read]) else { return false };
+    std::fs::metadata(dir.join(MEMORY_FILE)).is_ok_and(|m| m.len() == memory)
 }
+
+/// A header line is shorter than this: magic, a SHA-256 in hex, a size.
+const HEADER_MAX: usize = 128;
 
 /// What the recording saves besides the vCPUs, shared with every vCPU
 /// thread of a recording VM.
@@ -288,7 +308,7 @@ mod tests {
     #[test]
     fn a_state_file_with_a_changed_byte_is_refused() {
         let body = br#"{"memory_bytes":1}"#;
-        let mut bytes = format!("{MAGIC} {}\n", hex(&Sha256::digest(body))).into_bytes();
+        let mut bytes = format!("{MAGIC} {} 1\n", hex(&Sha256::digest(body))).into_bytes();
         bytes.extend_from_slice(body);
         // The digest holds, so what fails is the incomplete state.
         assert!(matches!(unseal(&bytes), Err(TemplateError::Damaged(_))));
@@ -297,6 +317,8 @@ mod tests {
         let err = unseal(&bytes).err().expect("refused");
         assert!(err.to_string().contains("digest"), "{err}");
         assert!(unseal(b"stockade-template-0 00\n{}").err().unwrap().to_string().contains("version"));
+        assert!(unseal(b"stockade-template-1 00\n{}").err().unwrap().to_string().contains("version"));
+        assert!(header(&bytes).is_ok_and(|(_, memory, _)| memory == 1));
         assert!(unseal(b"").is_err());
     }
 }
