@@ -5,6 +5,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
 use anyhow::Context;
 use nix::mount::{MsFlags, mount};
@@ -224,6 +225,12 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
     if entries.iter().any(|e| matches!(e, RootEntry::ShareWritable { .. } | RootEntry::StateFile { .. })) {
         mount_fs(FS_TAG_RW, SHARE_MOUNT_RW, "virtiofs", MsFlags::MS_NODEV | MsFlags::MS_NOSUID, None)?;
     }
+    // The scratch disk's mount waits on the disk: it runs while the shares
+    // are placed, and the overlay entry waits for it.
+    let mut scratch = entries.iter().find_map(|e| match e {
+        RootEntry::Overlay { disk, .. } => Some(PendingScratch::start(disk)),
+        _ => None,
+    });
     let mut layers = None;
     for entry in entries {
         match entry {
@@ -236,7 +243,10 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
             }
             RootEntry::ShareScratch { source, target } => scratch_overlay(source, target)?,
             RootEntry::StateFile { source, target, uid, gid } => state_file_in(source, target, *uid, *gid)?,
-            RootEntry::Overlay { source, target, disk } => layers = Some(overlay(source, target, disk)?),
+            RootEntry::Overlay { source, target, disk } => {
+                let pending = scratch.take().unwrap_or_else(|| PendingScratch::start(disk));
+                layers = Some(overlay(source, target, pending)?);
+            }
             RootEntry::Image { disk } => image_root(disk)?,
             RootEntry::File { target, content, mode } => place_file(target, content, *mode)?,
             RootEntry::Symlink { link, target } => {
@@ -373,27 +383,59 @@ pub fn scratch_dir(name: &str) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Mounts the scratch disk and the workspace overlay on it.
-fn overlay(source: &str, target: &str, disk: &str) -> anyhow::Result<Layers> {
-    let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
+/// The scratch disk being mounted, with the overlay's upper and work
+/// directories made on it (the upper one's owner and mode are set once the
+/// workspace is visible).
+struct PendingScratch {
+    disk: String,
+    /// None when no thread could be started.
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl PendingScratch {
+    /// Starts the mount on a thread of its own; without one, `wait` mounts.
+    fn start(disk: &str) -> PendingScratch {
+        let owned = disk.to_string();
+        let thread = std::thread::Builder::new().name("scratch".into()).spawn(move || mount_scratch(&owned));
+        PendingScratch { disk: disk.to_string(), thread: thread.ok() }
+    }
+
+    fn wait(self) -> anyhow::Result<()> {
+        match self.thread {
+            Some(thread) => {
+                thread.join().unwrap_or_else(|_| Err(anyhow::anyhow!("mounting the scratch disk panicked")))
+            }
+            None => mount_scratch(&self.disk),
+        }
+    }
+}
+
+fn mount_scratch(disk: &str) -> anyhow::Result<()> {
     // The disk is formatted without zeroed inode tables; the kernel must not
     // spend the session zeroing them in the background.
     super::template::forget_cached_blocks(disk);
     mount_fs(disk, SCRATCH_MOUNT, "ext4", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("noinit_itable"))?;
+    let scratch = Path::new(SCRATCH_MOUNT);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(scratch.join("upper"))
+        .context("cannot create the overlay's upper layer")?;
+    fs::DirBuilder::new().mode(0o700).create(scratch.join("work")).context("cannot create the overlay's work directory")
+}
+
+/// The workspace overlay, on the scratch disk once it is mounted.
+fn overlay(source: &str, target: &str, scratch: PendingScratch) -> anyhow::Result<Layers> {
+    let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
     let upper = Path::new(SCRATCH_MOUNT).join("upper");
     let work = Path::new(SCRATCH_MOUNT).join("work");
     // The merged root takes its owner and mode from the upper directory:
     // make it look like the workspace itself.
     let root = fs::metadata(&lower).with_context(|| format!("cannot read the workspace at {}", lower.display()))?;
-    fs::DirBuilder::new()
-        .mode(root.mode() & 0o7777)
-        .create(&upper)
-        .context("cannot create the overlay's upper layer")?;
+    scratch.wait()?;
     fs::set_permissions(&upper, fs::Permissions::from_mode(root.mode() & 0o7777))
         .context("cannot set the upper layer's mode")?;
     nix::unistd::chown(&upper, Some(root.uid().into()), Some(root.gid().into()))
         .context("cannot set the upper layer's owner")?;
-    fs::DirBuilder::new().mode(0o700).create(&work).context("cannot create the overlay's work directory")?;
     // No redirects, index or metacopy: every change is then plain files and
     // whiteouts in the upper layer, which is what the export reads (a
     // directory rename becomes copy and delete, as on filesystems without

@@ -3,6 +3,7 @@
 //! its log in the session directory, and killed if we go away.
 
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::host::templates;
 use crate::protocol::broker::{self, Notice, StartKind};
@@ -17,6 +19,9 @@ use crate::protocol::vm_config::{TemplatePlan, VmConfig};
 
 /// Longest Unix socket path the kernel accepts (sun_path less the NUL).
 const MAX_SOCKET_PATH: usize = 107;
+
+/// How often a wait for the guest's call-in checks that the VMM still runs.
+const EXIT_CHECK_MS: u16 = 50;
 
 /// How long a guest resumed from a template may take to call in. It has
 /// no kernel to boot, so one that takes longer is stuck: its template is
@@ -254,7 +259,13 @@ pub fn accept(listener: &UnixListener, vm: &mut VmProcess, timeout: Duration) ->
                 if !vm.is_running() || Instant::now() > deadline {
                     return Ok(None);
                 }
-                std::thread::sleep(Duration::from_millis(5));
+                // Woken by the connection itself; the timeout only bounds
+                // how late a VMM that died is noticed.
+                let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, PollTimeout::from(EXIT_CHECK_MS)) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => return Err(e).context("cannot wait for a guest connection"),
+                }
             }
             Err(e) => return Err(e).context("cannot accept a guest connection"),
         }
