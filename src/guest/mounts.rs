@@ -231,9 +231,12 @@ pub fn assemble_root(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
         RootEntry::Overlay { disk, .. } => Some(PendingScratch::start(disk)),
         _ => None,
     });
+    let etc = EtcFiles::collect(entries);
     let mut layers = None;
     for entry in entries {
         match entry {
+            RootEntry::Share { source, target } if etc.covers(target) => etc.mount(source)?,
+            RootEntry::File { target, .. } if etc.holds(target) => {}
             RootEntry::Share { source, target } => bind_read_only(source, target)?,
             RootEntry::ShareWritable { source, target } => {
                 let from = Path::new(SHARE_MOUNT_RW).join(source.trim_start_matches('/'));
@@ -320,6 +323,60 @@ fn scratch_overlay(source: &str, target: &str) -> anyhow::Result<()> {
     fs::DirBuilder::new().mode(0o700).create(&work)?;
     let options = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
     mount_fs("overlay", target, "overlay", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(&options))
+}
+
+/// Where the files generated for /etc itself are laid out: the top layer of
+/// a read-only overlay over the shared /etc.
+const ETC_FILES: &str = "/.stockade/etc-files";
+
+/// The generated files that replace entries of a shared /etc: they go into
+/// one overlay layer over it, one mount for them all, where a bind each
+/// took two mounts and a lookup on the share. (Deeper paths stay binds: a
+/// directory in the layer would hide the share's rest of that directory.)
+struct EtcFiles<'a> {
+    files: Vec<(&'a str, &'a str, u32)>,
+}
+
+impl<'a> EtcFiles<'a> {
+    fn collect(entries: &'a [RootEntry]) -> EtcFiles<'a> {
+        let shared = entries.iter().any(|e| matches!(e, RootEntry::Share { target, .. } if target == "/etc"));
+        let files = entries
+            .iter()
+            .filter_map(|e| match e {
+                RootEntry::File { target, content, mode }
+                    if shared && Path::new(target).parent() == Some(Path::new("/etc")) =>
+                {
+                    Some((target.as_str(), content.as_str(), *mode))
+                }
+                _ => None,
+            })
+            .collect();
+        EtcFiles { files }
+    }
+
+    /// Whether `target` is the shared /etc these files go over.
+    fn covers(&self, target: &str) -> bool {
+        target == "/etc" && !self.files.is_empty()
+    }
+
+    /// Whether the file for `target` is one of these.
+    fn holds(&self, target: &str) -> bool {
+        self.files.iter().any(|(t, _, _)| *t == target)
+    }
+
+    /// The share's `source` at /etc, read-only, with these files over it.
+    fn mount(&self, source: &str) -> anyhow::Result<()> {
+        create_mount_point(ETC_FILES)?;
+        for (target, content, mode) in &self.files {
+            let name = Path::new(target).file_name().context("a generated /etc file has no name")?;
+            let path = Path::new(ETC_FILES).join(name);
+            fs::write(&path, content).with_context(|| format!("cannot write {}", path.display()))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(*mode))?;
+        }
+        let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
+        let options = format!("lowerdir={ETC_FILES}:{}", lower.display());
+        mount_fs("overlay", "/etc", "overlay", MsFlags::MS_RDONLY | MsFlags::MS_NODEV, Some(&options))
+    }
 }
 
 /// Where generated files are written before they are bound into place (the
