@@ -370,8 +370,7 @@ impl<'a> EtcFiles<'a> {
         for (target, content, mode) in &self.files {
             let name = Path::new(target).file_name().context("a generated /etc file has no name")?;
             let path = Path::new(ETC_FILES).join(name);
-            fs::write(&path, content).with_context(|| format!("cannot write {}", path.display()))?;
-            fs::set_permissions(&path, fs::Permissions::from_mode(*mode))?;
+            write_generated(&path, content, *mode)?;
         }
         let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));
         let options = format!("lowerdir={ETC_FILES}:{}", lower.display());
@@ -392,8 +391,7 @@ fn place_file(target: &str, content: &str, mode: u32) -> anyhow::Result<()> {
     if resolved.is_file() {
         create_mount_point(FILES_DIR)?;
         let source = Path::new(FILES_DIR).join(target.trim_start_matches('/').replace('/', "_"));
-        fs::write(&source, content).with_context(|| format!("cannot write {}", source.display()))?;
-        fs::set_permissions(&source, fs::Permissions::from_mode(mode))?;
+        write_generated(&source, content, mode)?;
         mount(Some(&source), &resolved, None::<&str>, MsFlags::MS_BIND, None::<&str>)
             .with_context(|| format!("cannot place {target}"))?;
         mount(
@@ -408,10 +406,17 @@ fn place_file(target: &str, content: &str, mode: u32) -> anyhow::Result<()> {
         if let Some(parent) = resolved.parent() {
             create_mount_point(&parent.to_string_lossy())?;
         }
-        fs::write(&resolved, content).with_context(|| format!("cannot create {target}"))?;
-        fs::set_permissions(&resolved, fs::Permissions::from_mode(mode))?;
+        write_generated(&resolved, content, mode)?;
     }
     Ok(())
+}
+
+/// Writes a generated file at `path` with exactly `mode` (the umask would
+/// take bits off).
+fn write_generated(path: &Path, content: &str, mode: u32) -> anyhow::Result<()> {
+    fs::write(path, content).with_context(|| format!("cannot write {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))
 }
 
 /// Where `path` leads through symlinks (a few hops at most); the path itself
@@ -440,29 +445,29 @@ pub fn scratch_dir(name: &str) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The scratch disk being mounted, with the overlay's upper and work
-/// directories made on it (the upper one's owner and mode are set once the
-/// workspace is visible).
-struct PendingScratch {
-    disk: String,
-    /// None when no thread could be started.
-    thread: Option<JoinHandle<anyhow::Result<()>>>,
+/// The scratch disk's mount, with the overlay's upper and work directories
+/// made on it (the upper one's owner and mode are set once the workspace is
+/// visible): on a thread of its own, or done already when none could start.
+enum PendingScratch {
+    Mounting(JoinHandle<anyhow::Result<()>>),
+    Done(anyhow::Result<()>),
 }
 
 impl PendingScratch {
-    /// Starts the mount on a thread of its own; without one, `wait` mounts.
     fn start(disk: &str) -> PendingScratch {
         let owned = disk.to_string();
-        let thread = std::thread::Builder::new().name("scratch".into()).spawn(move || mount_scratch(&owned));
-        PendingScratch { disk: disk.to_string(), thread: thread.ok() }
+        match std::thread::Builder::new().name("scratch".into()).spawn(move || mount_scratch(&owned)) {
+            Ok(thread) => PendingScratch::Mounting(thread),
+            Err(_) => PendingScratch::Done(mount_scratch(disk)),
+        }
     }
 
     fn wait(self) -> anyhow::Result<()> {
-        match self.thread {
-            Some(thread) => {
+        match self {
+            PendingScratch::Mounting(thread) => {
                 thread.join().unwrap_or_else(|_| Err(anyhow::anyhow!("mounting the scratch disk panicked")))
             }
-            None => mount_scratch(&self.disk),
+            PendingScratch::Done(result) => result,
         }
     }
 }
