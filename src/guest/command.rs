@@ -2,23 +2,36 @@
 //! stdio on pipes pumped to and from the host. When it exits, everything else
 //! it started is killed too, as when a container's main process ends.
 
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::Context;
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::channel::{self, Control, Event};
 use super::limits;
+use super::spawn::{Session, Spawn};
 use super::tty;
 use crate::protocol::{ExitReport, GuestMsg, RunSpec, STDIN_PORT, write_frame};
+
+/// The init's side of the command's stdio.
+enum Io {
+    /// The terminal's master: input, output and the window size.
+    Terminal(File),
+    Pipes {
+        stdin: File,
+        stdout: File,
+        stderr: File,
+    },
+}
 
 /// Output is forwarded in chunks of at most this size.
 const CHUNK: usize = 64 * 1024;
@@ -34,40 +47,41 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
     }
     let stdin_conn = channel::connect_with_token(STDIN_PORT, &spec.token)?;
 
-    let mut cmd = Command::new(program);
-    cmd.args(&spec.argv[1..])
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&spec.cwd)
-        .uid(spec.uid)
-        .gid(spec.gid);
     let group = match spec.pids {
         Some(max) => Some(limits::CommandGroup::with_pids_max(max)?),
         None => None,
     };
-    if let Some(group) = &group {
-        group.enter_on_spawn(&mut cmd);
-    }
-    let terminal = match spec.tty {
-        Some(size) => Some(tty::open(size)?.attach(&mut cmd)?),
+    let (io, stdio, session) = match spec.tty {
+        Some(size) => {
+            let (master, stdio) = tty::open(size)?.split()?;
+            (Io::Terminal(master), stdio, Session::Terminal)
+        }
         None => {
-            cmd.process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            None
+            let (stdin, stdin_w) = pipe().context("cannot create the command's stdin pipe")?;
+            let (stdout_r, stdout) = pipe().context("cannot create the command's stdout pipe")?;
+            let (stderr_r, stderr) = pipe().context("cannot create the command's stderr pipe")?;
+            let io = Io::Pipes { stdin: stdin_w.into(), stdout: stdout_r.into(), stderr: stderr_r.into() };
+            (io, [stdin, stdout, stderr], Session::Group)
         }
     };
-    let spawned = cmd.spawn();
-    // Our copies of the terminal's slave side must go, or its master never
-    // sees the end of the command's output.
-    drop(cmd);
-    let mut child = match spawned {
-        Ok(child) => child,
+    // The spawn owns the command's ends (and the terminal's slave side) and
+    // closes them once the command has them, or its output never ends.
+    let spawned = Spawn::new(&spec.argv, &spec.env, &spec.cwd, spec.uid, spec.gid, stdio).and_then(|spawn| {
+        let spawn = spawn.session(session);
+        match &group {
+            Some(group) => spawn.cgroup(group.procs()),
+            None => spawn,
+        }
+        .spawn()
+    });
+    let pid = match spawned {
+        Ok(pid) => pid.as_raw(),
         Err(e) => return Ok(not_started(program, &e)),
     };
-    let pid = i32::try_from(child.id()).context("child pid out of range")?;
 
     let mut pumps = Vec::new();
-    match terminal {
-        Some(master) => {
+    match io {
+        Io::Terminal(master) => {
             let input = master.try_clone().context("cannot duplicate the terminal")?;
             feed_stdin(stdin_conn, input)?;
             pumps.push(pump("stdout", master.try_clone()?, control.writer(), GuestMsg::Stdout)?);
@@ -79,20 +93,10 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
                 }
             })?;
         }
-        None => {
-            feed_stdin(stdin_conn, child.stdin.take().context("child stdin")?)?;
-            pumps.push(pump(
-                "stdout",
-                child.stdout.take().context("child stdout")?,
-                control.writer(),
-                GuestMsg::Stdout,
-            )?);
-            pumps.push(pump(
-                "stderr",
-                child.stderr.take().context("child stderr")?,
-                control.writer(),
-                GuestMsg::Stderr,
-            )?);
+        Io::Pipes { stdin, stdout, stderr } => {
+            feed_stdin(stdin_conn, stdin)?;
+            pumps.push(pump("stdout", stdout, control.writer(), GuestMsg::Stdout)?);
+            pumps.push(pump("stderr", stderr, control.writer(), GuestMsg::Stderr)?);
             control.start_reader(spec.token.clone(), move |event| {
                 if let Event::Signal(signal) = event {
                     send_signal(-pid, signal);
@@ -112,6 +116,11 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
     Ok(status)
 }
 
+/// A pipe whose ends close on exec: the command gets its end as stdio.
+fn pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC)
+}
+
 fn send_signal(target: i32, signal: i32) {
     if let Ok(sig) = Signal::try_from(signal) {
         let _ = kill(Pid::from_raw(target), sig);
@@ -119,7 +128,7 @@ fn send_signal(target: i32, signal: i32) {
 }
 
 /// Copies the host's stdin to the command until the host closes it.
-fn feed_stdin(from: std::fs::File, to: impl Write + Send + 'static) -> anyhow::Result<()> {
+fn feed_stdin(from: File, to: impl Write + Send + 'static) -> anyhow::Result<()> {
     spawn_named("stdin", move || {
         let mut from = from;
         let mut to = to;
@@ -138,7 +147,7 @@ fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> anyhow::Result<
 pub(super) fn pump(
     name: &str,
     mut from: impl Read + Send + 'static,
-    to: Arc<Mutex<std::fs::File>>,
+    to: Arc<Mutex<File>>,
     frame: fn(Vec<u8>) -> GuestMsg,
 ) -> anyhow::Result<JoinHandle<()>> {
     spawn_named(name, move || {

@@ -4,9 +4,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::Context;
 use nix::mount::{MsFlags, mount};
@@ -14,7 +12,7 @@ use nix::mount::{MsFlags, mount};
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The command's cgroup; its `cgroup.procs` is written by the child itself
-/// between fork and exec, so nothing it starts escapes the limit.
+/// before it execs, so nothing it starts escapes the limit.
 pub struct CommandGroup {
     procs: File,
 }
@@ -35,22 +33,9 @@ impl CommandGroup {
         Ok(CommandGroup { procs })
     }
 
-    /// Makes the child of `cmd` join the group before it runs the command.
-    pub fn enter_on_spawn(&self, cmd: &mut Command) {
-        let fd: RawFd = self.procs.as_raw_fd();
-        // SAFETY: between fork and exec the closure calls only write(2), which
-        // is async-signal-safe, on a descriptor the group keeps open; the
-        // group outlives the spawn (both happen in `command::run`).
-        unsafe {
-            cmd.pre_exec(move || {
-                // "0" moves the writing process, here the child itself.
-                if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
+    /// The open `cgroup.procs` the child writes to join the group.
+    pub fn procs(&self) -> RawFd {
+        self.procs.as_raw_fd()
     }
 }
 

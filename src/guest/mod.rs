@@ -17,6 +17,7 @@ mod limits;
 mod mounts;
 mod net;
 mod publish;
+mod spawn;
 mod template;
 mod trace;
 mod tty;

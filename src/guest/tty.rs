@@ -5,8 +5,6 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 
 use anyhow::Context;
 use nix::pty::{Winsize, openpty};
@@ -30,23 +28,13 @@ pub fn open(size: WindowSize) -> anyhow::Result<Pty> {
 }
 
 impl Pty {
-    /// Makes the slave side the command's stdio and controlling terminal.
-    pub fn attach(self, cmd: &mut Command) -> anyhow::Result<File> {
+    /// Splits the pair into the master, which stays with the init, and the
+    /// slave three times over, as the command's stdin, stdout and stderr.
+    /// The command makes it its controlling terminal (`spawn::Session::Terminal`).
+    pub fn split(self) -> anyhow::Result<(File, [OwnedFd; 3])> {
         let stdin = self.slave.try_clone().context("cannot duplicate the terminal")?;
         let stdout = self.slave.try_clone().context("cannot duplicate the terminal")?;
-        cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(self.slave));
-        // SAFETY: the closure runs in the forked child before exec and calls
-        // only async-signal-safe functions (setsid, ioctl) on its own fd 0.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        Ok(self.master)
+        Ok((self.master, [stdin, stdout, self.slave]))
     }
 }
 
