@@ -94,9 +94,11 @@ impl Session {
     pub fn write_record(&self, record: &RunRecord) -> anyhow::Result<()> {
         let path = self.dir.join("run.json");
         let tmp = self.dir.join(".run.json.tmp");
+        // One write: serde_json writes each token on its own.
+        let mut json = serde_json::to_vec_pretty(record)?;
+        json.push(b'\n');
         let mut file = fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-        serde_json::to_writer_pretty(&mut file, record)?;
-        file.write_all(b"\n")?;
+        file.write_all(&json)?;
         file.sync_all()?;
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
