@@ -79,6 +79,8 @@ impl Job {
 /// Receives the guest's change set in the background.
 pub struct Receiver {
     started: mpsc::Receiver<Job>,
+    /// A connection was taken on, or one of its threads ended.
+    wake: mpsc::Receiver<()>,
     verdict: mpsc::Sender<Verdict>,
     path: PathBuf,
     store: Store,
@@ -96,6 +98,7 @@ pub fn receive(
 ) -> anyhow::Result<Receiver> {
     let (verdict, verdict_rx) = mpsc::channel();
     let (started_tx, started) = mpsc::channel();
+    let (wake_tx, wake) = mpsc::channel();
     let verdict_rx = Mutex::new(Some(verdict_rx));
     let started_tx = Mutex::new(started_tx);
     let reports = tampering.clone();
@@ -109,9 +112,14 @@ pub fn receive(
             let gate = DigestGate::new(stream, verdict_rx, reports.clone());
             let vouched = gate.vouched.clone();
             let store = staging.clone();
+            let done = wake_tx.clone();
             std::thread::Builder::new()
                 .name("changes".into())
-                .spawn(move || stage(gate, &store))
+                .spawn(move || {
+                    let staged = stage(gate, &store);
+                    let _ = done.send(());
+                    staged
+                })
                 .map(|handle| Job::Live { handle, stream: watch, vouched })
         } else {
             reports.report(Channel::Changes.second());
@@ -123,19 +131,25 @@ pub fn receive(
                 return;
             }
             let dir = staging.dir().to_path_buf();
+            let done = wake_tx.clone();
             std::thread::Builder::new()
                 .name("changes-spool".into())
-                .spawn(move || spool(stream, &dir))
+                .spawn(move || {
+                    let spooled = spool(stream, &dir);
+                    let _ = done.send(());
+                    spooled
+                })
                 .map(|handle| Job::Spooled { handle, stream: watch })
         };
         match job {
             Ok(job) => {
                 let _ = started_tx.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+                let _ = wake_tx.send(());
             }
             Err(e) => tracing::warn!("cannot start receiving a change connection: {e}"),
         }
     })?;
-    Ok(Receiver { started, verdict, path, store: store.clone(), _listening: listening })
+    Ok(Receiver { started, wake, verdict, path, store: store.clone(), _listening: listening })
 }
 
 /// A file in `dir` that no name points to, so it goes with its last
@@ -283,7 +297,9 @@ impl Receiver {
                     )
                 }));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            // Woken when a job starts or ends; the timeout bounds how late
+            // an arrival deadline is noticed.
+            let _ = self.wake.recv_timeout(Duration::from_millis(10));
         }
     }
 
