@@ -17,7 +17,7 @@
 //!   else the target's own directory when it is deep enough not to be a
 //!   general one like `~/.local/share`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -176,11 +176,16 @@ impl Finder<'_> {
     fn symlinked_programs(&mut self, dir: &Path, shown: &str) {
         let Ok(entries) = fs::read_dir(dir) else { return };
         let mut trees = BTreeSet::new();
+        // Many programs link to one file (rustup's proxies all to rustup):
+        // each link target is resolved once. `dir` is canonical already.
+        let mut resolved: HashMap<PathBuf, Option<PathBuf>> = HashMap::new();
         for entry in entries.flatten().take(MAX_ENTRIES) {
             if !entry.file_type().is_ok_and(|t| t.is_symlink()) {
                 continue;
             }
-            let Ok(target) = entry.path().canonicalize() else { continue };
+            let Ok(link) = fs::read_link(entry.path()) else { continue };
+            let target = resolved.entry(dir.join(link)).or_insert_with_key(|p| p.canonicalize().ok());
+            let Some(target) = target.clone() else { continue };
             if target.starts_with(dir) || !target.starts_with(self.home) {
                 continue;
             }
