@@ -37,6 +37,7 @@ fn guest_shell_behaves_like_a_local_terminal() {
 set -e
 keys 'echo hel''lo-guest; uname -r' Enter; screen_has hello-guest
 keys 'stty size' Enter; screen_has '^30 100'
+keys 'ls -l /proc/$$/fd | grep -c ptmx | sed s/^/masters-held-/' Enter; screen_has '^masters-held-0'
 tm resize-window -t t -x 120 -y 40; sleep 1
 keys 'stty size' Enter; screen_has '^40 120'
 keys 'sleep 100' Enter; sleep 2; keys C-c; keys 'echo after-int-$?' Enter; screen_has after-int-130

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use anyhow::Context;
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 use nix::pty::{Winsize, openpty};
 use nix::unistd::Pid;
 
@@ -24,6 +25,11 @@ pub struct Pty {
 /// Opens a PTY pair of the given size.
 pub fn open(size: WindowSize) -> anyhow::Result<Pty> {
     let pair = openpty(Some(&winsize(size)), None).context("cannot open a pseudo-terminal")?;
+    // openpty's descriptors survive exec: the command would hold the master
+    // (and a fourth copy of its terminal) open.
+    for fd in [&pair.master, &pair.slave] {
+        fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).context("cannot set up the pseudo-terminal")?;
+    }
     Ok(Pty { master: File::from(pair.master), slave: pair.slave })
 }
 
