@@ -4,8 +4,7 @@
 //! CLONE_VFORK`) and the init's thread waits until the child has exec'd or
 //! failed. A fork would copy the init's page tables and then take a
 //! copy-on-write fault for each page the init's threads write; in a restored
-//! guest every fresh page is also a nested page fault, which made the fork
-//! most of the command's start in the rig.
+//! guest every fresh page is also a nested page fault.
 //!
 //! Sharing memory puts rules on the child: it only reads what was prepared
 //! here before the clone, allocates nothing, and calls the kernel directly
