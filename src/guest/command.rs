@@ -66,14 +66,8 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
     };
     // The spawn owns the command's ends (and the terminal's slave side) and
     // closes them once the command has them, or its output never ends.
-    let spawned = Spawn::new(&spec.argv, &spec.env, &spec.cwd, spec.uid, spec.gid, stdio).and_then(|spawn| {
-        let spawn = spawn.session(session);
-        match &group {
-            Some(group) => spawn.cgroup(group.procs()),
-            None => spawn,
-        }
-        .spawn()
-    });
+    let spawned = Spawn::new(&spec.argv, &spec.env, &spec.cwd, spec.uid, spec.gid, stdio)
+        .and_then(|spawn| spawn.session(session).cgroup(group.as_ref().map(|g| g.procs())).spawn());
     let pid = match spawned {
         Ok(pid) => pid.as_raw(),
         Err(e) => return Ok(not_started(program, &e)),

@@ -87,9 +87,9 @@ impl Spawn {
     }
 
     /// Has the child join the cgroup whose `cgroup.procs` is open as `procs`
-    /// before it drops root, so nothing the command starts escapes it.
-    pub fn cgroup(mut self, procs: RawFd) -> Spawn {
-        self.cgroup_procs = Some(procs);
+    /// (if any) before it drops root, so nothing the command starts escapes it.
+    pub fn cgroup(mut self, procs: Option<RawFd>) -> Spawn {
+        self.cgroup_procs = procs;
         self
     }
 
