@@ -235,10 +235,14 @@ mod tests {
             ShareConfig { guest_path: "/w".into(), host_path: dir.path().into(), writable: false, record: None };
         assert_ne!(k, key(&VmConfig { shares: vec![share], ..base.clone() }).unwrap());
         assert_eq!(k, key(&VmConfig { jail: false, ..base.clone() }).unwrap(), "the jail is not the guest's");
-        // A rebuilt binary is another template.
+        // A rebuilt binary is another template, and so is a rebuilt kernel.
         fs::remove_file(&base.init).unwrap();
         fs::write(&base.init, b"init, rebuilt").unwrap();
-        assert_ne!(k, key(&base).unwrap());
+        let rebuilt = key(&base).unwrap();
+        assert_ne!(k, rebuilt);
+        fs::remove_file(&base.kernel).unwrap();
+        fs::write(&base.kernel, b"kernel, rebuilt").unwrap();
+        assert_ne!(rebuilt, key(&base).unwrap());
     }
 
     #[test]
