@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use anyhow::Context;
 
 use crate::protocol::RunSpec;
-use crate::protocol::template::{POINT_PORT, POINT_VALUE};
+use crate::protocol::template::{POINT_PORT, POINT_VALUE, RECORDING_ARG};
 
 /// RNDADDENTROPY: `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
@@ -20,6 +20,9 @@ const BLKFLSBUF: libc::c_ulong = 0x1261;
 /// recording ignores the write; one that is saves the VM here, and every run
 /// restored from that template resumes right after this call.
 pub fn point() {
+    if recording() {
+        page_in_own_image();
+    }
     // SAFETY: ioperm only changes this process's I/O permission bitmap, for
     // one port that no guest device uses.
     if unsafe { libc::ioperm(libc::c_ulong::from(POINT_PORT), 1, 1) } != 0 {
@@ -35,6 +38,42 @@ pub fn point() {
     }
     // SAFETY: drops the permission again; nothing else in the guest needs it.
     unsafe { libc::ioperm(libc::c_ulong::from(POINT_PORT), 1, 0) };
+}
+
+/// Whether this boot records a template (the VMM says so on the kernel's
+/// command line).
+fn recording() -> bool {
+    std::fs::read_to_string("/proc/cmdline").is_ok_and(|line| line.split_whitespace().any(|a| a == RECORDING_ARG))
+}
+
+/// Pages the init's own read-only mappings (code and constants) in from the
+/// boot share and maps them, so that the template holds them: otherwise each
+/// run resumed from it pages them in again, a round trip to the host at a
+/// time, as its code first runs. Best effort: a page left out is only slower.
+fn page_in_own_image() {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(exe), Ok(maps)) = (std::fs::metadata("/proc/self/exe"), std::fs::read_to_string("/proc/self/maps")) else {
+        return;
+    };
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms), Some(_offset), Some(_dev), Some(inode)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        // Writable mappings are private copies, resident already.
+        if inode.parse::<u64>().ok() != Some(exe.ino()) || perms.contains('w') {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) else {
+            continue;
+        };
+        // SAFETY: MADV_POPULATE_READ only faults in pages of a mapping this
+        // process has; it changes no contents and no protections.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_READ) };
+    }
 }
 
 /// Sets the clock from the host and mixes the host's entropy into the

@@ -10,6 +10,11 @@
 pub const POINT_PORT: u16 = 0x5c0;
 /// The byte the init writes there.
 pub const POINT_VALUE: u8 = 0x5a;
+/// The kernel argument of a boot that records a template: the init then
+/// pages in its own code before the point, so every run resumed from the
+/// template finds it in memory. Other boots leave it to be paged in as it
+/// runs.
+pub const RECORDING_ARG: &str = "stockade.recording";
 /// Bytes of host entropy each run spec carries for the guest's random pool.
 pub const SEED_LEN: usize = 64;
 

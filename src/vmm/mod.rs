@@ -271,6 +271,9 @@ fn boot(
     if !config.verbose_kernel {
         cmdline.push("quiet".into());
     }
+    if record.is_some() {
+        cmdline.push(crate::protocol::template::RECORDING_ARG.into());
+    }
     cmdline.extend(config.kernel_args.iter().cloned());
     cmdline.extend(devices);
     let entry = boot::load(&mem, &config.kernel, &cmdline.join(" "), &ram)?;
