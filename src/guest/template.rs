@@ -56,10 +56,9 @@ fn page_in_own_image() {
         return;
     };
     for line in maps.lines() {
+        // start-end, permissions, offset, device, inode, path.
         let mut fields = line.split_whitespace();
-        let (Some(range), Some(perms), Some(_offset), Some(_dev), Some(inode)) =
-            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-        else {
+        let (Some(range), Some(perms), Some(inode)) = (fields.next(), fields.next(), fields.nth(2)) else {
             continue;
         };
         // Writable mappings are private copies, resident already.

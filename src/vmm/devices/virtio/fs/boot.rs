@@ -10,9 +10,10 @@
 //!
 //! The kernel pages the init in from here as it runs, so no boot unpacks
 //! the whole binary into guest memory (a boot that records a template pages
-//! in the init's mapped code, once, for every run resumed from it). Every node, handle and reply is fixed
-//! (node ids are constants, nothing is counted), so the server keeps no
-//! state a guest could grow or that a saved VM would have to carry.
+//! in the init's mapped code, once, for every run resumed from it). Every
+//! node, handle and reply is fixed (node ids are constants, nothing is
+//! counted), so the server keeps no state a guest could grow or that a saved
+//! VM would have to carry.
 
 use std::ffi::CStr;
 use std::fs::File;
