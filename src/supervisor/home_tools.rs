@@ -6,18 +6,31 @@
 //! and the credential files a tree itself may hold are hidden by the file
 //! server.
 //!
+//! Only what the user installed is followed. A relative or empty `PATH`
+//! entry means the guest's working directory, the workspace, and is never
+//! followed on the host; a `PATH` entry or program link whose way, resolved
+//! one name at a time, runs through a tree the repository or a guest writes
+//! (the workspace, `rw` mounts, stockade's own data) is not followed
+//! either, since there the repository decides where a name leads. And
+//! whatever the way, settings and application data (`~/.config`,
+//! `~/.local/share`, `~/.cache`, browser profiles) are never shared but for
+//! the toolchain layouts known to live there.
+//!
 //! What counts as an install tree, by layout:
 //! - a `bin` whose parent holds `lib/node_modules`: an npm prefix or an nvm
-//!   version (`~/.nvm/versions/node/v22/bin`), shared whole;
+//!   version (`~/.nvm/versions/node/v22/bin`), shared whole, or its
+//!   `lib/node_modules` when the prefix holds more (`~/.local`);
 //! - a version manager's `shims` or `bin` beside `versions/` (pyenv, rbenv,
 //!   nodenv), shared whole;
 //! - a `rustup` program on PATH: `$RUSTUP_HOME` (default `~/.rustup`);
-//! - a symlinked program (`~/.local/bin/claude`): the nearest ancestor of
-//!   its target that is a package (`node_modules/<pkg>`, a Python venv), or
-//!   else the target's own directory when it is deep enough not to be a
-//!   general one like `~/.local/share`.
+//! - a symlinked program (`~/.local/bin/claude`), when its target is an
+//!   executable file: the nearest ancestor of the target that is a package
+//!   (`node_modules/<pkg>`, a Python venv), or else the target's own
+//!   directory when it is deep enough not to be a general one like
+//!   `~/.local/share`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -58,7 +71,41 @@ const NEVER: &[&str] = &[
     ".claude",
     ".codex",
     ".gemini",
+    ".terraform.d",
+    ".vault-token",
+    ".git-credentials",
+    ".netrc",
 ];
+
+/// Where applications keep settings and data, not programs: nothing in
+/// them is shared but the layouts of [`TOOLCHAIN_AREAS`], and no tree
+/// holding one is.
+const PRIVATE: &[&str] =
+    &[".config", ".local/share", ".local/state", ".cache", ".mozilla", ".thunderbird", ".pki", ".var", "snap"];
+
+/// Toolchain layouts inside [`PRIVATE`] areas: the installers that put
+/// programs there.
+const TOOLCHAIN_AREAS: &[&str] = &[
+    ".local/share/claude/versions",
+    ".local/share/pipx/venvs",
+    ".local/share/uv/tools",
+    ".local/share/uv/python",
+    ".local/share/pnpm",
+    ".local/share/fnm",
+    ".local/share/mise",
+    ".local/share/gem",
+    ".config/nvm/versions",
+    ".config/yarn/global",
+    ".config/composer/vendor",
+];
+
+/// stockade's own directories at their usual places: the guest writes
+/// some of them (an agent's state), so they are never shared nor walked
+/// through, wherever `Bounds::untrusted` says the data lives this time.
+const OWN: &[&str] = &[".local/share/stockade", ".cache/stockade", ".config/stockade"];
+
+/// The most symlinks one path may pass, as the kernel's limit.
+const MAX_LINKS: usize = 40;
 
 /// Files inside a shared tree that may hold registry tokens: the tree is
 /// shared around them.
@@ -81,32 +128,57 @@ pub struct HomeTools {
     pub dirs: Vec<HomeDir>,
 }
 
-/// The home toolchains of a `PATH`. `skip` are trees already in the guest
-/// some other way (the workspace, policy mounts): nothing at or under them
-/// is shared again. `getenv` reads RUSTUP_HOME and the like.
-pub fn discover(path_var: &str, home: &Path, skip: &[PathBuf], getenv: impl Fn(&str) -> Option<String>) -> HomeTools {
+/// The trees discovery keeps clear of, besides the home directory's own
+/// credential and data directories.
+#[derive(Debug, Default, Clone)]
+pub struct Bounds {
+    /// Already in the guest some other way (the workspace, policy mounts):
+    /// nothing at or under them is shared again.
+    pub shared: Vec<PathBuf>,
+    /// Written by the repository or a guest (the workspace, `rw` mounts,
+    /// stockade's data and cache): no way through them is followed, and no
+    /// tree at, under or holding one is shared.
+    pub untrusted: Vec<PathBuf>,
+}
+
+/// The home toolchains of a `PATH`, within `bounds`. `getenv` reads
+/// RUSTUP_HOME and the like.
+pub fn discover(path_var: &str, home: &Path, bounds: &Bounds, getenv: impl Fn(&str) -> Option<String>) -> HomeTools {
     let Ok(home) = home.canonicalize() else { return HomeTools::default() };
-    let mut found = Finder { home: &home, dirs: Vec::new() };
+    let own = OWN.iter().map(|o| home.join(o));
+    let untrusted: Vec<PathBuf> =
+        bounds.untrusted.iter().cloned().chain(own).filter_map(|u| u.canonicalize().ok()).collect();
+    let mut found = Finder { home: &home, untrusted: &untrusted, dirs: Vec::new() };
     for entry in std::env::split_paths(path_var) {
-        let Ok(dir) = entry.canonicalize() else { continue };
+        // A relative entry names a directory of wherever the guest stands.
+        if !entry.is_absolute() {
+            continue;
+        }
+        let Some(dir) = found.resolve(&entry) else { continue };
         if !found.shareable(&dir) || !dir.is_dir() {
             continue;
         }
         let shown = display(&home, &dir);
-        found.add(dir.clone(), format!("{shown} is on PATH"));
+        found.add(&dir, format!("{shown} is on PATH"));
         if let Some(root) = package_prefix(&dir) {
-            found.add(root, format!("the install tree of {shown}"));
+            let why = format!("the install tree of {shown}");
+            // A prefix that holds more than programs (`~/.local`) gives
+            // its packages only.
+            if !found.add(&root, why.clone()) && root.join("lib/node_modules").is_dir() {
+                found.add(&root.join("lib/node_modules"), why);
+            }
         }
         if dir.join("rustup").is_file() {
             let rustup_home = getenv("RUSTUP_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".rustup"));
-            if let Ok(rustup_home) = rustup_home.canonicalize() {
-                found.add(rustup_home, format!("rustup's toolchains, for {shown}/rustup"));
+            if rustup_home.is_absolute() {
+                found.add(&rustup_home, format!("rustup's toolchains, for {shown}/rustup"));
             }
         }
         found.symlinked_programs(&dir, &shown);
     }
+    let shared: Vec<PathBuf> = bounds.shared.iter().map(|s| s.canonicalize().unwrap_or_else(|_| s.clone())).collect();
     let mut dirs = found.dirs;
-    dirs.retain(|d| !skip.iter().any(|s| d.path.starts_with(s)));
+    dirs.retain(|d| !shared.iter().any(|s| d.path.starts_with(s)));
     // Sorted, a tree comes before what lies inside it.
     dirs.sort_by(|a, b| a.path.cmp(&b.path));
     let mut kept: Vec<HomeDir> = Vec::new();
@@ -151,24 +223,84 @@ fn around(dir: &HomeDir, secrets: &[PathBuf], out: &mut Vec<HomeDir>) {
 
 struct Finder<'a> {
     home: &'a Path,
+    /// Canonical.
+    untrusted: &'a [PathBuf],
     dirs: Vec<HomeDir>,
 }
 
 impl Finder<'_> {
-    /// Under the home directory, not the home directory itself, and
-    /// neither a credential directory nor a tree holding one.
+    /// Where the absolute `path` leads, resolved one name at a time as the
+    /// kernel does: None when it does not exist, loops, or its way enters
+    /// an untrusted tree, where the repository or a guest picks what the
+    /// next name means. Canonical when Some.
+    fn resolve(&self, path: &Path) -> Option<PathBuf> {
+        let mut at = PathBuf::from("/");
+        let mut todo: Vec<OsString> = Vec::new();
+        let push = |todo: &mut Vec<OsString>, path: &Path| {
+            todo.extend(path.components().rev().map(|c| c.as_os_str().to_owned()));
+        };
+        push(&mut todo, path);
+        let mut links = 0;
+        while let Some(name) = todo.pop() {
+            match name.to_str() {
+                Some("/") => at = PathBuf::from("/"),
+                Some(".") => {}
+                Some("..") => {
+                    at.pop();
+                }
+                _ => {
+                    let next = at.join(&name);
+                    let meta = fs::symlink_metadata(&next).ok()?;
+                    if meta.file_type().is_symlink() {
+                        links += 1;
+                        if links > MAX_LINKS {
+                            return None;
+                        }
+                        push(&mut todo, &fs::read_link(&next).ok()?);
+                    } else if meta.is_dir() || todo.is_empty() {
+                        at = next;
+                    } else {
+                        return None;
+                    }
+                }
+            }
+            if self.untrusted.iter().any(|u| at.starts_with(u)) {
+                return None;
+            }
+        }
+        Some(at)
+    }
+
+    /// Canonical `dir` is under the home directory, not the home itself;
+    /// neither a credential directory, nor stockade's or the repository's,
+    /// nor a tree holding one; and in a settings or data area only as a
+    /// known toolchain layout.
     fn shareable(&self, dir: &Path) -> bool {
         let Ok(rel) = dir.strip_prefix(self.home) else { return false };
         if rel.as_os_str().is_empty() {
             return false;
         }
-        !NEVER.iter().any(|n| rel.starts_with(n) || Path::new(n).starts_with(rel))
+        let at_in_or_holding = |n: &Path| rel.starts_with(n) || n.starts_with(rel);
+        if NEVER.iter().any(|n| at_in_or_holding(Path::new(n)))
+            || self.untrusted.iter().any(|u| dir.starts_with(u) || u.starts_with(dir))
+            || PRIVATE.iter().any(|p| Path::new(p).starts_with(rel))
+        {
+            return false;
+        }
+        !PRIVATE.iter().any(|p| rel.starts_with(p)) || TOOLCHAIN_AREAS.iter().any(|t| rel.starts_with(t))
     }
 
-    fn add(&mut self, path: PathBuf, why: String) {
-        if self.shareable(&path) && !self.dirs.iter().any(|d| d.path == path) {
+    /// Shares `path` when it resolves to a shareable directory; whether it
+    /// does.
+    fn add(&mut self, path: &Path, why: String) -> bool {
+        let Some(path) = self.resolve(path) else { return false };
+        if !self.shareable(&path) || !path.is_dir() {
+            return false;
+        }
+        if !self.dirs.iter().any(|d| d.path == path) {
             self.dirs.push(HomeDir { path, why });
         }
+        true
     }
 
     /// Programs in `dir` that are links into another tree of the home
@@ -184,7 +316,8 @@ impl Finder<'_> {
                 continue;
             }
             let Ok(link) = fs::read_link(entry.path()) else { continue };
-            let target = resolved.entry(dir.join(link)).or_insert_with_key(|p| p.canonicalize().ok());
+            let target =
+                resolved.entry(dir.join(link)).or_insert_with_key(|p| self.resolve(p).filter(|t| is_program(t)));
             let Some(target) = target.clone() else { continue };
             if target.starts_with(dir) || !target.starts_with(self.home) {
                 continue;
@@ -196,7 +329,7 @@ impl Finder<'_> {
         let mut seen = BTreeSet::new();
         for (tree, program) in trees {
             if seen.insert(tree.clone()) {
-                self.add(tree, format!("the install tree of {shown}/{program}"));
+                self.add(&tree, format!("the install tree of {shown}/{program}"));
             }
         }
     }
@@ -214,6 +347,13 @@ impl Finder<'_> {
         let depth = parent.strip_prefix(self.home).ok()?.components().count();
         (depth >= 3).then(|| parent.to_path_buf())
     }
+}
+
+/// An executable regular file: what an installed program is, and what a
+/// cookie jar or a key is not.
+fn is_program(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// `<prefix>/bin` of an npm prefix or nvm version, or the root of a
@@ -305,6 +445,11 @@ mod tests {
         tools.dirs.iter().map(|d| display(home, &d.path)).collect()
     }
 
+    /// The bounds of a run in `workspace`.
+    fn repository(workspace: &Path) -> Bounds {
+        Bounds { shared: vec![workspace.to_path_buf()], untrusted: vec![workspace.to_path_buf()] }
+    }
+
     fn path_of(dirs: &[PathBuf]) -> String {
         std::env::join_paths(dirs).unwrap().into_string().unwrap()
     }
@@ -315,12 +460,12 @@ mod tests {
         let home = tmp.path().canonicalize().unwrap();
         // Claude Code's native installer.
         let local_bin = mk(&home, ".local/bin");
-        let claude = touch(&home, ".local/share/claude/versions/2.0.1");
+        let claude = program(&home, ".local/share/claude/versions/2.0.1");
         symlink(&claude, local_bin.join("claude")).unwrap();
         // An npm global in a home prefix.
         let codex_pkg = mk(&home, ".npm-global/lib/node_modules/@openai/codex");
         touch(&codex_pkg, "package.json");
-        touch(&codex_pkg, "bin/codex.js");
+        program(&codex_pkg, "bin/codex.js");
         symlink("../lib/node_modules/@openai/codex/bin/codex.js", mk(&home, ".npm-global/bin").join("codex")).unwrap();
         touch(&home, ".npm-global/etc/npmrc");
         // nvm.
@@ -334,7 +479,7 @@ mod tests {
         // A pipx venv.
         let venv = mk(&home, ".local/share/pipx/venvs/black");
         touch(&venv, "pyvenv.cfg");
-        let black = touch(&venv, "bin/black");
+        let black = program(&venv, "bin/black");
         symlink(&black, local_bin.join("black")).unwrap();
         // pyenv.
         let shims = mk(&home, ".pyenv/shims");
@@ -349,7 +494,7 @@ mod tests {
             home.clone(),
             home.join("missing/bin"),
         ]);
-        let tools = discover(&path, &home, &[], |_| None);
+        let tools = discover(&path, &home, &Bounds::default(), |_| None);
         // The prefix with an npmrc is shared around its etc/.
         assert_eq!(
             rels(&home, &tools),
@@ -374,10 +519,11 @@ mod tests {
         let ssh_bin = mk(&home, ".ssh/bin");
         let local_bin = mk(&home, ".local/bin");
         // A link to a file right in the home directory or a shallow tree.
-        symlink(touch(&home, "tool.sh"), local_bin.join("tool")).unwrap();
-        symlink(touch(&home, ".local/share/x"), local_bin.join("x")).unwrap();
+        symlink(program(&home, "tool.sh"), local_bin.join("tool")).unwrap();
+        symlink(program(&home, "tools/x"), local_bin.join("x")).unwrap();
         let work_bin = mk(&home, "src/project/.venv/bin");
-        let tools = discover(&path_of(&[ssh_bin, local_bin, work_bin]), &home, &[home.join("src/project")], |_| None);
+        let bounds = Bounds { shared: vec![home.join("src/project")], untrusted: Vec::new() };
+        let tools = discover(&path_of(&[ssh_bin, local_bin, work_bin]), &home, &bounds, |_| None);
         assert_eq!(rels(&home, &tools), ["~/.local/bin"]);
     }
 
@@ -388,10 +534,166 @@ mod tests {
         let bin = mk(&home, "tools/cargo/bin");
         touch(&bin, "rustup");
         let custom = mk(&home, "tools/rustup");
-        let tools = discover(&path_of(&[bin]), &home, &[], |v| {
+        let tools = discover(&path_of(&[bin]), &home, &Bounds::default(), |v| {
             (v == "RUSTUP_HOME").then(|| custom.to_string_lossy().into_owned())
         });
         assert_eq!(rels(&home, &tools), ["~/tools/cargo/bin", "~/tools/rustup"]);
+    }
+
+    /// An executable file, as an installed program is.
+    fn program(root: &Path, rel: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = touch(root, rel);
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    /// `target` as a PATH entry relative to this process's directory.
+    fn relative_to_cwd(target: &Path) -> PathBuf {
+        let cwd = std::env::current_dir().unwrap().canonicalize().unwrap();
+        let mut rel = PathBuf::new();
+        for _ in cwd.components().skip(1) {
+            rel.push("..");
+        }
+        rel.join(target.strip_prefix("/").unwrap())
+    }
+
+    /// A repository on PATH (direnv's PATH_add, a node_modules/.bin) links
+    /// into a browser profile: nothing of the home comes along, whether the
+    /// link is a program, the PATH directory itself, or a `..` walk out.
+    #[test]
+    fn a_workspace_dir_on_path_brings_nothing_of_the_home_along() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        let profile = mk(&home, ".config/somebrowser/Default");
+        let cookies = program(&profile, "Cookies");
+        let elsewhere = mk(&home, "notes/private/deep");
+        let notes = program(&elsewhere, "diary");
+        let outside = tempfile::tempdir().unwrap();
+        for workspace in [home.join("src/proj"), outside.path().canonicalize().unwrap()] {
+            let bin = mk(&workspace, "bin");
+            symlink(&cookies, bin.join("cookies")).unwrap();
+            symlink(&notes, bin.join("notes")).unwrap();
+            let modules = mk(&workspace, "node_modules/.bin");
+            symlink(&profile, workspace.join("profile")).unwrap();
+            symlink(&elsewhere, workspace.join("deep")).unwrap();
+            touch(&bin, "rustup");
+            mk(&home, ".rustup");
+            let path = path_of(&[
+                bin.clone(),
+                modules,
+                workspace.join("profile"),
+                workspace.join("deep"),
+                workspace.join("bin/../../../notes/private/deep"),
+                workspace.join("node_modules/../profile"),
+            ]);
+            let tools = discover(&path, &home, &repository(&workspace), |_| None);
+            assert_eq!(rels(&home, &tools), Vec::<String>::new(), "workspace {}", workspace.display());
+        }
+    }
+
+    /// Relative and empty PATH entries mean the current directory, which in
+    /// the guest is the workspace: they are never followed on the host.
+    #[test]
+    fn relative_and_empty_path_entries_are_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        let tools_bin = mk(&home, "tools/x/bin");
+        program(&tools_bin, "tool");
+        let path = format!("::.:{}:bin", relative_to_cwd(&tools_bin).display());
+        let tools = discover(&path, &home, &Bounds::default(), |_| None);
+        assert_eq!(rels(&home, &tools), Vec::<String>::new());
+    }
+
+    /// The user's own PATH directory with links into settings, data,
+    /// stockade's own files or credentials: the directory is shared, what
+    /// the links reach is not.
+    #[test]
+    fn links_from_a_users_path_dir_into_settings_data_or_credentials_are_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        let local_bin = mk(&home, ".local/bin");
+        for (name, target) in [
+            ("browser", ".config/somebrowser/Default/run"),
+            ("x", ".config/x/bin/x"),
+            ("agent", ".local/share/stockade/agents/claude/home/.local/bin/claude"),
+            ("cache", ".cache/stockade/templates/abc/init"),
+            ("mine", ".config/stockade/hooks/run"),
+            ("app", ".local/share/someapp/data/run"),
+            ("state", ".local/state/someapp/x/run"),
+            ("firefox", ".mozilla/firefox/abc.default/run"),
+            ("ssh", ".ssh/keys/dir/run"),
+            ("aws", ".aws/cli/cache/run"),
+        ] {
+            symlink(program(&home, target), local_bin.join(name)).unwrap();
+        }
+        // A link to something that is no program.
+        symlink(touch(&home, "notes/private/deep/diary"), local_bin.join("diary")).unwrap();
+        // A PATH directory that is itself a link into settings.
+        symlink(mk(&home, ".config/evil"), home.join("bin")).unwrap();
+        let path = path_of(&[local_bin, home.join("bin"), home.join(".local/bin/../../.config/evil")]);
+        let tools = discover(&path, &home, &Bounds::default(), |_| None);
+        assert_eq!(rels(&home, &tools), ["~/.local/bin"]);
+    }
+
+    /// A `rw` mount is the guest's to write: a link whose way runs through
+    /// it is not followed, even to a tree that would do.
+    #[test]
+    fn a_link_through_a_guest_writable_mount_is_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        let local_bin = mk(&home, ".local/bin");
+        let mount = mk(&home, "shared");
+        symlink(program(&home, "tools/some/where/run"), mount.join("run")).unwrap();
+        symlink(mount.join("run"), local_bin.join("run")).unwrap();
+        let bounds = Bounds { shared: vec![mount.clone()], untrusted: vec![mount] };
+        let tools = discover(&path_of(&[local_bin]), &home, &bounds, |_| None);
+        assert_eq!(rels(&home, &tools), ["~/.local/bin"]);
+    }
+
+    /// `~/.local` as an npm prefix holds settings and data too: its
+    /// packages are shared, not the prefix; uv's tools and Claude's native
+    /// install beside them still are.
+    #[test]
+    fn a_home_local_prefix_shares_its_packages_and_the_known_layouts_in_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        let local_bin = mk(&home, ".local/bin");
+        let pkg = mk(&home, ".local/lib/node_modules/tsc");
+        touch(&pkg, "package.json");
+        program(&pkg, "bin/tsc");
+        symlink("../lib/node_modules/tsc/bin/tsc", local_bin.join("tsc")).unwrap();
+        let ruff = mk(&home, ".local/share/uv/tools/ruff");
+        touch(&ruff, "pyvenv.cfg");
+        symlink(program(&ruff, "bin/ruff"), local_bin.join("ruff")).unwrap();
+        symlink(program(&home, ".local/share/claude/versions/2.1.0"), local_bin.join("claude")).unwrap();
+        touch(&home, ".local/share/keyrings/login.keyring");
+        let tools = discover(&path_of(&[local_bin]), &home, &Bounds::default(), |_| None);
+        assert_eq!(
+            rels(&home, &tools),
+            [
+                "~/.local/bin",
+                "~/.local/lib/node_modules",
+                "~/.local/share/claude/versions",
+                "~/.local/share/uv/tools/ruff"
+            ]
+        );
+    }
+
+    /// A link the user made whose route runs through the workspace (`npm
+    /// link` of the project) is the repository's to point: not followed.
+    #[test]
+    fn a_users_link_through_the_workspace_is_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap();
+        let workspace = mk(&home, "src/proj");
+        let npm_bin = mk(&home, ".npm-global/bin");
+        mk(&home, ".npm-global/lib/node_modules");
+        symlink(&workspace, home.join(".npm-global/lib/node_modules/proj")).unwrap();
+        symlink("../lib/node_modules/proj/cli.js", npm_bin.join("proj")).unwrap();
+        symlink(program(&home, "tools/private/deep/run"), workspace.join("cli.js")).unwrap();
+        let tools = discover(&path_of(&[npm_bin]), &home, &repository(&workspace), |_| None);
+        assert_eq!(rels(&home, &tools), ["~/.npm-global"]);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::paths::Dirs;
+use crate::policy::MountMode;
 use crate::protocol::auth::Token;
 use crate::protocol::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
 
@@ -332,15 +333,21 @@ pub fn complete(
 const KNOWN_HOSTS: &str = "~/.ssh/known_hosts";
 
 /// The home toolchains to share (host mode with `home_tools` only): those
-/// on the command's PATH, less what is shared anyway.
+/// on the command's PATH, less what is shared anyway, and never reached
+/// through what the repository or a guest writes.
 fn home_tools(config: &RunConfig, host: &Host) -> home_tools::HomeTools {
     if !config.home_tools || host.system != root::System::Host {
         return home_tools::HomeTools::default();
     }
     let guest_path = config.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).unwrap_or_default();
-    let mut skip = vec![host.workspace.clone()];
-    skip.extend(config.policy.mounts.iter().map(|m| m.host_path(&host.user.home)));
-    home_tools::discover(guest_path, &host.user.home, &skip, |name| std::env::var(name).ok())
+    let home = &host.user.home;
+    let mounts = &config.policy.mounts;
+    let mut shared = vec![host.workspace.clone()];
+    shared.extend(mounts.iter().map(|m| m.host_path(home)));
+    let mut untrusted = vec![host.workspace.clone(), host.dirs.data.clone(), host.dirs.cache.clone()];
+    untrusted.extend(mounts.iter().filter(|m| m.mode == MountMode::Rw).map(|m| m.host_path(home)));
+    let bounds = home_tools::Bounds { shared, untrusted };
+    home_tools::discover(guest_path, home, &bounds, |name| std::env::var(name).ok())
 }
 
 /// The command's environment: the user's, then over it the proxy
