@@ -2,20 +2,28 @@
 //! policy file that would have allowed them, for the user to review.
 //!
 //! Only denials that an allow rule lifts are learned: a host or address no
-//! rule names, and a host allowed by name whose addresses are internal
-//! (`allow_private`). A deny rule's refusal is the policy working as its
-//! author meant, and the rest (a TLS name that does not match its tunnel,
-//! an address that names no site) are not a missing rule: those are listed
-//! in comments, never allowed. Rules name exact hosts, never wildcards, and
-//! a port only when it is not one of the web ports a bare host covers.
-//! What the guest asked of the host's own services (`host.stockade.internal`)
-//! becomes `host_ports`.
+//! rule names, and a host allowed by name whose addresses are internal. A
+//! deny rule's refusal is the policy working as its author meant, and the
+//! rest (a TLS name that does not match its tunnel, an address that names
+//! no site) are not a missing rule: those are listed in comments, never
+//! allowed. Rules name exact hosts, never wildcards, and a port only when it
+//! is not one of the web ports a bare host covers. What the guest asked of
+//! the host's own services (`host.stockade.internal`) becomes `host_ports`.
+//!
+//! An internal destination (a loopback, private or link-local address, or
+//! a name the guest had resolve to one) reaches this machine or its
+//! network, and the guest picks the name: it is offered in
+//! `allow_private`, the form that says so, commented out, for the user to
+//! take on purpose. Link-local and cloud metadata addresses, where a cloud
+//! machine's credentials are served, are never offered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::pattern::Host;
+use super::pattern::{Host, canonical_ip};
 use super::verdict::{Denial, is_host_alias};
+use crate::proxy::address::is_internal;
 use crate::proxy::audit::{Decision, Kind, Record};
 
 /// Where a learned rule goes.
@@ -31,6 +39,8 @@ enum Section {
 struct Denied {
     ports: BTreeSet<u16>,
     count: usize,
+    /// For an internal destination: what it reaches, in a few words.
+    internal: Option<String>,
 }
 
 /// What a session's denials teach.
@@ -45,26 +55,39 @@ impl Lessons {
     pub fn from_records(records: &[Record]) -> Lessons {
         let mut lessons = Lessons::default();
         for record in records.iter().filter(|r| r.decision == Decision::Deny) {
-            let reason = record.reason.as_deref().unwrap_or("");
-            let alias = Host::parse(&record.host).is_ok_and(|host| is_host_alias(&host));
+            let mut reason = record.reason.as_deref().unwrap_or("").to_string();
+            // An exact host, never a pattern: the guest chose these names.
+            let host = Host::parse(&record.host).ok();
+            let alias = host.as_ref().is_some_and(is_host_alias);
+            let internal = match &host {
+                Some(Host::Ip(ip)) if reason == Denial::IpNeedsRule.reason() && is_internal(*ip) => Some(*ip),
+                _ => reason.strip_prefix(private_prefix()).and_then(|a| a.trim().parse::<IpAddr>().ok()),
+            };
             let section = if alias && reason == Denial::NotHostPort.reason() {
                 Some(Section::HostPorts)
             } else if alias {
                 None
+            } else if let Some(ip) = internal {
+                if is_metadata(ip) {
+                    reason.push_str("; a link-local or cloud metadata address, never offered");
+                    None
+                } else {
+                    Some(Section::AllowPrivate)
+                }
             } else if reason == Denial::NotAllowed.reason() || reason == Denial::IpNeedsRule.reason() {
                 Some(Section::Allow)
-            } else if reason.starts_with(private_prefix()) {
-                Some(Section::AllowPrivate)
             } else {
                 None
             };
-            // An exact host, never a pattern: the guest chose these names.
-            let host = Host::parse(&record.host).ok();
             match section.zip(host) {
                 Some((section, host)) => {
                     let denied = lessons.hosts.entry((section, host.to_string())).or_default();
                     denied.count += 1;
                     denied.ports.insert(if record.kind == Kind::Dns { 0 } else { record.port });
+                    denied.internal = internal.map(|ip| match host {
+                        Host::Ip(_) => kind_of(ip).to_string(),
+                        Host::Name(_) => format!("resolves to {ip}, {}", kind_of(ip)),
+                    });
                 }
                 None => {
                     let target = if record.kind == Kind::Dns {
@@ -72,7 +95,7 @@ impl Lessons {
                     } else {
                         format!("{}:{}", record.host, record.port)
                     };
-                    *lessons.kept.entry((reason.to_string(), target)).or_default() += 1;
+                    *lessons.kept.entry((reason, target)).or_default() += 1;
                 }
             }
         }
@@ -125,7 +148,10 @@ impl Lessons {
             (
                 Section::AllowPrivate,
                 "allow_private",
-                Some("# These resolve to loopback or private addresses: a service on this machine or your network."),
+                Some(
+                    "# Internal addresses, of this machine or your network: a rule here lets the guest reach\n\
+                     # that address from this machine, so none is allowed as learned. Uncomment only those you mean.",
+                ),
             ),
             (
                 Section::HostPorts,
@@ -142,19 +168,46 @@ impl Lessons {
             }
             let _ = writeln!(out, "{key} = [");
             for (rule, denied) in rules {
-                let value = if section == Section::HostPorts { rule } else { toml_string(&rule) };
-                let _ = writeln!(out, "    {value}, # {}", what_was_denied(denied));
+                let denials = what_was_denied(denied);
+                match (section, &denied.internal) {
+                    (Section::HostPorts, _) => _ = writeln!(out, "    {rule}, # {denials}"),
+                    (_, Some(what)) => _ = writeln!(out, "    # {}, # {what}; {denials}", toml_string(&rule)),
+                    (_, None) => _ = writeln!(out, "    {}, # {denials}", toml_string(&rule)),
+                }
             }
             out.push_str("]\n");
         }
         if !self.kept.is_empty() {
-            out.push_str("\n# Denied and not learned (an allow rule would not lift these):\n");
+            out.push_str("\n# Denied and not learned (no allow rule is offered for these):\n");
             for ((reason, target), count) in &self.kept {
                 let times = if *count > 1 { format!(" ({count} times)") } else { String::new() };
                 let _ = writeln!(out, "#   {}: {}{times}", one_line(target), one_line(reason));
             }
         }
         out
+    }
+}
+
+/// Addresses never offered, even commented out: link-local ones, where
+/// cloud metadata services serve the machine's credentials
+/// (169.254.169.254, 169.254.170.2), and the metadata services outside
+/// that range (AWS's IPv6 one, Alibaba's).
+fn is_metadata(ip: IpAddr) -> bool {
+    match canonical_ip(ip) {
+        IpAddr::V4(v4) => v4.is_link_local() || v4 == Ipv4Addr::new(100, 100, 100, 200),
+        IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xffc0) == 0xfe80 || v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
+        }
+    }
+}
+
+/// What an internal address reaches, in a few words.
+fn kind_of(ip: IpAddr) -> &'static str {
+    match canonical_ip(ip) {
+        ip if ip.is_loopback() => "this machine's loopback",
+        IpAddr::V4(v4) if v4.is_private() => "a private network address",
+        IpAddr::V6(v6) if (v6.segments()[0] & 0xfe00) == 0xfc00 => "a private network address",
+        _ => "an internal address",
     }
 }
 
@@ -197,6 +250,8 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::pattern::Port;
+    use crate::policy::verdict::Verdict;
 
     fn denied(kind: Kind, host: &str, port: u16, reason: &str) -> Record {
         let mut r = Record::new(kind, host, port, Decision::Deny);
@@ -222,14 +277,11 @@ mod tests {
         let file: toml::Value = toml::from_str(&text).expect(&text);
         let allow: Vec<&str> =
             file["network"]["allow"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-        assert_eq!(
-            allow,
-            ["10.1.2.3:8080", "db.example.com:5432", "files.pythonhosted.org", "only-dns.example", "pypi.org"],
-            "{text}"
-        );
-        let private: Vec<&str> =
-            file["network"]["allow_private"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-        assert_eq!(private, ["registry.local"]);
+        assert_eq!(allow, ["db.example.com:5432", "files.pythonhosted.org", "only-dns.example", "pypi.org"], "{text}");
+        // Internal destinations are offered, not allowed.
+        assert_eq!(file["network"]["allow_private"].as_array().unwrap().len(), 0, "{text}");
+        assert!(text.contains("    # \"10.1.2.3:8080\", # a private network address; 1 denial: port 8080"), "{text}");
+        assert!(text.contains("    # \"registry.local\", # resolves to 192.168.1.5"), "{text}");
         assert!(text.contains("#   api.github.com:443: denied by api.github.com/gists (github)"), "{text}");
         assert!(text.contains("#   evil.example:22: denied by evil.example (mine)"), "{text}");
         assert!(!text.contains("allowed.example"), "{text}");
@@ -265,6 +317,48 @@ mod tests {
         assert!(file.get("credential").is_none(), "{text}");
         assert!(file["network"].get("allow").is_none(), "{text}");
         assert!(!text.lines().any(|l| l.starts_with("allow") || l.starts_with("[credential")), "{text}");
+    }
+
+    /// The internal destinations the guest asked for: none is allowed by
+    /// the learned file as written; each but the metadata service is
+    /// offered, commented out, in `allow_private`, and uncommenting it
+    /// gives a policy that reaches it.
+    #[test]
+    fn internal_addresses_are_offered_commented_out_never_allowed() {
+        let ip = "an IP address needs an explicit rule";
+        let records = vec![
+            denied(Kind::Connect, "10.1.2.3", 8080, ip),
+            denied(Kind::Connect, "127.0.0.1", 5432, ip),
+            denied(Kind::Connect, "fd12::1", 443, ip),
+            denied(Kind::Connect, "169.254.169.254", 80, ip),
+            denied(Kind::Connect, "fd00:ec2::254", 80, ip),
+            denied(Kind::Connect, "100.100.100.200", 80, ip),
+            denied(Kind::Connect, "registry.local", 443, "resolves to the internal address 192.168.1.5"),
+            denied(Kind::Connect, "meta.attacker.example", 80, "resolves to the internal address 169.254.169.254"),
+            denied(Kind::Connect, "8.8.8.8", 853, ip),
+        ];
+        let text = Lessons::from_records(&records).render("s", "curl");
+        let policy = crate::policy::parse(&text, "learned.toml").expect(&text);
+        let allowed: Vec<String> =
+            policy.allow.iter().chain(&policy.allow_private).map(|r| r.rule.to_string()).collect();
+        assert_eq!(allowed, ["8.8.8.8:853"], "{text}");
+        for offered in ["\"10.1.2.3:8080\"", "\"127.0.0.1:5432\"", "\"[fd12::1]\"", "\"registry.local\""] {
+            assert!(text.lines().any(|l| l.trim_start().starts_with(&format!("# {offered},"))), "{offered}\n{text}");
+        }
+        for metadata in ["169.254.169.254", "fd00:ec2::254", "100.100.100.200", "meta.attacker.example"] {
+            assert!(!text.lines().any(|l| l.contains(metadata) && l.contains('"')), "{metadata} offered\n{text}");
+            assert!(
+                text.lines().any(|l| l.starts_with("#   ") && l.contains(metadata)),
+                "{metadata} not listed\n{text}"
+            );
+        }
+        let uncommented = text.replace("    # \"", "    \"");
+        let policy = crate::policy::parse(&uncommented, "learned.toml").expect(&uncommented);
+        let host = |h: &str| Host::parse(h).unwrap();
+        for (h, port) in [("10.1.2.3", 8080), ("127.0.0.1", 5432), ("fd12::1", 443), ("registry.local", 443)] {
+            let verdict = policy.verdict(&host(h), Port::new(port).unwrap());
+            assert!(matches!(verdict, Verdict::Allow { private_ok: true, .. }), "{h}: {verdict:?}\n{uncommented}");
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
-mod address;
+pub mod address;
 pub mod audit;
 mod body;
 mod ca;
