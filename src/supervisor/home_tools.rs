@@ -393,12 +393,14 @@ pub fn display(home: &Path, path: &Path) -> String {
 }
 
 /// Where a program the guest could not find lives on the host, when the
-/// host's PATH has it: the full path.
+/// host's PATH has it: the full path. Relative entries, which name the
+/// workspace's directories, are not looked in: a hint never suggests sharing
+/// where the repository's links lead.
 pub fn locate(program: &str, path_var: &str) -> Option<PathBuf> {
     if program.contains('/') {
         return None;
     }
-    std::env::split_paths(path_var).map(|d| d.join(program)).find(|p| {
+    std::env::split_paths(path_var).filter(|d| d.is_absolute()).map(|d| d.join(program)).find(|p| {
         use std::os::unix::fs::PermissionsExt;
         p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     })
@@ -705,7 +707,8 @@ mod tests {
         let exe = touch(&b, "tool");
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(locate("tool", &path_of(&[a, b])), Some(exe));
+        assert_eq!(locate("tool", &path_of(&[a, b.clone()])), Some(exe));
         assert_eq!(locate("./tool", "/usr/bin"), None);
+        assert_eq!(locate("tool", &relative_to_cwd(&b).to_string_lossy()), None);
     }
 }
