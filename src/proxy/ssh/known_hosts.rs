@@ -100,7 +100,7 @@ pub fn check(files: &[PathBuf], host: &Host, port: Port, key: &PublicKey) -> Res
     }
     // Host certificates are not checked: the plain key must be listed.
     let plain: Vec<&Entry> = entries.iter().filter(|e| e.marker().is_none()).collect();
-    if plain.iter().any(|e| same(e)) {
+    if plain.iter().any(same) {
         return Ok(());
     }
     let listed = !plain.is_empty();
