@@ -45,6 +45,8 @@ impl Lessons {
     pub fn from_records(records: &[Record]) -> Lessons {
         let mut lessons = Lessons::default();
         for record in records.iter().filter(|r| r.decision == Decision::Deny) {
+            // A line past the audit log's cap may sum many denials.
+            let times = usize::try_from(record.count()).unwrap_or(usize::MAX);
             let reason = record.reason.as_deref().unwrap_or("");
             let alias = Host::parse(&record.host).is_ok_and(|host| is_host_alias(&host));
             let section = if alias && reason == Denial::NotHostPort.reason() {
@@ -63,7 +65,7 @@ impl Lessons {
             match section.zip(host) {
                 Some((section, host)) => {
                     let denied = lessons.hosts.entry((section, host.to_string())).or_default();
-                    denied.count += 1;
+                    denied.count += times;
                     denied.ports.insert(if record.kind == Kind::Dns { 0 } else { record.port });
                 }
                 None => {
@@ -72,7 +74,7 @@ impl Lessons {
                     } else {
                         format!("{}:{}", record.host, record.port)
                     };
-                    *lessons.kept.entry((reason.to_string(), target)).or_default() += 1;
+                    *lessons.kept.entry((reason.to_string(), target)).or_default() += times;
                 }
             }
         }
