@@ -16,7 +16,8 @@ pub const KERNEL_LOG_CAP: u64 = 4 << 20;
 pub const VMM_LOG_CAP: u64 = 4 << 20;
 pub const DOCKERD_LOG_CAP: u64 = 4 << 20;
 /// A record per connection or DNS question (about 300 bytes): some 50,000
-/// of them. The CI summary counts from this file, so it gets more room.
+/// of them in full; past it the audit log keeps security records and sums
+/// the rest (`proxy::audit`). The CI summary counts from this file.
 pub const NETWORK_LOG_CAP: u64 = 16 << 20;
 
 /// How the note at the cap is written, so that readers of the file can
@@ -25,22 +26,6 @@ pub const NETWORK_LOG_CAP: u64 = 16 << 20;
 pub enum Style {
     /// A bracketed line of text.
     Text,
-    /// A JSON object of its own on one line (`{"stockade_log_cap": ...}`),
-    /// for files of JSON lines.
-    JsonLines,
-}
-
-/// The JSON-lines note, as `audit::read` recognises it.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct CapNote {
-    pub stockade_log_cap: CapDetail,
-}
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct CapDetail {
-    pub log: String,
-    pub cap_bytes: u64,
-    pub dropped_bytes: u64,
 }
 
 /// A writer that passes whole writes through until `limit` bytes, then
@@ -83,18 +68,6 @@ impl<W: Write> Capped<W> {
                 } else {
                     format!("{lead}[stockade: {} bytes of {} dropped after the cap]\n", self.dropped, self.name)
                 }
-            }
-            Style::JsonLines => {
-                let note = CapNote {
-                    stockade_log_cap: CapDetail {
-                        log: self.name.to_string(),
-                        cap_bytes: self.limit,
-                        dropped_bytes: self.dropped,
-                    },
-                };
-                let mut line = serde_json::to_string(&note).map_err(io::Error::other)?;
-                line.push('\n');
-                line
             }
         };
         self.at_line_start = true;
@@ -181,25 +154,6 @@ mod tests {
         assert!(out.len() as u64 > KERNEL_LOG_CAP - 200, "the cap is used, not wasted: {}", out.len());
         let tail = String::from_utf8_lossy(&out[out.len() - 200..]).into_owned();
         assert!(tail.contains("bytes of kernel.log dropped after the cap"), "{tail}");
-    }
-
-    #[test]
-    fn json_lines_get_json_notes() {
-        let mut out = Vec::new();
-        {
-            let mut log = Capped::new(&mut out, "network.jsonl", Style::JsonLines, 20);
-            log.write_all(b"{\"host\":\"a\"}\n").unwrap();
-            log.write_all(b"{\"host\":\"b\"}\n").unwrap();
-            log.write_all(b"{\"host\":\"c\"}\n").unwrap();
-        }
-        let text = String::from_utf8(out).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3, "the record, the note at the cap, the tally: {text}");
-        assert_eq!(lines[0], "{\"host\":\"a\"}");
-        let note: CapNote = serde_json::from_str(lines[1]).unwrap();
-        assert_eq!((note.stockade_log_cap.cap_bytes, note.stockade_log_cap.dropped_bytes), (20, 13));
-        let tally: CapNote = serde_json::from_str(lines[2]).unwrap();
-        assert_eq!(tally.stockade_log_cap.dropped_bytes, 26);
     }
 
     #[test]

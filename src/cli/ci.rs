@@ -253,11 +253,13 @@ pub(super) fn network(log: &Path) -> anyhow::Result<NetworkCounts> {
     let mut counts = NetworkCounts::default();
     let mut denied = std::collections::BTreeSet::new();
     for record in &records {
+        // A line past the log's cap may sum many records.
+        let n = usize::try_from(record.count()).unwrap_or(usize::MAX);
         match record.decision {
-            Decision::Allow => counts.allowed += 1,
-            Decision::Fail => counts.failed += 1,
+            Decision::Allow => counts.allowed += n,
+            Decision::Fail => counts.failed += n,
             Decision::Deny => {
-                counts.denied += 1;
+                counts.denied += n;
                 denied.insert(format!("{}:{}", record.host, record.port));
             }
         }
@@ -308,6 +310,27 @@ mod tests {
             failure: failure.map(str::to_string),
             tampering: Vec::new(),
         }
+    }
+
+    #[test]
+    fn network_counts_are_exact_after_a_flood_past_the_logs_cap() {
+        use crate::proxy::audit::{AuditLog, Kind, Record};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(crate::proxy::AUDIT_FILE);
+        {
+            let log = AuditLog::open_capped(&path, 4096, 4096).unwrap();
+            for n in 0..10_000 {
+                log.record(&Record::new(Kind::Connect, format!("cdn{}.example", n % 7), 443, Decision::Allow));
+            }
+            log.record(&Record::new(Kind::Connect, "exfil.example", 443, Decision::Deny));
+            let mut credential = Record::new(Kind::Https, "api.github.com", 443, Decision::Allow);
+            credential.credential = Some("github".into());
+            log.record(&credential);
+            log.record(&Record::new(Kind::Connect, "down.example", 443, Decision::Fail));
+        }
+        let counts = network(&path).unwrap();
+        assert_eq!((counts.allowed, counts.denied, counts.failed), (10_001, 1, 1));
+        assert_eq!(counts.denied_hosts, ["exfil.example:443"]);
     }
 
     #[test]

@@ -55,6 +55,8 @@ impl Lessons {
     pub fn from_records(records: &[Record]) -> Lessons {
         let mut lessons = Lessons::default();
         for record in records.iter().filter(|r| r.decision == Decision::Deny) {
+            // A line past the audit log's cap may sum many denials.
+            let times = usize::try_from(record.count()).unwrap_or(usize::MAX);
             let mut reason = record.reason.as_deref().unwrap_or("").to_string();
             // An exact host, never a pattern: the guest chose these names.
             let host = Host::parse(&record.host).ok();
@@ -82,7 +84,7 @@ impl Lessons {
             match section.zip(host) {
                 Some((section, host)) => {
                     let denied = lessons.hosts.entry((section, host.to_string())).or_default();
-                    denied.count += 1;
+                    denied.count += times;
                     denied.ports.insert(if record.kind == Kind::Dns { 0 } else { record.port });
                     denied.internal = internal.map(|ip| match host {
                         Host::Ip(_) => kind_of(ip).to_string(),
@@ -95,7 +97,7 @@ impl Lessons {
                     } else {
                         format!("{}:{}", record.host, record.port)
                     };
-                    *lessons.kept.entry((reason, target)).or_default() += 1;
+                    *lessons.kept.entry((reason, target)).or_default() += times;
                 }
             }
         }

@@ -396,12 +396,14 @@ impl Proxy {
         Some(GuestTrust { ca_pem: ca.cert_pem().to_string(), bundle_pem: bundle })
     }
 
-    /// Stops serving; in-flight connections get a moment to finish. A run
-    /// that added to the package cache then trims it to its size.
+    /// Stops serving; in-flight connections get a moment to finish, then
+    /// the audit log gets the sums of what passed its caps. A run that added
+    /// to the package cache then trims it to its size.
     pub fn stop(mut self) {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(STOP_GRACE);
         }
+        self.shared.audit.finish();
         if let Some(packages) = &self.shared.packages {
             if let Err(e) = packages.store.trim() {
                 tracing::warn!("cannot trim the package cache: {e}");
@@ -414,6 +416,7 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
+            self.shared.audit.finish();
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The guest's ssh-agent: a relay to the host's agent (PROTOCOL.agent,
 //! draft-ietf-sshm-ssh-agent) that lists the host's keys and signs only
-//! user-authentication requests bound to a connection the proxy checked
-//! (`Sessions::bound`). Every other request (adding, removing or exporting
+//! user-authentication requests bound to a connection the proxy checked,
+//! once per connection (`Sessions::claim`). Every other request (adding, removing or exporting
 //! keys, locking, extensions) is answered with a failure, and the guest
 //! never sees a private key.
 
@@ -24,6 +24,10 @@ const SIGN_REQUEST: u8 = 13;
 const SIGN_RESPONSE: u8 = 14;
 /// SSH_MSG_USERAUTH_REQUEST, which the data to sign must be.
 const USERAUTH_REQUEST: u8 = 50;
+/// The lengths of an exchange hash (SHA-1 to SHA-512).
+const SESSION_ID_LEN: std::ops::RangeInclusive<usize> = 20..=64;
+/// The longest user name signed for (git hosts use "git").
+const MAX_USER: usize = 64;
 /// The host name in records of signatures bound to no connection.
 const UNBOUND: &str = "ssh-agent";
 
@@ -79,9 +83,10 @@ fn record(shared: &Shared, signing: &Signing, outcome: Result<(), &str>) {
     shared.audit.record(&record);
 }
 
-/// Whether a sign request may go to the host's agent: its data must be an
-/// SSH user-authentication request for the same key whose session id is
-/// that of a checked live connection.
+/// Whether a sign request may go to the host's agent: its data must be
+/// exactly an SSH user-authentication request, as ssh makes one, for the
+/// key the request names, and its session id must take the one signature of
+/// a checked live connection (`Sessions::claim`).
 fn judge(shared: &Shared, request: &[u8]) -> Result<Signing, String> {
     let not_auth = || "the data to sign is not an SSH user authentication request".to_string();
     let mut r = Reader::new(request);
@@ -90,32 +95,38 @@ fn judge(shared: &Shared, request: &[u8]) -> Result<Signing, String> {
     let data = r.string().ok_or_else(not_auth)?;
     let mut d = Reader::new(data);
     let session_id = d.string().ok_or_else(not_auth)?;
-    if d.byte() != Some(USERAUTH_REQUEST) {
+    if !SESSION_ID_LEN.contains(&session_id.len()) || d.byte() != Some(USERAUTH_REQUEST) {
         return Err(not_auth());
     }
     let user = d.string().ok_or_else(not_auth)?;
-    let _service = d.string().ok_or_else(not_auth)?;
-    let method = d.string().ok_or_else(not_auth)?;
-    if !matches!(method, b"publickey" | b"publickey-hostbound-v00@openssh.com") || d.boolean() != Some(true) {
+    let user = std::str::from_utf8(user)
+        .ok()
+        .filter(|u| !u.is_empty() && u.len() <= MAX_USER && !u.chars().any(char::is_control))
+        .ok_or_else(|| "the user name to sign in as is empty, too long or not plain text".to_string())?;
+    if d.string() != Some(b"ssh-connection") {
+        return Err("the user authentication is for another service than ssh-connection".into());
+    }
+    let hostbound = match d.string().ok_or_else(not_auth)? {
+        b"publickey" => false,
+        b"publickey-hostbound-v00@openssh.com" => true,
+        _ => return Err(not_auth()),
+    };
+    if d.boolean() != Some(true) {
         return Err(not_auth());
     }
     let _algorithm = d.string().ok_or_else(not_auth)?;
     if d.string() != Some(key_blob) {
         return Err("the key to sign with is not the key the request names".into());
     }
-    let bound = shared.ssh.sessions.bound(session_id).ok_or_else(|| {
-        "the session id belongs to no SSH connection stockade opened to an allowed host with a checked host key"
-            .to_string()
-    })?;
+    let host_key = if hostbound { Some(d.string().ok_or_else(not_auth)?) } else { None };
+    if !d.is_empty() {
+        return Err(not_auth());
+    }
+    let bound = shared.ssh.sessions.claim(session_id, host_key).map_err(|refusal| refusal.to_string())?;
     let key = PublicKey::from_bytes(key_blob)
         .map(|k| format!("{} {}", k.algorithm(), k.fingerprint(HashAlg::Sha256)))
         .unwrap_or_else(|_| "an unknown key type".into());
-    Ok(Signing {
-        host: bound.host.to_string(),
-        port: bound.port.get(),
-        user: String::from_utf8_lossy(user).into_owned(),
-        key,
-    })
+    Ok(Signing { host: bound.host.to_string(), port: bound.port.get(), user: user.to_string(), key })
 }
 
 /// Sends one request to the host's agent and returns its answer; `None`

@@ -86,26 +86,24 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 }
 
 /// Whether `key` is the key of `host`:`port` per the files; the error says
-/// what is wrong and what to do about it.
+/// what is wrong and what to do about it. As in ssh, every line of every
+/// file that names the host counts before a verdict: a key revoked anywhere
+/// is refused even when a plain line before the revocation lists it.
 pub fn check(files: &[PathBuf], host: &Host, port: Port, key: &PublicKey) -> Result<(), String> {
     let name = lookup_name(host, port);
     let fingerprint = format!("{} {}", key.algorithm(), key.fingerprint(HashAlg::Sha256));
-    let mut listed = false;
-    for (_, entry) in lines(files) {
-        if !applies(entry.host_patterns(), &name) {
-            continue;
-        }
-        let same = entry.public_key().key_data() == key.key_data();
-        match entry.marker() {
-            Some(Marker::Revoked) if same => {
-                return Err(format!("the SSH host key of {name} ({fingerprint}) is marked @revoked in known_hosts"));
-            }
-            // Host certificates are not checked: the plain key must be listed.
-            Some(_) => {}
-            None if same => return Ok(()),
-            None => listed = true,
-        }
+    let entries: Vec<Entry> =
+        lines(files).into_iter().map(|(_, entry)| entry).filter(|e| applies(e.host_patterns(), &name)).collect();
+    let same = |e: &&Entry| e.public_key().key_data() == key.key_data();
+    if entries.iter().filter(|e| e.marker() == Some(&Marker::Revoked)).any(|e| same(&e)) {
+        return Err(format!("the SSH host key of {name} ({fingerprint}) is marked @revoked in known_hosts"));
     }
+    // Host certificates are not checked: the plain key must be listed.
+    let plain: Vec<&Entry> = entries.iter().filter(|e| e.marker().is_none()).collect();
+    if plain.iter().any(same) {
+        return Ok(());
+    }
+    let listed = !plain.is_empty();
     if listed {
         Err(format!(
             "the SSH host key of {name} ({fingerprint}) is not the one the host's known_hosts lists: \
@@ -193,6 +191,49 @@ mod tests {
         assert_eq!(check(&files, &host("git.test"), Port::new(22).unwrap(), &key(1)), Ok(()));
         assert_eq!(check(&files, &host("git.test"), Port::new(2222).unwrap(), &key(2)), Ok(()));
         assert!(check(&files, &host("git.test"), Port::new(22).unwrap(), &key(3)).unwrap_err().contains("@revoked"));
+    }
+
+    #[test]
+    fn a_revoked_key_is_refused_wherever_its_line_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let revoked = |patterns: &str| format!("@revoked {patterns} {}\n", key(1).to_openssh().unwrap());
+        let ssh = Port::new(22).unwrap();
+        let other = Port::new(2222).unwrap();
+        // The plain line first, in the same file: still revoked.
+        for text in [
+            [line("git.test", 1), revoked("*")].concat(),
+            [line("git.test", 1), revoked("git.test")].concat(),
+            [line(&hashed("git.test", b"salt-one-20-bytes!!!"), 1), revoked("*.test")].concat(),
+            [line("*.test,!other.test", 1), revoked(&hashed("git.test", b"another-salt-20-byte"))].concat(),
+        ] {
+            let files = file(&dir, &text);
+            let refused = check(&files, &host("git.test"), ssh, &key(1));
+            assert!(refused.as_ref().unwrap_err().contains("@revoked"), "{text}: {refused:?}");
+        }
+        let files = file(&dir, &[line("[git.test]:2222", 1), revoked("[git.test]:*")].concat());
+        assert!(check(&files, &host("git.test"), other, &key(1)).unwrap_err().contains("@revoked"));
+        // The plain line in the user's file, the revocation in a later file.
+        let user = dir.path().join("user_known_hosts");
+        let system = dir.path().join("system_known_hosts");
+        std::fs::write(&user, line("git.test", 1)).unwrap();
+        std::fs::write(&system, revoked("*")).unwrap();
+        let refused = check(&[user.clone(), system.clone()], &host("git.test"), ssh, &key(1));
+        assert!(refused.unwrap_err().contains("@revoked"));
+        // A revocation for other hosts only leaves this one's key alone, as in ssh.
+        std::fs::write(&system, revoked("*,!git.test")).unwrap();
+        assert_eq!(check(&[user.clone(), system.clone()], &host("git.test"), ssh, &key(1)), Ok(()));
+        // A certificate authority line never stands in for the plain key,
+        // whatever its place.
+        let ca = format!("@cert-authority * {}\n", key(1).to_openssh().unwrap());
+        for text in [ca.clone(), [ca.clone(), line("git.test", 2)].concat(), [line("git.test", 2), ca].concat()] {
+            let files = file(&dir, &text);
+            assert!(check(&files, &host("git.test"), ssh, &key(1)).is_err(), "{text}");
+        }
+        // A negation wins over a match before or after it on the line.
+        for patterns in ["!git.test,*.test", "*.test,!git.test", "git.test,!git.test"] {
+            let files = file(&dir, &line(patterns, 1));
+            assert!(check(&files, &host("git.test"), ssh, &key(1)).is_err(), "{patterns}");
+        }
     }
 
     #[test]

@@ -8,9 +8,14 @@
 //!
 //! The guest's `SSH_AUTH_SOCK` leads to `agent`, a relay to the host's
 //! ssh-agent that lists its keys and signs only user-authentication requests
-//! whose session id one of those kept signatures verifies: the exchange hash
-//! of a connection the proxy opened to an allowed host whose key it checked.
-//! A signature is then of use on that connection alone, and each is logged.
+//! whose session id one of those kept signatures verifies, once per
+//! connection and per session id, at most `MAX_SIGNATURES` in a run.
+//!
+//! The proxy does not take part in the key exchange, so it cannot compute
+//! the exchange hash: a server may sign any id in its reply, another
+//! session's included, and the binding is only "the server of a connection
+//! the proxy relayed signed this". The bounds above limit what a hostile
+//! allowed server can get for a colluding guest; the README says so.
 
 pub mod agent;
 pub mod known_hosts;
@@ -35,6 +40,10 @@ use transport::{MSG_NEWKEYS, ServerFrames};
 const BUFFER: usize = 16 * 1024;
 /// Copy buffer per direction afterwards, as for other tunnels.
 const TUNNEL_BUFFER: usize = 64 * 1024;
+/// The most signatures the host's agent makes in one run: a git command
+/// opens one connection a fetch or push, and each signature may be of use
+/// to a hostile allowed server elsewhere (see the README's security model).
+const MAX_SIGNATURES: usize = 64;
 
 /// Whether a client's first bytes are an SSH version line.
 pub fn is_ssh(first: &[u8]) -> bool {
@@ -50,11 +59,19 @@ pub struct Ssh {
     pub sessions: Sessions,
 }
 
-/// The live connections whose host key was checked.
+/// The live connections whose host key was checked, and what was signed
+/// for them.
 #[derive(Default)]
 pub struct Sessions {
-    live: Mutex<Vec<(u64, Checked)>>,
+    state: Mutex<State>,
     next: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    live: Vec<(u64, Checked)>,
+    /// The session ids signed for in this run (at most `MAX_SIGNATURES`).
+    signed: Vec<Vec<u8>>,
 }
 
 /// One checked connection: its server's key and signature over the
@@ -64,29 +81,79 @@ struct Checked {
     port: Port,
     key: PublicKey,
     signature: Signature,
+    /// The server's keys changed: its client may authenticate.
+    keyed: bool,
+    /// A signature was made for it.
+    used: bool,
 }
 
-/// The connection a session id belongs to.
+/// The connection a signature is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bound {
     pub host: Host,
     pub port: Port,
 }
 
+/// Why no signature is made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "the session id belongs to no SSH connection stockade relayed to an allowed host with a checked host key \
+         whose key exchange is done"
+    )]
+    NoConnection,
+    #[error("stockade signs once per SSH connection, and this connection's signature was made already")]
+    Again,
+    #[error("the request names another host key than that of {0}, the server of this connection")]
+    OtherHostKey(String),
+    #[error("stockade signs at most {MAX_SIGNATURES} times in one run, and this run had them all")]
+    Spent,
+}
+
 impl Sessions {
     fn register(&self, checked: Checked) -> Registration<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).push((id, checked));
+        self.lock().live.push((id, checked));
         Registration { sessions: self, id }
     }
 
-    /// The live checked connection whose server signed `session_id`.
-    pub fn bound(&self, session_id: &[u8]) -> Option<Bound> {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.iter()
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn keyed(&self, id: u64) {
+        if let Some((_, checked)) = self.lock().live.iter_mut().find(|(i, _)| *i == id) {
+            checked.keyed = true;
+        }
+    }
+
+    /// Takes the one signature of the live, keyed connection whose server
+    /// signed `session_id`. A session id is signed for once in a run, by
+    /// whichever connections' servers signed it, and a run has at most
+    /// `MAX_SIGNATURES`. `host_key`: the server key a hostbound request
+    /// names, which must be that connection's.
+    pub fn claim(&self, session_id: &[u8], host_key: Option<&[u8]>) -> Result<Bound, Refusal> {
+        let mut state = self.lock();
+        let State { live, signed } = &mut *state;
+        let checked = live
+            .iter_mut()
             .map(|(_, c)| c)
-            .find(|c| Verifier::verify(c.key.key_data(), session_id, &c.signature).is_ok())
-            .map(|c| Bound { host: c.host.clone(), port: c.port })
+            .find(|c| c.keyed && Verifier::verify(c.key.key_data(), session_id, &c.signature).is_ok())
+            .ok_or(Refusal::NoConnection)?;
+        if checked.used || signed.iter().any(|id| id == session_id) {
+            return Err(Refusal::Again);
+        }
+        if host_key.is_some_and(|blob| {
+            PublicKey::from_bytes(blob).map(|k| k.key_data() != checked.key.key_data()).unwrap_or(true)
+        }) {
+            return Err(Refusal::OtherHostKey(format!("{}:{}", checked.host, checked.port)));
+        }
+        if signed.len() >= MAX_SIGNATURES {
+            return Err(Refusal::Spent);
+        }
+        checked.used = true;
+        signed.push(session_id.to_vec());
+        Ok(Bound { host: checked.host.clone(), port: checked.port })
     }
 }
 
@@ -98,7 +165,7 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.sessions.live.lock().unwrap_or_else(|p| p.into_inner()).retain(|(id, _)| *id != self.id);
+        self.sessions.lock().live.retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -142,7 +209,8 @@ impl<'a> Inspector<'a> {
             if let Some((key, signature)) = frame.exchange_reply() {
                 if self.registration.is_none() {
                     known_hosts::check(&self.ssh.known_hosts, self.host, self.port, &key)?;
-                    let checked = Checked { host: self.host.clone(), port: self.port, key, signature };
+                    let checked =
+                        Checked { host: self.host.clone(), port: self.port, key, signature, keyed: false, used: false };
                     self.registration = Some(self.ssh.sessions.register(checked));
                 }
             }
@@ -152,6 +220,9 @@ impl<'a> Inspector<'a> {
                         "the SSH key exchange with {} was not understood, so its host key could not be checked",
                         self.host
                     ));
+                }
+                if let Some(registration) = &self.registration {
+                    registration.sessions.keyed(registration.id);
                 }
                 out.extend_from_slice(&frame.bytes);
                 out.extend(std::mem::take(&mut self.frames).rest());

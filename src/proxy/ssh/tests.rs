@@ -22,10 +22,19 @@ const SESSION_ID: &[u8] = b"0123456789abcdef0123456789abcdef";
 /// KEXINIT, a key-exchange reply signed by host key `seed`, NEWKEYS, and
 /// then echoes.
 async fn ssh_server(seed: u8) -> u16 {
+    ssh_server_signing(seed, |_| SESSION_ID.to_vec()).await
+}
+
+/// [`ssh_server`] whose reply on its `n`th connection signs `id(n)`: a
+/// hostile server signs whatever it likes.
+async fn ssh_server_signing(seed: u8, id: fn(usize) -> Vec<u8>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
+        let mut accepted = 0;
         while let Ok((mut tcp, _)) = listener.accept().await {
+            let session_id = id(accepted);
+            accepted += 1;
             tokio::spawn(async move {
                 let mut line = Vec::new();
                 let mut byte = [0u8; 1];
@@ -37,7 +46,7 @@ async fn ssh_server(seed: u8) -> u16 {
                 }
                 let mut out = b"SSH-2.0-standin\r\n".to_vec();
                 out.extend(packet(&[20, 0, 0, 0, 0]));
-                out.extend(reply(&keypair(seed), SESSION_ID));
+                out.extend(reply(&keypair(seed), &session_id));
                 out.extend(packet(&[super::transport::MSG_NEWKEYS]));
                 out.extend_from_slice(b"encrypted-from-here");
                 if tcp.write_all(&out).await.is_err() {
@@ -138,21 +147,38 @@ async fn ssh_through(setup: &Setup, port: u16) -> (Vec<u8>, TcpStream) {
 
 /// A sign request for `session_id` as the agent protocol frames it.
 fn sign_request(session_id: &[u8], user: &str) -> Vec<u8> {
+    auth_request(session_id, user.as_bytes(), b"ssh-connection", None)
+}
+
+/// A sign request for a user authentication as `user` to `service`, with
+/// the publickey-hostbound method naming `host_key` when given.
+fn auth_request(session_id: &[u8], user: &[u8], service: &[u8], host_key: Option<&[u8]>) -> Vec<u8> {
     let key = PublicKey::new(KeyData::Ed25519(keypair(9).public), "").to_bytes().unwrap();
     let mut data = Vec::new();
     put_string(&mut data, session_id);
     data.push(50);
-    put_string(&mut data, user.as_bytes());
-    put_string(&mut data, b"ssh-connection");
-    put_string(&mut data, b"publickey");
+    put_string(&mut data, user);
+    put_string(&mut data, service);
+    put_string(&mut data, if host_key.is_some() { &b"publickey-hostbound-v00@openssh.com"[..] } else { b"publickey" });
     data.push(1);
     put_string(&mut data, b"ssh-ed25519");
     put_string(&mut data, &key);
+    if let Some(host_key) = host_key {
+        put_string(&mut data, host_key);
+    }
+    sign_message(&key, &data)
+}
+
+fn sign_message(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut msg = vec![13];
-    put_string(&mut msg, &key);
-    put_string(&mut msg, &data);
+    put_string(&mut msg, key);
+    put_string(&mut msg, data);
     msg.extend_from_slice(&0u32.to_be_bytes());
     msg
+}
+
+fn host_key(seed: u8) -> Vec<u8> {
+    PublicKey::new(KeyData::Ed25519(keypair(seed).public), "").to_bytes().unwrap()
 }
 
 async fn agent_ask(setup: &Setup, request: &[u8]) -> Vec<u8> {
@@ -223,4 +249,81 @@ fn a_server_whose_host_key_is_not_known_is_cut_off_before_its_reply() {
     let refused = records.iter().find(|r| r.kind == Kind::Connect && r.decision == Decision::Deny);
     let reason = refused.and_then(|r| r.reason.clone()).unwrap_or_default();
     assert!(reason.contains("is not the one the host's known_hosts lists"), "{records:?}");
+}
+
+#[test]
+fn one_connection_gets_one_signature_for_its_own_user_authentication() {
+    let rt = runtime();
+    let port = rt.block_on(ssh_server(1));
+    let (setup, host_agent_path) = proxy("ssh-once", port, 1);
+    let counts = rt.block_on(host_agent(host_agent_path));
+    rt.block_on(async {
+        let (_, _tcp) = ssh_through(&setup, port).await;
+        // Not a user authentication as ssh sends one: refused, and none of
+        // these uses up the connection's signature.
+        let refused = [
+            auth_request(SESSION_ID, b"git", b"ssh-userauth", None),
+            auth_request(SESSION_ID, b"", b"ssh-connection", None),
+            auth_request(SESSION_ID, b"git\x1b[2J", b"ssh-connection", None),
+            auth_request(SESSION_ID, &[b'u'; 300], b"ssh-connection", None),
+            auth_request(SESSION_ID, b"git", b"ssh-connection", Some(&host_key(2))),
+        ];
+        for request in &refused {
+            assert_eq!(agent_ask(&setup, request).await, [5]);
+        }
+        let mut trailing = sign_request(SESSION_ID, "git");
+        // Bytes after the public key inside the data to sign.
+        let key = host_key(9);
+        let mut data = Vec::new();
+        let mut r = super::wire::Reader::new(&trailing[1..]);
+        r.string();
+        data.extend_from_slice(r.string().unwrap());
+        data.extend_from_slice(b"and more");
+        trailing = sign_message(&key, &data);
+        assert_eq!(agent_ask(&setup, &trailing).await, [5], "data past the request");
+        let hostbound = auth_request(SESSION_ID, b"git", b"ssh-connection", Some(&host_key(1)));
+        assert_eq!(agent_ask(&setup, &hostbound).await[0], 14, "the connection's own authentication is signed");
+        assert_eq!(agent_ask(&setup, &sign_request(SESSION_ID, "git")).await, [5], "a second signature");
+        assert_eq!(agent_ask(&setup, &sign_request(SESSION_ID, "other")).await, [5], "a second, as another user");
+    });
+    assert_eq!(counts[13].load(Ordering::SeqCst), 1, "one signature reached the host's agent");
+    let records = audit_records(&setup);
+    let reasons: Vec<String> =
+        records.iter().filter(|r| r.kind == Kind::Agent).filter_map(|r| r.reason.clone()).collect();
+    assert!(reasons.iter().any(|r| r.contains("once per SSH connection")), "{reasons:?}");
+}
+
+#[test]
+fn a_session_id_signed_by_two_connections_is_signed_for_once() {
+    let rt = runtime();
+    // A hostile server signs the same id (another session's, elsewhere) on
+    // each connection: the guest gets one signature over it, not one a
+    // connection.
+    let port = rt.block_on(ssh_server(1));
+    let (setup, host_agent_path) = proxy("ssh-same-id", port, 1);
+    let counts = rt.block_on(host_agent(host_agent_path));
+    rt.block_on(async {
+        let (_, _first) = ssh_through(&setup, port).await;
+        let (_, _second) = ssh_through(&setup, port).await;
+        assert_eq!(agent_ask(&setup, &sign_request(SESSION_ID, "git")).await[0], 14);
+        assert_eq!(agent_ask(&setup, &sign_request(SESSION_ID, "git")).await, [5]);
+    });
+    assert_eq!(counts[13].load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_run_gets_a_bounded_number_of_signatures() {
+    let rt = runtime();
+    let port = rt.block_on(ssh_server_signing(1, |n| format!("session id of connection {n:08}").into_bytes()));
+    let (setup, host_agent_path) = proxy("ssh-budget", port, 1);
+    let counts = rt.block_on(host_agent(host_agent_path));
+    rt.block_on(async {
+        for n in 0..=super::MAX_SIGNATURES {
+            let (_, _tcp) = ssh_through(&setup, port).await;
+            let id = format!("session id of connection {n:08}");
+            let answer = agent_ask(&setup, &sign_request(id.as_bytes(), "git")).await;
+            assert_eq!(answer[0] == 14, n < super::MAX_SIGNATURES, "signature {n}");
+        }
+    });
+    assert_eq!(counts[13].load(Ordering::SeqCst), super::MAX_SIGNATURES);
 }

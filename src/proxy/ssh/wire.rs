@@ -35,7 +35,6 @@ impl<'a> Reader<'a> {
         self.byte().map(|b| b != 0)
     }
 
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
