@@ -1,7 +1,8 @@
 //! A coding agent's own files (`~/.claude`, `~/.claude.json`, `~/.codex`),
 //! kept in a state directory of stockade's per agent instead of the host's:
 //! `<data>/agents/<name>/home/` mirrors the home-relative paths and is the
-//! only thing of them the guest sees (shared writable, kept between runs).
+//! only thing of them the guest sees (shared writable within the
+//! `agent_state` size, kept between runs).
 //!
 //! The host's copies are read, never written: the policy's `seed` paths
 //! (settings, instructions, commands; never token files) are copied in when
