@@ -341,6 +341,7 @@ pub fn validate(
         memory_bytes: settings.memory.value.bytes,
         disk_bytes: settings.disk.value.bytes,
         package_cache_bytes: settings.package_cache.value.bytes,
+        agent_state_bytes: settings.agent_state.value.bytes,
         apply: settings.apply.value,
         code: CodeChoice { include_code: vm.include_code, runs_code: settings.runs_code.value.clone() },
         color: settings.color.value,

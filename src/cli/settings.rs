@@ -17,6 +17,7 @@
 //! keep_days = 14      # and none older than this
 //! runs_code = ["tools/*.sh", "scripts/git-hooks/"] # also flagged in review
 //! package_cache = "5G" # checked registry downloads kept on the host; "0" turns it off
+//! agent_state = "4G"   # what each agent's state directory may come to hold
 //! ```
 //!
 //! `runs_code` adds gitignore-style patterns to the built-in list of files
@@ -56,6 +57,9 @@ const MIN_MEMORY: u64 = 128 << 20;
 /// Smallest scratch disk worth formatting: room for the filesystem's own
 /// metadata and a few changes.
 const MIN_DISK: u64 = 64 << 20;
+/// Smallest bound on an agent's state directory: its settings and sign-in
+/// files with room to spare.
+const MIN_AGENT_STATE: u64 = 16 << 20;
 
 /// One setting: how it is read, overridden, shown and explained.
 struct Definition {
@@ -164,6 +168,20 @@ const DEFINITIONS: &[Definition] = &[
         flag: None,
         show: |s| s.package_cache.shown(|size| quoted(&size.text)),
     },
+    Definition {
+        key: "agent_state",
+        expected: "give a size in quotes, e.g. agent_state = \"8G\"",
+        read: |s, value, source| {
+            s.agent_state.set(
+                string(value).and_then(|text| {
+                    check_size(text, MIN_AGENT_STATE, "is too small for an agent's state: give at least 16M", "\"8G\"")
+                }),
+                source,
+            )
+        },
+        flag: None,
+        show: |s| s.agent_state.shown(|size| quoted(&size.text)),
+    },
 ];
 
 #[derive(Debug, Error)]
@@ -267,6 +285,9 @@ pub struct Settings {
     pub runs_code: Setting<Vec<String>>,
     /// The package cache's size; 0 turns it off.
     pub package_cache: Setting<Size>,
+    /// What each agent's state directory may hold; the guest's writes past
+    /// it fail with ENOSPC.
+    pub agent_state: Setting<Size>,
 }
 
 /// What the command line gave for the settings; `None` or empty keeps the
@@ -319,6 +340,7 @@ impl Settings {
             keep_days: Setting::default(retention::DEFAULT_KEEP_DAYS),
             runs_code: Setting::default(Vec::new()),
             package_cache: Setting::default(size("5G")),
+            agent_state: Setting::default(size("4G")),
         }
     }
 
@@ -790,7 +812,7 @@ mod tests {
             ),
             (
                 "timeout = \"30s\"",
-                "1:1: unknown setting `timeout`: the settings are policy, cpus, memory, disk, apply, color, home_tools, keep_sessions, keep_days, runs_code, package_cache; remove it or correct its name",
+                "1:1: unknown setting `timeout`: the settings are policy, cpus, memory, disk, apply, color, home_tools, keep_sessions, keep_days, runs_code, package_cache, agent_state; remove it or correct its name",
             ),
             ("cpus = ", "1:8: string values must be quoted, expected literal string; fix the TOML syntax"),
         ];
@@ -853,6 +875,7 @@ mod tests {
                 "keep_days = 3 # config file, line 2",
                 "runs_code = [] # default",
                 "package_cache = \"5G\" # default",
+                "agent_state = \"4G\" # default",
             ]
         );
         assert_eq!(s.memory.value.bytes, 1 << 30);

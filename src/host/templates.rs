@@ -231,8 +231,13 @@ mod tests {
         assert_eq!(k, key(&base).unwrap(), "stable");
         assert_ne!(k, key(&VmConfig { vcpus: 2, ..base.clone() }).unwrap());
         assert_ne!(k, key(&VmConfig { memory_bytes: 512 << 20, ..base.clone() }).unwrap());
-        let share =
-            ShareConfig { guest_path: "/w".into(), host_path: dir.path().into(), writable: false, record: None };
+        let share = ShareConfig {
+            guest_path: "/w".into(),
+            host_path: dir.path().into(),
+            writable: false,
+            record: None,
+            limit: None,
+        };
         assert_ne!(k, key(&VmConfig { shares: vec![share], ..base.clone() }).unwrap());
         assert_eq!(k, key(&VmConfig { jail: false, ..base.clone() }).unwrap(), "the jail is not the guest's");
         // A rebuilt binary is another template, and so is a rebuilt kernel.

@@ -27,6 +27,11 @@ pub struct ShareConfig {
     /// creates it; the VMM opens it for appending before the jail closes.
     #[serde(default)]
     pub record: Option<PathBuf>,
+    /// Bytes a writable share may come to hold (an agent's state); the VMM
+    /// answers growth past it with ENOSPC. Every writable share also keeps
+    /// the staging free-space margin on its filesystem.
+    #[serde(default)]
+    pub limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,7 +1,8 @@
 //! A coding agent's own files (`~/.claude`, `~/.claude.json`, `~/.codex`),
 //! kept in a state directory of stockade's per agent instead of the host's:
 //! `<data>/agents/<name>/home/` mirrors the home-relative paths and is the
-//! only thing of them the guest sees (shared writable, kept between runs).
+//! only thing of them the guest sees (shared writable within the
+//! `agent_state` size, kept between runs).
 //!
 //! The host's copies are read, never written: the policy's `seed` paths
 //! (settings, instructions, commands; never token files) are copied in when
@@ -162,15 +163,24 @@ impl Prepared {
         Ok(text)
     }
 
-    /// Adds the state to the guest: one writable share, each directory bound
-    /// at its own path, each file copied in and out by the guest's init.
-    pub fn attach(&self, home: &Path, uid: u32, gid: u32, shares: &mut Vec<ShareConfig>, root: &mut Vec<RootEntry>) {
+    /// Adds the state to the guest: one writable share holding at most
+    /// `limit` bytes, each directory bound at its own path, each file
+    /// copied in and out by the guest's init (as `owner`, uid and gid).
+    pub fn attach(
+        &self,
+        home: &Path,
+        (uid, gid): (u32, u32),
+        limit: u64,
+        shares: &mut Vec<ShareConfig>,
+        root: &mut Vec<RootEntry>,
+    ) {
         let source_root = format!("/agents/{}", self.name);
         shares.push(ShareConfig {
             guest_path: source_root.clone(),
             host_path: self.home.clone(),
             writable: true,
             record: None,
+            limit: Some(limit),
         });
         for (rel, is_dir) in &self.entries {
             let source = format!("{source_root}/{}", rel.display());
@@ -452,8 +462,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let state = prepare(&claude(), &tmp.path().join("home"), &tmp.path().join("data")).unwrap();
         let (mut shares, mut root) = (Vec::new(), Vec::new());
-        state.attach(Path::new("/home/u"), 1000, 1000, &mut shares, &mut root);
+        state.attach(Path::new("/home/u"), (1000, 1000), 4 << 30, &mut shares, &mut root);
         assert!(shares[0].writable && shares[0].guest_path == "/agents/claude");
+        assert_eq!(shares[0].limit, Some(4 << 30), "the state is bounded");
         assert_eq!(
             root,
             [

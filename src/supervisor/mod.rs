@@ -67,6 +67,8 @@ pub struct RunConfig {
     pub disk_bytes: u64,
     /// How much the package cache may hold; 0 turns it off.
     pub package_cache_bytes: u64,
+    /// What each agent's state directory may come to hold.
+    pub agent_state_bytes: u64,
     /// What happens to the guest's workspace changes after the command.
     pub apply: changes::review::ApplyMode,
     /// `--include-code` and the user's `runs_code` patterns.

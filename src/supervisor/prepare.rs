@@ -290,7 +290,7 @@ fn lay_out(
     root::home_tool_shares(&tools, shares, root);
     root::record_sightings(shares, seen);
     for state in agents {
-        state.attach(&user.home, user.uid, user.gid, shares, root);
+        state.attach(&user.home, (user.uid, user.gid), config.agent_state_bytes, shares, root);
     }
     Ok(layout)
 }

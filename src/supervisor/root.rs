@@ -173,6 +173,7 @@ pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<L
                 host_path: path.to_path_buf(),
                 writable: false,
                 record: None,
+                limit: None,
             });
             root.push(RootEntry::Share { source: dir.to_string(), target: dir.to_string() });
         }
@@ -207,6 +208,7 @@ pub fn layout(workspace: &Path, user: &User, system: System) -> anyhow::Result<L
         host_path: workspace.to_path_buf(),
         writable: false,
         record: None,
+        limit: None,
     });
     root.push(RootEntry::Overlay {
         source: WORKSPACE_SHARE.to_string(),
@@ -316,7 +318,13 @@ pub fn policy_mounts(
         }
         let source = format!("/mounts/{index}");
         let writable = mount.mode == MountMode::Rw;
-        shares.push(ShareConfig { guest_path: source.clone(), host_path: path.clone(), writable, record: None });
+        shares.push(ShareConfig {
+            guest_path: source.clone(),
+            host_path: path.clone(),
+            writable,
+            record: None,
+            limit: None,
+        });
         let target = target.to_string();
         let entry = match mount.mode {
             MountMode::Ro => RootEntry::Share { source, target },
@@ -374,6 +382,7 @@ pub fn home_tool_shares(
             host_path: dir.path.clone(),
             writable: false,
             record: None,
+            limit: None,
         });
         insert_before_workspace(root, RootEntry::Share { source, target: target.to_string() });
     }

@@ -19,6 +19,7 @@ use super::request::Access;
 use super::secrets::Secrets;
 use super::sightings::Sightings;
 use super::watched::Watched;
+use super::writable::WritableFs;
 use super::{CACHE_TIMEOUT, CONFIG_LEN, QUEUE_SIZES, READ_ONLY_THREAD, TAG_LEN, TYPE_FS, WRITABLE_THREAD};
 use crate::vmm::devices::virtio::{
     ActivateError, Activation, VIRTIO_F_VERSION_1, VirtioDevice, read_config_bytes, worker,
@@ -36,6 +37,9 @@ pub struct Share {
     /// Append what the guest looks up in this share to this sightings file
     /// (see [`sightings`]); read-only shares only.
     pub record: Option<PathBuf>,
+    /// Bytes a writable share may come to hold (see [`Budget`]): an agent's
+    /// state has a limit, a policy's `rw` mount only the free-space margin.
+    pub limit: Option<u64>,
 }
 
 #[derive(Debug, Error)]
@@ -60,6 +64,8 @@ pub enum FsError {
     Record { path: PathBuf, record: PathBuf, source: io::Error },
     #[error("cannot mount share {} at {guest_path} in the guest filesystem", path.display())]
     Mount { path: PathBuf, guest_path: String, source: fuse_backend_rs::api::vfs::VfsError },
+    #[error("cannot measure writable share {} and its filesystem's free space", path.display())]
+    Budget { path: PathBuf, source: io::Error },
     #[error("cannot open {} to serve it as the guest's init", path.display())]
     Init { path: PathBuf, source: io::Error },
 }
@@ -80,7 +86,7 @@ impl Fs<ReadOnlyFs<Vfs>> {
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
 
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, true, secrets)?;
+        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, secrets)?;
         Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))), access: Access::ReadOnly })
     }
 }
@@ -98,31 +104,46 @@ impl Fs<Vfs> {
     /// A device serving `shares` writable: what a policy mounts "rw". The
     /// guest's writes reach the host directories directly, so the guest may
     /// not cache what the host could change under it.
+    /// Each share is held to the host user's own powers and to its budget
+    /// (see [`WritableFs`]).
     pub fn writable(tag: &str, shares: &[Share]) -> Result<Fs<Vfs>, FsError> {
+        Self::writable_keeping(tag, shares, None)
+    }
+
+    /// [`Fs::writable`], keeping `margin` free bytes (tests) instead of the
+    /// staging margin.
+    pub(super) fn writable_keeping(tag: &str, shares: &[Share], margin: Option<u64>) -> Result<Fs<Vfs>, FsError> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
         raise_fd_limit();
-        // Unwatched: a watch forwards the read side only.
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Auto, false, &Secrets::default())?;
+        let vfs = Vfs::new(vfs_options());
+        for (share, guest_path) in shares.iter().zip(&guest_paths) {
+            let fs = open_share(&share.host_path, CachePolicy::Auto)?;
+            let fs = WritableFs::new(fs, &share.host_path, share.limit, margin)
+                .map_err(|source| FsError::Budget { path: share.host_path.clone(), source })?;
+            vfs.mount(Box::new(fs), guest_path).map_err(|source| FsError::Mount {
+                path: share.host_path.clone(),
+                guest_path: guest_path.clone(),
+                source,
+            })?;
+        }
         Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: Access::Writable })
     }
 }
 
-/// A Vfs holding every share, none of `secrets` readable; with
-/// `recording`, a share that names a sightings file has its lookups
-/// recorded there.
+/// A Vfs holding every share read-only, none of `secrets` readable; a
+/// share that names a sightings file has its lookups recorded there.
 pub(super) fn mount_shares(
     shares: &[Share],
     guest_paths: &[String],
     cache: CachePolicy,
-    recording: bool,
     secrets: &Secrets,
 ) -> Result<Vfs, FsError> {
     let vfs = Vfs::new(vfs_options());
     for (share, guest_path) in shares.iter().zip(guest_paths) {
         let fs = open_share(&share.host_path, cache.clone())?;
         let sightings =
-            match share.record.as_deref().filter(|_| recording) {
+            match share.record.as_deref() {
                 Some(record) => {
                     let out = std::fs::OpenOptions::new().append(true).open(record).map_err(|source| {
                         FsError::Record { path: share.host_path.clone(), record: record.to_owned(), source }

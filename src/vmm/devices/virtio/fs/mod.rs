@@ -26,6 +26,7 @@
 //! workspace) and `secrets` (host files it may never read) as its watches.
 
 mod boot;
+mod budget;
 mod device;
 mod event_handler;
 pub mod readonly;
@@ -33,6 +34,7 @@ mod request;
 mod secrets;
 mod sightings;
 mod watched;
+mod writable;
 
 #[cfg(test)]
 mod tests;
@@ -145,6 +147,7 @@ fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
                 guest_path: s.guest_path.clone(),
                 host_path: s.host_path.clone(),
                 record: s.record.clone(),
+                limit: s.limit,
             })
             .collect()
     };

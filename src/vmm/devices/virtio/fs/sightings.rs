@@ -8,12 +8,16 @@
 //! [`Sightings`] is a watch (see `watched`) on the share's passthrough
 //! filesystem, where attributes carry the host's inode numbers.
 //!
-//! The guest chooses what it looks up, so the record is bounded: each path
-//! is written once (a keyed hash remembers which), and after [`MAX_PATHS`]
-//! paths, [`MAX_PATHS`] directory inodes or [`MAX_BYTES`] written, recording
-//! stops. A path the record lacks that exists
-//! on the host counts as changed there, so stopping early can only add
-//! conflicts, never hide one.
+//! The guest chooses what it looks up, so the record is bounded. Memory
+//! follows the distinct things seen: each directory path is kept once, as
+//! its parent and name; each inode the guest holds for one maps to it until
+//! the guest forgets it (a directory forgotten and looked up again gets a
+//! new inode, and costs nothing more); each path is written once (a keyed
+//! hash remembers which). Recording stops after [`MAX_PATHS`] paths or
+//! directories, [`MAX_BYTES`] written, or when the session's filesystem
+//! reaches the staging free-space margin. A path the record lacks that
+//! exists on the host counts as changed there, so stopping early can only
+//! add conflicts, never hide one.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -29,31 +33,59 @@ use crate::protocol::seen::{self, HostStat};
 
 /// The passthrough's inode for the share's root.
 const ROOT_INODE: u64 = 1;
-/// Distinct paths recorded at most (tens of MB of hashes and directory
-/// names in the VMM at worst).
+/// The share's root among the directory paths.
+const ROOT_NODE: u32 = 0;
+/// Distinct paths recorded at most, and directories the guest may hold
+/// (tens of MB of hashes and names in the VMM at worst).
 pub const MAX_PATHS: usize = 2_000_000;
 /// Bytes written to the sightings file at most (a path averages well under
 /// 100 bytes; a guest making 4 KiB paths on purpose stops here).
 pub const MAX_BYTES: u64 = 256 << 20;
+/// Bytes written between looks at the free space of the session's
+/// filesystem.
+const SPACE_CHECK_EVERY: u64 = 1 << 20;
 
 /// The lookups of a share, recorded in a sightings file.
 pub struct Sightings {
     record: Mutex<Record>,
 }
 
+/// A directory path, kept once: its parent's index and its name.
+struct Node {
+    parent: u32,
+    name: Box<[u8]>,
+    /// The next path whose parent and name hash alike.
+    next: Option<u32>,
+}
+
+/// A directory inode the guest holds.
+struct Held {
+    node: u32,
+    /// Lookups the guest has not forgotten.
+    lookups: u64,
+}
+
 struct Record {
     out: File,
-    /// Directory inodes the guest holds, with their paths in the share.
-    dirs: HashMap<u64, Vec<u8>>,
+    /// Every directory path seen; [`ROOT_NODE`] is the share's root.
+    nodes: Vec<Node>,
+    /// The first of `nodes` by the keyed hash of its parent and name.
+    node_ids: HashMap<u64, u32>,
+    /// Directory inodes the guest holds.
+    dirs: HashMap<u64, Held>,
     /// Hashes of the paths already written.
     written: HashSet<u64>,
     bytes: u64,
+    /// Bytes written since the free space was last looked at.
+    unchecked: u64,
     /// Records noted but not yet written (a listing writes its entries at once).
     pending: Vec<u8>,
     max_paths: usize,
     max_bytes: u64,
+    /// Free bytes the session's filesystem keeps; `None`: the staging margin.
+    margin: Option<u64>,
     keys: RandomState,
-    /// Recording stopped: the limit was reached or the file could not be
+    /// Recording stopped: a limit was reached or the file could not be
     /// written.
     stopped: bool,
 }
@@ -62,18 +94,7 @@ impl Sightings {
     /// Records the lookups to `out`, which already holds the magic (the
     /// supervisor writes it when it creates the file).
     pub fn new(out: File) -> Self {
-        let record = Record {
-            out,
-            dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
-            written: HashSet::new(),
-            bytes: 0,
-            pending: Vec::new(),
-            max_paths: MAX_PATHS,
-            max_bytes: MAX_BYTES,
-            keys: RandomState::new(),
-            stopped: false,
-        };
-        Sightings { record: Mutex::new(record) }
+        Sightings { record: Mutex::new(Record::new(out, MAX_PATHS, MAX_BYTES, None)) }
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
@@ -108,19 +129,80 @@ impl Watch for Sightings {
     fn listing_done(&self) {
         self.record().write();
     }
+
+    fn forgot(&self, inode: u64, count: u64) {
+        self.record().forgot(inode, count);
+    }
 }
 
 impl Record {
+    fn new(out: File, max_paths: usize, max_bytes: u64, margin: Option<u64>) -> Record {
+        Record {
+            out,
+            nodes: vec![Node { parent: ROOT_NODE, name: Box::default(), next: None }],
+            node_ids: HashMap::new(),
+            dirs: HashMap::from([(ROOT_INODE, Held { node: ROOT_NODE, lookups: 1 })]),
+            written: HashSet::new(),
+            bytes: 0,
+            // The first write looks at the free space.
+            unchecked: SPACE_CHECK_EVERY,
+            pending: Vec::new(),
+            max_paths,
+            max_bytes,
+            margin,
+            keys: RandomState::new(),
+            stopped: false,
+        }
+    }
+
+    /// The path of directory `node` in the share ("" for its root).
+    fn path_of(&self, node: u32, out: &mut Vec<u8>) {
+        let mut names = Vec::new();
+        let mut at = node;
+        while at != ROOT_NODE {
+            let n = &self.nodes[at as usize];
+            names.push(&n.name);
+            at = n.parent;
+        }
+        for (i, name) in names.iter().rev().enumerate() {
+            if i > 0 {
+                out.push(b'/');
+            }
+            out.extend_from_slice(name);
+        }
+    }
+
+    /// The index of directory `name` in `parent`, added if new; `None` past
+    /// the limit.
+    fn intern(&mut self, parent: u32, name: &[u8]) -> Option<u32> {
+        let hash = self.keys.hash_one((parent, name));
+        let mut candidate = self.node_ids.get(&hash).copied();
+        while let Some(id) = candidate {
+            let n = &self.nodes[id as usize];
+            if n.parent == parent && *n.name == *name {
+                return Some(id);
+            }
+            candidate = n.next;
+        }
+        if self.nodes.len() > self.max_paths {
+            return None;
+        }
+        let id = u32::try_from(self.nodes.len()).ok()?;
+        let next = self.node_ids.insert(hash, id);
+        self.nodes.push(Node { parent, name: name.into(), next });
+        Some(id)
+    }
+
     /// Notes one sighting; [`Record::write`] puts it in the file.
     fn note(&mut self, parent: u64, name: &[u8], entry: Option<&Entry>) {
         if self.stopped || name == b"." || name == b".." {
             return;
         }
         // A parent we never handed out (or one over-long) cannot be named.
-        let Some(prefix) = self.dirs.get(&parent) else { return };
-        let mut path = Vec::with_capacity(prefix.len() + 1 + name.len());
-        if !prefix.is_empty() {
-            path.extend_from_slice(prefix);
+        let Some(prefix) = self.dirs.get(&parent).map(|held| held.node) else { return };
+        let mut path = Vec::new();
+        self.path_of(prefix, &mut path);
+        if prefix != ROOT_NODE {
             path.push(b'/');
         }
         path.extend_from_slice(name);
@@ -131,8 +213,9 @@ impl Record {
         if let Some(e) = entry
             && e.attr.st_mode & libc::S_IFMT == libc::S_IFDIR
         {
-            // A directory forgotten and looked up again gets a new inode.
-            self.dirs.entry(e.inode).or_insert_with(|| path.clone());
+            let Some(node) = self.intern(prefix, name) else { return self.stop_at_limit() };
+            // Each lookup the guest gets is one it forgets later.
+            self.dirs.entry(e.inode).or_insert(Held { node, lookups: 0 }).lookups += 1;
             if self.dirs.len() > self.max_paths {
                 return self.stop_at_limit();
             }
@@ -149,6 +232,20 @@ impl Record {
         }
     }
 
+    /// The guest forgot `count` lookups of `inode`; a directory it no
+    /// longer holds is let go (its path stays, for the next inode).
+    fn forgot(&mut self, inode: u64, count: u64) {
+        if inode == ROOT_INODE {
+            return;
+        }
+        if let Some(held) = self.dirs.get_mut(&inode) {
+            held.lookups = held.lookups.saturating_sub(count);
+            if held.lookups == 0 {
+                self.dirs.remove(&inode);
+            }
+        }
+    }
+
     /// Writes what was noted before the request is answered, not later: the
     /// guest may power off right after its last lookup, and the process
     /// ends with it.
@@ -156,10 +253,34 @@ impl Record {
         if self.pending.is_empty() {
             return;
         }
+        self.unchecked += self.pending.len() as u64;
+        if self.unchecked >= SPACE_CHECK_EVERY {
+            self.unchecked = 0;
+            if let Err(why) = self.room() {
+                self.pending.clear();
+                return self.stop(&why);
+            }
+        }
         if let Err(e) = self.out.write_all(&self.pending) {
             self.stop(&format!("cannot record what the guest saw: {e}"));
         }
         self.pending.clear();
+    }
+
+    /// Whether the session's filesystem has room for more above its margin.
+    fn room(&self) -> Result<(), String> {
+        let stat = nix::sys::statvfs::fstatvfs(&self.out)
+            .map_err(|e| format!("cannot see the free space left for the record of what the guest saw: {e}"))?;
+        let available = stat.blocks_available().saturating_mul(stat.fragment_size());
+        let total = stat.blocks().saturating_mul(stat.fragment_size());
+        let margin = self.margin.unwrap_or_else(|| crate::host::space::staging_margin(total));
+        if available < margin.saturating_add(self.pending.len() as u64) {
+            return Err(format!(
+                "the session's filesystem is down to its free-space margin ({} left)",
+                crate::host::space::human_bytes(available)
+            ));
+        }
+        Ok(())
     }
 
     fn stop_at_limit(&mut self) {
@@ -174,6 +295,8 @@ impl Record {
     fn stop(&mut self, why: &str) {
         tracing::warn!("virtio-fs: {why}; no more is recorded, so changes to other paths will count as conflicts");
         self.stopped = true;
+        self.nodes = Vec::new();
+        self.node_ids = HashMap::new();
         self.dirs = HashMap::new();
         self.written = HashSet::new();
     }
@@ -213,18 +336,7 @@ mod tests {
     fn recorder(max_paths: usize, max_bytes: u64) -> (Record, tempfile::NamedTempFile) {
         let file = tempfile::NamedTempFile::new().unwrap();
         let out = file.reopen().unwrap();
-        let record = Record {
-            out,
-            dirs: HashMap::from([(ROOT_INODE, Vec::new())]),
-            written: HashSet::new(),
-            bytes: 0,
-            pending: Vec::new(),
-            max_paths,
-            max_bytes,
-            keys: RandomState::new(),
-            stopped: false,
-        };
-        (record, file)
+        (Record::new(out, max_paths, max_bytes, Some(0)), file)
     }
 
     fn paths(file: &tempfile::NamedTempFile) -> Vec<String> {
@@ -258,6 +370,50 @@ mod tests {
         }
         assert!(record.stopped);
         assert!(record.dirs.is_empty(), "stopping frees what it held");
+    }
+
+    #[test]
+    fn a_directory_forgotten_and_looked_up_again_costs_nothing_more() {
+        let (mut record, file) = recorder(100, u64::MAX);
+        // Ten levels of 200-byte names: a 2 KiB path, which each inode of
+        // the last directory used to carry a copy of.
+        let name = [b'n'; 200];
+        let mut parent = ROOT_INODE;
+        for inode in 2..12 {
+            record.note(parent, &name, Some(&entry(inode, libc::S_IFDIR)));
+            parent = inode;
+        }
+        for inode in 100..20_000 {
+            record.note(parent, b"d", Some(&entry(inode, libc::S_IFDIR)));
+            record.note(inode, b"x", None);
+            record.forgot(inode, 1);
+            record.write();
+        }
+        assert!(!record.stopped);
+        assert_eq!(record.dirs.len(), 11, "the root and the ten levels the guest still holds");
+        assert_eq!(record.nodes.len(), 12, "each directory path once");
+        let names: usize = record.nodes.iter().map(|n| n.name.len()).sum();
+        assert_eq!(names, 10 * 200 + 1);
+        let recorded = paths(&file);
+        assert_eq!(recorded.len(), 12, "each path written once");
+        assert!(recorded[11].ends_with("/d/x"));
+        // A lookup forgotten in part keeps its inode.
+        record.note(parent, b"e", Some(&entry(500_000, libc::S_IFDIR)));
+        record.note(parent, b"e", Some(&entry(500_000, libc::S_IFDIR)));
+        record.forgot(500_000, 1);
+        record.note(500_000, b"y", None);
+        record.write();
+        assert!(paths(&file).last().unwrap().ends_with("/e/y"));
+    }
+
+    #[test]
+    fn recording_stops_at_the_free_space_margin() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let mut record = Record::new(file.reopen().unwrap(), 100, u64::MAX, Some(u64::MAX));
+        record.note(ROOT_INODE, b"a", None);
+        record.write();
+        assert!(record.stopped, "no disk has that much free");
+        assert!(paths(&file).is_empty(), "nothing written past the margin");
     }
 
     #[test]

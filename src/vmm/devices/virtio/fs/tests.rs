@@ -156,6 +156,9 @@ struct Client<F: FileSystem + Sync = ReadOnlyFs<Vfs>> {
     driver: Driver,
     server: Arc<Server<F>>,
     unique: u64,
+    access: Access,
+    /// The uid and gid the guest's requests carry.
+    creds: (u32, u32),
 }
 
 impl Client {
@@ -167,7 +170,13 @@ impl Client {
 impl<F: FileSystem + Sync> Client<F> {
     /// A client of `server` past FUSE_INIT.
     fn started(server: Arc<Server<F>>) -> Client<F> {
-        let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server, unique: 0 };
+        let mut client = Client {
+            driver: Driver::new(leaked_memory(), GuestAddress(0)),
+            server,
+            unique: 0,
+            access: Access::ReadOnly,
+            creds: (1000, 1000),
+        };
         let init = client.call(Opcode::Init as u32, 0, init_in().as_slice());
         assert_eq!(init.header.error, 0);
         client
@@ -181,7 +190,8 @@ impl<F: FileSystem + Sync> Client<F> {
     fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
         self.unique += 1;
         let len = len32(size_of::<InHeader>() + body.len());
-        let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 1000, gid: 1000, pid: 42, padding: 0 };
+        let (uid, gid) = self.creds;
+        let header = InHeader { len, opcode, unique: self.unique, nodeid, uid, gid, pid: 42, padding: 0 };
         let mut bytes = header.as_slice().to_vec();
         bytes.extend_from_slice(body);
         self.mem().write_slice(&bytes, GuestAddress(REQ_ADDR)).unwrap();
@@ -226,7 +236,7 @@ impl<F: FileSystem + Sync> Client<F> {
     /// Offers a chain and lets the device process the queue.
     fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         let head = self.driver.offer(descs);
-        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, Access::ReadOnly);
+        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, self.access);
         self.driver.take_used(head)
     }
 
@@ -278,7 +288,7 @@ fn share_dir() -> TempDir {
 }
 
 fn share(guest_path: &str, host: &Path) -> Share {
-    Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None }
+    Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None, limit: None }
 }
 
 /// Everything observable about a host tree, to prove nothing changed.
@@ -377,7 +387,13 @@ fn rejects_bad_tags_and_shares() {
 fn init_negotiates_a_read_only_friendly_session() {
     let dir = share_dir();
     let fs = new_fs("host", &[share("/ws", dir.as_path())]).unwrap();
-    let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
+    let mut client = Client {
+        driver: Driver::new(leaked_memory(), GuestAddress(0)),
+        server: fs.server,
+        unique: 0,
+        access: Access::ReadOnly,
+        creds: (1000, 1000),
+    };
     let reply = client.call(Opcode::Init as u32, 0, init_in().as_slice());
     let out: InitOut = reply.obj();
     assert_eq!(out.major, 7);
@@ -836,7 +852,13 @@ fn the_umask_survives_setup_and_guest_remounts() {
     let before = current_umask();
     let fs = Fs::new("host", &[share("/ws", dir.as_path())], &Secrets::default()).unwrap();
     assert_eq!(current_umask(), before);
-    let mut client = Client { driver: Driver::new(leaked_memory(), GuestAddress(0)), server: fs.server, unique: 0 };
+    let mut client = Client {
+        driver: Driver::new(leaked_memory(), GuestAddress(0)),
+        server: fs.server,
+        unique: 0,
+        access: Access::ReadOnly,
+        creds: (1000, 1000),
+    };
     assert_eq!(client.call(Opcode::Init as u32, 0, init_in().as_slice()).errno(), 0);
     let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
     client.lookup_node(ws, "hello.txt");
@@ -991,4 +1013,261 @@ fn a_secret_is_listed_but_never_opened_however_the_guest_reaches_it() {
     let inner = client.lookup_node(usr_sub.nodeid, "inner.txt");
     let open: OpenOut = client.open(Opcode::Open, inner.nodeid, libc::O_RDONLY).obj();
     assert_eq!(client.read(inner.nodeid, open.fh, 0, 4096).ok(), b"inner");
+}
+
+/// A client of the writable device serving `shares`, as a policy's `rw`
+/// mount or an agent's state is served.
+fn writable_client(shares: &[Share]) -> Client<Vfs> {
+    writable_client_keeping(shares, None)
+}
+
+/// [`writable_client`], keeping `margin` bytes free instead of the staging
+/// margin.
+fn writable_client_keeping(shares: &[Share], margin: Option<u64>) -> Client<Vfs> {
+    let fs = {
+        let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+        Fs::writable_keeping("host-rw", shares, margin).unwrap()
+    };
+    let mut client = Client::started(fs.server);
+    client.access = Access::Writable;
+    // Guest root, unless a test says otherwise.
+    client.creds = (0, 0);
+    client
+}
+
+fn mknod_body(name: &str, mode: u32, rdev: u32) -> Vec<u8> {
+    cat(&[MknodIn { mode, rdev, umask: 0, padding: 0 }.as_slice(), &cstr(name)])
+}
+
+fn create_body(name: &str, mode: u32) -> Vec<u8> {
+    let flags = (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL).cast_unsigned();
+    cat(&[CreateIn { flags, mode, umask: 0, fuse_flags: 0 }.as_slice(), &cstr(name)])
+}
+
+fn mkdir_body(name: &str, mode: u32) -> Vec<u8> {
+    cat(&[MkdirIn { mode, umask: 0 }.as_slice(), &cstr(name)])
+}
+
+fn setattr_body(valid: SetattrValid, attr: SetattrIn) -> Vec<u8> {
+    SetattrIn { valid: valid.bits(), ..attr }.as_slice().to_vec()
+}
+
+fn dev(major: u32, minor: u32) -> u32 {
+    u32::try_from(libc::makedev(major, minor)).unwrap()
+}
+
+/// The host user running stockade: whom every file in a writable share
+/// belongs to.
+fn host_user() -> (u32, u32) {
+    // SAFETY: geteuid and getegid only read the caller's credentials.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+#[test]
+fn a_writable_share_refuses_device_nodes_fifos_and_setid_bits() {
+    let dir = share_dir();
+    let mut client = writable_client(&[share("/rw", dir.as_path())]);
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    let file = client.lookup_node(rw, "hello.txt").nodeid;
+    let gone = |name: &str| std::fs::symlink_metadata(dir.as_path().join(name)).is_err();
+
+    for (name, mode, rdev) in [
+        ("null", libc::S_IFCHR | 0o666, dev(1, 3)),
+        ("disk", libc::S_IFBLK | 0o660, dev(8, 0)),
+        ("fifo", libc::S_IFIFO | 0o644, 0),
+        ("setuid-node", libc::S_IFREG | 0o4755, 0),
+    ] {
+        assert_eq!(client.call(Opcode::Mknod as u32, rw, &mknod_body(name, mode, rdev)).errno(), libc::EPERM, "{name}");
+        assert!(gone(name), "{name} must not exist on the host");
+    }
+    for (name, mode) in [("setuid", 0o4755), ("setgid", 0o2755)] {
+        let body = create_body(name, libc::S_IFREG | mode);
+        assert_eq!(client.call(Opcode::Create as u32, rw, &body).errno(), libc::EPERM, "{name}");
+        assert!(gone(name), "{name} must not exist on the host");
+    }
+    assert_eq!(client.call(Opcode::Mkdir as u32, rw, &mkdir_body("setgid-dir", 0o2775)).errno(), libc::EPERM);
+    assert!(gone("setgid-dir"));
+    for mode in [libc::S_IFREG | 0o4755, libc::S_IFREG | 0o2755, 0o6777] {
+        let body = setattr_body(SetattrValid::MODE, SetattrIn { mode, ..Default::default() });
+        assert_eq!(client.call(Opcode::Setattr as u32, file, &body).errno(), libc::EPERM, "chmod {mode:o}");
+    }
+    let host_mode = std::fs::metadata(dir.as_path().join("hello.txt")).unwrap().mode();
+    assert_eq!(host_mode & 0o6000, 0, "no setid bit on the host: {host_mode:o}");
+
+    // A whiteout is a character device too.
+    let whiteout = Rename2In { newdir: rw, flags: libc::RENAME_WHITEOUT, padding: 0 };
+    let body = cat(&[whiteout.as_slice(), &cstr("hello.txt"), &cstr("moved.txt")]);
+    assert_ne!(client.call(Opcode::Rename2 as u32, rw, &body).errno(), 0);
+    assert!(std::fs::symlink_metadata(dir.as_path().join("hello.txt")).unwrap().is_file());
+
+    // What stays allowed: a socket, a sticky directory, chmod without setid bits.
+    client.call(Opcode::Mknod as u32, rw, &mknod_body("sock", libc::S_IFSOCK | 0o600, 0)).ok();
+    client.call(Opcode::Mkdir as u32, rw, &mkdir_body("tmp", 0o1777)).ok();
+    let body = setattr_body(SetattrValid::MODE, SetattrIn { mode: libc::S_IFREG | 0o600, ..Default::default() });
+    client.call(Opcode::Setattr as u32, file, &body).ok();
+    assert_eq!(std::fs::metadata(dir.as_path().join("hello.txt")).unwrap().mode() & 0o7777, 0o600);
+}
+
+#[test]
+fn files_the_guest_makes_belong_to_the_host_user_whatever_uid_it_sends() {
+    let dir = share_dir();
+    // Open to every uid, so what stops a foreign owner is the server alone.
+    std::fs::set_permissions(dir.as_path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut client = writable_client(&[share("/rw", dir.as_path())]);
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    let (uid, gid) = host_user();
+    for creds in std::collections::BTreeSet::from([(0, 0), (1234, 1234), (uid, gid)]) {
+        client.creds = creds;
+        let tag = format!("{}-{}", creds.0, creds.1);
+        client.call(Opcode::Create as u32, rw, &create_body(&format!("file-{tag}"), libc::S_IFREG | 0o644)).ok();
+        client.call(Opcode::Mkdir as u32, rw, &mkdir_body(&format!("dir-{tag}"), 0o755)).ok();
+        let node = mknod_body(&format!("node-{tag}"), libc::S_IFREG | 0o644, 0);
+        client.call(Opcode::Mknod as u32, rw, &node).ok();
+        let link = cat(&[&cstr(&format!("link-{tag}")), &cstr("hello.txt")]);
+        client.call(Opcode::Symlink as u32, rw, &link).ok();
+        for kind in ["file", "dir", "node", "link"] {
+            let meta = std::fs::symlink_metadata(dir.as_path().join(format!("{kind}-{tag}"))).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{kind} made with uid:gid {tag}");
+        }
+    }
+}
+
+#[test]
+fn the_guest_cannot_give_a_file_away() {
+    let dir = share_dir();
+    let mut client = writable_client(&[share("/rw", dir.as_path())]);
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    let file = client.lookup_node(rw, "hello.txt").nodeid;
+    let (uid, gid) = host_user();
+    let foreign = if uid == 0 { 1234 } else { 0 };
+    for (valid, attr) in [
+        (SetattrValid::UID, SetattrIn { uid: foreign, ..Default::default() }),
+        (SetattrValid::GID, SetattrIn { gid: foreign, ..Default::default() }),
+        (SetattrValid::UID | SetattrValid::GID, SetattrIn { uid: foreign, gid: foreign, ..Default::default() }),
+    ] {
+        assert_eq!(client.call(Opcode::Setattr as u32, file, &setattr_body(valid, attr)).errno(), libc::EPERM);
+    }
+    let meta = std::fs::metadata(dir.as_path().join("hello.txt")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+    // Giving it to its own owner changes nothing and is allowed.
+    let own = SetattrIn { uid, gid, ..Default::default() };
+    client.call(Opcode::Setattr as u32, file, &setattr_body(SetattrValid::UID | SetattrValid::GID, own)).ok();
+}
+
+#[test]
+fn a_writable_share_refuses_file_capabilities_and_privileged_attributes() {
+    let dir = share_dir();
+    let mut client = writable_client(&[share("/rw", dir.as_path())]);
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    let file = client.lookup_node(rw, "hello.txt").nodeid;
+    // A v2 capability set granting everything: the setuid-root equivalent.
+    let mut caps = vec![0u8; 20];
+    caps[..4].copy_from_slice(&0x0200_0001u32.to_le_bytes());
+    caps[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    caps[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    for name in ["security.capability", "trusted.overlay.opaque", "system.posix_acl_access", "security.selinux"] {
+        let set = SetxattrIn { size: len32(caps.len()), flags: 0 };
+        let body = cat(&[set.as_slice(), &cstr(name), &caps]);
+        assert_eq!(client.call(Opcode::Setxattr as u32, file, &body).errno(), libc::EPERM, "{name}");
+        assert_eq!(client.call(Opcode::Removexattr as u32, file, &cstr(name)).errno(), libc::EPERM, "{name}");
+    }
+    let path = std::ffi::CString::new(dir.as_path().join("hello.txt").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string and name; a null buffer of size 0 asks only for the length.
+    let found = unsafe { libc::lgetxattr(path.as_ptr(), c"security.capability".as_ptr(), std::ptr::null_mut(), 0) };
+    assert!(found < 0, "no file capability on the host");
+}
+
+#[test]
+fn changing_a_setid_file_clears_its_setid_bits_as_for_an_unprivileged_writer() {
+    let dir = share_dir();
+    for name in ["setuid", "setgid", "truncated"] {
+        let path = dir.as_path().join(name);
+        std::fs::write(&path, b"#!/bin/sh\n").unwrap();
+        let mode = if name == "setgid" { 0o2755 } else { 0o4755 };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut client = writable_client(&[share("/rw", dir.as_path())]);
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    for name in ["setuid", "setgid"] {
+        let node = client.lookup_node(rw, name).nodeid;
+        let fh = client.open(Opcode::Open, node, libc::O_WRONLY).obj::<OpenOut>().fh;
+        let write = WriteIn { fh, size: 4, ..Default::default() };
+        client.call(Opcode::Write as u32, node, &cat(&[write.as_slice(), b"#!/x"])).ok();
+    }
+    let node = client.lookup_node(rw, "truncated").nodeid;
+    let body = setattr_body(SetattrValid::SIZE, SetattrIn { size: 1, ..Default::default() });
+    client.call(Opcode::Setattr as u32, node, &body).ok();
+    for name in ["setuid", "setgid", "truncated"] {
+        let mode = std::fs::metadata(dir.as_path().join(name)).unwrap().mode();
+        assert_eq!(mode & 0o6000, 0, "{name} keeps no setid bit: {mode:o}");
+    }
+}
+
+fn write_body(fh: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+    cat(&[WriteIn { fh, offset, size: len32(data.len()), ..Default::default() }.as_slice(), data])
+}
+
+#[test]
+fn a_bounded_share_refuses_growth_past_its_limit_with_enospc() {
+    let dir = share_dir();
+    let limited = Share { limit: Some(1 << 20), ..share("/state", dir.as_path()) };
+    let mut client = writable_client(&[limited]);
+    let state = client.lookup_node(ROOT_ID, "state").nodeid;
+    let created = client.call(Opcode::Create as u32, state, &create_body("big", libc::S_IFREG | 0o644));
+    let entry: EntryOut = created.obj();
+    let fh = OpenOut::from_slice(&created.ok()[size_of::<EntryOut>()..][..size_of::<OpenOut>()]).unwrap().fh;
+    let big = entry.nodeid;
+    let chunk = vec![7u8; 256 << 10];
+    assert_eq!(client.call(Opcode::Write as u32, big, &write_body(fh, 0, &chunk)).errno(), 0);
+
+    // Past the limit in every way a file grows; a hole counts as what it could hold.
+    assert_eq!(client.call(Opcode::Write as u32, big, &write_body(fh, 2 << 20, b"x")).errno(), libc::ENOSPC);
+    let truncate = setattr_body(SetattrValid::SIZE, SetattrIn { size: 1 << 40, ..Default::default() });
+    assert_eq!(client.call(Opcode::Setattr as u32, big, &truncate).errno(), libc::ENOSPC);
+    let fallocate = FallocateIn { fh, offset: 0, length: 4 << 20, ..Default::default() };
+    assert_eq!(client.call(Opcode::Fallocate as u32, big, fallocate.as_slice()).errno(), libc::ENOSPC);
+    let keep_size = FallocateIn {
+        fh,
+        offset: 0,
+        length: 4 << 20,
+        mode: libc::FALLOC_FL_KEEP_SIZE.cast_unsigned(),
+        ..Default::default()
+    };
+    assert_eq!(client.call(Opcode::Fallocate as u32, big, keep_size.as_slice()).errno(), libc::ENOSPC);
+    assert_eq!(std::fs::metadata(dir.as_path().join("big")).unwrap().len(), 256 << 10);
+
+    // Rewriting what is there costs nothing.
+    assert_eq!(client.call(Opcode::Write as u32, big, &write_body(fh, 0, &chunk)).errno(), 0);
+
+    // Names cost too: a flood of empty files stops.
+    let refused = (0..1000).find(|i| {
+        let body = create_body(&format!("empty-{i}"), libc::S_IFREG | 0o644);
+        client.call(Opcode::Create as u32, state, &body).errno() == libc::ENOSPC
+    });
+    assert!(refused.is_some_and(|i| i < 256), "stopped at {refused:?}");
+
+    // What is freed can be used again, once the share is measured anew.
+    for entry in std::fs::read_dir(dir.as_path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_string_lossy().starts_with("empty-") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(client.call(Opcode::Write as u32, big, &write_body(fh, 256 << 10, &chunk)).errno(), 0);
+}
+
+#[test]
+fn a_writable_share_stops_at_the_free_space_margin() {
+    let dir = share_dir();
+    // A margin no disk has: any growth would cross it.
+    let mut client = writable_client_keeping(&[share("/rw", dir.as_path())], Some(u64::MAX / 2));
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    let file = client.lookup_node(rw, "hello.txt").nodeid;
+    let fh = client.open(Opcode::Open, file, libc::O_WRONLY).obj::<OpenOut>().fh;
+    let len = u64::try_from(CONTENT.len()).unwrap();
+    assert_eq!(client.call(Opcode::Write as u32, file, &write_body(fh, len, b"more")).errno(), libc::ENOSPC);
+    assert_eq!(client.call(Opcode::Mkdir as u32, rw, &mkdir_body("d", 0o755)).errno(), libc::ENOSPC);
+    assert_eq!(client.call(Opcode::Write as u32, file, &write_body(fh, 0, b"HELLO")).errno(), 0, "in place");
+    assert_eq!(std::fs::read(dir.as_path().join("hello.txt")).unwrap().len(), CONTENT.len());
 }

@@ -26,6 +26,9 @@ pub trait Watch: Send + Sync {
     fn listed(&self, _parent: u64, _name: &[u8], _entry: &Entry, _delivered: bool) {}
     /// A listing is complete.
     fn listing_done(&self) {}
+    /// The guest forgot `count` lookups of `inode`: at none left, the
+    /// filesystem lets the inode go and a new lookup gets a new number.
+    fn forgot(&self, _inode: u64, _count: u64) {}
     /// Whether the guest may open `inode`; an error is its answer.
     fn may_open(&self, _inode: u64) -> io::Result<()> {
         Ok(())
@@ -49,6 +52,11 @@ impl<W: Watch> Watch for Option<W> {
             w.listing_done();
         }
     }
+    fn forgot(&self, inode: u64, count: u64) {
+        if let Some(w) = self {
+            w.forgot(inode, count);
+        }
+    }
     fn may_open(&self, inode: u64) -> io::Result<()> {
         self.as_ref().map_or(Ok(()), |w| w.may_open(inode))
     }
@@ -67,6 +75,10 @@ impl<A: Watch, B: Watch> Watch for (A, B) {
     fn listing_done(&self) {
         self.0.listing_done();
         self.1.listing_done();
+    }
+    fn forgot(&self, inode: u64, count: u64) {
+        self.0.forgot(inode, count);
+        self.1.forgot(inode, count);
     }
     fn may_open(&self, inode: u64) -> io::Result<()> {
         self.0.may_open(inode)?;
@@ -117,10 +129,14 @@ impl<F: FileSystem<Inode = u64, Handle = u64>, W: Watch> FileSystem for Watched<
     }
 
     fn forget(&self, ctx: &Context, inode: u64, count: u64) {
+        self.watch.forgot(inode, count);
         self.inner.forget(ctx, inode, count)
     }
 
     fn batch_forget(&self, ctx: &Context, requests: Vec<(u64, u64)>) {
+        for &(inode, count) in &requests {
+            self.watch.forgot(inode, count);
+        }
         self.inner.batch_forget(ctx, requests)
     }
 
