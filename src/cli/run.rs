@@ -342,7 +342,11 @@ pub fn validate(
         disk_bytes: settings.disk.value.bytes,
         package_cache_bytes: settings.package_cache.value.bytes,
         apply: settings.apply.value,
-        code: CodeChoice { include_code: vm.include_code, runs_code: settings.runs_code.value.clone() },
+        code: CodeChoice {
+            include_code: vm.include_code,
+            runs_code: settings.runs_code.value.clone(),
+            agent_settings: false,
+        },
         color: settings.color.value,
         policy,
         timeout,
