@@ -63,7 +63,7 @@ pub fn run(mut args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref())?;
+    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
     let expand = paths.is_some();
@@ -71,6 +71,7 @@ pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<Exi
         selection,
         count_lines: !args.patch,
         runs_code: args.runs_code.clone(),
+        agent_settings: target.agent_settings.is_some(),
         ..SummaryOptions::default()
     };
     let summary = Summary::build(&target.store, &target.workspace, &options)

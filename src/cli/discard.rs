@@ -35,7 +35,7 @@ pub fn run(args: DiscardArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: DiscardArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref())?;
+    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths, "PATH")?;
     let before = change_counts(&target.store)?.staged;
