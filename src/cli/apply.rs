@@ -20,7 +20,10 @@ use super::sessions::{self, Here};
 /// Apply a session's staged changes to its workspace
 ///
 /// SESSION is an id or a unique prefix of one; without it, the most recent
-/// session with staged changes. Without PATHs everything staged is applied;
+/// session with staged changes of the workspace you are in (of any, outside
+/// them); a session holding an agent's settings for your home directory is
+/// applied only when named, each file held back as code that runs. Without
+/// PATHs everything staged is applied;
 /// with them, the changes at or below those paths. Files that run code by
 /// themselves (git hooks and config, CI, editor and tool settings: flagged
 /// with ! by `stockade diff`) are applied only when a PATH names the file
@@ -33,7 +36,8 @@ use super::sessions::{self, Here};
 /// changes or held-back files were left staged, 125 on errors.
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
-    /// Session id or unique prefix (default: the latest with staged changes).
+    /// Session id or unique prefix (default: the latest with staged changes
+    /// of this workspace).
     #[arg(value_name = "SESSION")]
     session: Option<OsString>,
 

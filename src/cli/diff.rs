@@ -18,7 +18,9 @@ use super::sessions::{self, Here};
 /// Show a session's staged changes
 ///
 /// SESSION is an id or a unique prefix of one (`stockade sessions` lists
-/// them); without it, the most recent session with staged changes. PATHs
+/// them); without it, the most recent session with staged changes of the
+/// workspace you are in (of any, outside them), never one holding an
+/// agent's settings for your home directory. PATHs
 /// (files or directories; relative to the current directory inside the
 /// workspace) limit the diff; a file whose name looks like a session id is
 /// given as ./NAME.
@@ -29,7 +31,8 @@ use super::sessions::{self, Here};
 /// file now, the new side what `stockade apply` would write.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// Session id or unique prefix (default: the latest with staged changes).
+    /// Session id or unique prefix (default: the latest with staged changes
+    /// of this workspace).
     #[arg(value_name = "SESSION")]
     session: Option<OsString>,
 

@@ -15,12 +15,15 @@ use super::sessions::{self, Here};
 /// Drop a session's staged changes without applying them
 ///
 /// SESSION is an id or a unique prefix of one; without it, the most recent
-/// session with staged changes. Without PATHs every staged change is
+/// session with staged changes of the workspace you are in (of any, outside
+/// them), never one holding an agent's settings for your home directory.
+/// Without PATHs every staged change is
 /// dropped; with them, the changes at or below those paths. The workspace
 /// is not touched. Changes already applied stay applied.
 #[derive(Debug, Args)]
 pub struct DiscardArgs {
-    /// Session id or unique prefix (default: the latest with staged changes).
+    /// Session id or unique prefix (default: the latest with staged changes
+    /// of this workspace).
     #[arg(value_name = "SESSION")]
     session: Option<OsString>,
 

@@ -8,7 +8,8 @@
 //! Flagged are files that make code run *without the user choosing to run
 //! this project's code*: on a git command, on opening the folder in an
 //! editor or entering it in a shell, on a push (CI), or by pointing a tool
-//! at another program. Four rules decide, in this order:
+//! at another program, on starting Python or activating an environment. Five
+//! rules decide, in this order:
 //!
 //! 1. **Git directories** (`.git/`, also a submodule's `.git/modules/<name>/`
 //!    and a worktree's `.git/worktrees/<name>/`, and an *embedded bare
@@ -39,11 +40,28 @@
 //!    and a file the change set or the host's workspace root makes reachable
 //!    through one (`.cargo -> ci/cargo` with `ci/cargo/config.toml`) is
 //!    judged by the path it is reached as, and flagged when that path is.
+//! 5. **Loaded without being named** (rule 3's names hold the fixed ones:
+//!    `.pth` in a site directory, `sitecustomize.py`, `.env` files): a
+//!    virtualenv's `bin/` or `Scripts/` (a directory holding `pyvenv.cfg`,
+//!    staged or on the host: activation sources its scripts and puts it
+//!    first on `PATH`), direnv's cache files and layout `bin/` directories
+//!    in `.direnv/`, and what the workspace's `.envrc` (see [`Envrc`]; the
+//!    host's, a staged one, and the files they load) puts on `PATH`,
+//!    sources, or builds with nix. When it may change `PATH` in a way not
+//!    understood, every new executable in a bin-like directory is flagged.
+//!
+//! Rules 3 and 5 apply inside trees git ignores too: those are collapsed in
+//! the summary, so a flagged file there would otherwise go unseen.
+//!
+//! A change set staged for the home directory from an agent's `review`
+//! paths ([`Classifier::agent_settings`]) flags every file: instructions,
+//! commands and skills steer the agent or run code when it next starts.
 //!
 //! Not flagged: Makefiles, `build.rs`, `package.json` scripts, `setup.py`,
-//! test fixtures, `.env` files and the like. They run when the user builds
-//! or tests, they are ordinary project source shown in the diff, and they
-//! change in almost every session: flagging them would drown the signal.
+//! test fixtures, a virtualenv's packages, a project's own `.claude/commands`
+//! and the like. They run when the user builds, tests or runs the project,
+//! they are ordinary project source shown in the diff, and they change in
+//! almost every session: flagging them would drown the signal.
 //!
 //! Separately, a file that *became executable* and a symlink pointing
 //! outside the workspace are noted on their line, but stay in their group.
