@@ -295,7 +295,8 @@ fn review_big_workspace() {
         // `stockade apply`: the execution-sensitive check, then apply.
         "apply" => {
             let ((sensitive, report), time, peak, work) = phase(|| {
-                let sensitive = review::sensitive_paths(&store, &ws, &super::Selection::all(), &[]).unwrap();
+                let sensitive =
+                    review::sensitive_paths(&store, &ws, &super::Selection::all(), &Default::default()).unwrap();
                 (sensitive, apply(&store, &ws, &ApplyOptions::all()).unwrap())
             });
             assert_eq!(report.skipped(), 0, "{report:?}");

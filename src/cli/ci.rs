@@ -430,7 +430,7 @@ mod tests {
             summary.changes.apply_held_back.as_deref(),
             Some("stockade apply 20250301-101500-aaaa --include-code")
         );
-        let included = Review { apply_all: true, code: CodeChoice { include_code: true, runs_code: Vec::new() } };
+        let included = Review { apply_all: true, code: CodeChoice { include_code: true, ..CodeChoice::default() } };
         let summary = RunSummary::of(&[], &Ok(finished(&f, 0, None)), Duration::ZERO, &included);
         assert!(summary.changes.held_back.is_empty() && summary.changes.apply_held_back.is_none());
     }

@@ -18,7 +18,9 @@ use super::sessions::{self, Here};
 /// Show a session's staged changes
 ///
 /// SESSION is an id or a unique prefix of one (`stockade sessions` lists
-/// them); without it, the most recent session with staged changes. PATHs
+/// them); without it, the most recent session with staged changes of the
+/// workspace you are in (of any, outside them), never one holding an
+/// agent's settings for your home directory. PATHs
 /// (files or directories; relative to the current directory inside the
 /// workspace) limit the diff; a file whose name looks like a session id is
 /// given as ./NAME.
@@ -29,7 +31,8 @@ use super::sessions::{self, Here};
 /// file now, the new side what `stockade apply` would write.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// Session id or unique prefix (default: the latest with staged changes).
+    /// Session id or unique prefix (default: the latest with staged changes
+    /// of this workspace).
     #[arg(value_name = "SESSION")]
     session: Option<OsString>,
 
@@ -63,7 +66,7 @@ pub fn run(mut args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref())?;
+    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
     let expand = paths.is_some();
@@ -71,6 +74,7 @@ pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<Exi
         selection,
         count_lines: !args.patch,
         runs_code: args.runs_code.clone(),
+        agent_settings: target.agent_settings.is_some(),
         ..SummaryOptions::default()
     };
     let summary = Summary::build(&target.store, &target.workspace, &options)

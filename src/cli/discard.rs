@@ -15,12 +15,15 @@ use super::sessions::{self, Here};
 /// Drop a session's staged changes without applying them
 ///
 /// SESSION is an id or a unique prefix of one; without it, the most recent
-/// session with staged changes. Without PATHs every staged change is
+/// session with staged changes of the workspace you are in (of any, outside
+/// them), never one holding an agent's settings for your home directory.
+/// Without PATHs every staged change is
 /// dropped; with them, the changes at or below those paths. The workspace
 /// is not touched. Changes already applied stay applied.
 #[derive(Debug, Args)]
 pub struct DiscardArgs {
-    /// Session id or unique prefix (default: the latest with staged changes).
+    /// Session id or unique prefix (default: the latest with staged changes
+    /// of this workspace).
     #[arg(value_name = "SESSION")]
     session: Option<OsString>,
 
@@ -35,7 +38,7 @@ pub fn run(args: DiscardArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: DiscardArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref())?;
+    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths, "PATH")?;
     let before = change_counts(&target.store)?.staged;

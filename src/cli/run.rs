@@ -343,7 +343,11 @@ pub fn validate(
         package_cache_bytes: settings.package_cache.value.bytes,
         agent_state_bytes: settings.agent_state.value.bytes,
         apply: settings.apply.value,
-        code: CodeChoice { include_code: vm.include_code, runs_code: settings.runs_code.value.clone() },
+        code: CodeChoice {
+            include_code: vm.include_code,
+            runs_code: settings.runs_code.value.clone(),
+            agent_settings: false,
+        },
         color: settings.color.value,
         policy,
         timeout,

@@ -238,7 +238,8 @@ fn offer_agent_settings(state: &agent_state::Prepared, epilogue: &Epilogue<'_>) 
         started: session::timestamp(session.started),
         duration_ms: Some(0),
         status: Some(0),
-        outcome: Some("staged from the agent's state".into()),
+        outcome: Some(session::AGENT_SETTINGS_OUTCOME.into()),
+        agent_settings: Some(state.name.clone()),
     })?;
     let store = changes::Store::open(&session.dir)?;
     state.stage_for_home(&changed, home, &store)?;
@@ -255,7 +256,8 @@ fn offer_agent_settings(state: &agent_state::Prepared, epilogue: &Epilogue<'_>) 
         _ => ApplyMode::None,
     };
     let config = epilogue.config;
-    changes::review::after_run(&store, home, &session.id, mode, config.color, &config.code)?;
+    let code = changes::review::CodeChoice { agent_settings: true, ..config.code.clone() };
+    changes::review::after_run(&store, home, &session.id, mode, config.color, &code)?;
     Ok(())
 }
 

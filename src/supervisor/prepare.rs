@@ -104,6 +104,7 @@ impl Recorded {
             duration_ms: None,
             status: None,
             outcome: None,
+            agent_settings: None,
         };
         session.write_record(&record)?;
         let store = changes::Store::open(&session.dir)?;

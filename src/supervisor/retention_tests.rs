@@ -57,6 +57,7 @@ fn finished_run(data: &Path, started: SystemTime) -> Session {
             duration_ms: Some(10),
             status: Some(0),
             outcome: Some("exited with 0".into()),
+            agent_settings: None,
         })
         .unwrap();
     fs::write(session.kernel_log(), vec![b'k'; 8192]).unwrap();

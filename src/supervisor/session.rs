@@ -31,6 +31,26 @@ pub struct RunRecord {
     pub status: Option<i32>,
     /// How the command ended, in words.
     pub outcome: Option<String>,
+    /// The agent whose settings this session holds for the home directory
+    /// (staged from its state after another session's run): applied only
+    /// when named, never the default session of `diff`, `apply`, `discard`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_settings: Option<String>,
+}
+
+/// The outcome recorded for an agent's settings before `agent_settings`
+/// named them.
+pub const AGENT_SETTINGS_OUTCOME: &str = "staged from the agent's state";
+
+impl RunRecord {
+    /// The agent whose settings for the home directory the session holds.
+    pub fn agent_settings(&self) -> Option<&str> {
+        match &self.agent_settings {
+            Some(name) => Some(name),
+            None if self.outcome.as_deref() == Some(AGENT_SETTINGS_OUTCOME) => Some(""),
+            None => None,
+        }
+    }
 }
 
 /// Held (flock) by the process that runs a session, for as long as it
@@ -234,6 +254,7 @@ mod tests {
             duration_ms: Some(5),
             status: Some(0),
             outcome: None,
+            agent_settings: None,
         };
         fs::write(dir.join("run.json"), serde_json::to_vec(&record).unwrap()).unwrap();
     }

@@ -8,7 +8,8 @@
 //! Flagged are files that make code run *without the user choosing to run
 //! this project's code*: on a git command, on opening the folder in an
 //! editor or entering it in a shell, on a push (CI), or by pointing a tool
-//! at another program. Four rules decide, in this order:
+//! at another program, on starting Python or activating an environment. Five
+//! rules decide, in this order:
 //!
 //! 1. **Git directories** (`.git/`, also a submodule's `.git/modules/<name>/`
 //!    and a worktree's `.git/worktrees/<name>/`, and an *embedded bare
@@ -39,11 +40,28 @@
 //!    and a file the change set or the host's workspace root makes reachable
 //!    through one (`.cargo -> ci/cargo` with `ci/cargo/config.toml`) is
 //!    judged by the path it is reached as, and flagged when that path is.
+//! 5. **Loaded without being named** (rule 3's names hold the fixed ones:
+//!    `.pth` in a site directory, `sitecustomize.py`, `.env` files): a
+//!    virtualenv's `bin/` or `Scripts/` (a directory holding `pyvenv.cfg`,
+//!    staged or on the host: activation sources its scripts and puts it
+//!    first on `PATH`), direnv's cache files and layout `bin/` directories
+//!    in `.direnv/`, and what the workspace's `.envrc` (see [`Envrc`]; the
+//!    host's, a staged one, and the files they load) puts on `PATH`,
+//!    sources, or builds with nix. When it may change `PATH` in a way not
+//!    understood, every new executable in a bin-like directory is flagged.
+//!
+//! Rules 3 and 5 apply inside trees git ignores too: those are collapsed in
+//! the summary, so a flagged file there would otherwise go unseen.
+//!
+//! A change set staged for the home directory from an agent's `review`
+//! paths ([`Classifier::agent_settings`]) flags every file: instructions,
+//! commands and skills steer the agent or run code when it next starts.
 //!
 //! Not flagged: Makefiles, `build.rs`, `package.json` scripts, `setup.py`,
-//! test fixtures, `.env` files and the like. They run when the user builds
-//! or tests, they are ordinary project source shown in the diff, and they
-//! change in almost every session: flagging them would drown the signal.
+//! test fixtures, a virtualenv's packages, a project's own `.claude/commands`
+//! and the like. They run when the user builds, tests or runs the project,
+//! they are ordinary project source shown in the diff, and they change in
+//! almost every session: flagging them would drown the signal.
 //!
 //! Separately, a file that *became executable* and a symlink pointing
 //! outside the workspace are noted on their line, but stay in their group.
@@ -70,6 +88,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use crate::changes::model::{Base, Entry, Kind, Mode};
 use crate::changes::path::RelPath;
 
+use super::direnv::Envrc;
 use super::host::{Host, HostState};
 
 /// Why a path runs code by itself.
@@ -95,6 +114,16 @@ pub enum Danger {
     Reached,
     /// Listed in the user's `runs_code` setting.
     UserListed,
+    /// Python runs it at every start in that environment.
+    PythonStartup,
+    /// A virtualenv's scripts and settings.
+    Virtualenv,
+    /// In a directory the workspace's `.envrc` puts on `PATH`.
+    OnPath,
+    /// A dotenv file: variables tools load by themselves.
+    EnvFile,
+    /// A file of an agent's own settings, offered for the home directory.
+    AgentSettings,
 }
 
 impl Danger {
@@ -116,6 +145,14 @@ impl Danger {
             Danger::SymlinkedLocation => "symlink where tools read settings or hooks: what it points to runs",
             Danger::Reached => "reached through a symlink as a file that runs code",
             Danger::UserListed => "listed in runs_code in your config file",
+            Danger::PythonStartup => "runs at every Python start in its environment (.pth, sitecustomize)",
+            Danger::Virtualenv => "virtualenv script or setting: activating it runs it or puts it first on PATH",
+            Danger::OnPath => "on PATH in this directory (direnv): runs in place of the command of its name",
+            Danger::EnvFile => "environment file: direnv, docker compose, editors load it (PATH, LD_PRELOAD, ...)",
+            Danger::AgentSettings => {
+                "coding agent settings for your home directory: instructions, commands, skills and hooks steer or \
+                 run code when the agent starts"
+            }
         }
     }
 }
@@ -210,7 +247,29 @@ pub const FLAGGED: &[(&str, Danger)] = &[
     ("**/.codex/config.toml", Danger::AgentConfig),
     ("**/.gemini/settings.json", Danger::AgentConfig),
     ("**/.cursor/mcp.json", Danger::AgentConfig),
+    // Loaded without being named: at every Python start (a `.pth` only
+    // counts in a site directory; elsewhere it is PyTorch's weights),
+    // on activating an environment, by npm on its lifecycle events.
+    ("**/site-packages/*.pth", Danger::PythonStartup),
+    ("**/dist-packages/*.pth", Danger::PythonStartup),
+    ("sitecustomize.py", Danger::PythonStartup),
+    ("usercustomize.py", Danger::PythonStartup),
+    ("sitecustomize/", Danger::PythonStartup),
+    ("usercustomize/", Danger::PythonStartup),
+    ("pyvenv.cfg", Danger::Virtualenv),
+    ("**/etc/conda/activate.d/", Danger::Virtualenv),
+    ("**/etc/conda/deactivate.d/", Danger::Virtualenv),
+    ("**/node_modules/.hooks/", Danger::ToolConfig),
+    // Environment files: direnv's `dotenv`, docker compose, pipenv, just,
+    // mise and editors load them; they can set PATH, LD_PRELOAD,
+    // NODE_OPTIONS, PYTHONSTARTUP.
+    (".env", Danger::EnvFile),
+    (".env.*", Danger::EnvFile),
 ];
+
+/// Directory names a program is looked up in, flagged when the host's
+/// `.envrc` may change `PATH` in a way it could not read.
+const BIN_LIKE: &[&[u8]] = &[b"bin", b".bin", b"sbin", b"scripts", b"script", b"tools"];
 
 /// Names in a git directory that are its own history, not behaviour.
 const GIT_HARMLESS: &[&[u8]] = &[
@@ -379,6 +438,14 @@ pub struct Classifier<'h> {
     repo_marks: HashSet<Vec<u8>>,
     /// Directories judged as embedded bare repositories or not.
     bare: HashMap<Vec<u8>, bool>,
+    /// What the workspace's `.envrc` loads (the host's, and a staged one).
+    envrc: Envrc,
+    /// Paths of `pyvenv.cfg` files the change set leaves.
+    venv_marks: HashSet<Vec<u8>>,
+    /// Directories judged as virtualenvs or not.
+    venvs: HashMap<Vec<u8>, bool>,
+    /// Every file is an agent's settings for the home directory.
+    agent_settings: bool,
 }
 
 impl<'h> Classifier<'h> {
@@ -397,7 +464,36 @@ impl<'h> Classifier<'h> {
             alias_chains: HashMap::new(),
             repo_marks: HashSet::new(),
             bare: HashMap::new(),
+            envrc: host_envrc(host, workspace),
+            venv_marks: HashSet::new(),
+            venvs: HashMap::new(),
+            agent_settings: false,
         }
+    }
+
+    /// Judges every file as an agent's settings (a session staged for the
+    /// home directory from an agent's `review` paths): each steers the
+    /// agent or runs code when it next starts on the host.
+    pub fn agent_settings(mut self, yes: bool) -> Classifier<'h> {
+        self.agent_settings = yes;
+        self
+    }
+
+    /// Also reads a staged `.envrc` of the workspace root: what it would
+    /// load once applied counts as well.
+    /// `None`: it cannot be read (a symlink), so `PATH` is unknown.
+    pub fn learn_envrc(&mut self, text: Option<&[u8]>, workspace: &Path) {
+        self.envrc.merge(match text {
+            Some(text) => Envrc::parse(&String::from_utf8_lossy(text), workspace),
+            None => Envrc { unknown_path: true, ..Envrc::default() },
+        });
+    }
+
+    /// The `.envrc` and the files it loads, as far as read so far.
+    pub fn envrc_files(&self) -> Vec<Vec<u8>> {
+        let mut files = vec![b".envrc".to_vec()];
+        files.extend(self.envrc.loaded.iter().cloned());
+        files
     }
 
     /// Also flag paths matching these patterns (the `runs_code` setting).
@@ -430,6 +526,9 @@ impl<'h> Classifier<'h> {
             }
             if entry.kind != Kind::Delete && matches!(path.file_name(), b"HEAD" | b"objects" | b"refs") {
                 self.repo_marks.insert(path.as_bytes().to_vec());
+            }
+            if entry.kind != Kind::Delete && path.file_name() == b"pyvenv.cfg" {
+                self.venv_marks.insert(path.as_bytes().to_vec());
             }
         }
         for entry in entries {
@@ -526,12 +625,20 @@ impl<'h> Classifier<'h> {
             return None;
         }
         let symlink = matches!(entry.kind, Kind::Symlink { .. });
-        if let Some(danger) = self.direct(&entry.path, symlink) {
+        if let Some(danger) = self.direct(&entry.path, &entry.kind) {
             return Some((danger, None));
         }
         if symlink && self.is_location(&entry.path) {
             return Some((Danger::SymlinkedLocation, None));
         }
+        if let Some(reached) = self.reached(entry) {
+            return Some(reached);
+        }
+        self.agent_settings.then_some((Danger::AgentSettings, None))
+    }
+
+    /// A file reached through a symlink as a path the rules flag.
+    fn reached(&mut self, entry: &Entry) -> Option<(Danger, Option<RelPath>)> {
         if self.aliases.is_empty() {
             return None;
         }
@@ -544,15 +651,17 @@ impl<'h> Classifier<'h> {
                 &entry.path.as_bytes()[alias.dir.len() + 1..]
             };
             let Ok(reached) = alias.link.join(rest) else { continue };
-            if self.direct(&reached, symlink).is_some() {
+            if self.direct(&reached, &entry.kind).is_some() {
                 return Some((Danger::Reached, Some(reached)));
             }
         }
         None
     }
 
-    /// The rules that look at the path itself (1 to 3 of the module docs).
-    fn direct(&mut self, path: &RelPath, symlink: bool) -> Option<Danger> {
+    /// The rules that look at the path itself (1 to 3 and 5 of the module
+    /// docs), for an entry of `kind` there.
+    fn direct(&mut self, path: &RelPath, kind: &Kind) -> Option<Danger> {
+        let symlink = matches!(kind, Kind::Symlink { .. });
         if let Some(git_dir) = git_dir_of(path) {
             if *path == git_dir {
                 return Some(Danger::GitLink);
@@ -577,7 +686,65 @@ impl<'h> Classifier<'h> {
         if let Some(danger) = self.by_name(path) {
             return Some(danger);
         }
+        self.loaded_unnamed(path, kind)
+    }
+
+    /// Rule 5: files a host tool loads from where they are, unnamed.
+    fn loaded_unnamed(&mut self, path: &RelPath, kind: &Kind) -> Option<Danger> {
+        let bytes = path.as_bytes();
+        let parent = parent_bytes(bytes);
+        let parent_name = &parent[parent.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1)..];
+        if matches!(parent_name, b"bin" | b"Scripts") && self.is_venv(parent_bytes(parent)) {
+            return Some(Danger::Virtualenv);
+        }
+        if let Some(at) = path.components().position(|c| c == b".direnv") {
+            // direnv's own directory: cached environments it sources
+            // (nix-direnv), and the `bin/` of the layouts it activates.
+            if at + 2 == path.depth() {
+                return Some(Danger::Direnv);
+            }
+            if parent_name == b"bin" {
+                return Some(Danger::OnPath);
+            }
+        }
+        if self.envrc.loaded.iter().any(|l| l == bytes) {
+            return Some(Danger::Direnv);
+        }
+        if self.envrc.path_dirs.iter().any(|d| d == parent) {
+            return Some(Danger::OnPath);
+        }
+        let name = path.file_name();
+        if self.envrc.nix
+            && (name.ends_with(b".nix") || matches!(name, b"flake.lock" | b"devenv.yaml" | b"devenv.lock"))
+        {
+            return Some(Danger::Direnv);
+        }
+        let runnable = match kind {
+            Kind::Symlink { .. } => true,
+            Kind::File { mode, .. } | Kind::Mode { mode } => executable(*mode),
+            _ => false,
+        };
+        if self.envrc.unknown_path && runnable && BIN_LIKE.contains(&parent_name) {
+            return Some(Danger::OnPath);
+        }
         None
+    }
+
+    /// Whether `dir` is a Python virtualenv: it holds `pyvenv.cfg` after
+    /// the change (in the change set or on the host).
+    fn is_venv(&mut self, dir: &[u8]) -> bool {
+        if let Some(&known) = self.venvs.get(dir) {
+            return known;
+        }
+        let mut cfg = dir.to_vec();
+        if !cfg.is_empty() {
+            cfg.push(b'/');
+        }
+        cfg.extend_from_slice(b"pyvenv.cfg");
+        let verdict = self.venv_marks.contains(&cfg)
+            || RelPath::new(cfg).is_ok_and(|p| matches!(self.host.state(&p), HostState::File { .. }));
+        self.venvs.insert(dir.to_vec(), verdict);
+        verdict
     }
 
     /// Rule 3: the path or one of its directories matches a pattern.
@@ -853,6 +1020,36 @@ fn host_git_config(host: &Host, workspace: &Path) -> (Option<RelPath>, Vec<RelPa
         files.extend(inside(first).and_then(|p| normal(p, AT_ROOT)));
     }
     (hooks, files)
+}
+
+/// Files of one environment read at most (the `.envrc` and what it loads).
+pub const MAX_ENVRC_FILES: usize = 16;
+
+/// What the host's `.envrc` at the workspace root loads, with what the
+/// files it sources or loads put on `PATH`. A file that is not a plain
+/// file (a symlink) cannot be read, so `PATH` is unknown.
+fn host_envrc(host: &Host, workspace: &Path) -> Envrc {
+    let mut envrc = Envrc::default();
+    let mut queue = vec![b".envrc".to_vec()];
+    let mut seen = HashSet::new();
+    while let Some(file) = queue.pop() {
+        if seen.len() >= MAX_ENVRC_FILES || !seen.insert(file.clone()) {
+            continue;
+        }
+        let Ok(path) = RelPath::new(file) else { continue };
+        let text = match host.state(&path) {
+            HostState::Absent => continue,
+            HostState::File { .. } => host.read(&path, 1 << 20).ok().flatten(),
+            _ => None,
+        };
+        let part = match text {
+            Some(text) => Envrc::parse(&String::from_utf8_lossy(&text), workspace),
+            None => Envrc { unknown_path: true, ..Envrc::default() },
+        };
+        queue.extend(part.loaded.iter().cloned());
+        envrc.merge(part);
+    }
+    envrc
 }
 
 /// A top-level name: `resolve` from it is relative to the workspace root.
@@ -1335,6 +1532,108 @@ mod tests {
             judge_all(tmp.path(), &["tools/*.sh", "Makefile.*"], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
         assert_eq!(judged, [Some(Danger::UserListed), None, Some(Danger::UserListed)]);
         assert!(check_pattern("!keep").is_err() && check_pattern("  ").is_err() && check_pattern("a/**").is_ok());
+    }
+
+    #[test]
+    fn files_host_tools_load_unnamed_are_flagged() {
+        for (path, danger) in [
+            (".venv/lib/python3.12/site-packages/x.pth", Danger::PythonStartup),
+            ("env/lib/python3/dist-packages/y.pth", Danger::PythonStartup),
+            ("sitecustomize.py", Danger::PythonStartup),
+            (".venv/lib/python3.12/site-packages/usercustomize.py", Danger::PythonStartup),
+            ("lib/sitecustomize/__init__.py", Danger::PythonStartup),
+            (".venv/pyvenv.cfg", Danger::Virtualenv),
+            ("env/etc/conda/activate.d/x.sh", Danger::Virtualenv),
+            ("node_modules/.hooks/preinstall", Danger::ToolConfig),
+            (".env", Danger::EnvFile),
+            (".env.local", Danger::EnvFile),
+            ("web/.env.production", Danger::EnvFile),
+            (".direnv/flake-profile-a1.rc", Danger::Direnv),
+            ("sub/.direnv/ruby/bin/rake", Danger::OnPath),
+        ] {
+            assert_eq!(danger_of(path), Some(danger), "{path}");
+        }
+        for path in [
+            "models/net.pth",
+            "checkpoints/site-packages.pth",
+            ".venv/lib/python3.12/site-packages/pkg/__init__.py",
+            ".direnv/python-3.12/lib/python3.12/site-packages/pkg/mod.py",
+            "src/env.rs",
+            "bin/git",
+            "node_modules/.bin/ls",
+        ] {
+            assert_eq!(danger_of(path), None, "{path}");
+        }
+        assert_eq!(danger_of(".envrc"), Some(Danger::Direnv));
+
+        // A virtualenv is known by its pyvenv.cfg, staged or on the host.
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join("py")).unwrap();
+        fs::write(tmp.path().join("py/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        let set = [
+            file("env/pyvenv.cfg", 0o644),
+            file("env/bin/activate", 0o644),
+            file("py/Scripts/python.exe", 0o755),
+            link("py/bin/python", "/tmp/evil"),
+            file("other/bin/tool", 0o755),
+        ];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        assert_eq!(judged, [Some(Danger::Virtualenv); 4].into_iter().chain([None]).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn what_the_hosts_envrc_puts_on_path_or_loads_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join(".envrc"), "PATH_add bin\nuse flake\nsource_env scripts/env.sh\ndotenv\n").unwrap();
+        fs::create_dir_all(tmp.path().join("scripts")).unwrap();
+        fs::write(tmp.path().join("scripts/env.sh"), "PATH_add .local/bin\n").unwrap();
+        fs::write(tmp.path().join(".env"), "FOO=1\nPATH=./dev:$PATH\n").unwrap();
+        let set = [
+            file("bin/git", 0o755),
+            file("bin/notes.txt", 0o644),
+            link("bin/ls", "../x"),
+            file("sub/bin/git", 0o755),
+            file("flake.nix", 0o644),
+            file("nix/shell.nix", 0o644),
+            file("flake.lock", 0o644),
+            file("scripts/env.sh", 0o644),
+            file("scripts/other.sh", 0o644),
+            file("src/main.rs", 0o644),
+            file(".local/bin/cargo", 0o755),
+            file("dev/make", 0o755),
+        ];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        let on_path = Some(Danger::OnPath);
+        let direnv = Some(Danger::Direnv);
+        let expected = [on_path, on_path, on_path, None, direnv, direnv, direnv, direnv, None, None, on_path, on_path];
+        assert_eq!(judged, expected, "what the files it loads put on PATH counts too");
+
+        // One it cannot read: every new executable of a bin-like directory.
+        fs::write(tmp.path().join(".envrc"), "eval \"$(tool env)\"\n").unwrap();
+        let set = [file("scripts/x", 0o755), file("scripts/x.txt", 0o644), file("src/x", 0o755), file("bin/y", 0o700)];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        assert_eq!(judged, [on_path, None, None, on_path]);
+        // Nor one that is a symlink.
+        fs::remove_file(tmp.path().join(".envrc")).unwrap();
+        std::os::unix::fs::symlink("elsewhere", tmp.path().join(".envrc")).unwrap();
+        assert_eq!(judge_all(tmp.path(), &[], &[file("tools/z", 0o755)])[0], Some((Danger::OnPath, None)));
+        // Without an .envrc, a bin/ is ordinary.
+        fs::remove_file(tmp.path().join(".envrc")).unwrap();
+        assert_eq!(judge_all(tmp.path(), &[], &[file("bin/git", 0o755)])[0], None);
+    }
+
+    #[test]
+    fn every_file_of_an_agents_settings_runs_code() {
+        let tmp = tempfile::tempdir().unwrap();
+        let host = Host::open(tmp.path());
+        let mut c = Classifier::new(&host, tmp.path(), false).agent_settings(true);
+        assert_eq!(c.danger(&file(".claude/CLAUDE.md", 0o600)), Some(Danger::AgentSettings));
+        assert_eq!(c.danger(&file(".codex/prompts/p.md", 0o600)), Some(Danger::AgentSettings));
+        assert_eq!(c.danger(&file(".claude/settings.json", 0o600)), Some(Danger::AgentConfig), "the closer reason");
+        assert_eq!(c.danger(&dir(".claude/skills")), None);
     }
 
     #[test]

