@@ -361,7 +361,10 @@ fn signin(
     for text in &rule.token_urls {
         let url = TokenUrl::parse(text.get_ref()).map_err(|m| at(Some(text.span()), m))?;
         if !hosts.iter().any(|h| h.matches(&url.host, url.port)) {
-            return Err(at(Some(text.span()), format!("token URL {url} is not on one of the rule's hosts; add its host")));
+            return Err(at(
+                Some(text.span()),
+                format!("token URL {url} is not on one of the rule's hosts; add its host"),
+            ));
         }
         token_urls.push(url);
     }

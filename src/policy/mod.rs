@@ -33,7 +33,7 @@ pub use path::{PathPattern, RequestPath};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
 pub use registry::{RegistryKind, RegistryRule, RegistryUrl};
 pub use schema::MountMode;
-pub use signin::{SigninRule, TokenPath, TokenUrl};
+pub use signin::{SigninRule, TokenPath};
 pub use verdict::{Denial, Verdict, is_host_alias};
 
 #[derive(Debug, Error)]

@@ -168,11 +168,14 @@ mod tests {
             assert!(!url.is(&host, port, &method.parse().unwrap(), target), "{method} {target}");
         }
         assert!(!url.is(&host, Port::HTTPS, &http::Method::POST, "/oauth/token"));
-        for bad in ["http://auth.test/t", "https://auth.test/t?x=1", "https://u@auth.test/t", "https://auth.test", "t"] {
+        for bad in ["http://auth.test/t", "https://auth.test/t?x=1", "https://u@auth.test/t", "https://auth.test", "t"]
+        {
             assert!(TokenUrl::parse(bad).is_err(), "{bad} was accepted");
         }
         let rule = |url: &str| {
-            let text = format!("[[signin]]\nfile = \"/a.json\"\ntokens = [\"t\"]\nhosts = [\"auth.test\"]\ntoken_urls = [\"{url}\"]\n");
+            let text = format!(
+                "[[signin]]\nfile = \"/a.json\"\ntokens = [\"t\"]\nhosts = [\"auth.test\"]\ntoken_urls = [\"{url}\"]\n"
+            );
             parse(&text, "t.toml").map(|p| p.signins[0].token_urls.len()).map_err(|e| e.to_string())
         };
         assert_eq!(rule("https://auth.test/token"), Ok(1));
