@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -281,9 +282,21 @@ fn a_token_request_body_is_capped() {
     let rt = runtime();
     let world = world(&rt, "signin-big-request", None);
     let big = world.refresh_json(&format!(r#","pad":"{}""#, "x".repeat(1 << 20)));
-    let (status, body) =
-        rt.block_on(world.request("auth.test", "POST", TOKEN_PATH, &[("content-type", "application/json")], &big));
-    assert_eq!(status, 413, "{body}");
+    let answer = rt.block_on(async {
+        let (_, _, tcp) = connect(world.setup.addr, &format!("auth.test:{}", world.auth)).await;
+        let tls = tls_over(tcp, "auth.test", &world.proxy_ca, &[b"http/1.1"]).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::post(TOKEN_PATH)
+            .header("host", format!("auth.test:{}", world.auth))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(big)))
+            .unwrap();
+        sender.send_request(req).await.map(|r| r.status().as_u16())
+    });
+    // The proxy answers before reading the rest, so the guest may see the
+    // connection close while it still sends instead.
+    assert!(matches!(answer, Ok(413) | Err(_)), "{answer:?}");
     assert!(world.auth_seen.lock().unwrap().is_empty(), "{}", seen_text(&world.auth_seen));
 }
 
