@@ -43,7 +43,8 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///   [[signin]]
 ///   file = "~/.claude/.credentials.json"
 ///   tokens = ["claudeAiOauth.accessToken", "claudeAiOauth.refreshToken"]
-///   hosts = ["api.anthropic.com", "console.anthropic.com"]
+///   hosts = ["api.anthropic.com", "platform.claude.com"]
+///   token_urls = ["https://platform.claude.com/v1/oauth/token"]
 ///
 ///   [mounts]
 ///   "~/.claude" = "rw"
@@ -84,10 +85,12 @@ use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 ///
 /// A signin rule keeps a coding agent's subscription sign-in on the host:
 /// the guest's copy of `file` (JSON) holds placeholders at the `tokens`
-/// paths, and on `hosts` (intercepted as for credentials) the proxy writes
-/// the real values for them in requests, hands the guest placeholders for
-/// tokens in JSON answers, and writes refreshed tokens back to `file`. Its
-/// hosts must also be allowed.
+/// paths. On `hosts` (intercepted as for credentials) the proxy writes the
+/// real access token in the Authorization header and scrubs every real
+/// value from the answers; only a refresh POSTed to one of `token_urls`
+/// gets the real refresh token (in its refresh_token field), and only
+/// that endpoint's answers get placeholders for their tokens and may write
+/// refreshed tokens back to `file`. Its hosts must also be allowed.
 ///
 /// [env] pass gives the guest these host variables, with the user name and
 /// password of any URL in them removed (https://user:TOKEN@host/ becomes
@@ -456,7 +459,10 @@ fn describe(policy: &Policy) -> String {
             .map(|s| {
                 let tokens: Vec<String> = s.tokens.iter().map(|t| t.to_string()).collect();
                 let hosts: Vec<String> = s.hosts.iter().map(|h| h.to_string()).collect();
-                format!("{}: {} for {}", s.name(), tokens.join(", "), hosts.join(", "))
+                let urls: Vec<String> = s.token_urls.iter().map(|u| u.to_string()).collect();
+                let refresh =
+                    if urls.is_empty() { String::new() } else { format!(", refreshed at {}", urls.join(", ")) };
+                format!("{}: {} for {}{refresh}", s.name(), tokens.join(", "), hosts.join(", "))
             })
             .collect(),
     );
@@ -530,10 +536,14 @@ mod tests {
         );
         assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
         let signin = "[network]\nallow = [\"auth.test\"]\n[[signin]]\nfile = \"~/.a/auth.json\"\n\
-                      tokens = [\"tokens.access_token\", \"tokens.refresh_token\"]\nhosts = [\"auth.test\"]\n";
+                      tokens = [\"tokens.access_token\", \"tokens.refresh_token\"]\nhosts = [\"auth.test\"]\n\
+                      token_urls = [\"https://auth.test/token\"]\n";
         let text = describe(&policy::parse(signin, "a.toml").unwrap());
         assert!(
-            text.contains("  ~/.a/auth.json (a.toml): tokens.access_token, tokens.refresh_token for auth.test:443\n"),
+            text.contains(
+                "  ~/.a/auth.json (a.toml): tokens.access_token, tokens.refresh_token for auth.test:443, \
+                 refreshed at https://auth.test/token\n"
+            ),
             "{text}"
         );
     }

@@ -15,7 +15,7 @@ use super::path::PathPattern;
 use super::pattern::{Host, HostRule, Port, PortSpec};
 use super::registry::{RegistryKind, RegistryRule, RegistryUrl};
 use super::schema::{self, PolicyFile};
-use super::signin::{SigninRule, TokenPath};
+use super::signin::{SigninRule, TokenPath, TokenUrl};
 use super::{AgentState, HostPort, Mount, NetworkRule, PathRule, PinnedHost, Policy, PolicyError, presets};
 
 /// Where `--policy NAME` looks before the presets.
@@ -357,7 +357,18 @@ fn signin(
             HostRule::parse(h.get_ref(), PortSpec::One(Port::HTTPS)).map_err(|e| at(Some(h.span()), e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(SigninRule { file: file.clone(), tokens, hosts, origin: origin.clone() })
+    let mut token_urls = Vec::new();
+    for text in &rule.token_urls {
+        let url = TokenUrl::parse(text.get_ref()).map_err(|m| at(Some(text.span()), m))?;
+        if !hosts.iter().any(|h| h.matches(&url.host, url.port)) {
+            return Err(at(
+                Some(text.span()),
+                format!("token URL {url} is not on one of the rule's hosts; add its host"),
+            ));
+        }
+        token_urls.push(url);
+    }
+    Ok(SigninRule { file: file.clone(), tokens, hosts, token_urls, origin: origin.clone() })
 }
 
 /// `/...` or `~/...` (or `~`), without a `..` component.

@@ -97,6 +97,10 @@ pub struct Signin {
     pub tokens: Spanned<Vec<Spanned<String>>>,
     /// Host rules where the real values are written.
     pub hosts: Spanned<Vec<Spanned<String>>>,
+    /// The token endpoints (`https://HOST[:PORT]/PATH`) whose refresh
+    /// requests get the real refresh token.
+    #[serde(default)]
+    pub token_urls: Vec<Spanned<String>>,
 }
 
 /// A package registry whose downloads the host's cache may serve.

@@ -45,6 +45,53 @@ impl fmt::Display for TokenPath {
     }
 }
 
+/// A token endpoint, `https://HOST[:PORT]/PATH`: requests match it only
+/// with exactly this path, no query, and the method POST (RFC 6749 3.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenUrl {
+    pub host: Host,
+    pub port: Port,
+    pub path: String,
+}
+
+impl TokenUrl {
+    pub fn parse(text: &str) -> Result<TokenUrl, String> {
+        let uri: http::Uri = text.parse().map_err(|_| format!("token URL {text:?} is not a URL"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(format!("token URL {text:?}: give an https:// URL (tokens only travel over checked TLS)"));
+        }
+        if uri.query().is_some() || text.contains(['@', '#']) {
+            return Err(format!("token URL {text:?}: give it without a query, fragment or user name"));
+        }
+        let authority = uri.authority().ok_or_else(|| format!("token URL {text:?} has no host"))?;
+        let host = Host::parse(authority.host()).map_err(|e| format!("token URL {text:?}: {e}"))?;
+        let port = match authority.port_u16() {
+            Some(port) => Port::new(port).ok_or_else(|| format!("token URL {text:?}: port 0"))?,
+            None => Port::HTTPS,
+        };
+        let path = uri.path().to_string();
+        if path == "/" {
+            return Err(format!("token URL {text:?}: give the endpoint's path, as in \"/oauth/token\""));
+        }
+        Ok(TokenUrl { host, port, path })
+    }
+
+    /// Whether a request is sent to this endpoint: same destination,
+    /// POST, and the path exactly, with no query.
+    pub fn is(&self, host: &Host, port: Port, method: &http::Method, path_and_query: &str) -> bool {
+        self.host == *host && self.port == port && method == http::Method::POST && path_and_query == self.path
+    }
+}
+
+impl fmt::Display for TokenUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Port::HTTPS => write!(f, "https://{}{}", self.host, self.path),
+            port => write!(f, "https://{}:{port}{}", self.host, self.path),
+        }
+    }
+}
+
 /// One `[[signin]]` rule, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SigninRule {
@@ -52,8 +99,13 @@ pub struct SigninRule {
     /// directory); also where the guest gets its copy.
     pub file: String,
     pub tokens: Vec<TokenPath>,
-    /// Where the real values are written (port 443 unless given).
+    /// Where the real values are written (port 443 unless given): the
+    /// access token in the Authorization header.
     pub hosts: Vec<HostRule>,
+    /// The token endpoints: only a refresh request POSTed to one of these
+    /// gets the real refresh token, and only their answers may change the
+    /// host file.
+    pub token_urls: Vec<TokenUrl>,
     /// The policy file or preset the rule came from.
     pub origin: Arc<str>,
 }
@@ -97,5 +149,51 @@ impl SigninRule {
             };
             Some((host, port))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{parse, presets};
+
+    #[test]
+    fn token_urls_are_exact_https_endpoints_on_the_rules_hosts() {
+        let url = TokenUrl::parse("https://Auth.test:8443/oauth/token").unwrap();
+        assert_eq!(url.to_string(), "https://auth.test:8443/oauth/token");
+        let host = Host::parse("auth.test").unwrap();
+        let port = Port::new(8443).unwrap();
+        assert!(url.is(&host, port, &http::Method::POST, "/oauth/token"));
+        for (method, target) in [("GET", "/oauth/token"), ("POST", "/oauth/token?a=1"), ("POST", "/oauth/token/")] {
+            assert!(!url.is(&host, port, &method.parse().unwrap(), target), "{method} {target}");
+        }
+        assert!(!url.is(&host, Port::HTTPS, &http::Method::POST, "/oauth/token"));
+        for bad in ["http://auth.test/t", "https://auth.test/t?x=1", "https://u@auth.test/t", "https://auth.test", "t"]
+        {
+            assert!(TokenUrl::parse(bad).is_err(), "{bad} was accepted");
+        }
+        let rule = |url: &str| {
+            let text = format!(
+                "[[signin]]\nfile = \"/a.json\"\ntokens = [\"t\"]\nhosts = [\"auth.test\"]\ntoken_urls = [\"{url}\"]\n"
+            );
+            parse(&text, "t.toml").map(|p| p.signins[0].token_urls.len()).map_err(|e| e.to_string())
+        };
+        assert_eq!(rule("https://auth.test/token"), Ok(1));
+        let err = rule("https://other.test/token").unwrap_err();
+        assert!(err.starts_with("t.toml:5:") && err.contains("not on one of the rule's hosts"), "{err}");
+        assert!(rule("https://auth.test:8443/token").is_err(), "another port is another host rule");
+    }
+
+    #[test]
+    fn every_sign_in_preset_names_its_token_endpoint() {
+        for (preset, url) in [
+            ("claude", "https://platform.claude.com/v1/oauth/token"),
+            ("codex", "https://auth.openai.com/oauth/token"),
+            ("gemini", "https://oauth2.googleapis.com/token"),
+        ] {
+            let policy = parse(presets::get(preset).unwrap(), preset).unwrap();
+            let urls: Vec<String> = policy.signins[0].token_urls.iter().map(ToString::to_string).collect();
+            assert!(urls.contains(&url.to_string()), "{preset}: {urls:?}");
+        }
     }
 }

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -62,22 +63,21 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// A body read whole, or (past the limit) handed back to be streamed on.
+/// A body read whole, or one past the limit (left unread).
 pub enum Buffered {
     Whole(Bytes),
-    Larger(ProxyBody),
+    Larger,
 }
 
-/// Reads a body whole when it holds at most `limit` bytes; a larger one
-/// comes back as a body that yields what was read, then the rest. Trailers
-/// of a body read whole are dropped (token endpoints send none).
+/// Reads a body whole when it holds at most `limit` bytes. Trailers of a
+/// body read whole are dropped (token endpoints and registries send none).
 pub async fn buffer<B>(mut body: B, limit: usize) -> Result<Buffered, BoxError>
 where
     B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
     if body.size_hint().lower() > limit as u64 {
-        return Ok(Buffered::Larger(body.map_err(Into::into).boxed()));
+        return Ok(Buffered::Larger);
     }
     let mut read: Vec<Bytes> = Vec::new();
     let mut len = 0;
@@ -86,32 +86,22 @@ where
         len += data.len();
         read.push(data);
         if len > limit {
-            return Ok(Buffered::Larger(Replay { read: read.into(), inner: body }.map_err(Into::into).boxed()));
+            return Ok(Buffered::Larger);
         }
     }
     Ok(Buffered::Whole(read.concat().into()))
 }
 
-/// A body whose first chunks were already read.
-struct Replay<B> {
-    read: std::collections::VecDeque<Bytes>,
-    inner: B,
-}
-
-impl<B: Body<Data = Bytes> + Unpin> Body for Replay<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.get_mut();
-        match this.read.pop_front() {
-            Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-            None => Pin::new(&mut this.inner).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.read.is_empty() && self.inner.is_end_stream()
+/// [`buffer`] within a deadline: a body still arriving after it is an
+/// error, so a guest or server trickling bytes cannot hold the proxy.
+pub async fn buffer_within<B>(body: B, limit: usize, deadline: Duration) -> Result<Buffered, BoxError>
+where
+    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    match tokio::time::timeout(deadline, buffer(body, limit)).await {
+        Ok(read) => read,
+        Err(_) => Err(format!("the body did not arrive within {}s", deadline.as_secs()).into()),
     }
 }
 
@@ -210,6 +200,31 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body that sends one byte, then nothing, never ending.
+    struct Trickle(bool);
+
+    impl Body for Trickle {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let this = self.get_mut();
+            if std::mem::replace(&mut this.0, true) {
+                Poll::Pending
+            } else {
+                Poll::Ready(Some(Ok(Frame::data("x".into()))))
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_ends_is_given_up_at_the_deadline() {
+        let err = buffer_within(Trickle(false), 100, Duration::from_millis(50)).await.err().unwrap();
+        assert!(err.to_string().contains("did not arrive within"), "{err}");
+        let Ok(Buffered::Whole(bytes)) = buffer_within(full("ok"), 100, Duration::from_secs(1)).await else { panic!() };
+        assert_eq!(&bytes[..], b"ok");
+    }
 
     #[test]
     fn strips_hop_by_hop_headers_and_those_connection_names() {

@@ -10,8 +10,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -22,7 +24,8 @@ use super::Shared;
 use super::audit::{Decision, Kind, Record};
 use super::body::{self, Buffered, Counted, Direction, Flow, ProxyBody};
 use super::packages;
-use super::signin::{self, Grant, MAX_BODY};
+use super::scrub::Scrubbed;
+use super::signin::{BODY_DEADLINE, MAX_ANSWER, MAX_REQUEST, TokenRequest};
 use super::upstream::TlsUpstream;
 use crate::policy::{Host, Port, RequestPath};
 
@@ -142,6 +145,7 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
 
     let (mut parts, incoming) = req.into_parts();
     body::strip_hop_by_hop(&mut parts.headers);
+    let head = parts.method == http::Method::HEAD;
     if let Some((index, rule)) = credential {
         // Whatever the guest holds (a placeholder, or a key of its own) never
         // reaches the server, in the rule's scope or out of it: only the
@@ -170,34 +174,37 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         }
     }
     let mut up = Counted::boxed(incoming, flow.clone(), Direction::Up);
-    let (mut grant, mut own) = (None, None);
+    let mut token = None;
     if !this.signin.is_empty() {
         let signins = &shared.signins;
         let mut wrote = signins.substitute_headers(&this.signin, &mut parts.headers);
         // An answer the proxy cannot read could carry tokens past it.
         parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        match body::buffer(up, MAX_BODY).await {
-            Ok(Buffered::Whole(bytes)) => {
-                grant = signin::grant_of(&bytes);
-                own = grant.as_ref().and_then(|g| signins.own_refresh(&this.signin, g));
-                // Only a token request's body: other bodies (a prompt) may be
-                // echoed back, which would hand the guest the secret.
-                let token_request = grant.as_ref().is_some_and(|g| g.grant_type.is_some());
-                let bytes = match signins.substitute(&this.signin, &bytes).filter(|_| token_request) {
-                    Some(real) => {
-                        wrote = true;
-                        real.into()
-                    }
-                    None => bytes,
-                };
-                parts.headers.remove(header::CONTENT_LENGTH);
-                up = body::full(bytes);
-            }
-            Ok(Buffered::Larger(rest)) => up = rest,
-            Err(e) => {
-                flow.fail(format!("reading the guest's request: {e}"));
-                return body::text(StatusCode::BAD_REQUEST, format!("stockade: cannot read the request: {e}"));
-            }
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        // Only a token URL's request body is read, and only its refresh
+        // token written: any other body (a prompt) keeps its placeholders.
+        if let Some(rule) = signins.token_url(&this.signin, &this.host, this.port, &parts.method, target) {
+            let bytes = match body::buffer_within(up, MAX_REQUEST, BODY_DEADLINE).await {
+                Ok(Buffered::Whole(bytes)) => bytes,
+                Ok(Buffered::Larger) => {
+                    flow.fail(format!("a token request larger than {MAX_REQUEST} bytes"));
+                    let message = format!("stockade: a token request is at most {MAX_REQUEST} bytes; not sent");
+                    return body::text(StatusCode::PAYLOAD_TOO_LARGE, message);
+                }
+                Err(e) => {
+                    flow.fail(format!("reading the guest's token request: {e}"));
+                    return body::text(StatusCode::BAD_REQUEST, format!("stockade: cannot read the request: {e}"));
+                }
+            };
+            let content_type = match parts.headers.contains_key(header::CONTENT_ENCODING) {
+                true => None,
+                false => parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+            };
+            let (real, request) = signins.token_request(rule, content_type, &bytes);
+            wrote |= request.wrote;
+            token = Some(request);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            up = body::full(real.map_or(bytes, Bytes::from));
         }
         if wrote {
             let names: Vec<String> = this.signin.iter().map(|&i| signins.rule_name(i)).collect();
@@ -211,10 +218,10 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
             flow.update(|r| r.status = Some(response.status().as_u16()));
             let (mut parts, incoming) = response.into_parts();
             body::strip_hop_by_hop(&mut parts.headers);
-            if this.signin.is_empty() || !is_json(&parts.headers) {
+            if this.signin.is_empty() {
                 return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
             }
-            match answer(this, &flow, own, grant.as_ref(), &mut parts.headers, incoming).await {
+            match signin_answer(this, &flow, token.as_ref(), head, &mut parts, incoming).await {
                 Ok(down) => Response::from_parts(parts, Counted::boxed(down, flow, Direction::Down)),
                 Err(reason) => {
                     flow.fail(reason.clone());
@@ -233,35 +240,61 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
     }
 }
 
-/// A JSON answer from a sign-in rule's host, with placeholders for the
-/// tokens in it; an error when it cannot be passed on safely.
-async fn answer(
+/// An answer on a sign-in rule's host, made safe for the guest: a token
+/// URL's read whole and given placeholders, any other scrubbed of every
+/// real value as it streams; an error when it cannot be passed on safely.
+async fn signin_answer(
     this: &Interception,
     flow: &Flow,
-    own: Option<usize>,
-    grant: Option<&Grant>,
-    headers: &mut HeaderMap,
+    token: Option<&TokenRequest>,
+    head: bool,
+    parts: &mut http::response::Parts,
     incoming: Incoming,
 ) -> Result<ProxyBody, String> {
+    let signins = &this.shared.signins;
+    // The request asked for identity; a compressed answer may hold tokens
+    // the proxy cannot see.
     let encoded =
-        headers.get(header::CONTENT_ENCODING).is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
+        parts.headers.get(header::CONTENT_ENCODING).is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let Some(token) = token else {
+        let scrub = signins.scrub();
+        if scrub.is_empty() {
+            return Ok(incoming.map_err(Into::into).boxed());
+        }
+        if encoded {
+            return Err("the answer is compressed although the proxy asked for none; not passed on".into());
+        }
+        scrub.headers(&mut parts.headers);
+        let status = parts.status;
+        if head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Ok(incoming.map_err(Into::into).boxed());
+        }
+        // A real value is replaced by a placeholder of another length.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Ok(Scrubbed::new(incoming, Arc::new(scrub)).map_err(Into::into).boxed());
+    };
     if encoded {
-        // The request asked for identity; a compressed answer may hold
-        // tokens the proxy cannot see, so it does not reach the guest.
-        return Err("the answer is compressed although the proxy asked for none; not passed on".into());
+        return Err("the token endpoint's answer is compressed although the proxy asked for none; not passed on".into());
     }
-    let bytes = match body::buffer(incoming, MAX_BODY).await.map_err(|e| format!("reading the answer: {e}"))? {
-        Buffered::Whole(bytes) => bytes,
-        Buffered::Larger(rest) => return Ok(rest),
+    let bytes = match body::buffer_within(incoming, MAX_ANSWER, BODY_DEADLINE).await {
+        Ok(Buffered::Whole(bytes)) => bytes,
+        Ok(Buffered::Larger) => {
+            return Err(format!("the token endpoint's answer is larger than {MAX_ANSWER} bytes; not passed on"));
+        }
+        Err(e) => return Err(format!("reading the token endpoint's answer: {e}")),
     };
-    let Some((rewritten, saved)) = this.shared.signins.rewrite_answer(&this.signin, own, grant, &bytes)? else {
-        return Ok(body::full(bytes));
-    };
+    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let (rewritten, saved) = signins.token_answer(token, parts.status.is_success(), content_type, &bytes)?;
     if let Some(saved) = saved {
         flow.update(|r| r.signin_saved = Some(saved.describe()));
     }
-    headers.remove(header::CONTENT_LENGTH);
-    Ok(body::full(rewritten))
+    // Tokens outside the fields read (and any the request was sent) too.
+    let scrub = signins.scrub();
+    let out = rewritten.unwrap_or_else(|| bytes.to_vec());
+    let out = scrub.replace(&out).unwrap_or(out);
+    scrub.headers(&mut parts.headers);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(body::full(out))
 }
 
 /// Headers some servers take the request's real method from.
@@ -275,14 +308,6 @@ fn methods_named<B>(req: &Request<B>) -> impl Iterator<Item = &str> {
         .flat_map(|name| req.headers().get_all(*name))
         .map(|value| value.to_str().unwrap_or("(not text)").trim());
     std::iter::once(req.method().as_str()).chain(overrides)
-}
-
-/// Whether a message is JSON (`application/json`, `...+json`; not a
-/// stream of JSON lines, which is never read whole).
-fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
-    let media = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    media == "application/json" || media.ends_with("+json")
 }
 
 /// Whether a request's authority is the intercepted destination.

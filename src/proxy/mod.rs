@@ -15,7 +15,8 @@
 //! - `ca` + `tls`: the per-install CA and the rustls configurations.
 //! - `credentials`: the secrets; `audit`: the JSONL log of every flow.
 //! - `signin`: agents' sign-in tokens kept on the host; the guest gets a
-//!   copy of each token file with placeholders (`Proxy::signin_files`).
+//!   copy of each token file with placeholders (`Proxy::signin_files`);
+//!   `scrub` takes the real values out of every answer on their hosts.
 //!
 //! The proxy runs on its own tokio runtime; [`Proxy`] is the handle that
 //! serves listeners and stops it. A run wires it up like this:
@@ -44,6 +45,7 @@ mod intercept;
 mod names;
 pub mod packages;
 mod resolve;
+mod scrub;
 mod server;
 mod signin;
 mod sni;
@@ -53,6 +55,8 @@ mod transparent;
 mod tunnel;
 mod upstream;
 
+#[cfg(test)]
+mod signin_tests;
 #[cfg(test)]
 mod tests;
 

@@ -1,18 +1,21 @@
 //! Sign-in tokens kept on the host (`[[signin]]` rules). The guest gets a
 //! copy of an agent's token file with placeholders where the secrets were;
-//! on the rule's hosts (intercepted, upstream verified) the proxy writes the
-//! real values for placeholders in requests (the Authorization header, and
-//! the body of token requests only: a prompt or any other body the server
-//! may echo back would hand the guest the secret), gives the guest fresh
-//! placeholders for tokens in JSON answers, and writes refreshed tokens back
-//! to the host's file, so the host's agent keeps working after the guest
-//! rotated its refresh token. The real values never reach the guest, logs or
-//! Debug output.
+//! on the rule's hosts (intercepted, upstream verified) the proxy writes
+//! real values in exactly two places: an access or ID token's placeholder
+//! in the Authorization header, and the refresh token's placeholder in the
+//! `refresh_token` field of a refresh request POSTed to one of the rule's
+//! token URLs. Any other body or header keeps its placeholders: a server
+//! may echo it back. Answers of the token URLs, whatever their format, get
+//! fresh placeholders for their tokens (or are refused when unreadable),
+//! and every answer on the rule's hosts is scrubbed of every real value
+//! (`scrub`), so an echo hands the guest nothing. The real values never
+//! reach the guest, logs or Debug output.
 //!
-//! The host file is only written from an answer to a refresh of the host's
-//! own sign-in (the request's `refresh_token` is the placeholder of the
-//! file's refresh token), or, when there was no file, from a token endpoint
-//! answer: anything else could let a guest swap in another account's tokens.
+//! The host file is only written from a successful answer of a token URL
+//! to a refresh into which the proxy wrote the file's own refresh token,
+//! or, when there was no file, to an authorization-code request there;
+//! and never when a token in the answer is one the guest sent (an echo):
+//! anything else could let a guest swap in tokens of its choosing.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -21,20 +24,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Method};
 use serde_json::{Map, Value};
 
 use super::ProxyError;
 use super::credentials::Secret;
+use super::scrub::Scrub;
 use crate::policy::{Host, Port, SigninRule, TokenPath};
 
 /// How every placeholder begins; 32 random hex digits follow.
 pub const PLACEHOLDER_PREFIX: &str = "stockade-signin-";
 const MARKER_HEX: usize = 32;
-/// The most of a token request or answer the proxy holds to rewrite;
-/// larger bodies pass unchanged (a placeholder in one reaches the server
-/// as it is, which gives nothing away).
-pub const MAX_BODY: usize = 1 << 20;
+/// The most of a token endpoint's answer the proxy reads to rewrite; a
+/// larger one is refused.
+pub const MAX_ANSWER: usize = 1 << 20;
+/// The most of a token request the proxy reads; a larger one is refused
+/// (real ones are a few hundred bytes).
+pub const MAX_REQUEST: usize = 64 << 10;
+/// How long a token request's or answer's body may take to arrive.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(30);
 /// The most a host token file may hold.
 const MAX_FILE: u64 = 1 << 20;
 /// Fields of a JSON answer that carry tokens the guest must not see.
@@ -48,9 +56,6 @@ pub struct SigninFile {
     /// The host file's JSON with placeholders at the token paths.
     pub content: Vec<u8>,
 }
-
-/// An answer body with placeholders in, and what was saved on the host.
-pub type Rewritten = (Vec<u8>, Option<Saved>);
 
 impl std::fmt::Debug for SigninFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,6 +71,9 @@ struct Entry {
     real: Secret,
     /// The rule on whose hosts it is replaced.
     rule: usize,
+    /// A refresh token: replaced only in a refresh request's
+    /// `refresh_token`, never in a header.
+    refresh: bool,
 }
 
 /// What the proxy knows of a rule's host file.
@@ -100,11 +108,26 @@ impl std::fmt::Debug for Signins {
     }
 }
 
-/// What a token request asked for, read before placeholders are replaced.
+/// A request to one of a rule's token URLs, as the proxy sent it on.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Grant {
-    pub grant_type: Option<String>,
-    pub refresh_token: Option<String>,
+pub struct TokenRequest {
+    pub rule: usize,
+    /// The body's `grant_type`, when it could be read.
+    pub grant: Option<String>,
+    /// The proxy wrote a real refresh token into it.
+    pub wrote: bool,
+    /// ... the host file's own one: its answer may refresh that file.
+    pub own: bool,
+    /// The body as the guest sent it: an answer repeating a value from it
+    /// is an echo, not new tokens.
+    pub sent: Vec<u8>,
+}
+
+/// A token request or answer body in one of the two formats OAuth uses.
+enum Form {
+    Json(Value),
+    /// Each pair as sent, and decoded.
+    Urlencoded(Vec<(String, String, String)>),
 }
 
 /// What an answer did to a host file, for the audit log.
@@ -152,7 +175,8 @@ impl Signins {
                                 state.own_refresh = Some(guest.clone());
                             }
                             guest_of.insert(real.clone(), guest.clone());
-                            entries.insert(marker, Entry { guest, real: Secret(real), rule: index });
+                            let refresh = rule.refresh_path() == Some(token);
+                            entries.insert(marker, Entry { guest, real: Secret(real), rule: index, refresh });
                         }
                         // Every string equal to a secret, not only those at
                         // the token paths: a copy elsewhere is one too.
@@ -191,8 +215,9 @@ impl Signins {
 }
 
 impl Signins {
-    /// Replaces the placeholders of `rules` in a header or body; `None`
-    /// when there were none. Placeholders of other rules stay as they are.
+    /// Replaces the access and ID token placeholders of `rules` in a header
+    /// value; `None` when there were none. Placeholders of other rules, and
+    /// refresh tokens' (which only a token URL is sent), stay as they are.
     pub fn substitute(&self, rules: &[usize], data: &[u8]) -> Option<Vec<u8>> {
         let prefix = PLACEHOLDER_PREFIX.as_bytes();
         let mut hits = data.windows(prefix.len()).enumerate().filter(|(_, w)| *w == prefix).map(|(i, _)| i).peekable();
@@ -202,7 +227,7 @@ impl Signins {
         for at in hits {
             let end = at + prefix.len() + MARKER_HEX;
             let Some(marker) = data.get(at..end).and_then(|m| std::str::from_utf8(m).ok()) else { continue };
-            let Some(entry) = entries.get(marker).filter(|e| rules.contains(&e.rule)) else { continue };
+            let Some(entry) = entries.get(marker).filter(|e| rules.contains(&e.rule) && !e.refresh) else { continue };
             // A JWT's placeholder begins before its marker.
             let Some(start) = end.checked_sub(entry.guest.len()) else { continue };
             if start < copied || &data[start..end] != entry.guest.as_bytes() {
@@ -239,79 +264,143 @@ impl Signins {
         replaced
     }
 
-    /// The rule whose host file's own refresh token a request is
-    /// refreshing, if it is one. Its real value is re-read from the file
-    /// first: the host's agent may have rotated it since.
-    pub fn own_refresh(&self, rules: &[usize], grant: &Grant) -> Option<usize> {
-        if grant.grant_type.as_deref() != Some("refresh_token") {
-            return None;
+    /// The rule among `rules` one of whose token URLs a request is sent to.
+    pub fn token_url(&self, rules: &[usize], host: &Host, port: Port, method: &Method, target: &str) -> Option<usize> {
+        rules.iter().copied().find(|&i| self.active[i].rule.token_urls.iter().any(|u| u.is(host, port, method, target)))
+    }
+
+    /// Reads a request to rule `rule`'s token URL and, when it is a refresh
+    /// whose `refresh_token` is one of the rule's refresh placeholders
+    /// (the whole value), writes the real token there and nowhere else.
+    /// The new body, when it changed. `content_type` is `None` for a body
+    /// with a Content-Encoding, which is never read.
+    pub fn token_request(
+        &self,
+        rule: usize,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> (Option<Vec<u8>>, TokenRequest) {
+        let mut request = TokenRequest { rule, sent: body.to_vec(), ..TokenRequest::default() };
+        let Some(mut form) = Form::read(content_type, body, false) else { return (None, request) };
+        request.grant = form.field("grant_type");
+        if request.grant.as_deref() != Some("refresh_token") {
+            return (None, request);
         }
-        let sent = grant.refresh_token.as_deref()?;
-        let index = *rules.iter().find(|&&i| {
-            let state = self.active[i].state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(sent) = form.field("refresh_token") else { return (None, request) };
+        let Some((real, own)) = self.real_refresh(rule, &sent) else { return (None, request) };
+        form.set("refresh_token", &real);
+        request.wrote = true;
+        request.own = own;
+        (Some(form.write()), request)
+    }
+
+    /// The real refresh token a placeholder of rule `rule` stands for, and
+    /// whether it is the host file's own. The file's is re-read first: the
+    /// host's agent may have rotated it since.
+    fn real_refresh(&self, rule: usize, sent: &str) -> Option<(String, bool)> {
+        let marker = marker_of(sent)?;
+        let known = {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            entries.get(marker).filter(|e| e.rule == rule && e.refresh && e.guest == sent).map(|e| e.real.0.clone())
+        }?;
+        let active = &self.active[rule];
+        let own = {
+            let state = active.state.lock().unwrap_or_else(|e| e.into_inner());
             state.exists && state.own_refresh.as_deref() == Some(sent)
-        })?;
-        let active = &self.active[index];
+        };
+        if !own {
+            return Some((known, false));
+        }
         let current = active.path.as_deref().and_then(|p| read_json(p).ok().flatten()).and_then(|doc| {
             let path = &active.rule.tokens[active.rule.refresh_path()?];
             value_at(&doc, path).and_then(Value::as_str).map(str::to_string)
         });
-        if let (Some(current), Some(marker)) = (current, marker_of(sent)) {
-            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(entry) = entries.get_mut(marker) {
-                if entry.real.0 != current {
-                    tracing::debug!("sign-in file {}: the host's refresh token changed; using it", active.rule.file);
-                    entry.real = Secret(current);
+        match current {
+            Some(current) if current != known => {
+                tracing::debug!("sign-in file {}: the host's refresh token changed; using it", active.rule.file);
+                let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(entry) = entries.get_mut(marker) {
+                    entry.real = Secret(current.clone());
                 }
+                Some((current, true))
             }
+            _ => Some((known, true)),
         }
-        Some(index)
     }
 
-    /// Rewrites a JSON answer from a rule's host: every token field gets a
-    /// fresh placeholder, and the host file is brought up to date when the
-    /// request was a refresh of its own sign-in (`own`), or created when
-    /// there was none and the request was a token request (`grant`).
-    /// `None` when the body is not JSON or holds no token; an error (the
-    /// answer must not reach the guest) only without randomness.
-    pub fn rewrite_answer(
+    /// Rewrites the answer of a token URL: every token in it gets a fresh
+    /// placeholder, and the host file is brought up to date when the
+    /// request was a refresh of its own sign-in, or created when there was
+    /// none and the request exchanged an authorization code; both only
+    /// from a successful answer. The new body when it changed. An error
+    /// (the answer must not reach the guest) for a successful answer that
+    /// is neither JSON nor a form, which could hold tokens unseen.
+    pub fn token_answer(
         &self,
-        rules: &[usize],
-        own: Option<usize>,
-        grant: Option<&Grant>,
+        request: &TokenRequest,
+        success: bool,
+        content_type: Option<&str>,
         body: &[u8],
-    ) -> Result<Option<Rewritten>, String> {
-        let Some(&first) = rules.first() else { return Ok(None) };
-        let Ok(mut doc) = serde_json::from_slice::<Value>(body) else { return Ok(None) };
-        let owner = own.unwrap_or(first);
-        let mut found = Vec::new();
-        collect_tokens(&doc, &mut found);
+    ) -> Result<(Option<Vec<u8>>, Option<Saved>), String> {
+        let Some(mut form) = Form::read(content_type, body, true) else {
+            if success && !body.is_empty() {
+                return Err("the token endpoint's answer is neither JSON nor a form; not passed on".into());
+            }
+            return Ok((None, None));
+        };
+        let found = form.tokens();
         if found.is_empty() {
-            return Ok(None);
+            return Ok((None, None));
         }
         let mut fresh: Vec<(String, Entry)> = Vec::new();
         // The answer's top-level tokens by kind: (real, placeholder).
         let mut top: HashMap<String, (String, String)> = HashMap::new();
-        for (key, real) in found {
+        for (key, real, at_top) in found {
             let (guest, marker) = placeholder_for(&real)?;
-            if doc.get(&key).and_then(Value::as_str) == Some(real.as_str()) {
-                top.insert(field_kind(&key), (real.clone(), guest.clone()));
+            let kind = field_kind(&key);
+            if at_top {
+                top.insert(kind.clone(), (real.clone(), guest.clone()));
             }
-            fresh.push((marker, Entry { guest, real: Secret(real), rule: owner }));
+            let entry = Entry { guest, real: Secret(real), rule: request.rule, refresh: kind == "refreshtoken" };
+            fresh.push((marker, entry));
         }
         let guest_of: HashMap<String, String> =
             fresh.iter().map(|(_, e)| (e.real.0.clone(), e.guest.clone())).collect();
-        replace_strings(&mut doc, &guest_of);
-        let expires_in = doc.get("expires_in").and_then(Value::as_u64);
+        form.replace(&guest_of);
+        let expires_in = form.field("expires_in").and_then(|s| s.parse().ok());
 
-        let saved = match own {
-            Some(index) => Some(self.save_refresh(index, &top, expires_in)),
-            None if grant.is_some_and(|g| g.grant_type.is_some()) => self.save_new(rules, &top, expires_in),
-            None => None,
+        let echoed = top.values().any(|(real, _)| contains(&request.sent, real.as_bytes()));
+        let saved = match request.grant.as_deref() {
+            _ if !success => None,
+            Some("refresh_token" | "authorization_code")
+                if echoed && (request.own || self.can_create(request.rule)) =>
+            {
+                Some(Saved::Failed("the answer repeats a token the guest sent; not saved".into()))
+            }
+            Some("refresh_token") if request.own => Some(self.save_refresh(request.rule, &top, expires_in)),
+            Some("authorization_code") => self.save_new(&[request.rule], &top, expires_in),
+            _ => None,
         };
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).extend(fresh);
-        let out = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
-        Ok(Some((out, saved)))
+        Ok((Some(form.write()), saved))
+    }
+
+    /// Every real value handed out, in the spellings an echo may give it
+    /// (as it is, form-encoded, JSON with `\/`), each with its placeholder.
+    pub fn scrub(&self) -> Scrub {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        Scrub::new(entries.values().flat_map(|e| {
+            let real = &e.real.0;
+            let guest = e.guest.as_bytes().to_vec();
+            [real.clone(), form_encode(real), real.replace('/', "\\/")]
+                .into_iter()
+                .map(move |spelling| (spelling.into_bytes(), guest.clone()))
+        }))
+    }
+
+    /// Whether rule `index` has no host file yet, which a sign-in may create.
+    fn can_create(&self, index: usize) -> bool {
+        !self.active[index].state.lock().unwrap_or_else(|e| e.into_inner()).exists
     }
 
     /// Writes refreshed tokens into the existing host file of rule `index`.
@@ -394,30 +483,128 @@ impl Signins {
     }
 }
 
-/// Reads a token request's `grant_type` and `refresh_token`, from JSON or
-/// a form; `None` for anything else.
-pub fn grant_of(body: &[u8]) -> Option<Grant> {
-    if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(body) {
-        let field = |names: &[&str]| names.iter().find_map(|n| map.get(*n)?.as_str().map(str::to_string));
-        return Some(Grant {
-            grant_type: field(&["grant_type", "grantType"]),
-            refresh_token: field(&["refresh_token", "refreshToken"]),
-        });
+impl Form {
+    /// A JSON object (`application/json`, or for an answer any body that
+    /// parses as one) or a form (`application/x-www-form-urlencoded`); a
+    /// form with a key twice is not read, as servers differ on which wins.
+    fn read(content_type: Option<&str>, body: &[u8], answer: bool) -> Option<Form> {
+        let media = content_type?.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let json = media == "application/json" || media.ends_with("+json");
+        if json || answer {
+            if let Ok(doc @ Value::Object(_)) = serde_json::from_slice::<Value>(body) {
+                return Some(Form::Json(doc));
+            }
+        }
+        if media != "application/x-www-form-urlencoded" {
+            return None;
+        }
+        let text = std::str::from_utf8(body).ok()?;
+        let mut pairs: Vec<(String, String, String)> = Vec::new();
+        for pair in text.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = form_decode(key)?;
+            if pairs.iter().any(|(k, _, _)| *k == key) {
+                return None;
+            }
+            pairs.push((key, value.to_string(), form_decode(value)?));
+        }
+        Some(Form::Urlencoded(pairs))
     }
-    let text = std::str::from_utf8(body).ok()?;
-    if !text.contains('=') || text.contains(['{', '\n']) {
-        return None;
-    }
-    let mut grant = Grant::default();
-    for pair in text.split('&') {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match form_decode(key).as_deref() {
-            Some("grant_type") => grant.grant_type = form_decode(value),
-            Some("refresh_token") => grant.refresh_token = form_decode(value),
-            _ => {}
+
+    /// A top-level field's text (a JSON number as its digits).
+    fn field(&self, name: &str) -> Option<String> {
+        match self {
+            Form::Json(doc) => match doc.get(name)? {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            },
+            Form::Urlencoded(pairs) => pairs.iter().find(|(k, _, _)| k == name).map(|(_, _, v)| v.clone()),
         }
     }
-    Some(grant)
+
+    /// Sets an existing top-level string field.
+    fn set(&mut self, name: &str, value: &str) {
+        match self {
+            Form::Json(doc) => {
+                if let Some(field) = doc.get_mut(name) {
+                    *field = Value::String(value.to_string());
+                }
+            }
+            Form::Urlencoded(pairs) => {
+                for (_, raw, decoded) in pairs.iter_mut().filter(|(k, _, _)| k == name) {
+                    *raw = form_encode(value);
+                    *decoded = value.to_string();
+                }
+            }
+        }
+    }
+
+    /// Every token field, at any depth in JSON: (key, value, at the top).
+    fn tokens(&self) -> Vec<(String, String, bool)> {
+        match self {
+            Form::Json(doc) => {
+                let mut found = Vec::new();
+                collect_tokens(doc, &mut found);
+                found
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let top = doc.get(&key).and_then(Value::as_str) == Some(value.as_str());
+                        (key, value, top)
+                    })
+                    .collect()
+            }
+            Form::Urlencoded(pairs) => pairs
+                .iter()
+                .filter(|(k, _, v)| TOKEN_FIELDS.contains(&k.as_str()) && !v.is_empty())
+                .map(|(k, _, v)| (k.clone(), v.clone(), true))
+                .collect(),
+        }
+    }
+
+    /// Replaces every string value that is a key of `with`.
+    fn replace(&mut self, with: &HashMap<String, String>) {
+        match self {
+            Form::Json(doc) => replace_strings(doc, with),
+            Form::Urlencoded(pairs) => {
+                for (_, raw, decoded) in pairs.iter_mut() {
+                    if let Some(new) = with.get(decoded.as_str()) {
+                        *raw = form_encode(new);
+                        decoded.clone_from(new);
+                    }
+                }
+            }
+        }
+    }
+
+    fn write(&self) -> Vec<u8> {
+        match self {
+            Form::Json(doc) => serde_json::to_vec(doc).unwrap_or_default(),
+            Form::Urlencoded(pairs) => {
+                let encoded: Vec<String> =
+                    pairs.iter().map(|(k, raw, _)| format!("{}={raw}", form_encode(k))).collect();
+                encoded.join("&").into_bytes()
+            }
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Encodes one x-www-form-urlencoded component: all but the unreserved
+/// characters as `%XX`.
+fn form_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Decodes one x-www-form-urlencoded component.
@@ -721,10 +908,19 @@ mod tests {
         assert_eq!(signins.substitute(&all, b"no placeholder here"), None);
         let debug = format!("{signins:?} {:?}", files[0]);
         assert!(!debug.contains("real-") && !debug.contains(access), "{debug}");
-        let grant = Grant { grant_type: Some("refresh_token".into()), refresh_token: Some(refresh.into()) };
-        assert_eq!(signins.own_refresh(&all, &grant), Some(0));
-        let code = Grant { grant_type: Some("authorization_code".into()), refresh_token: Some(refresh.into()) };
-        assert_eq!(signins.own_refresh(&all, &code), None, "only a refresh grant is a refresh");
+        assert_eq!(signins.substitute(&all, format!("Bearer {refresh}").as_bytes()), None, "never in a header");
+        let json = Some("application/json");
+        let body = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{refresh}","echo":"{refresh}"}}"#);
+        let (real, request) = signins.token_request(0, json, body.as_bytes());
+        let real: Value = serde_json::from_slice(&real.unwrap()).unwrap();
+        assert_eq!((real["refresh_token"].as_str(), real["echo"].as_str()), (Some("real-r"), Some(refresh)));
+        assert!(request.wrote && request.own, "{request:?}");
+        let code = format!(r#"{{"grant_type":"authorization_code","refresh_token":"{refresh}"}}"#);
+        assert_eq!(signins.token_request(0, json, code.as_bytes()).0, None, "only a refresh grant is a refresh");
+        let access_there = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{access}"}}"#);
+        assert_eq!(signins.token_request(0, json, access_there.as_bytes()).0, None, "only a refresh placeholder");
+        let inside = format!(r#"{{"grant_type":"refresh_token","refresh_token":"x{refresh}"}}"#);
+        assert_eq!(signins.token_request(0, json, inside.as_bytes()).0, None, "only the whole value");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -770,17 +966,32 @@ mod tests {
     }
 
     #[test]
-    fn token_requests_are_read_from_json_and_forms() {
-        let grant = |grant_type: &str, token: &str| {
-            Some(Grant { grant_type: Some(grant_type.into()), refresh_token: Some(token.into()) })
-        };
-        assert_eq!(grant_of(br#"{"grant_type":"refresh_token","refresh_token":"p"}"#), grant("refresh_token", "p"));
+    fn token_requests_are_read_from_json_and_forms_by_their_type() {
+        let dir = home("forms", &[("a.json", r#"{"access_token":"real-a","refresh_token":"real/r+1"}"#)]);
+        let signins = Signins::load(&rules("~/a.json", "\"access_token\", \"refresh_token\""), Some(&dir)).unwrap();
+        let doc: Value = serde_json::from_slice(&signins.guest_files()[0].content).unwrap();
+        let refresh = doc["refresh_token"].as_str().unwrap();
+        let form = Some("application/x-www-form-urlencoded; charset=utf-8");
+        let body = format!("client_id=x&grant_type=refresh_token&refresh_token={refresh}&client_secret=a%2Bb");
+        let (real, request) = signins.token_request(0, form, body.as_bytes());
         assert_eq!(
-            grant_of(b"client_id=x&grant_type=refresh_token&refresh_token=p%2Bq+r"),
-            grant("refresh_token", "p+q r")
+            String::from_utf8(real.unwrap()).unwrap(),
+            "client_id=x&grant_type=refresh_token&refresh_token=real%2Fr%2B1&client_secret=a%2Bb"
         );
-        assert_eq!(grant_of(b"\x00\xff"), None);
-        assert_eq!(grant_of(br#"{"model":"x"}"#), Some(Grant::default()));
+        assert_eq!(request.grant.as_deref(), Some("refresh_token"));
+        // A form read as JSON, JSON read as a form, a key twice, a body of
+        // unknown type: none is read, so no real value is written.
+        let json_body = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{refresh}"}}"#);
+        for (kind, body) in [
+            (Some("application/json"), body.clone()),
+            (form, json_body.clone()),
+            (form, format!("{body}&grant_type=x")),
+            (Some("text/plain"), body.clone()),
+            (None, json_body),
+        ] {
+            assert_eq!(signins.token_request(0, kind, body.as_bytes()).0, None, "{kind:?} {body}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -788,15 +999,37 @@ mod tests {
         let dir = home("answer", &[]);
         let signins = Signins::load(&rules("~/a.json", "\"access_token\", \"refresh_token\""), Some(&dir)).unwrap();
         let body = format!(r#"{{"access_token":"ra","data":{{"idToken":"{JWT}"}},"expires_in":60,"scope":"s"}}"#);
-        let (out, saved) = signins.rewrite_answer(&[0], None, None, body.as_bytes()).unwrap().unwrap();
-        assert_eq!(saved, None, "no token request, nothing saved");
+        let request = TokenRequest::default();
+        let json = Some("application/json");
+        let (out, saved) = signins.token_answer(&request, true, json, body.as_bytes()).unwrap();
+        let out = out.unwrap();
+        assert_eq!(saved, None, "not a refresh or a sign-in, nothing saved");
         let doc: Value = serde_json::from_slice(&out).unwrap();
         let access = doc["access_token"].as_str().unwrap();
         assert!(access.starts_with(PLACEHOLDER_PREFIX));
         assert!(doc["data"]["idToken"].as_str().unwrap().starts_with(jwt_head(JWT).unwrap()));
         assert_eq!((doc["expires_in"].as_u64(), doc["scope"].as_str()), (Some(60), Some("s")));
         assert_eq!(signins.substitute(&[0], access.as_bytes()).unwrap(), b"ra");
-        assert_eq!(signins.rewrite_answer(&[0], None, None, br#"{"ok":true}"#).unwrap(), None);
-        assert!(!dir.join("a.json").exists());
+        assert_eq!(signins.token_answer(&request, true, json, br#"{"ok":true}"#).unwrap(), (None, None));
+        let form = Some("application/x-www-form-urlencoded");
+        let (out, _) = signins.token_answer(&request, true, form, b"access_token=r%2Fa&expires_in=5").unwrap();
+        let out = String::from_utf8(out.unwrap()).unwrap();
+        assert!(out.starts_with("access_token=stockade-signin-") && out.ends_with("&expires_in=5"), "{out}");
+        assert_eq!(signins.substitute(&[0], &out.as_bytes()[13..61]).unwrap(), b"r/a");
+        let err = signins.token_answer(&request, true, Some("text/plain"), b"access_token: x").unwrap_err();
+        assert!(err.contains("neither JSON nor a form"), "{err}");
+        assert_eq!(signins.token_answer(&request, false, Some("text/plain"), b"bad").unwrap(), (None, None));
+        let code = TokenRequest { grant: Some("authorization_code".into()), ..TokenRequest::default() };
+        let tokens = br#"{"access_token":"a2","refresh_token":"r2"}"#;
+        signins.token_answer(&code, false, json, tokens).unwrap();
+        assert!(!dir.join("a.json").exists(), "a failed answer creates nothing");
+        let (_, saved) = signins.token_answer(&code, true, json, tokens).unwrap();
+        assert!(matches!(saved, Some(Saved::Created(_))), "{saved:?}");
+
+        // Every value handed out is scrubbed, in each spelling.
+        let scrub = signins.scrub();
+        let echo = scrub.replace(b"ra r/a r%2Fa r\\/a a2").unwrap();
+        assert!(!String::from_utf8_lossy(&echo).contains("r/a") && !echo.starts_with(b"ra "), "{echo:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

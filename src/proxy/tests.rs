@@ -30,13 +30,13 @@ use crate::policy;
 const SECRET: &str = "s3cret-value-0123";
 
 /// A CA for the test servers, standing in for the public roots.
-struct TestCa {
+pub(super) struct TestCa {
     issuer: Issuer<'static, KeyPair>,
-    der: CertificateDer<'static>,
+    pub(super) der: CertificateDer<'static>,
 }
 
 impl TestCa {
-    fn new() -> TestCa {
+    pub(super) fn new() -> TestCa {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -44,7 +44,7 @@ impl TestCa {
         TestCa { der: cert.der().clone(), issuer: Issuer::new(params, key) }
     }
 
-    fn server_config(&self, name: &str, alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
+    pub(super) fn server_config(&self, name: &str, alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(vec![name.to_string()]).unwrap().signed_by(&key, &self.issuer).unwrap();
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
@@ -56,9 +56,9 @@ impl TestCa {
 
 /// What a test server received: one entry per request, "METHOD URI VERSION"
 /// then "name: value" lines.
-type Seen = Arc<Mutex<Vec<String>>>;
+pub(super) type Seen = Arc<Mutex<Vec<String>>>;
 
-fn seen_text(seen: &Seen) -> String {
+pub(super) fn seen_text(seen: &Seen) -> String {
     seen.lock().unwrap().join("\n---\n")
 }
 
@@ -73,7 +73,7 @@ async fn echo(seen: Seen, req: Request<Incoming>) -> Result<Response<Full<Bytes>
     Ok(Response::new(Full::new(Bytes::from(text))))
 }
 
-type Answer = Result<Response<Full<Bytes>>, std::convert::Infallible>;
+pub(super) type Answer = Result<Response<Full<Bytes>>, std::convert::Infallible>;
 
 /// An echo server on loopback; TLS when given a configuration.
 async fn echo_server(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, Seen) {
@@ -82,7 +82,7 @@ async fn echo_server(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, Seen) {
 
 /// A server on loopback answering each request with `handle`, which also
 /// records what it saw; TLS when given a configuration.
-async fn loopback_server<F, A>(tls: Option<Arc<rustls::ServerConfig>>, handle: F) -> (u16, Seen)
+pub(super) async fn loopback_server<F, A>(tls: Option<Arc<rustls::ServerConfig>>, handle: F) -> (u16, Seen)
 where
     F: Fn(Seen, Request<Incoming>) -> A + Copy + Send + Sync + 'static,
     A: std::future::Future<Output = Answer> + Send + 'static,
@@ -133,7 +133,7 @@ fn start_proxy(name: &str, policy_text: &str, roots: Vec<CertificateDer<'static>
 
 /// [`start_proxy`] with `<dir>/home` as the home directory, holding `files`
 /// (path under home, content) before the proxy starts.
-fn start_proxy_with_home(
+pub(super) fn start_proxy_with_home(
     name: &str,
     policy_text: &str,
     roots: Vec<CertificateDer<'static>>,
@@ -214,7 +214,7 @@ pub(super) async fn connect(proxy: SocketAddr, target: &str) -> (u16, String, Tc
 }
 
 /// TLS over a tunnel to `name`, trusting `ca`, offering `alpn`.
-async fn tls_over(
+pub(super) async fn tls_over(
     tcp: TcpStream,
     sni: &str,
     ca: &CertificateDer<'static>,
@@ -923,7 +923,7 @@ async fn token_answer(seen: Seen, req: Request<Incoming>) -> Answer {
 }
 
 /// One HTTP/1.1 request over an established stream, with a body.
-async fn send<S>(stream: S, method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> (u16, String)
+pub(super) async fn send<S>(stream: S, method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> (u16, String)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -965,7 +965,8 @@ fn signin_world(rt: &Runtime, name: &str, files: &[(&str, &str)]) -> SigninWorld
     let signin = format!(
         "[[signin]]\nfile = \"~/{CLAUDE_FILE}\"\n\
          tokens = [\"claudeAiOauth.accessToken\", \"claudeAiOauth.refreshToken\"]\n\
-         hosts = [\"api.test:{api}\", \"auth.test:{auth}\"]\n"
+         hosts = [\"api.test:{api}\", \"auth.test:{auth}\"]\n\
+         token_urls = [\"https://auth.test:{auth}/v1/oauth/token\"]\n"
     );
     let mut text = policy_for(
         &[("api.test", api), ("auth.test", auth), ("other.test", other)],
@@ -1009,7 +1010,7 @@ impl SigninWorld {
     }
 }
 
-fn json(text: &str) -> serde_json::Value {
+pub(super) fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
@@ -1046,7 +1047,9 @@ fn signin_tokens_stay_on_the_host_through_a_refresh() {
         (first, answer, second)
     });
     assert_eq!(first.0, 200, "{}", first.1);
-    assert!(first.1.contains("authorization: Bearer real-access-1"), "{}", first.1);
+    // The server got the real token; its echo gave the guest the placeholder.
+    assert!(first.1.contains(&format!("authorization: Bearer {access}")), "{}", first.1);
+    assert!(seen_text(&world.api_seen).contains("authorization: Bearer real-access-1"));
     // A placeholder in an API request's body stays one: the server (or a
     // model) could echo it back.
     let echoed = rt.block_on(world.request("api.test", "POST", "/v1/messages", &[("x-echo", &access)], &access));
@@ -1058,7 +1061,8 @@ fn signin_tokens_stay_on_the_host_through_a_refresh() {
     let new_refresh = new["refresh_token"].as_str().unwrap().to_string();
     assert!(new_refresh.starts_with("stockade-signin-") && new_refresh != refresh);
     assert_eq!(second.0, 200);
-    assert!(second.1.contains("authorization: Bearer real-access-2"), "{}", second.1);
+    assert!(!second.1.contains("real-"), "{}", second.1);
+    assert!(seen_text(&world.api_seen).contains("authorization: Bearer real-access-2"));
 
     // The host's file has the rotated tokens, its other fields, and 0600.
     use std::os::unix::fs::PermissionsExt;
@@ -1125,7 +1129,8 @@ fn signin_placeholders_are_only_replaced_on_their_rules_hosts() {
         get(tls, false, "/v1/models", &[("host", &host), ("authorization", &format!("Bearer {access}"))]).await
     });
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains("authorization: Bearer real-access-1"), "{body}");
+    assert!(!body.contains("real-"), "{body}");
+    assert!(seen_text(&world.api_seen).contains("authorization: Bearer real-access-1"));
     assert!(world.api_seen.lock().unwrap().len() == 1);
 }
 

@@ -159,7 +159,7 @@ async fn metadata(shared: &Shared, url: &RegistryUrl, path: &str, accept: &str) 
         }
         match body::buffer(response.into_body(), MAX_METADATA).await.map_err(|e| e.to_string())? {
             Buffered::Whole(bytes) => Ok(bytes),
-            Buffered::Larger(_) => Err(format!("larger than {} MiB", MAX_METADATA >> 20)),
+            Buffered::Larger => Err(format!("larger than {} MiB", MAX_METADATA >> 20)),
         }
     }
     .await;
