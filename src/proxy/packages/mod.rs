@@ -202,10 +202,8 @@ async fn fill(this: &Interception, download: Download, expected: store::Digest, 
         body::strip_hop_by_hop(&mut parts.headers);
         return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
     }
-    let fill = match packages.store.fill(expected.clone()) {
-        Ok(fill) => fill,
-        Err(e) => return failed(&flow, format!("cannot write the package cache: {e}")),
-    };
+    let length = response.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+    let fill = packages.store.fill(expected.clone(), length);
     // Passed on as it arrives, so a large file is no slower than without
     // the cache; only its last frame waits for the check.
     let (mut parts, incoming) = response.into_parts();
@@ -236,7 +234,7 @@ struct Tee {
     flow: Arc<Flow>,
 }
 
-type Kept = Option<std::io::Result<Result<(File, u64), Tampered>>>;
+type Kept = Option<std::io::Result<Result<store::Kept, Tampered>>>;
 
 enum TeeState {
     /// Boxed: a hasher's state is large beside the other states.
@@ -250,7 +248,14 @@ impl Tee {
     fn kept(&mut self, kept: Kept) -> Option<Result<Frame<Bytes>, BoxError>> {
         let label = &self.download.label;
         match kept {
-            Some(Ok(Ok(_))) => {
+            Some(Ok(Ok(store::Kept::Passed(skip)))) => {
+                tracing::debug!("passed {label} on without keeping it: {skip}");
+                self.flow.update(|r| {
+                    r.cache = Some("passed".into());
+                    r.reason = Some(format!("not kept: {skip}"));
+                });
+            }
+            Some(Ok(Ok(store::Kept::Stored))) => {
                 let recorded = match (&self.download.source, self.shared.packages.as_ref()) {
                     (Source::Known(_), _) | (_, None) => Ok(()),
                     (_, Some(packages)) => packages.store.set_entry(&self.download.key, &self.expected),
@@ -288,13 +293,7 @@ impl Body for Tee {
                     Some(Ok(frame)) => {
                         // Trailers are not passed on: a download has none.
                         let Ok(data) = frame.into_data() else { continue };
-                        if let Err(e) = fill.write(&data) {
-                            this.state = TeeState::Done;
-                            this.held = None;
-                            let reason = format!("cannot write the package cache: {e}");
-                            this.flow.fail(reason.clone());
-                            return Poll::Ready(Some(Err(reason.into())));
-                        }
+                        fill.write(&data);
                         if let Some(previous) = this.held.replace(data) {
                             return Poll::Ready(Some(Ok(Frame::data(previous))));
                         }
