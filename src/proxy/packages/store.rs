@@ -223,7 +223,7 @@ pub struct Store {
 impl Store {
     /// The cache in `dir` (created, private to the user).
     pub fn open(dir: &Path, limit: u64) -> io::Result<Store> {
-        Store::open_with(dir, limit, Box::new(|path| crate::host::space::filesystem(path)))
+        Store::open_with(dir, limit, Box::new(crate::host::space::filesystem))
     }
 
     /// The cache in `dir`, judging free space by `free_space`.
