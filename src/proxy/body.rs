@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -14,7 +15,10 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, SizeHint};
 
+use thiserror::Error;
+
 use super::audit::{AuditLog, Decision, Record};
+use super::budget::{Budget, Charge, Exhausted};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Every body the proxy sends or forwards.
@@ -86,16 +90,72 @@ where
         len += data.len();
         read.push(data);
         if len > limit {
-            return Ok(Buffered::Larger(Replay { read: read.into(), inner: body }.map_err(Into::into).boxed()));
+            return Ok(Buffered::Larger(
+                Replay { read: read.into(), inner: body, charge: None }.map_err(Into::into).boxed(),
+            ));
         }
     }
     Ok(Buffered::Whole(read.concat().into()))
+}
+
+/// Why a body could not be read whole.
+#[derive(Debug, Error)]
+pub enum BufferError {
+    #[error(transparent)]
+    Budget(#[from] Exhausted),
+    #[error("it did not arrive whole within {} s, the proxy's limit", .0.as_secs())]
+    Deadline(Duration),
+    #[error(transparent)]
+    Body(BoxError),
+}
+
+/// `buffer`, with every byte held charged to `budget` (the charge comes
+/// back with a body read whole; keep it while the bytes are kept) and the
+/// whole read bounded by `deadline`, so neither a thousand bodies at once
+/// nor one that trickles in can hold the host's memory.
+pub async fn buffer_within<B>(
+    mut body: B,
+    limit: usize,
+    budget: &Budget,
+    deadline: Duration,
+) -> Result<(Buffered, Charge), BufferError>
+where
+    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Ok((Buffered::Larger(body.map_err(Into::into).boxed()), budget.charge()));
+    }
+    let read = async {
+        let mut charge = budget.charge();
+        let mut read: Vec<Bytes> = Vec::new();
+        let mut len = 0;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|e| BufferError::Body(e.into()))?.into_data() else { continue };
+            charge.grow(data.len() as u64)?;
+            len += data.len();
+            read.push(data);
+            if len > limit {
+                return Ok((read, charge, false));
+            }
+        }
+        Ok::<_, BufferError>((read, charge, true))
+    };
+    let (read, charge, whole) =
+        tokio::time::timeout(deadline, read).await.map_err(|_| BufferError::Deadline(deadline))??;
+    if whole {
+        return Ok((Buffered::Whole(read.concat().into()), charge));
+    }
+    let replay = Replay { read: read.into(), inner: body, charge: Some(charge) };
+    Ok((Buffered::Larger(replay.map_err(Into::into).boxed()), budget.charge()))
 }
 
 /// A body whose first chunks were already read.
 struct Replay<B> {
     read: std::collections::VecDeque<Bytes>,
     inner: B,
+    /// What the chunks read hold of the budget, until they are passed on.
+    charge: Option<Charge>,
 }
 
 impl<B: Body<Data = Bytes> + Unpin> Body for Replay<B> {
@@ -106,7 +166,10 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Replay<B> {
         let this = self.get_mut();
         match this.read.pop_front() {
             Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-            None => Pin::new(&mut this.inner).poll_frame(cx),
+            None => {
+                this.charge = None;
+                Pin::new(&mut this.inner).poll_frame(cx)
+            }
         }
     }
 
@@ -223,5 +286,66 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1, "{headers:?}");
         assert!(headers.contains_key(header::ACCEPT));
+    }
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    /// A body that sends one byte every 10 ms and never ends.
+    struct Trickle(tokio::time::Interval);
+
+    impl Body for Trickle {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            std::task::ready!(self.0.poll_tick(cx));
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+        }
+    }
+
+    /// A body of `frames` frames of `size` bytes.
+    fn frames(frames: usize, size: usize) -> Replay<Empty<Bytes>> {
+        Replay { read: (0..frames).map(|_| Bytes::from(vec![b'a'; size])).collect(), inner: Empty::new(), charge: None }
+    }
+
+    #[tokio::test]
+    async fn a_trickling_body_is_not_held_past_its_deadline() {
+        let budget = Budget::new(1 << 20);
+        let trickle = Trickle(tokio::time::interval(Duration::from_millis(10)));
+        let started = std::time::Instant::now();
+        let read = buffer_within(trickle, 1 << 20, &budget, Duration::from_millis(200)).await;
+        assert!(matches!(read, Err(BufferError::Deadline(_))), "{:?}", read.err());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(budget.used(), 0, "what it had sent is freed");
+    }
+
+    #[tokio::test]
+    async fn bodies_beyond_the_budget_are_refused_and_freed_when_dropped() {
+        let budget = Budget::new(100 << 10);
+        let deadline = Duration::from_secs(10);
+        let (first, charge) = buffer_within(frames(6, 10 << 10), 1 << 20, &budget, deadline).await.unwrap();
+        assert!(matches!(first, Buffered::Whole(ref b) if b.len() == 60 << 10));
+        // Together with the first, the second would pass the budget.
+        let second = buffer_within(frames(6, 10 << 10), 1 << 20, &budget, deadline).await;
+        let error = second.err().expect("refused past the budget");
+        assert!(matches!(error, BufferError::Budget(_)));
+        assert!(error.to_string().contains("100.0 KiB"), "{error}");
+        assert_eq!(budget.used(), 60 << 10, "the refused body's bytes are freed");
+        drop((first, charge));
+        let (second, _charge) = buffer_within(frames(6, 10 << 10), 1 << 20, &budget, deadline).await.unwrap();
+        assert!(matches!(second, Buffered::Whole(_)));
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_limit_holds_the_budget_only_until_its_start_is_passed_on() {
+        let budget = Budget::new(1 << 20);
+        let (larger, _) = buffer_within(frames(4, 10 << 10), 15 << 10, &budget, Duration::from_secs(10)).await.unwrap();
+        let Buffered::Larger(body) = larger else { panic!("read whole past its limit") };
+        assert_eq!(budget.used(), 20 << 10);
+        assert_eq!(body.collect().await.unwrap().to_bytes().len(), 40 << 10);
+        assert_eq!(budget.used(), 0);
     }
 }
