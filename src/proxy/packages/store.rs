@@ -10,7 +10,9 @@
 //!
 //! Only the proxy on the host writes here; the guest never sees the
 //! directory. Several runs may fill it at once: every file appears by
-//! rename, whole.
+//! rename, whole. The size limit holds while it fills: a download reserves
+//! room before writing, counting blobs and every run's downloads in
+//! progress, and is passed on uncached when it cannot have it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
