@@ -330,9 +330,7 @@ impl Store {
         // A length given up front is reserved whole: downloads started
         // together then count against the limit together from the start.
         if let Some(length) = length {
-            if let Err(skip) = self.room.reserve(&mut fill, length) {
-                fill.stop(skip);
-            }
+            fill.reserve(length);
         }
         fill
     }
@@ -352,7 +350,8 @@ impl Store {
         };
         let blob = self.blob(&fill.expected);
         let already = blob.exists();
-        if let Err(e) = file.sync_data().and_then(|()| fs::rename(&path, &blob)) {
+        let stored = file.set_len(fill.size).and_then(|()| file.sync_data()).and_then(|()| fs::rename(&path, &blob));
+        if let Err(e) = stored {
             let _ = fs::remove_file(&path);
             return Err(e);
         }
@@ -535,14 +534,29 @@ impl Fill {
         if self.tmp.is_none() {
             return;
         }
-        let (room, needed) = (self.room.clone(), self.size);
-        if let Err(skip) = room.reserve(self, needed) {
-            return self.stop(skip);
-        }
+        self.reserve(self.size);
         if let Some((_, file)) = &mut self.tmp {
             if let Err(e) = file.write_all(data) {
                 self.stop(Skip::Write(e));
             }
+        }
+    }
+
+    /// Holds room for `needed` bytes in all, or stops writing. The
+    /// temporary file is stretched (sparsely) to what it holds, so other
+    /// runs counting the directory see the reservation too.
+    fn reserve(&mut self, needed: u64) {
+        if self.tmp.is_none() || needed <= self.reserved {
+            return;
+        }
+        let room = self.room.clone();
+        let reserved = room.reserve(self, needed);
+        let stretched = match (&reserved, &self.tmp) {
+            (Ok(()), Some((_, file))) => file.set_len(self.reserved).map_err(Skip::Write),
+            _ => Ok(()),
+        };
+        if let Err(skip) = reserved.and(stretched) {
+            self.stop(skip);
         }
     }
 
