@@ -14,7 +14,6 @@ use http::{Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, SizeHint};
-
 use thiserror::Error;
 
 use super::audit::{AuditLog, Decision, Record};
