@@ -99,8 +99,9 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signin_saved: Option<String>,
     /// What the package cache did: "hit" (served from it), "stored"
-    /// (downloaded, checked, kept), "refused" (did not match the registry's
-    /// digest), "checksums" (the proxy's own metadata request).
+    /// (downloaded, checked, kept), "passed" (checked, not kept: the
+    /// reason says why), "refused" (did not match the registry's digest),
+    /// "checksums" (the proxy's own metadata request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<String>,
     /// Bytes from the guest to the server, and back.

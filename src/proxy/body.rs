@@ -14,8 +14,10 @@ use http::{Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, SizeHint};
+use thiserror::Error;
 
 use super::audit::{AuditLog, Decision, Record};
+use super::budget::{Budget, Charge, Exhausted};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Every body the proxy sends or forwards.
@@ -63,46 +65,63 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// A body read whole, or one past the limit (left unread).
+/// A body read whole, or one past the limit (left unread, its start freed).
 pub enum Buffered {
     Whole(Bytes),
     Larger,
 }
 
-/// Reads a body whole when it holds at most `limit` bytes. Trailers of a
-/// body read whole are dropped (token endpoints and registries send none).
-pub async fn buffer<B>(mut body: B, limit: usize) -> Result<Buffered, BoxError>
+/// Why a body could not be read whole.
+#[derive(Debug, Error)]
+pub enum BufferError {
+    #[error(transparent)]
+    Budget(#[from] Exhausted),
+    #[error("it did not arrive whole within {} s, the proxy's limit", .0.as_secs())]
+    Deadline(Duration),
+    #[error(transparent)]
+    Body(BoxError),
+}
+
+/// Reads a body whole when it holds at most `limit` bytes, with every byte
+/// held charged to `budget` (the charge comes back with a body read whole;
+/// keep it while the bytes are kept) and the whole read bounded by
+/// `deadline`, so neither a thousand bodies at once nor one that trickles
+/// in can hold the host's memory. Trailers are dropped (token endpoints and
+/// registries send none).
+pub async fn buffer_within<B>(
+    mut body: B,
+    limit: usize,
+    budget: &Budget,
+    deadline: Duration,
+) -> Result<(Buffered, Charge), BufferError>
 where
     B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
     if body.size_hint().lower() > limit as u64 {
-        return Ok(Buffered::Larger);
+        return Ok((Buffered::Larger, budget.charge()));
     }
-    let mut read: Vec<Bytes> = Vec::new();
-    let mut len = 0;
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(Into::into)?.into_data() else { continue };
-        len += data.len();
-        read.push(data);
-        if len > limit {
-            return Ok(Buffered::Larger);
+    let read = async {
+        let mut charge = budget.charge();
+        let mut read: Vec<Bytes> = Vec::new();
+        let mut len = 0;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|e| BufferError::Body(e.into()))?.into_data() else { continue };
+            charge.grow(data.len() as u64)?;
+            len += data.len();
+            read.push(data);
+            if len > limit {
+                return Ok((read, charge, false));
+            }
         }
+        Ok::<_, BufferError>((read, charge, true))
+    };
+    let (read, charge, whole) =
+        tokio::time::timeout(deadline, read).await.map_err(|_| BufferError::Deadline(deadline))??;
+    if whole {
+        return Ok((Buffered::Whole(read.concat().into()), charge));
     }
-    Ok(Buffered::Whole(read.concat().into()))
-}
-
-/// [`buffer`] within a deadline: a body still arriving after it is an
-/// error, so a guest or server trickling bytes cannot hold the proxy.
-pub async fn buffer_within<B>(body: B, limit: usize, deadline: Duration) -> Result<Buffered, BoxError>
-where
-    B: Body<Data = Bytes> + Unpin + Send + Sync + 'static,
-    B::Error: Into<BoxError>,
-{
-    match tokio::time::timeout(deadline, buffer(body, limit)).await {
-        Ok(read) => read,
-        Err(_) => Err(format!("the body did not arrive within {}s", deadline.as_secs()).into()),
-    }
+    Ok((Buffered::Larger, budget.charge()))
 }
 
 /// A body of bytes already in hand.
@@ -201,31 +220,6 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Counted<B> {
 mod tests {
     use super::*;
 
-    /// A body that sends one byte, then nothing, never ending.
-    struct Trickle(bool);
-
-    impl Body for Trickle {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-
-        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            let this = self.get_mut();
-            if std::mem::replace(&mut this.0, true) {
-                Poll::Pending
-            } else {
-                Poll::Ready(Some(Ok(Frame::data("x".into()))))
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn a_body_that_never_ends_is_given_up_at_the_deadline() {
-        let err = buffer_within(Trickle(false), 100, Duration::from_millis(50)).await.err().unwrap();
-        assert!(err.to_string().contains("did not arrive within"), "{err}");
-        let Ok(Buffered::Whole(bytes)) = buffer_within(full("ok"), 100, Duration::from_secs(1)).await else { panic!() };
-        assert_eq!(&bytes[..], b"ok");
-    }
-
     #[test]
     fn strips_hop_by_hop_headers_and_those_connection_names() {
         let mut headers = HeaderMap::new();
@@ -238,5 +232,76 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1, "{headers:?}");
         assert!(headers.contains_key(header::ACCEPT));
+    }
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    /// A body that sends one byte every 10 ms and never ends.
+    struct Trickle(tokio::time::Interval);
+
+    impl Body for Trickle {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            std::task::ready!(self.0.poll_tick(cx));
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+        }
+    }
+
+    /// A body sent in the chunks it holds.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.0.pop_front().map(|data| Ok(Frame::data(data))))
+        }
+    }
+
+    /// A body of `frames` frames of `size` bytes.
+    fn frames(frames: usize, size: usize) -> Chunks {
+        Chunks((0..frames).map(|_| Bytes::from(vec![b'a'; size])).collect())
+    }
+
+    #[tokio::test]
+    async fn a_trickling_body_is_not_held_past_its_deadline() {
+        let budget = Budget::new(1 << 20);
+        let trickle = Trickle(tokio::time::interval(Duration::from_millis(10)));
+        let started = std::time::Instant::now();
+        let read = buffer_within(trickle, 1 << 20, &budget, Duration::from_millis(200)).await;
+        assert!(matches!(read, Err(BufferError::Deadline(_))), "{:?}", read.err());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(budget.used(), 0, "what it had sent is freed");
+    }
+
+    #[tokio::test]
+    async fn bodies_beyond_the_budget_are_refused_and_freed_when_dropped() {
+        let budget = Budget::new(100 << 10);
+        let deadline = Duration::from_secs(10);
+        let (first, charge) = buffer_within(frames(6, 10 << 10), 1 << 20, &budget, deadline).await.unwrap();
+        assert!(matches!(first, Buffered::Whole(ref b) if b.len() == 60 << 10));
+        // Together with the first, the second would pass the budget.
+        let second = buffer_within(frames(6, 10 << 10), 1 << 20, &budget, deadline).await;
+        let error = second.err().expect("refused past the budget");
+        assert!(matches!(error, BufferError::Budget(_)));
+        assert!(error.to_string().contains("100.0 KiB"), "{error}");
+        assert_eq!(budget.used(), 60 << 10, "the refused body's bytes are freed");
+        drop((first, charge));
+        let (second, _charge) = buffer_within(frames(6, 10 << 10), 1 << 20, &budget, deadline).await.unwrap();
+        assert!(matches!(second, Buffered::Whole(_)));
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_limit_holds_nothing_of_the_budget() {
+        let budget = Budget::new(1 << 20);
+        let (larger, _) = buffer_within(frames(4, 10 << 10), 15 << 10, &budget, Duration::from_secs(10)).await.unwrap();
+        assert!(matches!(larger, Buffered::Larger), "read whole past its limit");
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -22,7 +22,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::Shared;
 use super::audit::{Decision, Kind, Record};
-use super::body::{self, Buffered, Counted, Direction, Flow, ProxyBody};
+use super::body::{self, BufferError, Buffered, Counted, Direction, Flow, ProxyBody};
 use super::packages;
 use super::scrub::Scrubbed;
 use super::signin::{BODY_DEADLINE, MAX_ANSWER, MAX_REQUEST, TokenRequest};
@@ -184,16 +184,21 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
         // Only a token URL's request body is read, and only its refresh
         // token written: any other body (a prompt) keeps its placeholders.
         if let Some(rule) = signins.token_url(&this.signin, &this.host, this.port, &parts.method, target) {
-            let bytes = match body::buffer_within(up, MAX_REQUEST, BODY_DEADLINE).await {
-                Ok(Buffered::Whole(bytes)) => bytes,
-                Ok(Buffered::Larger) => {
+            // The charge is held while the request's bytes are.
+            let (bytes, _charge) = match body::buffer_within(up, MAX_REQUEST, &shared.buffers, BODY_DEADLINE).await {
+                Ok((Buffered::Whole(bytes), charge)) => (bytes, charge),
+                Ok((Buffered::Larger, _)) => {
                     flow.fail(format!("a token request larger than {MAX_REQUEST} bytes"));
                     let message = format!("stockade: a token request is at most {MAX_REQUEST} bytes; not sent");
                     return body::text(StatusCode::PAYLOAD_TOO_LARGE, message);
                 }
                 Err(e) => {
                     flow.fail(format!("reading the guest's token request: {e}"));
-                    return body::text(StatusCode::BAD_REQUEST, format!("stockade: cannot read the request: {e}"));
+                    let status = match e {
+                        BufferError::Budget(_) => StatusCode::SERVICE_UNAVAILABLE,
+                        _ => StatusCode::BAD_REQUEST,
+                    };
+                    return body::text(status, format!("stockade: cannot read the request: {e}"));
                 }
             };
             let content_type = match parts.headers.contains_key(header::CONTENT_ENCODING) {
@@ -276,9 +281,9 @@ async fn signin_answer(
     if encoded {
         return Err("the token endpoint's answer is compressed although the proxy asked for none; not passed on".into());
     }
-    let bytes = match body::buffer_within(incoming, MAX_ANSWER, BODY_DEADLINE).await {
-        Ok(Buffered::Whole(bytes)) => bytes,
-        Ok(Buffered::Larger) => {
+    let (bytes, _charge) = match body::buffer_within(incoming, MAX_ANSWER, &this.shared.buffers, BODY_DEADLINE).await {
+        Ok((Buffered::Whole(bytes), charge)) => (bytes, charge),
+        Ok((Buffered::Larger, _)) => {
             return Err(format!("the token endpoint's answer is larger than {MAX_ANSWER} bytes; not passed on"));
         }
         Err(e) => return Err(format!("reading the token endpoint's answer: {e}")),

@@ -14,6 +14,7 @@
 //!   their original destination, judged by TLS SNI or the Host header.
 //! - `ca` + `tls`: the per-install CA and the rustls configurations.
 //! - `credentials`: the secrets; `audit`: the JSONL log of every flow.
+//! - `budget`: the memory all buffered bodies may hold together.
 //! - `signin`: agents' sign-in tokens kept on the host; the guest gets a
 //!   copy of each token file with placeholders (`Proxy::signin_files`);
 //!   `scrub` takes the real values out of every answer on their hosts.
@@ -38,6 +39,7 @@
 pub mod address;
 pub mod audit;
 mod body;
+mod budget;
 mod ca;
 mod credentials;
 mod dns;
@@ -82,6 +84,10 @@ use signin::Signins;
 
 /// Guest connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
+/// Bytes of bodies the proxy holds whole in memory at once, across all
+/// connections (registry metadata, sign-in bodies); past it such a request
+/// is refused with a message naming the limit.
+const MAX_BUFFERED: u64 = 256 << 20;
 /// How long `stop` lets in-flight work finish.
 const STOP_GRACE: Duration = Duration::from_millis(500);
 /// How long a DNS answer may take before the guest gets SERVFAIL.
@@ -202,6 +208,8 @@ pub(crate) struct Shared {
     upstream_tls: Option<Arc<ClientConfig>>,
     audit: Arc<AuditLog>,
     connections: Arc<Semaphore>,
+    /// What buffered bodies may hold of the host's memory, all together.
+    buffers: budget::Budget,
     /// Addresses given in DNS answers, for transparent connections.
     names: names::Names,
     ssh: ssh::Ssh,
@@ -282,6 +290,7 @@ impl Proxy {
             upstream_tls,
             audit: Arc::new(audit),
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            buffers: budget::Budget::new(MAX_BUFFERED),
             names: names::Names::default(),
             ssh: ssh::Ssh {
                 agent: ssh_agent,

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -43,6 +44,9 @@ use store::{Store, Tampered};
 /// The largest packument or index file read (popular npm packages have
 /// packuments of tens of MB even abbreviated).
 const MAX_METADATA: usize = 128 << 20;
+/// How long the proxy's own metadata request may take, body and all; past
+/// it the download goes to the registry uncached.
+const METADATA_DEADLINE: Duration = Duration::from_secs(120);
 /// npm's abbreviated packument: versions with their `dist`, little else.
 const NPM_ACCEPT: &str = "application/vnd.npm.install-v1+json; q=1.0, application/json; q=0.8";
 
@@ -119,13 +123,20 @@ async fn expected_digest(this: &Interception, download: &Download) -> Result<sto
         Source::Npm { path, .. } => (&rule.url, path, NPM_ACCEPT),
         Source::Crates { path, .. } => (rule.index.as_ref().ok_or("no index")?, path, "*/*"),
     };
-    let metadata = metadata(shared, url, path, accept).await?;
-    registries::digest_in(&download.source, &metadata)
+    digest_from(shared, url, path, accept, &download.source).await
 }
 
 /// A GET of registry metadata by the proxy itself, under the same policy
-/// as the guest's requests, and logged like them.
-async fn metadata(shared: &Shared, url: &RegistryUrl, path: &str, accept: &str) -> Result<Bytes, String> {
+/// as the guest's requests, and logged like them (a failure to fetch it,
+/// not one to find the digest in it, fails the record); the digest it
+/// gives for `source`.
+async fn digest_from(
+    shared: &Shared,
+    url: &RegistryUrl,
+    path: &str,
+    accept: &str,
+    source: &Source,
+) -> Result<store::Digest, String> {
     let mut record = Record::new(Kind::Https, url.host.to_string(), url.port.get(), Decision::Allow);
     record.method = Some("GET".into());
     record.path = Some(path.to_string());
@@ -157,21 +168,26 @@ async fn metadata(shared: &Shared, url: &RegistryUrl, path: &str, accept: &str) 
         if response.status() != StatusCode::OK {
             return Err(format!("{url}: status {}", response.status()));
         }
-        match body::buffer(response.into_body(), MAX_METADATA).await.map_err(|e| e.to_string())? {
-            Buffered::Whole(bytes) => Ok(bytes),
-            Buffered::Larger => Err(format!("larger than {} MiB", MAX_METADATA >> 20)),
+        // Parsed while its bytes are still charged to the budget.
+        match body::buffer_within(response.into_body(), MAX_METADATA, &shared.buffers, METADATA_DEADLINE).await {
+            Ok((Buffered::Whole(bytes), _charge)) => {
+                record.bytes_down = bytes.len() as u64;
+                Ok(registries::digest_in(source, &bytes))
+            }
+            Ok((Buffered::Larger, _)) => Err(format!("larger than {} MiB", MAX_METADATA >> 20)),
+            Err(e) => Err(e.to_string()),
         }
-    }
-    .await;
-    match &result {
-        Ok(bytes) => record.bytes_down = bytes.len() as u64,
-        Err(reason) => {
-            record.decision = Decision::Fail;
-            record.reason = Some(reason.clone());
-        }
+    };
+    let result = match tokio::time::timeout(METADATA_DEADLINE, result).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no whole answer within {} s", METADATA_DEADLINE.as_secs())),
+    };
+    if let Err(reason) = &result {
+        record.decision = Decision::Fail;
+        record.reason = Some(reason.clone());
     }
     shared.audit.record(&record);
-    result
+    result?
 }
 
 /// Downloads the file from the registry into the cache, checking it on the
@@ -202,10 +218,8 @@ async fn fill(this: &Interception, download: Download, expected: store::Digest, 
         body::strip_hop_by_hop(&mut parts.headers);
         return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
     }
-    let fill = match packages.store.fill(expected.clone()) {
-        Ok(fill) => fill,
-        Err(e) => return failed(&flow, format!("cannot write the package cache: {e}")),
-    };
+    let length = response.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+    let fill = packages.store.fill(expected.clone(), length);
     // Passed on as it arrives, so a large file is no slower than without
     // the cache; only its last frame waits for the check.
     let (mut parts, incoming) = response.into_parts();
@@ -236,7 +250,7 @@ struct Tee {
     flow: Arc<Flow>,
 }
 
-type Kept = Option<std::io::Result<Result<(File, u64), Tampered>>>;
+type Kept = Option<std::io::Result<Result<store::Kept, Tampered>>>;
 
 enum TeeState {
     /// Boxed: a hasher's state is large beside the other states.
@@ -250,7 +264,14 @@ impl Tee {
     fn kept(&mut self, kept: Kept) -> Option<Result<Frame<Bytes>, BoxError>> {
         let label = &self.download.label;
         match kept {
-            Some(Ok(Ok(_))) => {
+            Some(Ok(Ok(store::Kept::Passed(skip)))) => {
+                tracing::debug!("passed {label} on without keeping it: {skip}");
+                self.flow.update(|r| {
+                    r.cache = Some("passed".into());
+                    r.reason = Some(format!("not kept: {skip}"));
+                });
+            }
+            Some(Ok(Ok(store::Kept::Stored))) => {
                 let recorded = match (&self.download.source, self.shared.packages.as_ref()) {
                     (Source::Known(_), _) | (_, None) => Ok(()),
                     (_, Some(packages)) => packages.store.set_entry(&self.download.key, &self.expected),
@@ -288,13 +309,7 @@ impl Body for Tee {
                     Some(Ok(frame)) => {
                         // Trailers are not passed on: a download has none.
                         let Ok(data) = frame.into_data() else { continue };
-                        if let Err(e) = fill.write(&data) {
-                            this.state = TeeState::Done;
-                            this.held = None;
-                            let reason = format!("cannot write the package cache: {e}");
-                            this.flow.fail(reason.clone());
-                            return Poll::Ready(Some(Err(reason.into())));
-                        }
+                        fill.write(&data);
                         if let Some(previous) = this.held.replace(data) {
                             return Poll::Ready(Some(Ok(Frame::data(previous))));
                         }

@@ -148,20 +148,38 @@ pub fn digest_in(source: &Source, metadata: &[u8]) -> Result<Digest, String> {
     }
 }
 
+/// The parts of a packument read: everything else is skipped as it is
+/// parsed, so a large one costs little memory beyond its own bytes.
+#[derive(serde::Deserialize)]
+struct Packument {
+    versions: std::collections::HashMap<String, Version>,
+}
+
+#[derive(serde::Deserialize)]
+struct Version {
+    dist: Option<Dist>,
+}
+
+#[derive(serde::Deserialize)]
+struct Dist {
+    tarball: Option<String>,
+    integrity: Option<String>,
+}
+
 fn npm_integrity(packument: &[u8], tarball: &str) -> Result<Digest, String> {
-    let json: serde_json::Value =
-        serde_json::from_slice(packument).map_err(|e| format!("the packument is not JSON: {e}"))?;
-    let versions = json.get("versions").and_then(|v| v.as_object()).ok_or("the packument lists no versions")?;
-    let dist = versions
+    let packument: Packument =
+        serde_json::from_slice(packument).map_err(|e| format!("the packument is not one: {e}"))?;
+    let dist = packument
+        .versions
         .values()
-        .filter_map(|v| v.get("dist"))
+        .filter_map(|v| v.dist.as_ref())
         .find(|dist| {
-            let listed = dist.get("tarball").and_then(|t| t.as_str()).unwrap_or("");
+            let listed = dist.tarball.as_deref().unwrap_or("");
             let listed_path = listed.parse::<http::Uri>().ok().map(|u| decode_npm(u.path()));
             listed_path.as_deref() == Some(tarball)
         })
         .ok_or("no version in the packument has this tarball")?;
-    let integrity = dist.get("integrity").and_then(|i| i.as_str()).ok_or("the version lists no integrity")?;
+    let integrity = dist.integrity.as_deref().ok_or("the version lists no integrity")?;
     // Several may be listed; the strongest we know wins.
     let mut best: Option<Digest> = None;
     for item in integrity.split_whitespace() {
