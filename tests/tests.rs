@@ -27,5 +27,6 @@ mod run_e2e;
 mod run_input;
 mod sessions_cli;
 mod snapshot_e2e;
+mod surfaces_e2e;
 mod terminal_e2e;
 mod transparent_e2e;
