@@ -11,8 +11,8 @@ use crate::rig;
 use crate::run_e2e::{T, script};
 
 /// A fresh home for the script, with stockade's data inside it.
-const OWN_HOME: &str = r#"export HOME="$ws.home"; mkdir -p "$HOME"
-"#;
+const OWN_HOME: &str = r##"export HOME="$ws.home"; mkdir -p "$HOME"
+"##;
 
 /// A repository can put a directory of its own on PATH (direnv's
 /// `PATH_add`, a relative `bin`): a symlink there into the home must not
@@ -24,7 +24,7 @@ fn links_on_path_do_not_share_config_or_data_trees() {
     let out = rig.sh(
         &script(&format!(
             "{OWN_HOME}{}",
-            r#"             profile="$HOME/.config/attack-browser/Default"
+            r##"             profile="$HOME/.config/attack-browser/Default"
              mkdir -p "$profile" "$HOME/.local/bin" "$HOME/.local/share/stockade/sessions/old" bin
              echo cookie-secret > "$profile/Cookies"
              printf '#!/bin/sh\necho helper\n' > "$profile/helper"; chmod +x "$profile/helper"
@@ -39,7 +39,7 @@ fn links_on_path_do_not_share_config_or_data_trees() {
                      cat "$HOME/.local/share/stockade/sessions/old/run.json" 2>/dev/null
                      echo "seen=$(ls -A "$HOME/.config" "$HOME/.local/share" 2>/dev/null | tr "\n" " ")"'
                  echo "run=$?"
-             done"#
+             done"##
         )),
         T,
     );
@@ -61,7 +61,7 @@ fn guest_root_cannot_plant_setuid_programs_or_devices_in_agent_state() {
     let out = rig.sh(
         &script(&format!(
             "{OWN_HOME}{}",
-            r#"             $S run --policy claude -- sh -c '
+            r##"             $S run --policy claude -- sh -c '
                  cd "$HOME/.claude" || exit 9
                  cp /bin/sh suid; chmod 4755 suid 2>/dev/null; echo "chmod=$?"
                  mkdir sgid; chmod 2777 sgid 2>/dev/null; echo "sgid=$?"
@@ -73,7 +73,7 @@ fn guest_root_cannot_plant_setuid_programs_or_devices_in_agent_state() {
              st="$HOME/.local/share/stockade/agents/claude/home/.claude"
              echo "special=[$(find "$st" \( -perm /6000 -o -type b -o -type c \) -printf '%P ')]"
              echo "foreign=[$(find "$st" ! -uid "$(id -u)" -printf '%P ')]"
-             echo "kept=$(cat "$st/plain")""#
+             echo "kept=$(cat "$st/plain")""##
         )),
         T,
     );
@@ -101,7 +101,7 @@ fn the_home_session_is_applied_only_when_named_and_agent_instructions_are_flagge
     let out = rig.sh(
         &script(&format!(
             "{OWN_HOME}{}",
-            r#"             git init -q; git config user.email t@example.com; git config user.name t
+            r##"             git init -q; git config user.email t@example.com; git config user.name t
              echo base > README; git add -A; git commit -qm init
              mkdir -p "$HOME/.claude"; echo '{}' > "$HOME/.claude/settings.json"
              $S run --policy claude --apply none -- sh -c '
@@ -120,7 +120,7 @@ fn the_home_session_is_applied_only_when_named_and_agent_instructions_are_flagge
              echo "home-session=${home:-none}"
              $S diff --stat "$home" 2>&1 | sed 's/^/named: /'
              $S apply "$home" 2>&1 | sed 's/^/named-apply: /'
-             test -e "$HOME/.claude/CLAUDE.md" && echo named-claude-md-applied || echo named-claude-md-held"#
+             test -e "$HOME/.claude/CLAUDE.md" && echo named-claude-md-applied || echo named-claude-md-held"##
         )),
         T,
     );
@@ -152,7 +152,7 @@ fn apply_all_holds_back_files_host_tools_load_by_themselves() {
     let Some(rig) = rig::require("apply_all_holds_back_files_host_tools_load_by_themselves") else { return };
     let out = rig.sh(
         &script(
-            r#"git init -q; git config user.email t@example.com; git config user.name t
+            r##"git init -q; git config user.email t@example.com; git config user.name t
              printf '.venv/\n.env\n' > .gitignore; printf 'PATH_add bin\ndotenv\n' > .envrc
              echo base > README; git add -A; git commit -qm init
              $S run --apply all -- sh -c '
@@ -168,7 +168,7 @@ fn apply_all_holds_back_files_host_tools_load_by_themselves() {
              for f in .venv/lib/python3.11/site-packages/zz-evil.pth .venv/lib/python3.11/site-packages/sitecustomize.py .venv/bin/activate bin/git .env; do
                  test -e "$f" && echo "applied $f" || echo "held $f"
              done
-             echo "readme=$(cat README)""#,
+             echo "readme=$(cat README)""##,
         ),
         T,
     );

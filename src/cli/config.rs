@@ -91,7 +91,8 @@ mod tests {
              keep_sessions = 100   # default\n\
              keep_days = 14        # default\n\
              runs_code = []        # default\n\
-             package_cache = \"5G\"  # default\n"
+             package_cache = \"5G\"  # default\n\
+             agent_state = \"4G\"    # default\n"
         );
         let missing = Settings::defaults(PathBuf::from("/c/config.toml"));
         assert!(show(&missing).starts_with("# /c/config.toml (does not exist)\n"), "{}", show(&missing));
