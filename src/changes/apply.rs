@@ -81,6 +81,9 @@ pub enum RefusalReason {
     Missing(RelPath),
     /// This parent's own change was not applied (conflict, refusal, failure).
     ParentNotApplied(RelPath),
+    /// Compiled Python bytecode ([`compiled_python`]), which the host's
+    /// Python would run in place of the reviewed source.
+    CompiledPython,
 }
 
 impl fmt::Display for RefusalReason {
@@ -97,6 +100,10 @@ impl fmt::Display for RefusalReason {
                 write!(f, "the directory {c} no longer exists on the host; recreate it or discard this change")
             }
             RefusalReason::ParentNotApplied(c) => write!(f, "its directory {c} was not applied"),
+            RefusalReason::CompiledPython => f.write_str(
+                "compiled Python bytecode is never applied from the guest (Python would run it instead of the \
+                 reviewed source); Python rebuilds it from the reviewed source",
+            ),
         }
     }
 }
@@ -493,7 +500,10 @@ impl<'a> Session<'a> {
             let forced = options.force.matches(&entry.path);
             let parent = entry.path.parent();
             let blocked_above = parents[i].and_then(|j| blocked[j]);
-            let verdict = if parent.as_ref().is_some_and(|parent| created.contains(parent)) {
+            let verdict = if compiled_python(&entry.path) {
+                // Named or forced alike: Python rebuilds it from the source.
+                Verdict::Refused(RefusalReason::CompiledPython)
+            } else if parent.as_ref().is_some_and(|parent| created.contains(parent)) {
                 // A new tree (an npm install): no need to look at the host.
                 self.empty_there(entry, forced)
             } else if let Some((failed, verdict)) = &last_failure
@@ -936,3 +946,18 @@ fn refusal(err: ResolveError) -> Result<RefusalReason, io::Error> {
 #[cfg(test)]
 #[path = "apply_tests.rs"]
 mod tests;
+
+/// Whether a path is compiled Python bytecode or a bytecode cache: a
+/// `*.pyc` or `*.pyo` (any case; importable even with no source beside
+/// it), or `__pycache__` and anything below it. Python prefers such a file
+/// to the source it was built from when its header matches the source's
+/// size and time, which the guest can forge.
+pub fn compiled_python(path: &RelPath) -> bool {
+    let bytes = path.as_bytes();
+    let name = path.file_name();
+    let bytecode = name.len() > 4 && {
+        let ext = name[name.len() - 4..].to_ascii_lowercase();
+        ext == b".pyc" || ext == b".pyo"
+    };
+    bytecode || bytes.split(|&b| b == b'/').any(|part| part == b"__pycache__")
+}

@@ -863,3 +863,45 @@ fn apply_does_no_more_than_the_base_shows_in_review() {
     assert_eq!(fs::read(f.ws.join("tree/deep/file")).unwrap(), b"the host's tree");
     assert_eq!(mode_of(&f.ws.join("private")), 0o700);
 }
+
+/// Bytecode whose header matches the host's `x.py` runs in its place, and
+/// a `.pyc` with no source beside it is importable by itself: none is
+/// applied, named or forced, and the reviewed source is.
+#[test]
+fn compiled_python_is_never_applied_from_the_guest() {
+    let f = fx();
+    write(&f.ws.join("pkg/x.py"), b"print('reviewed')\n");
+    Set::new(&f.ws)
+        .file("pkg/x.py", b"print('reviewed, edited')\n", 0o644)
+        .dir("pkg/__pycache__", 0o755)
+        .file("pkg/__pycache__/x.cpython-312.pyc", b"\xcb\x0d\x0d\x0a planted", 0o644)
+        .file("pkg/__pycache__/notes.txt", b"x", 0o644)
+        .file("sourceless.pyc", b"planted", 0o644)
+        .file("old.PYO", b"planted", 0o644)
+        .symlink("lib/__pycache__", "../pkg")
+        .stage(&f.store);
+    let planted = [
+        "lib/__pycache__",
+        "old.PYO",
+        "pkg/__pycache__",
+        "pkg/__pycache__/notes.txt",
+        "pkg/__pycache__/x.cpython-312.pyc",
+        "sourceless.pyc",
+    ];
+    for options in
+        [ApplyOptions { selection: Selection::paths(planted.iter().map(|s| p(s))), force: Selection::all() }, all()]
+    {
+        let report = apply(&f.store, &f.ws, &options).unwrap();
+        let mut refused: Vec<String> = report.refused.iter().map(|r| r.path.to_string()).collect();
+        refused.sort();
+        assert_eq!(refused, planted, "{report:?}");
+        for refusal in &report.refused {
+            assert_eq!(refusal.reason, RefusalReason::CompiledPython, "{refusal}");
+            assert!(refusal.to_string().contains("Python rebuilds it from the reviewed source"), "{refusal}");
+        }
+    }
+    assert_eq!(fs::read(f.ws.join("pkg/x.py")).unwrap(), b"print('reviewed, edited')\n");
+    for path in planted {
+        assert!(fs::symlink_metadata(f.ws.join(path)).is_err(), "{path} was applied");
+    }
+}

@@ -6,10 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use http::HeaderValue;
 use tokio::sync::Mutex;
 
 use super::ProxyError;
+use super::signin::form_encode;
 use crate::policy::{CredentialRule, Host, PLACEHOLDER, Port, ValueSource};
 
 /// How long a credential command may run.
@@ -19,6 +22,9 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// The most a credential file or command output may hold.
 const MAX_VALUE: usize = 64 * 1024;
+/// How many of a rule's values answers are scrubbed of: the current one
+/// and those a ttl replaced, which a request still in flight may carry.
+const KEEP_WRITTEN: usize = 8;
 
 /// A secret: Debug and Display never show it.
 pub(super) struct Secret(pub(super) String);
@@ -32,6 +38,23 @@ impl std::fmt::Debug for Secret {
 struct Active {
     rule: CredentialRule,
     value: Mutex<Cached>,
+    /// The values fetched for the rule, newest last: what answers are
+    /// scrubbed of. Apart from `value`, whose lock a refresh holds while
+    /// its command runs.
+    written: std::sync::Mutex<Vec<Secret>>,
+}
+
+impl Active {
+    fn remember(&self, secret: &Secret) {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if written.last().is_some_and(|last| last.0 == secret.0) {
+            return;
+        }
+        if written.len() == KEEP_WRITTEN {
+            written.remove(0);
+        }
+        written.push(Secret(secret.0.clone()));
+    }
 }
 
 struct Cached {
@@ -81,8 +104,9 @@ impl Credentials {
         for rule in rules {
             match fetch(rule, home).await {
                 Ok(secret) => {
+                    let written = std::sync::Mutex::new(vec![Secret(secret.0.clone())]);
                     let cached = Cached { secret, fetched: Instant::now(), failed: None };
-                    active.push(Active { rule: rule.clone(), value: Mutex::new(cached) })
+                    active.push(Active { rule: rule.clone(), value: Mutex::new(cached), written })
                 }
                 Err(reason) if rule.optional => {
                     tracing::warn!("credential rule {} is skipped: {reason}", rule.name());
@@ -123,7 +147,10 @@ impl Credentials {
                     }
                 }
                 match fetch(&active.rule, self.home.as_deref()).await {
-                    Ok(secret) => *cached = Cached { secret, fetched: Instant::now(), failed: None },
+                    Ok(secret) => {
+                        active.remember(&secret);
+                        *cached = Cached { secret, fetched: Instant::now(), failed: None }
+                    }
                     Err(detail) => {
                         cached.failed = Some((Instant::now(), detail.clone()));
                         return Err(unavailable(detail, false));
@@ -135,6 +162,26 @@ impl Credentials {
             .map_err(|_| unavailable("the value is not a valid header value".into(), false))?;
         header.set_sensitive(true);
         Ok(header)
+    }
+
+    /// Every value a rule has written, in each spelling an echo may give
+    /// it, with what the guest sees instead: the secret and the header
+    /// value as written (`Bearer {}`), for a basic-auth header also the
+    /// decoded `user:password` and the password; each as it is,
+    /// form-encoded and JSON with `\/`.
+    pub fn scrub_pairs(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut pairs = Vec::new();
+        for active in &self.active {
+            let written = active.written.lock().unwrap_or_else(|e| e.into_inner());
+            for secret in written.iter() {
+                for (real, guest) in spellings(&active.rule, &secret.0) {
+                    pairs.push((form_encode(&real).into_bytes(), form_encode(&guest).into_bytes()));
+                    pairs.push((real.replace('/', "\\/").into_bytes(), guest.clone().into_bytes()));
+                    pairs.push((real.into_bytes(), guest.into_bytes()));
+                }
+            }
+        }
+        pairs
     }
 
     /// The guest variables that stand in for the secrets, and their values.
@@ -149,6 +196,20 @@ impl Credentials {
         }
         vars
     }
+}
+
+/// A secret and the forms the rule writes it in, each with the same form
+/// of the placeholder.
+fn spellings(rule: &CredentialRule, secret: &str) -> Vec<(String, String)> {
+    let header = rule.render(secret);
+    let mut out = vec![(secret.to_string(), PLACEHOLDER.to_string()), (header.clone(), rule.render(PLACEHOLDER))];
+    let basic = header.get(..6).filter(|scheme| scheme.eq_ignore_ascii_case("basic ")).map(|_| header[6..].trim());
+    let decoded = basic.and_then(|b| String::from_utf8(BASE64.decode(b).ok()?).ok());
+    if let Some((user, password)) = decoded.as_deref().and_then(|d| d.split_once(':')) {
+        out.push((format!("{user}:{password}"), format!("{user}:{PLACEHOLDER}")));
+        out.push((password.to_string(), PLACEHOLDER.to_string()));
+    }
+    out
 }
 
 async fn fetch(rule: &CredentialRule, home: Option<&Path>) -> Result<Secret, String> {

@@ -3,9 +3,11 @@
 //! refuses requests under a denied path, and sends the others on over TLS
 //! it has verified itself, with the guest's auth headers removed and the
 //! real credential written in where the rule's scope covers the request,
-//! and sign-in placeholders replaced by the real tokens (whose answers get
-//! placeholders in turn, `signin`). Requests for any other authority on
-//! that connection are refused, so a secret only goes where its rule says.
+//! and sign-in placeholders replaced by the real tokens. Every answer on
+//! such a host is scrubbed of every real value the proxy writes there
+//! (`scrub`), so a server echoing a request hands back placeholders.
+//! Requests for any other authority on that connection are refused, so a
+//! secret only goes where its rule says.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use super::Shared;
 use super::audit::{Decision, Kind, Record};
 use super::body::{self, BufferError, Buffered, Counted, Direction, Flow, ProxyBody};
 use super::packages;
-use super::scrub::Scrubbed;
+use super::scrub::{Scrub, Scrubbed};
 use super::signin::{BODY_DEADLINE, MAX_ANSWER, MAX_REQUEST, TokenRequest};
 use super::upstream::TlsUpstream;
 use crate::policy::{Host, Port, RequestPath};
@@ -172,6 +174,10 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
             };
             parts.headers.insert(rule.header.clone(), value);
         }
+        // Every answer on the host is scrubbed of the credential (a server
+        // may quote it from this request or an earlier one), which a
+        // compressed answer would hide.
+        parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
     let mut up = Counted::boxed(incoming, flow.clone(), Direction::Up);
     let mut token = None;
@@ -223,10 +229,10 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
             flow.update(|r| r.status = Some(response.status().as_u16()));
             let (mut parts, incoming) = response.into_parts();
             body::strip_hop_by_hop(&mut parts.headers);
-            if this.signin.is_empty() {
+            if this.signin.is_empty() && this.credential.is_none() {
                 return Response::from_parts(parts, Counted::boxed(incoming, flow, Direction::Down));
             }
-            match signin_answer(this, &flow, token.as_ref(), head, &mut parts, incoming).await {
+            match scrubbed_answer(this, &flow, token.as_ref(), head, &mut parts, incoming).await {
                 Ok(down) => Response::from_parts(parts, Counted::boxed(down, flow, Direction::Down)),
                 Err(reason) => {
                     flow.fail(reason.clone());
@@ -245,10 +251,24 @@ async fn handle(this: &Interception, req: Request<Incoming>) -> Response<ProxyBo
     }
 }
 
-/// An answer on a sign-in rule's host, made safe for the guest: a token
-/// URL's read whole and given placeholders, any other scrubbed of every
-/// real value as it streams; an error when it cannot be passed on safely.
-async fn signin_answer(
+/// Every real value the proxy writes on this connection's host (its
+/// credential rule's, its sign-in rules'), each with its placeholder.
+fn answer_scrub(this: &Interception) -> Scrub {
+    let mut pairs = Vec::new();
+    if this.credential.is_some() {
+        pairs.extend(this.shared.credentials.scrub_pairs());
+    }
+    if !this.signin.is_empty() {
+        pairs.extend(this.shared.signins.scrub_pairs());
+    }
+    Scrub::new(pairs)
+}
+
+/// An answer on a host with a credential or sign-in rule, made safe for the
+/// guest: a token URL's read whole and given placeholders, any other
+/// scrubbed of every real value as it streams; an error when it cannot be
+/// passed on safely.
+async fn scrubbed_answer(
     this: &Interception,
     flow: &Flow,
     token: Option<&TokenRequest>,
@@ -262,7 +282,7 @@ async fn signin_answer(
     let encoded =
         parts.headers.get(header::CONTENT_ENCODING).is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
     let Some(token) = token else {
-        let scrub = signins.scrub();
+        let scrub = answer_scrub(this);
         if scrub.is_empty() {
             return Ok(incoming.map_err(Into::into).boxed());
         }
@@ -294,7 +314,7 @@ async fn signin_answer(
         flow.update(|r| r.signin_saved = Some(saved.describe()));
     }
     // Tokens outside the fields read (and any the request was sent) too.
-    let scrub = signins.scrub();
+    let scrub = answer_scrub(this);
     let out = rewritten.unwrap_or_else(|| bytes.to_vec());
     let out = scrub.replace(&out).unwrap_or(out);
     scrub.headers(&mut parts.headers);

@@ -58,6 +58,8 @@ mod tunnel;
 mod upstream;
 
 #[cfg(test)]
+mod credential_echo_tests;
+#[cfg(test)]
 mod signin_tests;
 #[cfg(test)]
 mod tests;

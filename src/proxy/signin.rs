@@ -29,7 +29,6 @@ use serde_json::{Map, Value};
 
 use super::ProxyError;
 use super::credentials::Secret;
-use super::scrub::Scrub;
 use crate::policy::{Host, Port, SigninRule, TokenPath};
 
 /// How every placeholder begins; 32 random hex digits follow.
@@ -386,16 +385,21 @@ impl Signins {
     }
 
     /// Every real value handed out, in the spellings an echo may give it
-    /// (as it is, form-encoded, JSON with `\/`), each with its placeholder.
-    pub fn scrub(&self) -> Scrub {
+    /// (as it is, form-encoded, JSON with `\/`), each with its placeholder:
+    /// pairs for a [`Scrub`](super::scrub::Scrub), which may cover credential
+    /// values too.
+    pub fn scrub_pairs(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        Scrub::new(entries.values().flat_map(|e| {
-            let real = &e.real.0;
-            let guest = e.guest.as_bytes().to_vec();
-            [real.clone(), form_encode(real), real.replace('/', "\\/")]
-                .into_iter()
-                .map(move |spelling| (spelling.into_bytes(), guest.clone()))
-        }))
+        entries
+            .values()
+            .flat_map(|e| {
+                let real = &e.real.0;
+                let guest = e.guest.as_bytes().to_vec();
+                [real.clone(), form_encode(real), real.replace('/', "\\/")]
+                    .into_iter()
+                    .map(move |spelling| (spelling.into_bytes(), guest.clone()))
+            })
+            .collect()
     }
 
     /// Whether rule `index` has no host file yet, which a sign-in may create.
@@ -595,7 +599,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Encodes one x-www-form-urlencoded component: all but the unreserved
 /// characters as `%XX`.
-fn form_encode(text: &str) -> String {
+pub(super) fn form_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -1027,7 +1031,7 @@ mod tests {
         assert!(matches!(saved, Some(Saved::Created(_))), "{saved:?}");
 
         // Every value handed out is scrubbed, in each spelling.
-        let scrub = signins.scrub();
+        let scrub = crate::proxy::scrub::Scrub::new(signins.scrub_pairs());
         let echo = scrub.replace(b"ra r/a r%2Fa r\\/a a2").unwrap();
         assert!(!String::from_utf8_lossy(&echo).contains("r/a") && !echo.starts_with(b"ra "), "{echo:?}");
         std::fs::remove_dir_all(&dir).unwrap();
