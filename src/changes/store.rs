@@ -50,6 +50,13 @@ pub struct StageReport {
     /// Paths whose setuid, setgid or sticky bits were dropped.
     pub stripped: Vec<RelPath>,
     pub stripped_count: u64,
+    /// Compiled Python the guest wrote ([`super::apply::compiled_python`]),
+    /// dropped as it arrived: the host's Python would run it instead of the
+    /// reviewed source, and rebuilds it from that source anyway.
+    #[serde(default)]
+    pub bytecode: Vec<RelPath>,
+    #[serde(default)]
+    pub bytecode_count: u64,
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -232,6 +239,12 @@ impl Store {
         let mut metadata = 0u64;
         while let Some(item) = reader.next(&mut sink)? {
             match item {
+                Item::Entry { entry, .. } if super::apply::compiled_python(&entry.path) => {
+                    report.bytecode_count += 1;
+                    if report.bytecode.len() < MAX_STRIPPED_LISTED {
+                        report.bytecode.push(entry.path);
+                    }
+                }
                 Item::Entry { entry, stripped_bits } => {
                     if stripped_bits {
                         tracing::warn!("dropped setuid/setgid/sticky bits of {}", entry.path);

@@ -43,6 +43,7 @@ impl Summary {
             "git": git,
             "skipped_special_files": self.report.summary.skipped,
             "stripped_setuid": self.report.stripped_count,
+            "dropped_compiled_python": self.report.bytecode_count,
         })
     }
 }

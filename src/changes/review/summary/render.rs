@@ -333,6 +333,16 @@ impl Summary {
                 format!("setuid/setgid/sticky bits dropped: {} ({}{more})", report.stripped_count, listed.join(", "));
             writeln!(out, "  {}", p.paint(Role::Other, line))?;
         }
+        if report.bytecode_count > 0 {
+            let listed: Vec<String> = report.bytecode.iter().take(3).map(|s| s.to_string()).collect();
+            let more = if report.bytecode_count > listed.len() as u64 { ", …" } else { "" };
+            let line = format!(
+                "compiled Python not carried over (the host's Python rebuilds it from the reviewed source): {} ({}{more})",
+                report.bytecode_count,
+                listed.join(", ")
+            );
+            writeln!(out, "  {}", p.paint(Role::Muted, line))?;
+        }
         Ok(())
     }
 }
