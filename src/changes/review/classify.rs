@@ -1743,4 +1743,68 @@ mod tests {
         assert_eq!(git_config_values(text, "core", "hookspath"), [".githooks"]);
         assert!(git_config_values("[core]\n", "core", "hookspath").is_empty());
     }
+
+    /// Attack: Python imports `sitecustomize` (and `usercustomize`) under
+    /// any name its importers accept, not only `.py`: a sourceless
+    /// `sitecustomize.pyc` or an extension module in a virtualenv's
+    /// site-packages runs at every start of that environment's Python,
+    /// as `sitecustomize.py` does, and lands under `--apply all`.
+    #[test]
+    fn sitecustomize_in_any_importable_form_is_flagged() {
+        for path in [
+            ".venv/lib/python3.12/site-packages/sitecustomize.pyc",
+            ".venv/lib/python3.12/site-packages/sitecustomize.cpython-312-x86_64-linux-gnu.so",
+            ".venv/lib/python3.12/site-packages/sitecustomize.abi3.so",
+            ".venv/lib/python3.12/site-packages/usercustomize.pyc",
+        ] {
+            assert_eq!(danger_of(path), Some(Danger::PythonStartup), "{path}");
+        }
+    }
+
+    /// Attack: a `.pth` line that imports a module runs that module at every
+    /// Python start. Virtualenvs made by `virtualenv` (tox, hatch, poetry,
+    /// pipenv) hold `_virtualenv.pth` = `import _virtualenv`, and any with
+    /// setuptools holds `distutils-precedence.pth`, which imports
+    /// `_distutils_hack`. The guest leaves the `.pth` alone and rewrites the
+    /// module it imports: it runs at every start of that Python (an editor
+    /// asks the interpreter for its environment when the folder opens), yet
+    /// it is not flagged.
+    #[test]
+    fn a_module_an_unchanged_pth_imports_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        let site = ws.join(".venv/lib/python3.12/site-packages");
+        fs::create_dir_all(site.join("_distutils_hack")).unwrap();
+        fs::write(ws.join(".venv/pyvenv.cfg"), "home = /usr/bin\nversion = 3.12.1\n").unwrap();
+        fs::write(site.join("_virtualenv.pth"), "import _virtualenv\n").unwrap();
+        fs::write(site.join("_virtualenv.py"), "# patches distutils\n").unwrap();
+        fs::write(
+            site.join("distutils-precedence.pth"),
+            "import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os.environ.get(var, 'local') == 'local'; \
+             enabled and __import__('_distutils_hack').add_shim(); \n",
+        )
+        .unwrap();
+        fs::write(site.join("_distutils_hack/__init__.py"), "# shim\n").unwrap();
+        let entries = [
+            file(".venv/lib/python3.12/site-packages/_virtualenv.py", 0o644),
+            file(".venv/lib/python3.12/site-packages/_distutils_hack/__init__.py", 0o644),
+        ];
+        let judged = judge_all(ws, &[], &entries);
+        for (entry, verdict) in entries.iter().zip(&judged) {
+            assert!(verdict.is_some(), "{} runs at every Python start, unflagged", entry.path);
+        }
+    }
+
+    /// Attack: coding agents other than the listed ones run commands from
+    /// the project too: Cursor's project hooks (`.cursor/hooks.json`, run
+    /// on `sessionStart`, `beforeShellExecution`, ...), opencode's
+    /// `opencode.json` (local MCP servers, formatters) and the plugins it
+    /// loads from `.opencode/plugin/` at start. Same shape as
+    /// `.claude/settings.json`, not flagged.
+    #[test]
+    fn other_coding_agents_settings_that_run_commands_are_flagged() {
+        for path in [".cursor/hooks.json", "opencode.json", ".opencode/plugin/init.ts"] {
+            assert_eq!(danger_of(path), Some(Danger::AgentConfig), "{path}");
+        }
+    }
 }
