@@ -117,9 +117,10 @@ pub struct TokenRequest {
     pub wrote: bool,
     /// ... the host file's own one: its answer may refresh that file.
     pub own: bool,
-    /// The body as the guest sent it: an answer repeating a value from it
-    /// is an echo, not new tokens.
-    pub sent: Vec<u8>,
+    /// Every text the guest put in the body, decoded as the server may
+    /// read it (the body as it is, each JSON string and each form key and
+    /// value): an answer repeating one is an echo, not new tokens.
+    pub sent: Vec<String>,
 }
 
 /// A token request or answer body in one of the two formats OAuth uses.
@@ -279,7 +280,7 @@ impl Signins {
         content_type: Option<&str>,
         body: &[u8],
     ) -> (Option<Vec<u8>>, TokenRequest) {
-        let mut request = TokenRequest { rule, sent: body.to_vec(), ..TokenRequest::default() };
+        let mut request = TokenRequest { rule, sent: sent_texts(body), ..TokenRequest::default() };
         let Some(mut form) = Form::read(content_type, body, false) else { return (None, request) };
         request.grant = form.field("grant_type");
         if request.grant.as_deref() != Some("refresh_token") {
@@ -368,7 +369,7 @@ impl Signins {
         form.replace(&guest_of);
         let expires_in = form.field("expires_in").and_then(|s| s.parse().ok());
 
-        let echoed = top.values().any(|(real, _)| contains(&request.sent, real.as_bytes()));
+        let echoed = top.values().any(|(real, _)| request.sent.iter().any(|text| contains(text, real)));
         let saved = match request.grant.as_deref() {
             _ if !success => None,
             Some("refresh_token" | "authorization_code")
@@ -593,8 +594,40 @@ impl Form {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+fn contains(haystack: &str, needle: &str) -> bool {
+    !needle.is_empty() && haystack.contains(needle)
+}
+
+/// The texts a token request's body may carry to a server, whatever it
+/// takes the body for: the bytes as they are, every JSON string literal
+/// (keys, nested values and repeated keys too) unescaped, and every form
+/// key and value decoded. Read without structure, so that no parse of the
+/// proxy's can differ from the server's in what it misses.
+fn sent_texts(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    let mut texts = vec![text.to_string()];
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while let Some(open) = bytes[at..].iter().position(|&b| b == b'"').map(|i| at + i) {
+        let mut end = open + 1;
+        while end < bytes.len() && bytes[end] != b'"' {
+            end += if bytes[end] == b'\\' { 2 } else { 1 };
+        }
+        let Some(literal) = text.get(open..=end.min(bytes.len() - 1)) else { break };
+        if let Ok(decoded) = serde_json::from_str::<String>(literal) {
+            texts.push(decoded);
+        }
+        at = end + 1;
+        if at >= bytes.len() {
+            break;
+        }
+    }
+    for pair in text.split('&') {
+        for part in pair.splitn(2, '=') {
+            texts.extend(form_decode(part));
+        }
+    }
+    texts
 }
 
 /// Encodes one x-www-form-urlencoded component: all but the unreserved
@@ -926,6 +959,17 @@ mod tests {
         let inside = format!(r#"{{"grant_type":"refresh_token","refresh_token":"x{refresh}"}}"#);
         assert_eq!(signins.token_request(0, json, inside.as_bytes()).0, None, "only the whole value");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn what_a_guest_sent_is_read_in_every_spelling_a_server_may_decode() {
+        let json = br#"{"a":"\u0067uest-1","a":"plain","n":{"k\u0041":["x\"y"]},"cut":"\"#;
+        let texts = sent_texts(json);
+        for want in ["guest-1", "plain", "kA", "x\"y"] {
+            assert!(texts.iter().any(|t| t == want), "{want} in {texts:?}");
+        }
+        let texts = sent_texts(b"access_token=gu%65st-2&x=a+b");
+        assert!(texts.iter().any(|t| t == "guest-2") && texts.iter().any(|t| t == "a b"), "{texts:?}");
     }
 
     #[test]

@@ -354,3 +354,23 @@ fn a_streamed_echo_split_across_chunks_is_scrubbed() {
         assert!(body.contains(&world.access), "{body}");
     }
 }
+
+/// Attack: the echo check compares the answer's tokens with the guest's
+/// bytes as sent, but the proxy re-serializes a JSON token request before
+/// sending it on. A token the guest writes with a JSON escape
+/// (`\u0067uest-chosen`) reaches the server as plain `guest-chosen`; an
+/// echoing token endpoint hands it back as a refresh answer, the bytes the
+/// guest sent do not contain it, and the host file takes it.
+#[test]
+fn an_escaped_guest_token_echoed_by_the_token_url_never_reaches_the_host_file() {
+    let rt = runtime();
+    let world = world(&rt, "signin-escaped-echo", None);
+    let planted = r#","access_token":"\u0067uest-chosen","expires_in":99999999"#;
+    let (status, body) = rt.block_on(async {
+        let headers = [("content-type", "application/json"), ("x-answer", "json-echo"), ("x-status", "200")];
+        world.request("auth.test", "POST", TOKEN_PATH, &headers, &world.refresh_json(planted)).await
+    });
+    assert!(!body.contains("real-refresh-1"), "the real refresh token came back ({status}): {body}");
+    let host = world.host_file();
+    assert!(!host.contains("guest-chosen"), "the host file took a guest's token: {host}");
+}

@@ -247,13 +247,38 @@ pub const FLAGGED: &[(&str, Danger)] = &[
     ("**/.codex/config.toml", Danger::AgentConfig),
     ("**/.gemini/settings.json", Danger::AgentConfig),
     ("**/.cursor/mcp.json", Danger::AgentConfig),
+    // Other agents' project settings of the same shape: hooks, plugins and
+    // tools they load as code, MCP servers, commands they run by themselves
+    // (install, lint, test). Their instructions, rules and slash commands
+    // are project source, as `CLAUDE.md` and `.claude/commands/` are.
+    ("**/.cursor/hooks.json", Danger::AgentConfig),
+    ("**/.cursor/hooks/", Danger::AgentConfig),
+    ("**/.cursor/environment.json", Danger::AgentConfig),
+    ("opencode.json", Danger::AgentConfig),
+    ("opencode.jsonc", Danger::AgentConfig),
+    ("**/.opencode/opencode.json*", Danger::AgentConfig),
+    ("**/.opencode/plugin/", Danger::AgentConfig),
+    ("**/.opencode/plugins/", Danger::AgentConfig),
+    ("**/.opencode/tool/", Danger::AgentConfig),
+    ("**/.opencode/tools/", Danger::AgentConfig),
+    ("**/.gemini/extensions/", Danger::AgentConfig),
+    ("**/.windsurf/hooks.json", Danger::AgentConfig),
+    ("**/.clinerules/hooks/", Danger::AgentConfig),
+    ("**/.continue/mcpServers/", Danger::AgentConfig),
+    ("**/.kiro/hooks/", Danger::AgentConfig),
+    ("**/.kiro/settings/mcp.json", Danger::AgentConfig),
+    ("**/.roo/mcp.json", Danger::AgentConfig),
+    ("**/.amazonq/mcp.json", Danger::AgentConfig),
+    (".aider.conf.yml", Danger::AgentConfig),
     // Loaded without being named: at every Python start (a `.pth` only
     // counts in a site directory; elsewhere it is PyTorch's weights),
     // on activating an environment, by npm on its lifecycle events.
     ("**/site-packages/*.pth", Danger::PythonStartup),
     ("**/dist-packages/*.pth", Danger::PythonStartup),
-    ("sitecustomize.py", Danger::PythonStartup),
-    ("usercustomize.py", Danger::PythonStartup),
+    // Any form Python imports them in: `.py`, sourceless `.pyc`, and
+    // extension modules (`.so`, `.cpython-312-x86_64-linux-gnu.so`, `.pyd`).
+    ("sitecustomize.*", Danger::PythonStartup),
+    ("usercustomize.*", Danger::PythonStartup),
     ("sitecustomize/", Danger::PythonStartup),
     ("usercustomize/", Danger::PythonStartup),
     ("pyvenv.cfg", Danger::Virtualenv),
@@ -446,6 +471,8 @@ pub struct Classifier<'h> {
     venvs: HashMap<Vec<u8>, bool>,
     /// Every file is an agent's settings for the home directory.
     agent_settings: bool,
+    /// Per site directory: the modules its host `.pth` files import.
+    pth_imports: HashMap<Vec<u8>, Rc<HashSet<Vec<u8>>>>,
 }
 
 impl<'h> Classifier<'h> {
@@ -468,6 +495,7 @@ impl<'h> Classifier<'h> {
             venv_marks: HashSet::new(),
             venvs: HashMap::new(),
             agent_settings: false,
+            pth_imports: HashMap::new(),
         }
     }
 
@@ -710,6 +738,9 @@ impl<'h> Classifier<'h> {
         if self.envrc.loaded.iter().any(|l| l == bytes) {
             return Some(Danger::Direnv);
         }
+        if self.imported_by_pth(path) {
+            return Some(Danger::PythonStartup);
+        }
         if self.envrc.path_dirs.iter().any(|d| d == parent) {
             return Some(Danger::OnPath);
         }
@@ -728,6 +759,54 @@ impl<'h> Classifier<'h> {
             return Some(Danger::OnPath);
         }
         None
+    }
+
+    /// Whether `path` is (part of) a module that a `.pth` file on the host
+    /// in its site directory imports, which Python then runs at every
+    /// start: `name.py`, `name.pyc`, `name.*.so`, the package `name/` and
+    /// all in it, and `__pycache__/name.*.pyc`. Staged `.pth` files are
+    /// flagged themselves. Only the site directories of judged paths are
+    /// read.
+    fn imported_by_pth(&mut self, path: &RelPath) -> bool {
+        let names: Vec<&[u8]> = path.components().collect();
+        for (at, name) in names.iter().enumerate() {
+            if !matches!(*name, b"site-packages" | b"dist-packages") || at + 1 >= names.len() {
+                continue;
+            }
+            let rest = &names[at + 1..];
+            let module = match rest {
+                [file] => module_of(file),
+                [b"__pycache__", file] => module_of(file),
+                [package, ..] => package,
+                [] => continue,
+            };
+            let site = names[..=at].join(&b'/');
+            if self.site_imports(&site).contains(module) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The top-level modules the `.pth` files of site directory `site` on
+    /// the host import (read once per directory, bounded).
+    fn site_imports(&mut self, site: &[u8]) -> Rc<HashSet<Vec<u8>>> {
+        if let Some(known) = self.pth_imports.get(site) {
+            return known.clone();
+        }
+        let mut modules = HashSet::new();
+        if let Ok(dir) = RelPath::new(site.to_vec()) {
+            let pths = self.host.names(&dir, MAX_SITE_NAMES).into_iter().filter(|n| n.ends_with(b".pth"));
+            for name in pths.take(MAX_PTH_FILES) {
+                let Ok(file) = dir.join(&name) else { continue };
+                if let Ok(Some(text)) = self.host.read(&file, MAX_PTH_BYTES) {
+                    modules.extend(pth_imports(&String::from_utf8_lossy(&text)));
+                }
+            }
+        }
+        let modules = Rc::new(modules);
+        self.pth_imports.insert(site.to_vec(), modules.clone());
+        modules
     }
 
     /// Whether `dir` is a Python virtualenv: it holds `pyvenv.cfg` after
@@ -1050,6 +1129,57 @@ fn host_envrc(host: &Host, workspace: &Path) -> Envrc {
         envrc.merge(part);
     }
     envrc
+}
+
+/// Bounds on reading a site directory's `.pth` files.
+const MAX_SITE_NAMES: usize = 100_000;
+const MAX_PTH_FILES: usize = 256;
+const MAX_PTH_BYTES: u64 = 64 << 10;
+
+/// The module a file directly in a site directory is: its name up to the
+/// first dot (`x.py`, `x.pyc`, `x.cpython-312-x86_64-linux-gnu.so`).
+fn module_of(file: &[u8]) -> &[u8] {
+    file.split(|&b| b == b'.').next().unwrap_or(file)
+}
+
+/// The top-level modules a `.pth` file's code lines import. Python runs a
+/// line that starts with `import` followed by a space or tab; in one, each
+/// `import a, b.c as d` and `from a import b` statement counts, and so does
+/// every quoted name (`__import__('a')`, `importlib.import_module("a")`),
+/// since what the code does with a string is not followed.
+fn pth_imports(text: &str) -> HashSet<Vec<u8>> {
+    let top = |name: &str| name.trim().split('.').next().unwrap_or("").as_bytes().to_vec();
+    let is_name = |name: &str| {
+        let mut chars = name.chars();
+        chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+            && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+    };
+    let mut modules = HashSet::new();
+    for line in text.lines().filter(|l| l.starts_with("import ") || l.starts_with("import\t")) {
+        for statement in line.split(';').map(str::trim) {
+            if let Some(names) = statement.strip_prefix("import").filter(|r| r.starts_with([' ', '\t'])) {
+                for name in names.split(',') {
+                    let name = name.split_whitespace().next().unwrap_or("");
+                    if is_name(name) {
+                        modules.insert(top(name));
+                    }
+                }
+            } else if let Some(rest) = statement.strip_prefix("from").filter(|r| r.starts_with([' ', '\t'])) {
+                let name = rest.split_whitespace().next().unwrap_or("");
+                if is_name(name) {
+                    modules.insert(top(name));
+                }
+            }
+        }
+        for quote in ['\'', '"'] {
+            for literal in line.split(quote).skip(1).step_by(2) {
+                if is_name(literal) {
+                    modules.insert(top(literal));
+                }
+            }
+        }
+    }
+    modules
 }
 
 /// A top-level name: `resolve` from it is relative to the workspace root.
@@ -1742,5 +1872,104 @@ mod tests {
         let text = "[user]\n name = x\n[core]\n  HooksPath = \".githooks\" ; comment\n";
         assert_eq!(git_config_values(text, "core", "hookspath"), [".githooks"]);
         assert!(git_config_values("[core]\n", "core", "hookspath").is_empty());
+    }
+
+    /// Attack: Python imports `sitecustomize` (and `usercustomize`) under
+    /// any name its importers accept, not only `.py`: a sourceless
+    /// `sitecustomize.pyc` or an extension module in a virtualenv's
+    /// site-packages runs at every start of that environment's Python,
+    /// as `sitecustomize.py` does, and lands under `--apply all`.
+    #[test]
+    fn sitecustomize_in_any_importable_form_is_flagged() {
+        for path in [
+            ".venv/lib/python3.12/site-packages/sitecustomize.pyc",
+            ".venv/lib/python3.12/site-packages/sitecustomize.cpython-312-x86_64-linux-gnu.so",
+            ".venv/lib/python3.12/site-packages/sitecustomize.abi3.so",
+            ".venv/lib/python3.12/site-packages/usercustomize.pyc",
+        ] {
+            assert_eq!(danger_of(path), Some(Danger::PythonStartup), "{path}");
+        }
+    }
+
+    /// Attack: a `.pth` line that imports a module runs that module at every
+    /// Python start. Virtualenvs made by `virtualenv` (tox, hatch, poetry,
+    /// pipenv) hold `_virtualenv.pth` = `import _virtualenv`, and any with
+    /// setuptools holds `distutils-precedence.pth`, which imports
+    /// `_distutils_hack`. The guest leaves the `.pth` alone and rewrites the
+    /// module it imports: it runs at every start of that Python (an editor
+    /// asks the interpreter for its environment when the folder opens), yet
+    /// it is not flagged.
+    #[test]
+    fn a_module_an_unchanged_pth_imports_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        let site = ws.join(".venv/lib/python3.12/site-packages");
+        fs::create_dir_all(site.join("_distutils_hack")).unwrap();
+        fs::write(ws.join(".venv/pyvenv.cfg"), "home = /usr/bin\nversion = 3.12.1\n").unwrap();
+        fs::write(site.join("_virtualenv.pth"), "import _virtualenv\n").unwrap();
+        fs::write(site.join("_virtualenv.py"), "# patches distutils\n").unwrap();
+        fs::write(
+            site.join("distutils-precedence.pth"),
+            "import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os.environ.get(var, 'local') == 'local'; \
+             enabled and __import__('_distutils_hack').add_shim(); \n",
+        )
+        .unwrap();
+        fs::write(site.join("_distutils_hack/__init__.py"), "# shim\n").unwrap();
+        let entries = [
+            file(".venv/lib/python3.12/site-packages/_virtualenv.py", 0o644),
+            file(".venv/lib/python3.12/site-packages/_distutils_hack/__init__.py", 0o644),
+        ];
+        let judged = judge_all(ws, &[], &entries);
+        for (entry, verdict) in entries.iter().zip(&judged) {
+            assert!(verdict.is_some(), "{} runs at every Python start, unflagged", entry.path);
+        }
+    }
+
+    /// Attack: coding agents other than the listed ones run commands from
+    /// the project too: Cursor's project hooks (`.cursor/hooks.json`, run
+    /// on `sessionStart`, `beforeShellExecution`, ...), opencode's
+    /// `opencode.json` (local MCP servers, formatters) and the plugins it
+    /// loads from `.opencode/plugin/` at start. Same shape as
+    /// `.claude/settings.json`, not flagged.
+    #[test]
+    fn other_coding_agents_settings_that_run_commands_are_flagged() {
+        for path in [".cursor/hooks.json", "opencode.json", ".opencode/plugin/init.ts"] {
+            assert_eq!(danger_of(path), Some(Danger::AgentConfig), "{path}");
+        }
+    }
+
+    #[test]
+    fn pth_code_lines_name_the_modules_they_import() {
+        let text = "# comment\n../src\nimport a, b.c as d;from e.f import g\n\
+                    import os; __import__('h').x(); importlib.import_module(\"i.j\")\n\
+                    x = 'not-code'\nimportlib\n";
+        let mut got: Vec<String> = pth_imports(text).iter().map(|m| String::from_utf8_lossy(m).into()).collect();
+        got.sort();
+        assert_eq!(got, ["a", "b", "e", "h", "i", "os"]);
+        assert_eq!(module_of(b"x.cpython-312-x86_64-linux-gnu.so"), b"x");
+    }
+
+    #[test]
+    fn other_agents_instructions_and_unimported_modules_stay_unflagged() {
+        for path in
+            ["AGENTS.md", ".cursor/rules/style.mdc", ".opencode/command/go.md", ".github/copilot-instructions.md"]
+        {
+            assert_eq!(danger_of(path), None, "{path}");
+        }
+        for path in [".kiro/hooks/x.kiro.hook", ".gemini/extensions/e/gemini-extension.json", ".aider.conf.yml"] {
+            assert_eq!(danger_of(path), Some(Danger::AgentConfig), "{path}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let site = tmp.path().join("venv/lib/python3.12/site-packages");
+        fs::create_dir_all(&site).unwrap();
+        fs::write(site.join("a.pth"), "import hooked\n/plain/dir\n").unwrap();
+        let entries = [
+            file("venv/lib/python3.12/site-packages/hooked.cpython-312-x86_64-linux-gnu.so", 0o755),
+            file("venv/lib/python3.12/site-packages/__pycache__/hooked.cpython-312.pyc", 0o644),
+            file("venv/lib/python3.12/site-packages/other.py", 0o644),
+            file("venv/lib/python3.12/site-packages/dir/hooked.py", 0o644),
+        ];
+        let judged: Vec<bool> = judge_all(tmp.path(), &[], &entries).iter().map(Option::is_some).collect();
+        assert_eq!(judged, [true, true, false, false]);
     }
 }

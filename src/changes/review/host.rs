@@ -87,6 +87,17 @@ impl Host {
         Ok(Some(content))
     }
 
+    /// The names in the directory `path` on the host (not below it), at
+    /// most `limit` of them; none when it is not a directory.
+    pub fn names(&self, path: &RelPath, limit: usize) -> Vec<Vec<u8>> {
+        let Some(root) = &self.root else { return Vec::new() };
+        let Ok(parent) = root.parent_of(path) else { return Vec::new() };
+        let Ok(mut dir) = dirfd::open_dir(&parent, path.file_name()) else { return Vec::new() };
+        let mut names = dirfd::list(&mut dir).unwrap_or_default();
+        names.truncate(limit);
+        names
+    }
+
     /// Every path below the directory `path` on the host, in tree order,
     /// without following symlinks; at most `limit` of them.
     pub fn below(&self, path: &RelPath, limit: usize) -> Vec<(RelPath, HostState)> {
