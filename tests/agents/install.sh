@@ -4,7 +4,9 @@
 # the home directory, and node itself in an nvm-style tree
 # (nvm/versions/node/vX/{bin,lib/node_modules/npm}) copied from this host's
 # node. Cached under $STOCKADE_CACHE/agent-clis/<key>, key = the pinned
-# versions, node's version and this script.
+# versions, node's version and this script, and used from a hard-linked copy
+# at ~/.stockade-test-agents/<key>: stockade never shares its own cache with a
+# guest, as a user's toolchains are shared, so tools must live elsewhere.
 #
 # Output: the directory (holding npm-global/ and nvm/) on stdout.
 set -euo pipefail
@@ -20,8 +22,21 @@ npm_dir=$(npm root -g)/npm
 version=$("$node" --version)
 key=$( { echo "${packages[*]}" "$version"; cat "$here/install.sh"; } | sha256sum | cut -c1-16)
 out=$cache_root/$key
-if [[ -x $out/npm-global/bin/claude && -x $out/nvm/versions/node/$version/bin/node ]]; then
-    echo "$out"
+use_root=$HOME/.stockade-test-agents
+use=$use_root/$key
+ready() { [[ -x $1/npm-global/bin/claude && -x $1/nvm/versions/node/$version/bin/node ]]; }
+# The copy the tests run, hard-linked from the cache (the same filesystem).
+publish() {
+    if ! ready "$use"; then
+        mkdir -p "$use_root"
+        rm -rf "$use" "$use.tmp"
+        cp -al "$out" "$use.tmp" 2>/dev/null || cp -a "$out" "$use.tmp"
+        mv "$use.tmp" "$use"
+    fi
+    echo "$use"
+}
+if ready "$out"; then
+    publish
     exit 0
 fi
 
@@ -41,4 +56,4 @@ rm -rf "$out"
 mv "$work" "$out"
 trap - EXIT
 say "agent CLIs ready in $out"
-echo "$out"
+publish
