@@ -145,8 +145,9 @@ fn the_home_session_is_applied_only_when_named_and_agent_instructions_are_flagge
 
 /// `--apply all` must not land, unseen in a collapsed ignored tree, files
 /// that a host tool loads without being named: a `.pth` or
-/// `sitecustomize.py` in the project's virtualenv, a program in a
-/// directory the workspace's `.envrc` puts first on PATH, a `.env` it loads.
+/// `sitecustomize.py` in the project's (git-ignored) virtualenv, its
+/// activate script, a program in a directory the workspace's `.envrc` puts
+/// first on PATH, a `.env` it loads.
 #[test]
 fn apply_all_holds_back_files_host_tools_load_by_themselves() {
     let Some(rig) = rig::require("apply_all_holds_back_files_host_tools_load_by_themselves") else { return };
@@ -154,6 +155,7 @@ fn apply_all_holds_back_files_host_tools_load_by_themselves() {
         &script(
             r##"git init -q; git config user.email t@example.com; git config user.name t
              printf '.venv/\n.env\n' > .gitignore; printf 'PATH_add bin\ndotenv\n' > .envrc
+             mkdir -p .venv/bin .venv/lib/python3.11/site-packages; echo 'home = /usr/bin' > .venv/pyvenv.cfg
              echo base > README; git add -A; git commit -qm init
              $S run --apply all -- sh -c '
                  site=.venv/lib/python3.11/site-packages; mkdir -p "$site" .venv/bin bin
