@@ -142,7 +142,8 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
                  claude -p "Add a Stop hook" --dangerously-skip-permissions < /dev/null >/dev/null; echo "hook-agent=$?"
                  cat "$HOME/.claude/settings.json"; echo' 2>hook.err
              cat hook.err
-             $S diff --stat 2>&1 | grep -o 'coding agent settings' | head -n1
+             home=$($S sessions 2>/dev/null | awk '/settings of agent/ {print $1; exit}')
+             $S diff --stat "$home" 2>&1 | grep -o 'coding agent settings' | head -n1
              after=$(cat "$HOME/.claude/settings.json" 2>/dev/null | sha256sum)
              test "$before" = "$after" && echo host-settings-unchanged
              cat "$STOCKADE_DATA_DIR/agents/claude/home/.claude/settings.json"; echo"#,
