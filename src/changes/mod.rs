@@ -15,7 +15,8 @@
 //! Modules: `path` (validated relative paths), `model` (entries), `wire`
 //! (stream format), `validate` (set rules), `selection`, `store` (session
 //! change store), `seen`, `tree` (directory digests), `dirfd`
-//! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`.
+//! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`,
+//! `git` (staged changes as a commit: `apply --branch`, `--commit`).
 #![forbid(unsafe_code)]
 
 mod apply;
@@ -24,6 +25,7 @@ mod bench;
 mod conflict;
 mod dirfd;
 pub(crate) mod extent;
+pub mod git;
 mod journal;
 mod model;
 mod path;
@@ -41,10 +43,10 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use apply::{ApplyOptions, apply_with_progress};
-pub use model::{Base, EntryState, Hasher, Mode, Sha256, SpecialKind, SymlinkTarget};
+pub use model::{Base, Entry, EntryState, Hasher, Mode, Sha256, SpecialKind, SymlinkTarget};
 pub use path::{RelPath, display_bytes};
 pub use selection::Selection;
-pub use store::{Counts, SetState, StageReport, Store};
+pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub(crate) use store::{Space, write_atomically};
 pub use tree::digest_at as tree_digest_at;
 pub use validate::SetError;
@@ -53,7 +55,6 @@ pub use wire::{Limits, WireError, Writer, skipped};
 #[cfg(test)]
 pub use {
     apply::{apply, check},
-    model::Entry,
     path::is_invisible,
 };
 

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::changes::review::{
@@ -15,6 +15,10 @@ use crate::changes::{ApplyOptions, RelPath, Selection, apply_with_progress};
 use crate::progress::Meter;
 
 use super::Global;
+use land::{Landing, git_head};
+
+#[path = "apply_git.rs"]
+mod land;
 use super::sessions::{self, Here};
 
 /// Apply a session's staged changes to its workspace
@@ -57,6 +61,25 @@ pub struct ApplyArgs {
     #[arg(long)]
     include_code: bool,
 
+    /// Write the chosen changes as one commit on the new git branch NAME,
+    /// parented on the commit the session started from, without touching
+    /// the working tree or git's index; merge it with `git merge NAME`.
+    /// Files that run code are held back as in a plain apply; paths inside
+    /// `.git` and new paths git ignores stay out of the commit.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["commit", "force"])]
+    branch: Option<String>,
+
+    /// After applying, commit exactly the applied paths on the current git
+    /// branch; what else is staged in git's index stays staged and out of
+    /// the commit. No git hooks run.
+    #[arg(long)]
+    commit: bool,
+
+    /// The commit message of --branch or --commit (default: names the
+    /// session and its command).
+    #[arg(short = 'm', long, value_name = "MSG")]
+    message: Option<String>,
+
     /// The config file's `runs_code` patterns (read by `run`, so tests
     /// never read the user's file).
     #[arg(skip)]
@@ -94,6 +117,18 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         sensitive.iter().filter(|(path, _)| !named.contains(path)).cloned().collect()
     };
     let selection = selection.except(held.iter().map(|(path, _)| path.clone()));
+    if args.message.is_some() && args.branch.is_none() && !args.commit {
+        bail!("-m/--message is the message of a commit: give it with --branch NAME or --commit");
+    }
+    if let Some(name) = &args.branch {
+        let land = Landing { target: &target, message: args.message.as_deref(), sensitive: &sensitive, held: &held };
+        return land.branch(name, &selection, here);
+    }
+    // The repository is checked before the workspace is written.
+    let repo = match args.commit {
+        true => Some(git_head(&target.workspace)?),
+        false => None,
+    };
     let implied = implied_dirs(&target.store)?;
     let mut meter = Meter::stderr("applying the changes", "writes");
     let options = ApplyOptions { selection, force };
@@ -117,7 +152,14 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         writeln!(out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
         write_hint(out, painter, &target.id)?;
     }
-    Ok(if report.skipped() > 0 || !held.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    let mut code = if report.skipped() > 0 || !held.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS };
+    if let Some((repo, head)) = repo {
+        let land = Landing { target: &target, message: args.message.as_deref(), sensitive: &sensitive, held: &held };
+        if land.commit(&repo, head.as_deref(), &report.applied, here)? {
+            code = ExitCode::from(1);
+        }
+    }
+    Ok(code)
 }
 
 #[cfg(test)]

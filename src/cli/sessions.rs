@@ -347,6 +347,8 @@ pub struct Target {
     /// (empty for one recorded before agents were named): every file in it
     /// runs code.
     pub agent_settings: Option<String>,
+    /// Its run record (absent when unreadable).
+    pub record: Option<session::RunRecord>,
 }
 
 /// Whether a first positional argument is a session id (or a prefix of
@@ -393,7 +395,7 @@ pub fn resolve(data: &Path, given: Option<&str>, cwd: &Path) -> anyhow::Result<T
     })?;
     let store = Store::open(&info.dir)
         .with_context(|| format!("cannot open the change store of session {} in {}", info.id, info.dir.display()))?;
-    Ok(Target { id: info.id, workspace, store, agent_settings })
+    Ok(Target { id: info.id, workspace, store, agent_settings, record: info.record })
 }
 
 fn default_session(sessions: &[SessionInfo], cwd: &Path) -> anyhow::Result<SessionInfo> {
@@ -544,6 +546,7 @@ pub(super) mod fixture {
             status: Some(2),
             outcome: None,
             agent_settings: None,
+            git_head: None,
         };
         std::fs::write(dir.join("run.json"), serde_json::to_vec(&record).unwrap()).unwrap();
         stage(&f.ws, &Store::open(&dir).unwrap());

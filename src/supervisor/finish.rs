@@ -240,6 +240,7 @@ fn offer_agent_settings(state: &agent_state::Prepared, epilogue: &Epilogue<'_>) 
         status: Some(0),
         outcome: Some(session::AGENT_SETTINGS_OUTCOME.into()),
         agent_settings: Some(state.name.clone()),
+        git_head: None,
     })?;
     let store = changes::Store::open(&session.dir)?;
     state.stage_for_home(&changed, home, &store)?;

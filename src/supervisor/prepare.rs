@@ -105,6 +105,7 @@ impl Recorded {
             status: None,
             outcome: None,
             agent_settings: None,
+            git_head: changes::git::head_of(&host.workspace),
         };
         session.write_record(&record)?;
         let store = changes::Store::open(&session.dir)?;

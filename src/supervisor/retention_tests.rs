@@ -58,6 +58,7 @@ fn finished_run(data: &Path, started: SystemTime) -> Session {
             status: Some(0),
             outcome: Some("exited with 0".into()),
             agent_settings: None,
+            git_head: None,
         })
         .unwrap();
     fs::write(session.kernel_log(), vec![b'k'; 8192]).unwrap();

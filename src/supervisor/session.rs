@@ -36,6 +36,12 @@ pub struct RunRecord {
     /// when named, never the default session of `diff`, `apply`, `discard`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_settings: Option<String>,
+    /// The commit the workspace's git repository had checked out when the
+    /// run started (`HEAD`, full id): the parent of `stockade apply
+    /// --branch`. Absent outside a repository, on an unborn branch, and in
+    /// records older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_head: Option<String>,
 }
 
 /// The outcome recorded for an agent's settings before `agent_settings`
@@ -255,6 +261,7 @@ mod tests {
             status: Some(0),
             outcome: None,
             agent_settings: None,
+            git_head: None,
         };
         fs::write(dir.join("run.json"), serde_json::to_vec(&record).unwrap()).unwrap();
     }

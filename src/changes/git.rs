@@ -1,0 +1,636 @@
+//! Staged changes as git commits, made on the host: `stockade apply
+//! --branch` writes them as one commit on a new branch, parented on the
+//! commit the session started from; `--commit` commits what an apply just
+//! wrote, on the current branch. Only plumbing on a temporary index
+//! (`hash-object`, `read-tree`, `update-index --index-info`, `write-tree`,
+//! `commit-tree`, `update-ref` with the old value given), so the working
+//! tree and the user's index are never touched by a branch, and a ref is
+//! never overwritten by a race.
+//!
+//! The repository may be hostile (its `.git/config` is not the user's
+//! choice): git runs with the `GIT_*` environment dropped (the identity
+//! variables kept) and with every setting through which these commands
+//! could start a program overridden on its command line; see
+//! [`Repo::command`]. Content is hashed as staged (`--no-filters`: no
+//! clean filter, no line-ending conversion) and commits are not signed
+//! (`commit-tree` signs only with `-S`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use thiserror::Error;
+
+use super::ChangesError;
+use super::model::{Entry, Kind, Sha256};
+use super::path::{RelPath, display_bytes};
+use super::store::Store;
+
+/// Settings a repository's own config could use to run a program or reach
+/// the network during the plumbing run here, each overridden.
+const SAFE_CONFIG: &[&str] = &[
+    // Index reads may query a file-system monitor program.
+    "core.fsmonitor=false",
+    // `update-ref` runs the reference-transaction hook; gc runs pre-auto-gc.
+    "core.hooksPath=/dev/null",
+    // A partial clone fetches missing objects through a transport
+    // (`core.sshCommand`, remote helpers): none is allowed.
+    "protocol.allow=never",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "submodule.recurse=false",
+    "commit.gpgSign=false",
+    "core.untrackedCache=false",
+];
+
+/// `GIT_*` variables kept from the user's environment: who commits.
+const KEPT_ENV: &[&str] = &[
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_AUTHOR_DATE",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+    "GIT_COMMITTER_DATE",
+];
+
+#[derive(Debug, Error)]
+pub enum GitError {
+    #[error("cannot run git: {0}; install git, or apply without --branch and --commit")]
+    Spawn(#[source] io::Error),
+    #[error(
+        "{} is not in a git repository ({detail}); run `git init` there first, or apply without --branch and --commit",
+        workspace.display()
+    )]
+    NotARepo { workspace: PathBuf, detail: String },
+    #[error("{name:?} is not a valid branch name (`git check-ref-format --branch` refuses it); choose another NAME")]
+    BadName { name: String },
+    #[error(
+        "branch {name} already exists (at {at}); nothing was written. Choose another NAME, or delete it first \
+         with `git branch -D {name}`"
+    )]
+    Exists { name: String, at: String },
+    #[error(
+        "the session started from commit {0}, which is not in the repository any more; \
+         apply without --branch, or make the branch with `git branch` and apply there"
+    )]
+    MissingBase(String),
+    #[error("git {what} failed: {detail}")]
+    Failed { what: String, detail: String },
+    #[error(transparent)]
+    Changes(#[from] ChangesError),
+}
+
+/// Why a chosen change is not in the commit; it stays staged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeftOut {
+    /// A path inside a `.git` directory: git internals never come from the
+    /// guest as content of a commit.
+    GitDir,
+    /// A new path the repository's ignore rules exclude (`git add` would
+    /// refuse it too).
+    Ignored,
+    /// Below a submodule, whose content is another repository's.
+    InSubmodule(String),
+    /// A mode change of a file the base commit does not hold: its content
+    /// is not in the session.
+    ModeOfUntracked,
+}
+
+impl LeftOut {
+    pub fn explain(&self) -> String {
+        match self {
+            LeftOut::GitDir => "inside .git: git internals are never committed from the guest".into(),
+            LeftOut::Ignored => "ignored by git".into(),
+            LeftOut::InSubmodule(sub) => format!("inside the submodule {sub}: commit it there"),
+            LeftOut::ModeOfUntracked => "a mode change of a file the base commit does not hold".into(),
+        }
+    }
+}
+
+/// A commit made from staged changes.
+#[derive(Debug, Clone)]
+pub struct Landed {
+    pub commit: String,
+    /// Its parent (`None`: a root commit of an unborn branch).
+    pub parent: Option<String>,
+    /// Entries whose change the commit holds (or that git cannot hold,
+    /// like a new empty directory): mark them applied.
+    pub committed: Vec<RelPath>,
+    pub left: Vec<(RelPath, LeftOut)>,
+}
+
+/// One index entry: git mode and object id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Item {
+    mode: u32,
+    oid: String,
+}
+
+const GITLINK: u32 = 0o160000;
+const SYMLINK: u32 = 0o120000;
+
+/// The git repository holding a workspace.
+#[derive(Debug)]
+pub struct Repo {
+    workspace: PathBuf,
+    /// Where the workspace is in the repository: empty, or `dir/sub/`.
+    prefix: Vec<u8>,
+    /// The filter drivers the repository's config defines (`filter.NAME.*`),
+    /// each switched off: git runs a clean filter even in plumbing when it
+    /// writes the user's index and checks an entry that may have changed
+    /// within the same second.
+    filters: Vec<String>,
+}
+
+/// The commit the workspace's repository has checked out, for the run
+/// record (`None` outside a repository, on an unborn branch, or when git
+/// cannot be run).
+pub fn head_of(workspace: &Path) -> Option<String> {
+    Repo::open(workspace).ok()?.head().ok().flatten()
+}
+
+impl Repo {
+    pub fn open(workspace: &Path) -> Result<Repo, GitError> {
+        let repo = Repo { workspace: workspace.to_path_buf(), prefix: Vec::new(), filters: Vec::new() };
+        let out = repo.output(&["rev-parse", "--is-bare-repository", "--show-prefix"], None, None)?;
+        if !out.status.success() {
+            return Err(GitError::NotARepo { workspace: workspace.to_path_buf(), detail: stderr_line(&out) });
+        }
+        let mut lines = out.stdout.split(|&b| b == b'\n');
+        if lines.next() != Some(b"false") {
+            return Err(GitError::NotARepo {
+                workspace: workspace.to_path_buf(),
+                detail: "the repository is bare".into(),
+            });
+        }
+        let prefix = lines.next().unwrap_or_default().to_vec();
+        let out = repo.output(&["config", "--name-only", "-z", "--get-regexp", r"^filter\."], None, None)?;
+        let mut filters: Vec<String> = out
+            .stdout
+            .split(|&b| b == 0)
+            .filter_map(|key| {
+                let key = std::str::from_utf8(key).ok()?;
+                let rest = key.strip_prefix("filter.")?;
+                Some(rest[..rest.rfind('.')?].to_string())
+            })
+            .collect();
+        filters.sort();
+        filters.dedup();
+        Ok(Repo { prefix, filters, ..repo })
+    }
+
+    /// git, safe in a hostile repository: in the workspace, with the
+    /// user's `GIT_*` variables dropped (but the identity), with no
+    /// replace refs, lazy fetches or prompts, and [`SAFE_CONFIG`].
+    fn command(&self, index: Option<&Path>) -> Command {
+        let mut cmd = Command::new("git");
+        cmd.current_dir(&self.workspace);
+        for (name, _) in std::env::vars_os() {
+            let text = name.to_string_lossy();
+            if text.starts_with("GIT_") && !KEPT_ENV.contains(&text.as_ref()) {
+                cmd.env_remove(&name);
+            }
+        }
+        cmd.env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_NO_REPLACE_OBJECTS", "1")
+            .env("GIT_NO_LAZY_FETCH", "1")
+            .env("GIT_PAGER", "cat");
+        if let Some(index) = index {
+            cmd.env("GIT_INDEX_FILE", index);
+        }
+        for setting in SAFE_CONFIG {
+            cmd.arg("-c").arg(setting);
+        }
+        // Through the environment, which takes a key verbatim (`-c` would
+        // split a driver name holding `=`).
+        let mut count = 0;
+        for name in &self.filters {
+            for (what, value) in [("clean", ""), ("smudge", ""), ("process", ""), ("required", "false")] {
+                cmd.env(format!("GIT_CONFIG_KEY_{count}"), format!("filter.{name}.{what}"));
+                cmd.env(format!("GIT_CONFIG_VALUE_{count}"), value);
+                count += 1;
+            }
+        }
+        cmd.env("GIT_CONFIG_COUNT", count.to_string());
+        cmd
+    }
+
+    fn output(&self, args: &[&str], index: Option<&Path>, input: Option<&[u8]>) -> Result<Output, GitError> {
+        let mut cmd = self.command(index);
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
+        let mut child = cmd.spawn().map_err(GitError::Spawn)?;
+        // Written from a thread: git may answer before it has read it all.
+        let writer = match (input, child.stdin.take()) {
+            (Some(bytes), Some(mut stdin)) => {
+                let bytes = bytes.to_vec();
+                Some(std::thread::spawn(move || stdin.write_all(&bytes)))
+            }
+            _ => None,
+        };
+        let out = child.wait_with_output().map_err(GitError::Spawn)?;
+        if let Some(writer) = writer {
+            // A broken pipe shows as git's own failure below.
+            let _ = writer.join();
+        }
+        Ok(out)
+    }
+
+    /// Runs git; its stdout when it succeeds.
+    fn run(&self, args: &[&str], index: Option<&Path>, input: Option<&[u8]>) -> Result<Vec<u8>, GitError> {
+        let out = self.output(args, index, input)?;
+        if !out.status.success() {
+            return Err(GitError::Failed { what: args[0].to_string(), detail: stderr_line(&out) });
+        }
+        Ok(out.stdout)
+    }
+
+    fn run_line(&self, args: &[&str]) -> Result<String, GitError> {
+        Ok(String::from_utf8_lossy(&self.run(args, None, None)?).trim().to_string())
+    }
+
+    /// The commit `HEAD` names; `None` on an unborn branch.
+    pub fn head(&self) -> Result<Option<String>, GitError> {
+        self.resolve("HEAD")
+    }
+
+    fn resolve(&self, name: &str) -> Result<Option<String>, GitError> {
+        let spec = format!("{name}^{{commit}}");
+        let out = self.output(&["rev-parse", "-q", "--verify", "--end-of-options", &spec], None, None)?;
+        Ok(out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
+    }
+
+    /// `refs/heads/NAME` for a new branch: a valid name, not taken.
+    pub fn new_branch(&self, name: &str) -> Result<String, GitError> {
+        let bad = || GitError::BadName { name: name.to_string() };
+        if name.is_empty() || name.starts_with('-') {
+            return Err(bad());
+        }
+        let out = self.output(&["check-ref-format", "--branch", name], None, None)?;
+        // `@{-1}` and the like expand to another name: only a plain one.
+        if !out.status.success() || String::from_utf8_lossy(&out.stdout).trim() != name {
+            return Err(bad());
+        }
+        let reference = format!("refs/heads/{name}");
+        let out = self.output(&["rev-parse", "-q", "--verify", &reference], None, None)?;
+        if out.status.success() {
+            let at = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            return Err(GitError::Exists { name: name.to_string(), at });
+        }
+        Ok(reference)
+    }
+
+    /// The commit the session started from, checked to be here.
+    pub fn base(&self, commit: &str) -> Result<String, GitError> {
+        match self.resolve(commit)? {
+            Some(id) if id == commit => Ok(id),
+            _ => Err(GitError::MissingBase(commit.to_string())),
+        }
+    }
+
+    /// Every entry of `commit`'s tree, by path in the repository.
+    fn tree(&self, commit: Option<&str>) -> Result<BTreeMap<Vec<u8>, Item>, GitError> {
+        let mut tree = BTreeMap::new();
+        let Some(commit) = commit else { return Ok(tree) };
+        let listing = self.run(&["ls-tree", "-r", "-z", "--full-tree", commit], None, None)?;
+        for record in listing.split(|&b| b == 0).filter(|r| !r.is_empty()) {
+            let parsed = (|| {
+                let tab = record.iter().position(|&b| b == b'\t')?;
+                let head = std::str::from_utf8(&record[..tab]).ok()?;
+                let mut fields = head.split(' ');
+                let mode = u32::from_str_radix(fields.next()?, 8).ok()?;
+                let oid = fields.nth(1)?.to_string();
+                Some((record[tab + 1..].to_vec(), Item { mode, oid }))
+            })();
+            let (path, item) = parsed.ok_or_else(|| GitError::Failed {
+                what: "ls-tree".into(),
+                detail: format!("unexpected output {:?}", display_bytes(record)),
+            })?;
+            tree.insert(path, item);
+        }
+        Ok(tree)
+    }
+
+    /// Writes the staged blobs and symlink targets of `entries` as git
+    /// objects; their ids by content hash and by symlink path.
+    fn write_objects(&self, store: &Store, entries: &[&Entry]) -> Result<HashMap<Vec<u8>, String>, GitError> {
+        let mut ids = HashMap::new();
+        let mut blobs: Vec<Sha256> = Vec::new();
+        let mut seen = HashSet::new();
+        for e in entries {
+            match &e.kind {
+                Kind::File { sha256, .. } if seen.insert(*sha256) => blobs.push(*sha256),
+                Kind::Symlink { target } => {
+                    let id =
+                        self.run(&["hash-object", "-w", "--no-filters", "--stdin"], None, Some(target.as_bytes()))?;
+                    ids.insert(symlink_key(&e.path), String::from_utf8_lossy(&id).trim().to_string());
+                }
+                _ => {}
+            }
+        }
+        if blobs.is_empty() {
+            return Ok(ids);
+        }
+        let mut list = Vec::new();
+        for sha in &blobs {
+            let path = store.blob_path(sha);
+            let bytes = path.as_os_str().as_bytes();
+            if bytes.contains(&b'\n') {
+                return Err(GitError::Failed {
+                    what: "hash-object".into(),
+                    detail: format!("the change store {} has a newline in its path", store.dir().display()),
+                });
+            }
+            list.extend_from_slice(bytes);
+            list.push(b'\n');
+        }
+        let out = self.run(&["hash-object", "-w", "--no-filters", "--stdin-paths"], None, Some(&list))?;
+        let lines: Vec<&[u8]> = out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).collect();
+        if lines.len() != blobs.len() {
+            return Err(GitError::Failed {
+                what: "hash-object".into(),
+                detail: format!("{} ids for {} files", lines.len(), blobs.len()),
+            });
+        }
+        for (sha, line) in blobs.iter().zip(lines) {
+            ids.insert(sha.0.to_vec(), String::from_utf8_lossy(line).to_string());
+        }
+        Ok(ids)
+    }
+
+    /// Which of these workspace paths the ignore rules exclude, as
+    /// repository paths.
+    fn ignored(&self, paths: &[&RelPath]) -> Result<HashSet<Vec<u8>>, GitError> {
+        if paths.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let mut input = Vec::new();
+        for p in paths {
+            input.extend_from_slice(p.as_bytes());
+            input.push(0);
+        }
+        let out = self.output(&["check-ignore", "-z", "--stdin", "--no-index"], None, Some(&input))?;
+        // Exit 1: nothing is ignored.
+        if !out.status.success() && out.status.code() != Some(1) {
+            return Err(GitError::Failed { what: "check-ignore".into(), detail: stderr_line(&out) });
+        }
+        // check-ignore answers relative to the workspace, as asked.
+        Ok(out.stdout.split(|&b| b == 0).filter(|p| !p.is_empty()).map(|p| [&self.prefix[..], p].concat()).collect())
+    }
+
+    /// The tree of `parent` with `entries` applied, as an index delta and
+    /// what went in or stayed out.
+    fn plan(&self, store: &Store, parent: Option<&str>, entries: &[&Entry]) -> Result<Plan, GitError> {
+        let base = self.tree(parent)?;
+        let ids = self.write_objects(store, entries)?;
+        let new_paths: Vec<&RelPath> = entries
+            .iter()
+            .filter(|e| matches!(e.kind, Kind::File { .. } | Kind::Symlink { .. }))
+            .filter(|e| !base.contains_key(&self.full(&e.path)))
+            .map(|e| &e.path)
+            .collect();
+        let ignored = self.ignored(&new_paths)?;
+        plan(base, &self.prefix, entries, &ids, &ignored)
+    }
+
+    fn full(&self, path: &RelPath) -> Vec<u8> {
+        [&self.prefix[..], path.as_bytes()].concat()
+    }
+
+    /// Writes the tree of `parent` changed by `delta` through a temporary
+    /// index at `index`; the tree's id.
+    fn write_tree(&self, index: &Path, parent: Option<&str>, delta: &[u8]) -> Result<String, GitError> {
+        let _ = std::fs::remove_file(index);
+        let result = (|| {
+            match parent {
+                Some(commit) => self.run(&["read-tree", commit], Some(index), None)?,
+                None => self.run(&["read-tree", "--empty"], Some(index), None)?,
+            };
+            self.run(&["update-index", "-z", "--index-info"], Some(index), Some(delta))?;
+            Ok(String::from_utf8_lossy(&self.run(&["write-tree"], Some(index), None)?).trim().to_string())
+        })();
+        let _ = std::fs::remove_file(index);
+        result
+    }
+
+    fn commit_tree(&self, tree: &str, parent: Option<&str>, message: &str) -> Result<String, GitError> {
+        let mut args = vec!["commit-tree", "--no-gpg-sign", tree];
+        if let Some(parent) = parent {
+            args.extend(["-p", parent]);
+        }
+        args.extend(["-F", "-"]);
+        Ok(String::from_utf8_lossy(&self.run(&args, None, Some(message.as_bytes()))?).trim().to_string())
+    }
+
+    /// Moves `reference` to `commit` only if it is still at `old` (`None`:
+    /// only if it does not exist).
+    fn update_ref(&self, reference: &str, commit: &str, old: Option<&str>, reason: &str) -> Result<(), GitError> {
+        self.run(&["update-ref", "-m", reason, reference, commit, old.unwrap_or("")], None, None)?;
+        Ok(())
+    }
+
+    fn object_format_zero(&self) -> Result<String, GitError> {
+        let format = self.run_line(&["rev-parse", "--show-object-format"])?;
+        Ok("0".repeat(if format == "sha256" { 64 } else { 40 }))
+    }
+
+    /// One commit of `entries` on `parent`, in the scratch index `index`.
+    fn commit(
+        &self,
+        store: &Store,
+        index: &Path,
+        parent: Option<&str>,
+        entries: &[&Entry],
+        message: &str,
+    ) -> Result<(Landed, Vec<u8>), GitError> {
+        let plan = self.plan(store, parent, entries)?;
+        let delta = plan.delta(&self.object_format_zero()?);
+        let tree = self.write_tree(index, parent, &delta)?;
+        let commit = self.commit_tree(&tree, parent, message)?;
+        let landed = Landed { commit, parent: parent.map(str::to_string), committed: plan.committed, left: plan.left };
+        Ok((landed, delta))
+    }
+
+    /// `apply --branch`: the chosen staged entries as one commit on
+    /// `parent`, on the new branch `reference`. Neither the working tree
+    /// nor the index is touched.
+    pub fn branch(
+        &self,
+        store: &Store,
+        reference: &str,
+        parent: Option<&str>,
+        entries: &[&Entry],
+        message: &str,
+    ) -> Result<Landed, GitError> {
+        let index = store.dir().join("git-index.tmp");
+        let (landed, _) = self.commit(store, &index, parent, entries, message)?;
+        self.update_ref(reference, &landed.commit, None, "stockade apply --branch")?;
+        Ok(landed)
+    }
+
+    /// `apply --commit`: entries just applied to the workspace as one
+    /// commit on `HEAD` (which must still be `head`), and the user's index
+    /// updated for exactly those paths: what else they staged stays staged
+    /// and out of the commit.
+    pub fn commit_on_head(
+        &self,
+        store: &Store,
+        head: Option<&str>,
+        entries: &[&Entry],
+        message: &str,
+    ) -> Result<Landed, GitError> {
+        let index = store.dir().join("git-index.tmp");
+        let (landed, delta) = self.commit(store, &index, head, entries, message)?;
+        self.update_ref("HEAD", &landed.commit, head, "stockade apply --commit")?;
+        self.run(&["update-index", "-z", "--index-info"], None, Some(&delta))?;
+        Ok(landed)
+    }
+}
+
+/// Whether an apply of this store was interrupted (its journal is there):
+/// a plain apply completes it first, in the workspace.
+pub fn apply_interrupted(store: &Store) -> bool {
+    super::journal::journal_path(store.dir()).exists()
+}
+
+/// Where ids of symlink targets are kept in the id map (apart from
+/// content hashes, which are 32 bytes).
+fn symlink_key(path: &RelPath) -> Vec<u8> {
+    [b"symlink:", path.as_bytes()].concat()
+}
+
+fn stderr_line(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stderr);
+    let text = text.trim();
+    if text.is_empty() { format!("git {}", out.status) } else { text.lines().take(3).collect::<Vec<_>>().join("; ") }
+}
+
+/// Whether a path has a `.git` component (git itself refuses such paths in
+/// a tree, in any case).
+fn in_git_dir(path: &RelPath) -> bool {
+    path.as_bytes().split(|&b| b == b'/').any(|c| c.eq_ignore_ascii_case(b".git"))
+}
+
+struct Plan {
+    base: BTreeMap<Vec<u8>, Item>,
+    tree: BTreeMap<Vec<u8>, Item>,
+    committed: Vec<RelPath>,
+    left: Vec<(RelPath, LeftOut)>,
+}
+
+impl Plan {
+    /// `update-index -z --index-info` lines turning the base into the tree.
+    fn delta(&self, zero: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        for path in self.base.keys().filter(|p| !self.tree.contains_key(*p)) {
+            out.extend_from_slice(format!("0 {zero}\t").as_bytes());
+            out.extend_from_slice(path);
+            out.push(0);
+        }
+        for (path, item) in self.tree.iter().filter(|(p, item)| self.base.get(*p) != Some(item)) {
+            out.extend_from_slice(format!("{:o} {}\t", item.mode, item.oid).as_bytes());
+            out.extend_from_slice(path);
+            out.push(0);
+        }
+        out
+    }
+}
+
+/// The base tree with the entries applied (in tree order, as staged).
+fn plan(
+    base: BTreeMap<Vec<u8>, Item>,
+    prefix: &[u8],
+    entries: &[&Entry],
+    ids: &HashMap<Vec<u8>, String>,
+    ignored: &HashSet<Vec<u8>>,
+) -> Result<Plan, GitError> {
+    let mut tree = base.clone();
+    let mut committed = Vec::new();
+    let mut left = Vec::new();
+    for e in entries {
+        if in_git_dir(&e.path) {
+            left.push((e.path.clone(), LeftOut::GitDir));
+            continue;
+        }
+        let full = [prefix, e.path.as_bytes()].concat();
+        if let Some(sub) = gitlink_above(&tree, &full) {
+            left.push((e.path.clone(), LeftOut::InSubmodule(display_bytes(&sub))));
+            continue;
+        }
+        let item = match &e.kind {
+            Kind::File { mode, sha256, .. } => ids
+                .get(&sha256.0[..])
+                .map(|oid| Item { mode: if mode.bits() & 0o100 != 0 { 0o100755 } else { 0o100644 }, oid: oid.clone() }),
+            Kind::Symlink { .. } => ids.get(&symlink_key(&e.path)).map(|oid| Item { mode: SYMLINK, oid: oid.clone() }),
+            _ => None,
+        };
+        match &e.kind {
+            Kind::File { .. } | Kind::Symlink { .. } => {
+                if ignored.contains(&full) && !base.contains_key(&full) {
+                    left.push((e.path.clone(), LeftOut::Ignored));
+                    continue;
+                }
+                let Some(item) = item else {
+                    return Err(GitError::Failed {
+                        what: "hash-object".into(),
+                        detail: format!("no object was written for {}", e.path),
+                    });
+                };
+                remove_below(&mut tree, &full);
+                remove_files_above(&mut tree, &full);
+                tree.insert(full, item);
+            }
+            Kind::Dir { .. } => {
+                if tree.get(&full).is_some_and(|i| i.mode != GITLINK) {
+                    tree.remove(&full);
+                }
+                remove_files_above(&mut tree, &full);
+            }
+            Kind::OpaqueDir { .. } | Kind::Delete => {
+                tree.remove(&full);
+                remove_below(&mut tree, &full);
+            }
+            Kind::Mode { mode } => match tree.get_mut(&full) {
+                Some(item) if item.mode == 0o100644 || item.mode == 0o100755 => {
+                    item.mode = if mode.bits() & 0o100 != 0 { 0o100755 } else { 0o100644 };
+                }
+                _ => {
+                    left.push((e.path.clone(), LeftOut::ModeOfUntracked));
+                    continue;
+                }
+            },
+        }
+        committed.push(e.path.clone());
+    }
+    Ok(Plan { base, tree, committed, left })
+}
+
+fn remove_below(tree: &mut BTreeMap<Vec<u8>, Item>, dir: &[u8]) {
+    let start = [dir, b"/"].concat();
+    let below: Vec<Vec<u8>> =
+        tree.range(start.clone()..).take_while(|(p, _)| p.starts_with(&start)).map(|(p, _)| p.clone()).collect();
+    for p in below {
+        tree.remove(&p);
+    }
+}
+
+/// A file or symlink where the path needs a directory goes (the guest
+/// made one there).
+fn remove_files_above(tree: &mut BTreeMap<Vec<u8>, Item>, path: &[u8]) {
+    for (i, _) in path.iter().enumerate().filter(|(_, b)| **b == b'/') {
+        if tree.get(&path[..i]).is_some_and(|item| item.mode != GITLINK) {
+            tree.remove(&path[..i]);
+        }
+    }
+}
+
+fn gitlink_above(tree: &BTreeMap<Vec<u8>, Item>, path: &[u8]) -> Option<Vec<u8>> {
+    path.iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'/')
+        .map(|(i, _)| &path[..i])
+        .find(|dir| tree.get(*dir).is_some_and(|item| item.mode == GITLINK))
+        .map(<[u8]>::to_vec)
+}
