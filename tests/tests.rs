@@ -4,6 +4,7 @@ mod rig;
 mod util;
 
 mod agents_e2e;
+mod branch_cli;
 mod changes_e2e;
 mod cli;
 mod config_cli;
