@@ -634,3 +634,91 @@ fn gitlink_above(tree: &BTreeMap<Vec<u8>, Item>, path: &[u8]) -> Option<Vec<u8>>
         .find(|dir| tree.get(*dir).is_some_and(|item| item.mode == GITLINK))
         .map(<[u8]>::to_vec)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changes::review::testutil::{Set, git, have_git, write};
+
+    fn repo(dir: &Path) {
+        git(dir, &["init", "-q"]);
+        git(dir, &["config", "user.name", "Test"]);
+        git(dir, &["config", "user.email", "test@example.com"]);
+    }
+
+    #[test]
+    fn head_is_recorded_only_in_a_repository_with_a_commit() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(head_of(tmp.path()), None, "not a repository");
+        repo(tmp.path());
+        assert_eq!(head_of(tmp.path()), None, "unborn branch");
+        write(&tmp.path().join("a"), b"a\n");
+        git(tmp.path(), &["add", "a"]);
+        git(tmp.path(), &["commit", "-q", "-m", "one"]);
+        let head = git(tmp.path(), &["rev-parse", "HEAD"]).trim().to_string();
+        std::fs::create_dir(tmp.path().join("sub")).unwrap();
+        assert_eq!(head_of(&tmp.path().join("sub")), Some(head));
+    }
+
+    #[test]
+    fn directories_replacing_files_opaque_directories_modes_and_submodules_become_the_right_tree() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        repo(&ws);
+        for (path, content) in
+            [("a.sh", &b"echo\n"[..]), ("d", b"was a file\n"), ("old/x", b"x\n"), ("old/y", b"y\n"), ("keep", b"k\n")]
+        {
+            write(&ws.join(path), content);
+        }
+        git(&ws, &["add", "-A"]);
+        // A submodule's commit need not be here: any id will do.
+        let any = git(&ws, &["hash-object", "-w", "--stdin"]).trim().to_string();
+        git(&ws, &["update-index", "--add", "--cacheinfo", &format!("160000,{any},sub")]);
+        git(&ws, &["commit", "-q", "-m", "base"]);
+        let base = git(&ws, &["rev-parse", "HEAD"]).trim().to_string();
+        // The guest's view: `d` a directory, `old` replaced, modes changed.
+        std::fs::remove_file(ws.join("d")).unwrap();
+        std::fs::create_dir(ws.join("sub")).unwrap();
+        write(&ws.join("untracked"), b"u\n");
+        let store_dir = tmp.path().join("session");
+        let store = Store::open(&store_dir).unwrap();
+        Set::new(&ws)
+            .mode("a.sh", 0o755)
+            .dir("d", 0o755)
+            .file("d/in", b"in\n", 0o644)
+            .opaque("old", 0o755)
+            .file("old/z", b"z\n", 0o644)
+            .file("sub/inner", b"i\n", 0o644)
+            .mode("untracked", 0o755)
+            .stage(&store);
+        let entries: Vec<Entry> = store.entries().unwrap().into_iter().map(|e| e.entry).collect();
+        let chosen: Vec<&Entry> = entries.iter().collect();
+        let repo = Repo::open(&ws).unwrap();
+        let landed = repo.branch(&store, "refs/heads/b", Some(&base), &chosen, "m\n").unwrap();
+
+        let listing = git(&ws, &["ls-tree", "-r", "b"]);
+        let paths: Vec<(&str, &str)> =
+            listing.lines().map(|l| (l.split(' ').next().unwrap(), l.split('\t').nth(1).unwrap())).collect();
+        assert_eq!(
+            paths,
+            [("100755", "a.sh"), ("100644", "d/in"), ("100644", "keep"), ("100644", "old/z"), ("160000", "sub"),],
+            "{listing}"
+        );
+        let left: Vec<(String, LeftOut)> = landed.left.iter().map(|(p, w)| (p.to_string(), w.clone())).collect();
+        assert_eq!(
+            left,
+            [
+                ("sub/inner".to_string(), LeftOut::InSubmodule("sub".into())),
+                ("untracked".to_string(), LeftOut::ModeOfUntracked),
+            ]
+        );
+        assert!(!store_dir.join("changes/git-index.tmp").exists(), "the temporary index is removed");
+    }
+}
