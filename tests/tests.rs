@@ -5,6 +5,7 @@ mod util;
 
 mod agents_e2e;
 mod branch_cli;
+mod branch_e2e;
 mod changes_e2e;
 mod cli;
 mod config_cli;
