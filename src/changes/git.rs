@@ -76,6 +76,10 @@ pub enum GitError {
          apply without --branch, or make the branch with `git branch` and apply there"
     )]
     MissingBase(String),
+    /// The chosen changes leave the tree as it was (everything chosen is
+    /// left out, or a new empty directory): no commit is made.
+    #[error("none of the chosen changes would change what the commit holds, so no commit was made")]
+    NothingToCommit { left: Vec<(RelPath, LeftOut)> },
     #[error("git {what} failed: {detail}")]
     Failed { what: String, detail: String },
     #[error(transparent)]
@@ -447,6 +451,9 @@ impl Repo {
     ) -> Result<(Landed, Vec<u8>), GitError> {
         let plan = self.plan(store, parent, entries)?;
         let delta = plan.delta(&self.object_format_zero()?);
+        if delta.is_empty() {
+            return Err(GitError::NothingToCommit { left: plan.left });
+        }
         let tree = self.write_tree(index, parent, &delta)?;
         let commit = self.commit_tree(&tree, parent, message)?;
         let landed = Landed { commit, parent: parent.map(str::to_string), committed: plan.committed, left: plan.left };

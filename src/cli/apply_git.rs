@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
-use crate::changes::git::{self, LeftOut, Repo};
+use crate::changes::git::{self, GitError, LeftOut, Repo};
 use crate::changes::review::{Painter, Role, implied_dirs, plural, write_held_back};
 use crate::changes::{Entry, EntryState, RelPath, Selection, StoredEntry};
 
@@ -71,6 +71,11 @@ impl Landing<'_> {
             .into_iter()
             .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
             .collect();
+        if entries.is_empty() && !self.held.is_empty() {
+            writeln!(here.out, "stockade: no branch was made: every chosen change runs code by itself")?;
+            write_held_back(here.out, painter, self.held, &target.id)?;
+            return Ok(ExitCode::from(1));
+        }
         if entries.is_empty() {
             bail!(
                 "session {} has no staged change to commit; `stockade diff {}` shows its changes",
@@ -80,7 +85,14 @@ impl Landing<'_> {
         }
         let chosen: Vec<&Entry> = entries.iter().map(|e| &e.entry).collect();
         let message = self.message(&format!("--branch {name}"));
-        let landed = repo.branch(&target.store, &reference, parent.as_deref(), &chosen, &message)?;
+        let landed = match repo.branch(&target.store, &reference, parent.as_deref(), &chosen, &message) {
+            Err(GitError::NothingToCommit { left }) => {
+                write_left(here.out, &left, "left out of the commit (still staged)")?;
+                write_held_back(here.out, painter, self.held, &target.id)?;
+                bail!("no branch was made: nothing chosen from session {} can be committed", target.id);
+            }
+            landed => landed?,
+        };
         target.store.set_states(&landed.committed, EntryState::Applied)?;
         drop(_lock);
 
@@ -130,9 +142,15 @@ impl Landing<'_> {
             self.target.store.entries()?.into_iter().filter(|e| applied.contains(&e.entry.path)).collect();
         let chosen: Vec<&Entry> = entries.iter().map(|e| &e.entry).collect();
         let message = self.message("--commit");
-        let landed = repo.commit_on_head(&self.target.store, head, &chosen, &message).with_context(|| {
-            format!("the changes were applied to {} but not committed", self.target.workspace.display())
-        })?;
+        let landed = match repo.commit_on_head(&self.target.store, head, &chosen, &message) {
+            Err(GitError::NothingToCommit { left }) => {
+                writeln!(out, "stockade: nothing that was applied can be committed")?;
+                return Ok(write_left(out, &left, "applied but not committed")?);
+            }
+            landed => landed.with_context(|| {
+                format!("the changes were applied to {} but not committed", self.target.workspace.display())
+            })?,
+        };
         let implied = implied_dirs(&self.target.store)?;
         let count = landed.committed.iter().filter(|p| !implied.contains(*p)).count();
         let painter = Painter::new(here.color.enabled(here.terminal));
@@ -358,6 +376,27 @@ mod tests {
         assert!(out.contains("  .git/hooks/pre-push: inside .git: git internals are never committed"), "{out}");
         assert!(!f.ws.join(".envrc").exists() && !f.ws.join("b.txt").exists());
         assert_eq!(staged(&f, ID), 1, "the hook stays staged");
+    }
+
+    #[test]
+    fn no_branch_is_made_of_nothing_committable() {
+        if !have_git() {
+            return;
+        }
+        let f = fixture();
+        let base = repo(&f.ws, &[("a.txt", b"a\n")]);
+        session(&f, ID, |ws, store| {
+            Set::new(ws).file(".envrc", b"x\n", 0o644).file(".git/objects/ab/cd", b"obj", 0o444).stage(store)
+        });
+        started_from(&f, ID, &base);
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "b", ".envrc"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "named, the .envrc lands: {out}");
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "c"]), execute);
+        let err = format!("{:#}", code.unwrap_err());
+        assert!(err.contains("no branch was made"), "{err}");
+        assert!(out.contains(".git/objects/ab/cd: inside .git"), "{out}");
+        assert_eq!(git(&f.ws, &["branch", "--list", "c"]), "");
+        assert_eq!(staged(&f, ID), 1);
     }
 
     #[test]
