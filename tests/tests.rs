@@ -23,6 +23,7 @@ mod new_user_e2e;
 mod packages_e2e;
 mod policy_cli;
 mod publish_e2e;
+mod recover_e2e;
 mod rig_selftest;
 mod rootfs_e2e;
 mod run_e2e;

@@ -15,6 +15,7 @@ mod image;
 mod log;
 mod man;
 mod policy;
+mod recover;
 mod run;
 mod sessions;
 mod settings;
@@ -66,6 +67,7 @@ enum Command {
     Diff(diff::DiffArgs),
     Apply(apply::ApplyArgs),
     Discard(discard::DiscardArgs),
+    Recover(recover::RecoverArgs),
     Sessions(sessions::SessionsArgs),
     Policy(policy::PolicyArgs),
     Log(log::LogArgs),
@@ -99,6 +101,7 @@ pub fn main() -> ExitCode {
         Command::Diff(args) => diff::run(args, global),
         Command::Apply(args) => apply::run(args, global),
         Command::Discard(args) => discard::run(args, global),
+        Command::Recover(args) => recover::run(args, global),
         Command::Sessions(args) => sessions::run(args, global),
         Command::Policy(args) => policy::run(args),
         Command::Log(args) => log::run(args),

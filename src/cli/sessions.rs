@@ -123,6 +123,13 @@ pub(super) fn execute(args: SessionsArgs, here: &mut Here<'_>) -> anyhow::Result
     };
     let painter = Painter::new(here.color.enabled(here.terminal));
     write_table(here.out, &rows, width, painter)?;
+    for row in rows.iter().filter(|r| r.recover.is_some()) {
+        writeln!(
+            here.out,
+            "session {} was interrupted, its changes are on the scratch disk: `stockade recover {}` stages them",
+            row.id, row.id
+        )?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -217,6 +224,10 @@ struct Row {
     state: &'static str,
     changes: ChangeCounts,
     dir: PathBuf,
+    /// For an interrupted session: its changes are on the scratch disk,
+    /// and this command stages them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recover: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -229,7 +240,11 @@ struct ChangeCounts {
 
 impl Row {
     fn of(info: &SessionInfo, now: SystemTime) -> Row {
-        let (state, counts) = change_state(&info.dir);
+        let (mut state, counts) = change_state(&info.dir);
+        let interrupted = session::is_interrupted(&info.dir);
+        if interrupted {
+            state = session::INTERRUPTED;
+        }
         let record = info.record.as_ref();
         Row {
             id: info.id.clone(),
@@ -247,6 +262,7 @@ impl Row {
                 discarded: counts.discarded,
             },
             dir: info.dir.clone(),
+            recover: interrupted.then(|| format!("stockade recover {}", info.id)),
         }
     }
 }
@@ -286,7 +302,7 @@ fn write_table(out: &mut dyn Write, rows: &[Row], width: usize, p: Painter) -> i
             "staged" | "partly applied" | "partly discarded" | "apply interrupted" => Role::Modified,
             "applied" => Role::Added,
             "discarded" => Role::Muted,
-            "damaged" | "unreadable" => Role::Conflict,
+            "damaged" | "unreadable" | session::INTERRUPTED => Role::Conflict,
             _ => Role::Muted,
         };
         let command = truncate(&shell_words(&row.command), width.saturating_sub(fixed).max(20));

@@ -61,6 +61,8 @@ pub struct Facts {
     pub space: std::io::Result<(std::path::PathBuf, u64)>,
     /// The session store: its directory and what it holds.
     pub store: (std::path::PathBuf, Result<retention::Survey, String>),
+    /// The sessions waiting to be recovered (see `session::is_interrupted`).
+    pub interrupted: Vec<String>,
 }
 
 /// Looks at the host. The probe guest runs only when /dev/kvm is usable.
@@ -79,6 +81,12 @@ pub fn gather(dirs: &Dirs, kernel_path: Option<&Path>) -> Facts {
             session::sessions_dir(&dirs.data),
             retention::survey(&dirs.data, SystemTime::now()).map_err(|e| error_chain(&e)),
         ),
+        interrupted: session::list(&dirs.data)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| session::is_interrupted(&s.dir))
+            .map(|s| s.id)
+            .collect(),
     }
 }
 
@@ -192,8 +200,30 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
     });
 
     checks.push(store_check(facts));
+    checks.extend(interrupted_check(&facts.interrupted));
 
     checks
+}
+
+/// The sessions whose changes are only on a kept scratch disk.
+fn interrupted_check(ids: &[String]) -> Option<Check> {
+    let newest = ids.first()?;
+    let fix = if ids.len() == 1 {
+        format!("`stockade recover {newest}` stages its changes for review")
+    } else {
+        format!(
+            "`stockade recover SESSION` stages a session's changes for review (`stockade recover {newest}` for the newest)"
+        )
+    };
+    Some(Check::warn(
+        "interrupted",
+        format!("{} interrupted, changes on the scratch disk: {}", plural_sessions(ids.len()), ids.join(", ")),
+        fix,
+    ))
+}
+
+fn plural_sessions(n: usize) -> String {
+    if n == 1 { "1 session".into() } else { format!("{n} sessions") }
 }
 
 fn store_check(facts: &Facts) -> Check {
@@ -308,7 +338,21 @@ mod tests {
                 "/data/sessions".into(),
                 Ok(retention::Survey { sessions: 12, staged: 2, running: 0, bytes: 3 << 20 }),
             ),
+            interrupted: Vec::new(),
         }
+    }
+
+    #[test]
+    fn interrupted_sessions_are_listed_with_the_command_that_recovers_them() {
+        let mut facts = good_facts();
+        assert!(!render(&judge(&facts)).contains("interrupted"));
+        facts.interrupted = vec!["20250302-090000-cccc".into()];
+        let checks = judge(&facts);
+        let text = render(&checks);
+        assert!(text.contains("warn  interrupted"), "{text}");
+        assert!(text.contains("1 session interrupted, changes on the scratch disk: 20250302-090000-cccc"), "{text}");
+        assert!(text.contains("fix: `stockade recover 20250302-090000-cccc` stages its changes"), "{text}");
+        assert!(can_run(&checks), "a session to recover does not stop a run");
     }
 
     #[test]

@@ -15,7 +15,9 @@ use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, VsockAddr, bind, connect, socket};
 
 use crate::protocol::auth::{PRIVILEGED_PORTS, Token};
-use crate::protocol::{CONTROL_PORT, GuestMsg, HOST_CID, HostMsg, WindowSize, read_frame, write_frame};
+use crate::protocol::{
+    CONTROL_PORT, GuestMsg, HEARTBEAT_EVERY, HOST_CID, HostMsg, WindowSize, read_frame, write_frame,
+};
 
 /// How long init waits for the host's "finish" before resetting anyway.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,6 +64,26 @@ pub fn connect_with_token(port: u32, token: &Token) -> anyhow::Result<File> {
     let mut stream = connect_as_init(port)?;
     token.present(&mut stream).with_context(|| format!("cannot write to the host on vsock port {port}"))?;
     Ok(stream)
+}
+
+/// Says the init is alive every `HEARTBEAT_EVERY`, from a thread of its own
+/// (the kernel schedules it however busy the command keeps the guest),
+/// until the host goes away.
+pub fn start_heartbeat(control: &Control) -> anyhow::Result<()> {
+    let writer = control.writer();
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(HEARTBEAT_EVERY);
+                let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                if write_frame(&mut *w, &GuestMsg::Heartbeat).and_then(|()| Ok(w.flush()?)).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("cannot start the heartbeat thread")?;
+    Ok(())
 }
 
 /// What the host asks of the running command.

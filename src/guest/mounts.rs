@@ -478,11 +478,16 @@ fn mount_scratch(disk: &str) -> anyhow::Result<()> {
     super::template::forget_cached_blocks(disk);
     mount_fs(disk, SCRATCH_MOUNT, "ext4", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("noinit_itable"))?;
     let scratch = Path::new(SCRATCH_MOUNT);
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(scratch.join("upper"))
-        .context("cannot create the overlay's upper layer")?;
-    fs::DirBuilder::new().mode(0o700).create(scratch.join("work")).context("cannot create the overlay's work directory")
+    // A kept disk (`stockade recover`) has both already.
+    let mut dirs = fs::DirBuilder::new();
+    dirs.mode(0o700);
+    for (name, what) in [("upper", "the overlay's upper layer"), ("work", "the overlay's work directory")] {
+        let dir = scratch.join(name);
+        if !fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            dirs.create(&dir).with_context(|| format!("cannot create {what}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The workspace overlay, on the scratch disk once it is mounted.

@@ -18,6 +18,7 @@ const KIND_STDERR: u8 = 12;
 const KIND_EXIT: u8 = 13;
 const KIND_CHANGES: u8 = 14;
 const KIND_DOCKERD_LOG: u8 = 15;
+const KIND_HEARTBEAT: u8 = 19;
 
 #[derive(Debug, Error)]
 pub enum FrameError {
@@ -89,6 +90,7 @@ impl Frame for GuestMsg {
             GuestMsg::Exit(report) => write_raw(w, KIND_EXIT, &serde_json::to_vec(report)?),
             GuestMsg::Changes(outcome) => write_raw(w, KIND_CHANGES, &serde_json::to_vec(outcome)?),
             GuestMsg::DockerdLog(data) => write_raw(w, KIND_DOCKERD_LOG, data),
+            GuestMsg::Heartbeat => write_raw(w, KIND_HEARTBEAT, &[]),
         }
     }
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Self, FrameError> {
@@ -97,6 +99,7 @@ impl Frame for GuestMsg {
             KIND_STDOUT => GuestMsg::Stdout(payload),
             KIND_STDERR => GuestMsg::Stderr(payload),
             KIND_DOCKERD_LOG => GuestMsg::DockerdLog(payload),
+            KIND_HEARTBEAT => GuestMsg::Heartbeat,
             KIND_EXIT => GuestMsg::Exit(serde_json::from_slice::<ExitReport>(&payload)?),
             KIND_CHANGES => GuestMsg::Changes(serde_json::from_slice::<ExportOutcome>(&payload)?),
             other => return Err(FrameError::UnknownKind(other)),
@@ -135,6 +138,7 @@ mod tests {
             token: crate::protocol::auth::Token::from_bytes([7; 32]),
             clock: Some(crate::protocol::template::HostClock { secs: 1_800_000_000, nanos: 5 }),
             seed: vec![9; 64],
+            recover: false,
         };
         let host = [
             HostMsg::Run(spec),
@@ -144,6 +148,7 @@ mod tests {
         ];
         let guest = [
             GuestMsg::Ready { kernel: "6.12".into() },
+            GuestMsg::Heartbeat,
             GuestMsg::Stdout(b"out".to_vec()),
             GuestMsg::Stderr(vec![0, 255]),
             GuestMsg::DockerdLog(b"level=info".to_vec()),

@@ -46,7 +46,7 @@ pub mod template;
 pub mod transparent;
 pub mod vm_config;
 
-pub use frame::{read_frame, write_frame};
+pub use frame::{FrameError, read_frame, write_frame};
 
 use serde::{Deserialize, Serialize};
 
@@ -156,6 +156,10 @@ pub struct RunSpec {
     pub clock: Option<template::HostClock>,
     #[serde(default)]
     pub seed: Vec<u8>,
+    /// Recover a kept scratch disk (`stockade recover`): mount the root
+    /// (the workspace overlay on it), export the changes, run nothing.
+    #[serde(default)]
+    pub recover: bool,
 }
 
 /// How the command ended.
@@ -225,4 +229,10 @@ pub enum GuestMsg {
     Exit(ExitReport),
     /// Output of dockerd (with `--docker`), for the session's dockerd.log.
     DockerdLog(Vec<u8>),
+    /// The init is alive: sent every [`HEARTBEAT_EVERY`] from a thread of
+    /// its own, so that a guest that halts or hangs is noticed.
+    Heartbeat,
 }
+
+/// How often the init says it is alive.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);

@@ -128,5 +128,6 @@ fn run_spec(config: &RunConfig, host: &Host, token: Token) -> anyhow::Result<Run
         token,
         clock: None,
         seed: Vec::new(),
+        recover: false,
     })
 }

@@ -16,11 +16,17 @@ use super::{RunConfig, admission, deadline, session, signals, staging, terminal,
 use crate::changes;
 use crate::protocol::auth::Token;
 use crate::protocol::template::{HostClock, SEED_LEN};
-use crate::protocol::{ExitReport, ExportOutcome, GuestMsg, HostMsg, read_frame, write_frame};
+use crate::protocol::{ExitReport, ExportOutcome, FrameError, GuestMsg, HostMsg, read_frame, write_frame};
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
 /// the software-CPU test rig needs the margin.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long the init may say nothing, heartbeat included, before its guest
+/// counts as halted or hung (powered off, a stopped kernel). The heartbeat
+/// comes every two seconds from a thread of its own; the margin is for the
+/// test rig's software CPU, where a busy guest can be that slow.
+pub const GUEST_SILENCE: Duration = Duration::from_secs(60);
 
 pub enum Conversation {
     /// The command ended; with an overlay, the guest also sent its changes.
@@ -29,6 +35,9 @@ pub enum Conversation {
     Stopped,
     /// The VM went away without reporting an end (kernel panic, VMM failure).
     VmEnded,
+    /// The init said nothing for [`GUEST_SILENCE`]: the guest halted or
+    /// hung, and its VM was killed.
+    Unanswered,
 }
 
 /// How the conversation went, for `finish` to turn into an exit status.
@@ -43,6 +52,12 @@ impl Ended {
     pub fn unstaged(&self) -> bool {
         matches!(&self.result, Ok(Conversation::Ended { staged: Some(Err(_)), .. }))
     }
+
+    /// The guest never reported an end, so it exported nothing: whatever it
+    /// changed is only on the scratch disk.
+    pub fn interrupted(&self) -> bool {
+        !matches!(&self.result, Ok(Conversation::Ended { .. }))
+    }
 }
 
 /// What ends the conversation early: the user's interrupts, `--timeout`.
@@ -55,9 +70,18 @@ struct Watch {
 /// Holds the conversation, on a raw terminal when the command gets one,
 /// and gives the terminal back before anything else is said.
 pub fn hold(config: &RunConfig, session: &session::Session, booted: Booted) -> anyhow::Result<(vm::VmProcess, Ended)> {
+    hold_until(config.timeout, session, booted)
+}
+
+/// As [`hold`], with `--timeout` alone of the run's settings.
+pub fn hold_until(
+    timeout: Option<Duration>,
+    session: &session::Session,
+    booted: Booted,
+) -> anyhow::Result<(vm::VmProcess, Ended)> {
     let Booted { mut vmm, command, channels } = booted;
     let raw = if command.spec.tty.is_some() { terminal::RawMode::enter()? } else { None };
-    let watch = Watch { interrupts: Arc::default(), timeout: config.timeout, expired: deadline::Expired::default() };
+    let watch = Watch { interrupts: Arc::default(), timeout, expired: deadline::Expired::default() };
     let result = converse(&mut vmm, session, channels, command, &watch);
     drop(raw);
     terminal::sane_display();
@@ -97,7 +121,11 @@ fn converse(
     forward_signals(&talk.writer, vmm_pid, watch.interrupts.clone())?;
     let _deadline = watch_deadline(&talk.writer, vmm_pid, watch)?;
     let _stop_pump = StopOnDrop(StdinPump::spawn(stdin, token, tampering.clone())?);
-    Relay::new(session, receiver, tampering).run(&mut talk, &watch.interrupts)
+    let ended = Relay::new(session, receiver, tampering).run(&mut talk, &watch.interrupts);
+    if matches!(ended, Ok(Conversation::Unanswered)) {
+        vmm.kill();
+    }
+    ended
 }
 
 /// The init's control connection.
@@ -159,6 +187,7 @@ fn call_in(
         Ok(other) => bail!("the guest said {other:?} before it was ready"),
         Err(_) => return Ok(None),
     }
+    control.set_read_timeout(Some(GUEST_SILENCE)).context("cannot time the guest's control connection")?;
     Ok(Some(Talk { reader, writer: Arc::new(Mutex::new(control)), _further_control: further }))
 }
 
@@ -232,6 +261,9 @@ impl<'a> Relay<'a> {
             let msg = match read_frame::<GuestMsg>(&mut talk.reader) {
                 Ok(msg) => msg,
                 Err(_) if interrupts.stopped() => return Ok(Conversation::Stopped),
+                Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Ok(Conversation::Unanswered);
+                }
                 Err(_) => return Ok(Conversation::VmEnded),
             };
             if let Some(end) = self.handle(msg, &talk.writer)? {
@@ -257,6 +289,7 @@ impl<'a> Relay<'a> {
             }
             GuestMsg::DockerdLog(data) => self.dockerd_log.write(self.session, &data),
             GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
+            GuestMsg::Heartbeat => {}
         }
         Ok(None)
     }

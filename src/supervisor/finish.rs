@@ -50,9 +50,11 @@ impl Finish<'_> {
         let Held { network, sockets, scratch, agents, tampering, published } = held;
         drop(network);
         // The guest's changes were exported; the disk that held them is
-        // spent, unless staging them failed (a full disk): then it is all
-        // that holds them.
-        if ended.unstaged() {
+        // spent, unless staging them failed (a full disk) or the guest never
+        // exported (it crashed, rebooted, halted or hung, or the user
+        // stopped it) after mounting the disk: then it is all that holds them.
+        let kept = ended.unstaged() || (ended.interrupted() && super::scratch::was_mounted(scratch.path()));
+        if kept {
             scratch.keep();
         } else {
             drop(scratch);
@@ -75,6 +77,13 @@ impl Finish<'_> {
         let tampered = tampering.lines();
         epilogue.apply = apply_mode(&epilogue, &tampered);
         epilogue.announce(&ended);
+        if kept && ended.interrupted() {
+            let id = &recorded.session.id;
+            eprintln!(
+                "stockade: the guest's changes are kept on the session's scratch disk; `stockade recover {id}` \
+                 stages them for review"
+            );
+        }
         let outcome = Outcome::of(&ended, config.timeout);
         if let Some(Ok(reaper)) = reaper {
             let _ = reaper.join();
@@ -131,6 +140,7 @@ impl Outcome {
             Ok(Conversation::Ended { report, .. }) => (outcome::exit_status(report).0, outcome::describe(report)),
             Ok(Conversation::Stopped) => (130, "stopped by the user".to_string()),
             Ok(Conversation::VmEnded) => (EXIT_STOCKADE, "the VM stopped before the command finished".to_string()),
+            Ok(Conversation::Unanswered) => (EXIT_STOCKADE, unanswered_message()),
             Err(e) => (EXIT_STOCKADE, format!("stockade failed: {e:#}")),
         };
         if ended.expired.get() {
@@ -141,6 +151,7 @@ impl Outcome {
         let failure = match &ended.result {
             Ok(Conversation::Ended { report: ExitReport::SetupFailed { .. }, .. })
             | Ok(Conversation::VmEnded)
+            | Ok(Conversation::Unanswered)
             | Err(_) => Some(text.clone()),
             _ => None,
         };
@@ -174,6 +185,10 @@ impl Epilogue<'_> {
             Ok(Conversation::Stopped) => {}
             Ok(Conversation::VmEnded) => {
                 eprintln!("stockade: error: {}", vm_ended_message(&self.recorded.session));
+            }
+            Ok(Conversation::Unanswered) => {
+                let log = self.recorded.session.kernel_log();
+                eprintln!("stockade: error: {}; the kernel log is {}", unanswered_message(), log.display());
             }
             Err(e) => eprintln!("stockade: error: {e:#}"),
         }
@@ -260,6 +275,15 @@ fn offer_agent_settings(state: &agent_state::Prepared, epilogue: &Epilogue<'_>) 
     let code = changes::review::CodeChoice { agent_settings: true, ..config.code.clone() };
     changes::review::after_run(&store, home, &session.id, mode, config.color, &code)?;
     Ok(())
+}
+
+/// What a guest that stopped answering is told as.
+fn unanswered_message() -> String {
+    format!(
+        "the guest stopped answering (nothing from its init for {}s: it halted, powered off or hung), so its VM \
+         was stopped",
+        super::conversation::GUEST_SILENCE.as_secs()
+    )
 }
 
 /// What to tell the user when the VM ended without a report.

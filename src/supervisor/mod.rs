@@ -38,6 +38,7 @@ mod network;
 mod outcome;
 mod prepare;
 mod publish;
+pub mod recover;
 pub mod retention;
 mod root;
 pub mod scratch;

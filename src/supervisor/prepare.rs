@@ -62,7 +62,7 @@ impl Host {
 }
 
 /// Refuses early, with the fix, when this host cannot run the VM.
-fn check_kvm(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(super) fn check_kvm(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     match kvm::check_device() {
         DeviceAccess::Usable => {}
         DeviceAccess::Missing => bail!(
@@ -133,8 +133,12 @@ impl Scratch {
         Ok((Scratch { path, kept: false }, formatting))
     }
 
-    /// Staging the guest's changes failed (a full disk): the disk is all
-    /// that holds them now.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The guest's changes were not staged: the disk is all that holds
+    /// them now.
     pub fn keep(mut self) {
         self.kept = true;
     }
@@ -173,7 +177,7 @@ pub struct Channels {
 }
 
 impl Channels {
-    fn open(
+    pub(super) fn open(
         vsock_base: &Path,
         store: &changes::Store,
         published: Option<publish::Bound>,

@@ -390,7 +390,7 @@ fn review_state(id: &str, dir: &Path, cache: &mut StateCache) -> Standing {
     // Staging failed (a full disk) and the guest's changes are still on its
     // scratch disk; a run in progress is spared by its lock instead.
     if fs::symlink_metadata(dir.join(session::SCRATCH_DISK)).is_ok() && !session::is_running(dir) {
-        return Standing::Staged("unstaged, on the scratch disk");
+        return Standing::Staged(session::INTERRUPTED);
     }
     let manifest = match fs::symlink_metadata(changes.join("manifest")) {
         Ok(meta) => meta,

@@ -47,6 +47,9 @@ const KEEP_BLANKS: usize = 4;
 /// Offset of the ext2/3/4 superblock's magic number, and the number.
 const EXT4_MAGIC_AT: u64 = 1024 + 0x38;
 const EXT4_MAGIC: u16 = 0xEF53;
+/// Offset of the superblock's mount count: 0 in a blank, raised (and
+/// written at once) by every read-write mount.
+const EXT4_MOUNT_COUNT_AT: u64 = 1024 + 0x34;
 
 /// The blank images' directory under the cache.
 pub fn blanks_dir(cache: &Path) -> PathBuf {
@@ -55,7 +58,8 @@ pub fn blanks_dir(cache: &Path) -> PathBuf {
 
 pub struct Formatting {
     path: PathBuf,
-    job: JoinHandle<anyhow::Result<()>>,
+    /// `None` for a kept disk, which needs no filling.
+    job: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
 /// Creates the sparse image of `bytes` at `path` and starts filling it with
@@ -80,13 +84,19 @@ pub fn create(path: &Path, bytes: u64, blanks: &Path) -> anyhow::Result<Formatti
             copy_data(&blank, &file).with_context(|| format!("cannot copy the blank disk {}", blank.display()))
         })
         .context("cannot start filling the scratch disk")?;
-    Ok(Formatting { path: path.to_path_buf(), job })
+    Ok(Formatting { path: path.to_path_buf(), job: Some(job) })
 }
 
 impl Formatting {
+    /// A kept disk, ready as it is.
+    pub fn kept(path: &Path) -> Formatting {
+        Formatting { path: path.to_path_buf(), job: None }
+    }
+
     /// Waits for the disk to be ready.
     pub fn wait(self) -> anyhow::Result<()> {
-        match self.job.join() {
+        let Some(job) = self.job else { return Ok(()) };
+        match job.join() {
             Ok(result) => result.with_context(|| format!("cannot format the scratch disk {}", self.path.display())),
             Err(_) => bail!("formatting the scratch disk {} failed", self.path.display()),
         }
@@ -94,11 +104,59 @@ impl Formatting {
 }
 
 fn find_mkfs() -> Option<PathBuf> {
+    find_tool("mkfs.ext4")
+}
+
+fn find_tool(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(SBIN_DIRS.iter().map(PathBuf::from))
-        .map(|dir| dir.join("mkfs.ext4"))
+        .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+/// Whether the guest mounted the disk at `path` (so it may hold changes):
+/// an ext4 filesystem whose mount count is no longer the blank's 0.
+pub fn was_mounted(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let (mut magic, mut count) = ([0u8; 2], [0u8; 2]);
+    file.read_exact_at(&mut magic, EXT4_MAGIC_AT).is_ok()
+        && u16::from_le_bytes(magic) == EXT4_MAGIC
+        && file.read_exact_at(&mut count, EXT4_MOUNT_COUNT_AT).is_ok()
+        && u16::from_le_bytes(count) > 0
+}
+
+/// Checks a kept disk before it is mounted again, repairing what e2fsck
+/// repairs without asking (a guest that died mid-write leaves an unclean
+/// filesystem, and the disk has no journal). Fails when it cannot be made
+/// sound.
+pub fn check(path: &Path) -> anyhow::Result<()> {
+    let e2fsck = find_tool("e2fsck").context(
+        "cannot find e2fsck, which checks the kept scratch disk before it is mounted: install e2fsprogs \
+         (apt install e2fsprogs)",
+    )?;
+    let output = Command::new(&e2fsck)
+        .args(["-p", "-f", "--"])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", e2fsck.display()))?;
+    // 0: clean; 1: errors corrected; anything else: not repaired.
+    match output.status.code() {
+        Some(0 | 1) => Ok(()),
+        _ => {
+            let said = String::from_utf8_lossy(&output.stdout).trim().to_string()
+                + String::from_utf8_lossy(&output.stderr).trim();
+            bail!(
+                "the scratch disk {} is damaged beyond what e2fsck repairs on its own ({}): {said}; \
+                 `sudo e2fsck -f {}` repairs it asking you, or `sudo mount -o loop,ro` it to copy files out of \
+                 upper/",
+                path.display(),
+                output.status,
+                path.display()
+            )
+        }
+    }
 }
 
 /// The blank image of `bytes` made by `mkfs`, formatted now unless the

@@ -15,9 +15,20 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// The scratch disk's name in a session; present after a run only when
-/// staging the guest's changes failed.
+/// The scratch disk's name in a session; present after a run only when the
+/// guest's changes were not staged (the run was interrupted, or staging
+/// failed), until `stockade recover` stages them.
 pub const SCRATCH_DISK: &str = "scratch.img";
+
+/// What an interrupted session is said to be, in `stockade sessions`.
+pub const INTERRUPTED: &str = "interrupted";
+
+/// Whether the session in `dir` was interrupted: nothing runs it (its
+/// supervisor may have died without a word: the run lock went with it),
+/// and the guest's changes are only on its scratch disk.
+pub fn is_interrupted(dir: &Path) -> bool {
+    fs::symlink_metadata(dir.join(SCRATCH_DISK)).is_ok_and(|m| m.is_file()) && !is_running(dir)
+}
 
 /// What a finished (or running) session did, as `run.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,6 +139,26 @@ impl Session {
         file.sync_all()?;
         fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
+    }
+}
+
+impl Session {
+    /// Takes over an interrupted session to recover it: holds its run lock
+    /// (so that it reads as running, and nothing else takes it meanwhile).
+    pub fn resume(dir: &Path, id: &str, started: SystemTime) -> anyhow::Result<Session> {
+        let path = dir.join(RUN_LOCK);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+            anyhow::anyhow!("session {id} is in use by another stockade ({errno}); wait for it to end")
+        })?;
+        Ok(Session { id: id.to_string(), dir: dir.to_path_buf(), started, _running: Some(lock) })
     }
 }
 

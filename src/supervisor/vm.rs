@@ -191,6 +191,7 @@ impl Launch {
             .arg("--config")
             .arg(&config_path)
             .env_clear()
+            .env(crate::vmm::SUPERVISOR_PID, std::process::id().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

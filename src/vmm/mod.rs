@@ -91,11 +91,21 @@ fn setup(step: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
     move |source| VmmError::Setup { step, source }
 }
 
+/// The supervisor's pid, in the VMM's environment: the VMM runs only while
+/// that process is its parent.
+pub const SUPERVISOR_PID: &str = "STOCKADE_SUPERVISOR_PID";
+
 /// Runs the VM described by `config` (booted, or resumed from a template)
 /// and returns when the guest resets.
 pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     // The VM must not outlive the supervisor that owns its session.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    // A supervisor that died before that line sent no signal: we were
+    // orphaned already.
+    let supervisor = std::env::var(SUPERVISOR_PID).ok().and_then(|pid| pid.parse::<i32>().ok());
+    if supervisor.is_some_and(|pid| nix::unistd::getppid().as_raw() != pid) {
+        return Err(VmmError::Stopped("its supervisor is gone".into()));
+    }
     let started = std::time::Instant::now();
     let kvm = Kvm::new().map_err(VmmError::Kvm)?;
     let dialer = devices::broker::Dialer::connect(&config.vsock_broker, started)

@@ -1,0 +1,215 @@
+//! `stockade recover`: stages the changes an interrupted session left on
+//! its scratch disk. A VM boots on the kept disk with the workspace share
+//! as its lower layer, as in the run; its init mounts only the workspace
+//! overlay and exports it through the run's channel, so the changes reach
+//! the store through the same validation and staging as after any run.
+//!
+//! Nothing of the run's world comes back: no network, no command, no
+//! shares but the workspace, and the VM's logs go beside the run's
+//! (`recover-kernel.log`, `recover-vmm.log`) rather than over them.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use super::boot::{Booted, Command};
+use super::conversation::{self, Conversation};
+use super::prepare::{self, Channels};
+use super::{root, scratch, session, signals, vm};
+use crate::changes;
+use crate::paths::Dirs;
+use crate::protocol::auth::Token;
+use crate::protocol::vm_config::VmConfig;
+use crate::protocol::{ExitReport, RootEntry, RunSpec};
+
+/// How the recovery VM is given to run.
+#[derive(Debug, Clone)]
+pub struct RecoverConfig {
+    pub memory_bytes: u64,
+    /// Jail the VMM (Landlock, seccomp); false with --no-jail.
+    pub jail: bool,
+    pub kernel: Option<PathBuf>,
+}
+
+/// The changes that were staged, and where.
+pub struct Recovered {
+    pub id: String,
+    pub workspace: PathBuf,
+    pub store: changes::Store,
+}
+
+/// The outcome a recovered session's record gains.
+const RECOVERED: &str = "its changes were recovered from the scratch disk";
+
+/// Stages the changes on the scratch disk of the interrupted session `info`.
+/// The disk goes once they are staged; on any failure it stays.
+pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::Result<Recovered> {
+    let id = &info.id;
+    if session::is_running(&info.dir) {
+        bail!(
+            "session {id} is still running; its changes are staged when it ends (or, if it is stopped, recover it then)"
+        );
+    }
+    let disk = info.dir.join(session::SCRATCH_DISK);
+    if !session::is_interrupted(&info.dir) {
+        bail!(
+            "session {id} has no scratch disk to recover ({} is absent): its changes were staged when it ended \
+             (`stockade diff {id}` shows them) or it made none",
+            disk.display()
+        );
+    }
+    let workspace = info.workspace().with_context(|| {
+        format!(
+            "session {id} has no readable run record ({}), so its workspace is unknown",
+            info.dir.join("run.json").display()
+        )
+    })?;
+    if !workspace.is_dir() {
+        bail!(
+            "the workspace of session {id}, {}, is gone; the changes are the guest's over it, so recover them where it \
+             was (`sudo mount -o loop,ro {}` shows them under upper/)",
+            workspace.display(),
+            disk.display()
+        );
+    }
+    signals::block()?;
+    let session = session::Session::resume(&info.dir, id, info.started().unwrap_or_else(std::time::SystemTime::now))?;
+    scratch::check(&disk)?;
+    let dirs = Dirs::resolve()?;
+    let kernel = prepare::check_kvm(&dirs, config.kernel.as_deref())?;
+    if config.jail {
+        if let Err(why) = crate::jail::check_available() {
+            bail!("the VMM cannot be jailed on this host: {why}. Fix that, or recover with --no-jail");
+        }
+    }
+    let store = changes::Store::open(&session.dir)?;
+    clear_stale_sockets(&session.dir);
+    let vsock_base = session.dir.join("v.sock");
+    let (channels, sockets) = Channels::open(&vsock_base, &store, None)?;
+    let user = root::User::current();
+    let (vm_config, root) = vm_config(&session, &workspace, &user, &kernel, config)?;
+    let log = session.dir.join("recover-vmm.log");
+    let paths = vm::Paths { session: &session.dir, log: &log, vsock_base: &vsock_base };
+    let vmm = vm::VmProcess::start(&vm_config, paths, None, |_, _| {})?;
+    let spec = run_spec(&workspace, &user, root, channels.token.clone())?;
+    let booted = Booted { vmm, command: Command { spec, formatting: scratch::Formatting::kept(&disk) }, channels };
+    let (vmm, ended) = conversation::hold_until(None, &session, booted)?;
+    let reported = matches!(ended.result, Ok(Conversation::Ended { .. }));
+    if reported {
+        vmm.stop();
+    } else {
+        drop(vmm);
+    }
+    drop(sockets);
+    let kernel_log = vm_config.kernel_log.display().to_string();
+    match ended.result {
+        Ok(Conversation::Ended { report: ExitReport::Exited { code: 0 }, staged: Some(Ok(_)) }) => {}
+        Ok(Conversation::Ended { staged: Some(Err(e)), .. }) => {
+            return Err(e.context(format!("cannot stage the changes of session {id}; its scratch disk stays")));
+        }
+        Ok(Conversation::Ended { report: ExitReport::SetupFailed { message }, .. }) => bail!(
+            "the recovery VM cannot mount the scratch disk of session {id}: {message}; the disk stays in {} (the \
+             kernel log is {kernel_log})",
+            disk.display()
+        ),
+        Ok(Conversation::Ended { report, .. }) => {
+            bail!("the recovery VM of session {id} ended unexpectedly ({report:?}); the kernel log is {kernel_log}")
+        }
+        Ok(Conversation::Stopped) => bail!("recovery of session {id} stopped; its scratch disk stays"),
+        Ok(Conversation::VmEnded | Conversation::Unanswered) => bail!(
+            "the recovery VM of session {id} stopped before it exported the changes; its scratch disk stays; the \
+             kernel log is {kernel_log}"
+        ),
+        Err(e) => return Err(e.context(format!("cannot recover session {id}; its scratch disk stays"))),
+    }
+    // Staged: the disk is spent.
+    std::fs::remove_file(&disk)
+        .with_context(|| format!("cannot remove the recovered scratch disk {}", disk.display()))?;
+    if let Some(mut record) = info.record.clone() {
+        record.outcome = Some(match record.outcome.take() {
+            Some(before) => format!("{before}; {RECOVERED}"),
+            None => format!("interrupted; {RECOVERED}"),
+        });
+        if let Err(e) = session.write_record(&record) {
+            tracing::warn!("cannot update the run record of session {id}: {e:#}");
+        }
+    }
+    Ok(Recovered { id: id.clone(), workspace, store })
+}
+
+/// The run's listener sockets, left behind by a supervisor that died.
+fn clear_stale_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let socket = entry.file_type().is_ok_and(|t| {
+            use std::os::unix::fs::FileTypeExt;
+            t.is_socket()
+        });
+        if socket && (name == "broker.sock" || name.starts_with("v.sock")) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The recovery VM: the workspace share and the kept disk, nothing else;
+/// and the guest root, the workspace overlay alone.
+fn vm_config(
+    session: &session::Session,
+    workspace: &Path,
+    user: &root::User,
+    kernel: &Path,
+    config: &RecoverConfig,
+) -> anyhow::Result<(VmConfig, Vec<RootEntry>)> {
+    let layout = root::layout(workspace, user, root::System::Host)?;
+    let workspace_only = |entry: &RootEntry| matches!(entry, RootEntry::Overlay { .. });
+    let root: Vec<RootEntry> = layout.root.into_iter().filter(workspace_only).collect();
+    let sources: Vec<&str> = root
+        .iter()
+        .filter_map(|e| match e {
+            RootEntry::Overlay { source, .. } => Some(source.as_str()),
+            _ => None,
+        })
+        .collect();
+    let shares = layout.shares.into_iter().filter(|s| sources.contains(&s.guest_path.as_str())).collect();
+    let vm = VmConfig {
+        kernel: kernel.to_path_buf(),
+        init: std::env::current_exe().context("cannot find the stockade binary")?,
+        vcpus: 1,
+        memory_bytes: config.memory_bytes,
+        kernel_log: session.dir.join("recover-kernel.log"),
+        vsock_broker: session.dir.join("broker.sock"),
+        shares,
+        secrets: layout.secrets,
+        network: false,
+        disk: Some(session.scratch_disk()),
+        image: None,
+        jail: config.jail,
+        verbose_kernel: false,
+        kernel_args: Vec::new(),
+        template: None,
+    };
+    Ok((vm, root))
+}
+
+/// The recovery "command": mount, export, nothing to run.
+fn run_spec(workspace: &Path, user: &root::User, root: Vec<RootEntry>, token: Token) -> anyhow::Result<RunSpec> {
+    Ok(RunSpec {
+        argv: Vec::new(),
+        env: Vec::new(),
+        cwd: workspace.to_str().context("the workspace path is not valid UTF-8")?.to_string(),
+        uid: user.uid,
+        gid: user.gid,
+        root,
+        tty: None,
+        network: false,
+        pids: None,
+        docker: false,
+        ssh_agent: false,
+        token,
+        clock: None,
+        seed: Vec::new(),
+        recover: true,
+    })
+}
