@@ -25,6 +25,7 @@ mod conflict;
 mod dirfd;
 pub(crate) mod extent;
 mod journal;
+pub mod landed;
 mod model;
 mod path;
 pub mod review;

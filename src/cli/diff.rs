@@ -66,7 +66,11 @@ pub fn run(mut args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    let mut target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    let live = sessions::checkpoint_if_running(&mut target)?;
+    if live.is_some() {
+        writeln!(here.err, "stockade: session {} is running; these are its changes so far", target.id)?;
+    }
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
     let expand = paths.is_some();

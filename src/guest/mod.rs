@@ -55,6 +55,9 @@ fn run() -> anyhow::Result<()> {
     template::adopt_host(&spec)?;
     let report = match prepare(&spec, &control, links) {
         Ok(layers) => {
+            if let Some(layers) = &layers {
+                control.offer_checkpoints(layers.clone());
+            }
             let report = command::run(&spec, &control)?;
             trace::mark("command ended");
             mounts::save_state_files(&spec.root);
