@@ -33,6 +33,10 @@ use super::sessions::{self, Here};
 /// is a conflict: it is listed and left staged unless named with --force.
 /// An apply that was interrupted is completed first.
 ///
+/// On a running session (the default in its workspace) this applies its
+/// changes so far while the command goes on; later they are neither
+/// offered again nor conflicts, unless the host file was edited since.
+///
 /// Exits 0 when everything chosen was applied, 1 when conflicts, refused
 /// changes or held-back files were left staged, 125 on errors.
 #[derive(Debug, Args)]

@@ -29,6 +29,9 @@ use super::sessions::{self, Here};
 /// pager ($STOCKADE_PAGER, $PAGER, or less). Paths git ignores and git's
 /// own files are shown collapsed unless named. The old side is the host's
 /// file now, the new side what `stockade apply` would write.
+///
+/// A running session (the default in its workspace) shows its changes so
+/// far: the guest exports a checkpoint on request, and the command goes on.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// Session id or unique prefix (default: the latest with staged changes

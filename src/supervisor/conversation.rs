@@ -96,7 +96,8 @@ fn converse(
     let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
     forward_signals(&talk.writer, vmm_pid, watch.interrupts.clone())?;
     let _deadline = watch_deadline(&talk.writer, vmm_pid, watch)?;
-    let (answers, answered) = mpsc::channel();
+    // Bounded: answers nobody asked for are dropped, not piled up.
+    let (answers, answered) = mpsc::sync_channel(4);
     let guest = live::Guest {
         writer: talk.writer.clone(),
         token: token.clone(),
@@ -222,7 +223,7 @@ struct Relay<'a> {
     stdout_open: bool,
     dockerd_log: DockerdLog,
     /// Where the init's checkpoint answers go (`live`).
-    checkpoints: mpsc::Sender<CheckpointOutcome>,
+    checkpoints: mpsc::SyncSender<CheckpointOutcome>,
 }
 
 impl<'a> Relay<'a> {
@@ -230,7 +231,7 @@ impl<'a> Relay<'a> {
         session: &'a session::Session,
         receiver: staging::Receiver,
         tampering: admission::Tampering,
-        checkpoints: mpsc::Sender<CheckpointOutcome>,
+        checkpoints: mpsc::SyncSender<CheckpointOutcome>,
     ) -> Self {
         Relay {
             session,
@@ -275,7 +276,7 @@ impl<'a> Relay<'a> {
             GuestMsg::DockerdLog(data) => self.dockerd_log.write(self.session, &data),
             GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
             GuestMsg::Checkpoint(answer) => {
-                let _ = self.checkpoints.send(answer);
+                let _ = self.checkpoints.try_send(answer);
             }
         }
         Ok(None)

@@ -227,7 +227,10 @@ impl Checkpoints {
         if seen.exists() {
             fs::copy(&seen, next.dir().join("seen")).context("cannot copy what the guest saw")?;
         }
-        let (listener, socket) = vm::listen(&self.session_dir.join("v.sock"), CHECKPOINT_PORT)?;
+        let base = self.session_dir.join("v.sock");
+        // Left by a round that failed before its receiver took it over.
+        let _ = fs::remove_file(crate::protocol::broker::socket_path(&base, CHECKPOINT_PORT));
+        let (listener, socket) = vm::listen(&base, CHECKPOINT_PORT)?;
         let receiver = staging::receive_as(
             listener,
             socket,
@@ -236,6 +239,8 @@ impl Checkpoints {
             self.guest.tampering.clone(),
             staging::Shown::Quiet,
         )?;
+        // Answers no one waits for any more (or that no one asked for).
+        while self.guest.answers.try_recv().is_ok() {}
         self.next_id += 1;
         let id = self.next_id;
         {
