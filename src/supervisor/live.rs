@@ -290,3 +290,7 @@ impl Checkpoints {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "live_tests.rs"]
+mod tests;
