@@ -17,6 +17,7 @@ mod image_e2e;
 mod init_channels_e2e;
 mod jail;
 mod limits_e2e;
+mod live_e2e;
 mod man_pages;
 mod network_e2e;
 mod new_user_e2e;

@@ -34,6 +34,7 @@ use super::ChangesError;
 use super::conflict::{ConflictReason, HostPath, describe_base};
 use super::dirfd::{self, DirFd, FileType, ResolveError, Root};
 use super::journal::{self, Journal, Op, Plan, Step};
+use super::landed::Landed;
 use super::model::{Base, Entry, EntryState, Kind};
 use super::path::{RelPath, escape};
 use super::seen::{Seen, StatKey};
@@ -383,6 +384,8 @@ struct Session<'a> {
     /// In tree order (the manifest's order, checked when read).
     entries: Vec<StoredEntry>,
     judge: Judge,
+    /// What earlier applies landed while the session ran.
+    landed: Landed,
 }
 
 impl<'a> Session<'a> {
@@ -397,7 +400,8 @@ impl<'a> Session<'a> {
             None if header.sightings => Judge::Seen(Seen::default()),
             None => Judge::Base,
         };
-        Ok(Session { store, root, header, entries, judge })
+        let landed = Landed::load(store)?;
+        Ok(Session { store, root, header, entries, judge, landed })
     }
 
     fn position(&self, path: &RelPath) -> Option<usize> {
@@ -632,7 +636,11 @@ impl<'a> Session<'a> {
                 }
                 Judge::Base => host.check_base(&entry.base),
             };
-            if let Err(reason) = judged {
+            // A host path that still holds what an apply during the run
+            // landed there is the base the guest's newer change builds on.
+            if let Err(reason) = judged
+                && !self.landed.holds(host, &entry.path)
+            {
                 return Verdict::Conflict(reason);
             }
         }

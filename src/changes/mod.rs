@@ -27,6 +27,7 @@ mod dirfd;
 pub(crate) mod extent;
 pub mod git;
 mod journal;
+pub mod landed;
 mod model;
 mod path;
 pub mod review;

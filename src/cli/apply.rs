@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Args;
 
+use crate::changes::landed::Landed;
 use crate::changes::review::{
     CodeChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report,
     write_held_back, write_hint,
@@ -35,6 +36,10 @@ use super::sessions::{self, Here};
 /// change whose path was changed on the host after the guest first saw it
 /// is a conflict: it is listed and left staged unless named with --force.
 /// An apply that was interrupted is completed first.
+///
+/// On a running session (the default in its workspace) this applies its
+/// changes so far while the command goes on; later they are neither
+/// offered again nor conflicts, unless the host file was edited since.
 ///
 /// Exits 0 when everything chosen was applied, 1 when conflicts, refused
 /// changes or held-back files were left staged, 125 on errors.
@@ -93,7 +98,15 @@ pub fn run(mut args: ApplyArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    let mut target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    let live = sessions::checkpoint_if_running(&mut target)?;
+    if live.is_some() {
+        writeln!(
+            here.err,
+            "stockade: session {} is running; applying its changes so far while the command goes on",
+            target.id
+        )?;
+    }
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let named: Vec<RelPath> = paths.clone().unwrap_or_default();
     let selection = sessions::selection_of(&target, paths, "PATH")?;
@@ -135,6 +148,14 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     let report = apply_with_progress(&target.store, &target.workspace, &options, &mut meter).with_context(|| {
         format!("cannot apply the changes of session {} to {}", target.id, target.workspace.display())
     })?;
+    if live.is_some() {
+        // Later checkpoints and the final export carry these again.
+        let entries = target.store.entries()?;
+        let done: std::collections::HashSet<&RelPath> = report.applied.iter().chain(&report.already).collect();
+        let landed = entries.iter().filter(|e| done.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
+        Landed::record(&target.store, landed)
+            .with_context(|| format!("cannot record what was applied from the running session {}", target.id))?;
+    }
 
     let painter = Painter::new(here.color.enabled(here.terminal));
     let out = &mut *here.out;

@@ -29,6 +29,9 @@ use super::sessions::{self, Here};
 /// pager ($STOCKADE_PAGER, $PAGER, or less). Paths git ignores and git's
 /// own files are shown collapsed unless named. The old side is the host's
 /// file now, the new side what `stockade apply` would write.
+///
+/// A running session (the default in its workspace) shows its changes so
+/// far: the guest exports a checkpoint on request, and the command goes on.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// Session id or unique prefix (default: the latest with staged changes
@@ -66,7 +69,11 @@ pub fn run(mut args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
 
 pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
-    let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    let mut target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    let live = sessions::checkpoint_if_running(&mut target)?;
+    if live.is_some() {
+        writeln!(here.err, "stockade: session {} is running; these are its changes so far", target.id)?;
+    }
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
     let expand = paths.is_some();

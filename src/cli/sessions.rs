@@ -269,6 +269,12 @@ impl Row {
 
 /// Where a session's changes are, without creating anything in its directory.
 fn change_state(dir: &Path) -> (&'static str, Counts) {
+    if session::is_running(dir) {
+        // As of the latest checkpoint (`stockade diff` makes one).
+        let checkpoint = dir.join(crate::changes::landed::CHECKPOINT_DIR);
+        let counts = if checkpoint.is_dir() { Store::open(&checkpoint).and_then(|s| s.counts()).ok() } else { None };
+        return ("running", counts.unwrap_or_default());
+    }
     if !dir.join("changes").is_dir() {
         return ("none", Counts::default());
     }
@@ -299,7 +305,7 @@ fn write_table(out: &mut dyn Write, rows: &[Row], width: usize, p: Painter) -> i
         let age = row.age_seconds.map_or_else(|| "?".to_string(), |s| age(Duration::from_secs(s)));
         let exit = row.exit_status.map_or_else(|| "-".to_string(), |s| s.to_string());
         let state_role = match row.state {
-            "staged" | "partly applied" | "partly discarded" | "apply interrupted" => Role::Modified,
+            "staged" | "partly applied" | "partly discarded" | "apply interrupted" | "running" => Role::Modified,
             "applied" => Role::Added,
             "discarded" => Role::Muted,
             "damaged" | "unreadable" | session::INTERRUPTED => Role::Conflict,
@@ -414,9 +420,28 @@ pub fn resolve(data: &Path, given: Option<&str>, cwd: &Path) -> anyhow::Result<T
     Ok(Target { id: info.id, workspace, store, agent_settings, record: info.record })
 }
 
+/// When the target session is running, asks it for a checkpoint of its
+/// changes so far and points `target` at it: what `diff` and `apply` read
+/// then, held until the returned guard goes.
+pub fn checkpoint_if_running(target: &mut Target) -> anyhow::Result<Option<crate::supervisor::live::Reading>> {
+    let Some(dir) = target.store.dir().parent().map(Path::to_path_buf) else { return Ok(None) };
+    if !session::is_running(&dir) {
+        return Ok(None);
+    }
+    let reading = crate::supervisor::live::ask(&dir)
+        .with_context(|| format!("session {} is running, but its changes so far cannot be read", target.id))?;
+    if let Some(reading) = &reading {
+        target.store = reading.store.clone();
+    }
+    Ok(reading)
+}
+
 fn default_session(sessions: &[SessionInfo], cwd: &Path) -> anyhow::Result<SessionInfo> {
+    // A running session offers a checkpoint of its changes so far.
     let staged = |s: &SessionInfo| {
-        s.dir.join("changes").is_dir() && Store::open(&s.dir).is_ok_and(|st| st.counts().is_ok_and(|c| c.staged > 0))
+        session::is_running(&s.dir)
+            || (s.dir.join("changes").is_dir()
+                && Store::open(&s.dir).is_ok_and(|st| st.counts().is_ok_and(|c| c.staged > 0)))
     };
     let agent_of = |s: &SessionInfo| s.record.as_ref().and_then(|r| r.agent_settings().map(str::to_string));
     let mut newest = None;

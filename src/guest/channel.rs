@@ -6,8 +6,9 @@
 use std::fs::File;
 use std::io::{BufReader, Write};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -86,6 +87,44 @@ pub fn start_heartbeat(control: &Control) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Exports checkpoints on their own thread, one at a time, so that the
+/// control connection keeps carrying signals meanwhile.
+struct Checkpoints {
+    layers: Arc<OnceLock<super::mounts::Layers>>,
+    writer: Arc<Mutex<File>>,
+    busy: Arc<AtomicBool>,
+}
+
+impl Checkpoints {
+    fn start(&self, id: u64, token: &Token) {
+        let answer = |message: &str| {
+            let outcome = crate::protocol::ExportOutcome::Failed { message: message.to_string() };
+            GuestMsg::Checkpoint(crate::protocol::CheckpointOutcome { id, outcome })
+        };
+        let Some(layers) = self.layers.get().cloned() else {
+            return send_on(&self.writer, &answer("this run has no workspace overlay to checkpoint"));
+        };
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return send_on(&self.writer, &answer("a checkpoint is already being exported"));
+        }
+        let (writer, busy, token) = (self.writer.clone(), self.busy.clone(), token.clone());
+        let spawned = std::thread::Builder::new().name("checkpoint".into()).spawn(move || {
+            let msg = super::changes::checkpoint(&layers, &token, id);
+            busy.store(false, Ordering::SeqCst);
+            send_on(&writer, &msg);
+        });
+        if spawned.is_err() {
+            self.busy.store(false, Ordering::SeqCst);
+            send_on(&self.writer, &answer("cannot start the checkpoint thread"));
+        }
+    }
+}
+
+fn send_on(writer: &Mutex<File>, msg: &GuestMsg) {
+    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = write_frame(&mut *w, msg).map_err(std::io::Error::other).and_then(|()| w.flush());
+}
+
 /// What the host asks of the running command.
 pub enum Event {
     Signal(i32),
@@ -98,6 +137,8 @@ pub struct Control {
     writer: Arc<Mutex<File>>,
     reader: Mutex<Option<BufReader<File>>>,
     finish: Mutex<Option<Receiver<()>>>,
+    /// The workspace overlay, once the command may be asked for checkpoints.
+    layers: Arc<OnceLock<super::mounts::Layers>>,
 }
 
 pub fn connect_control() -> anyhow::Result<Control> {
@@ -107,6 +148,7 @@ pub fn connect_control() -> anyhow::Result<Control> {
         writer: Arc::new(Mutex::new(stream)),
         reader: Mutex::new(Some(BufReader::new(reader))),
         finish: Mutex::new(None),
+        layers: Arc::default(),
     })
 }
 
@@ -116,6 +158,11 @@ impl Control {
         write_frame(&mut *w, msg).context("cannot write to the host")?;
         w.flush().context("cannot write to the host")?;
         Ok(())
+    }
+
+    /// Lets the host ask for checkpoints of the workspace overlay.
+    pub fn offer_checkpoints(&self, layers: super::mounts::Layers) {
+        let _ = self.layers.set(layers);
     }
 
     /// Reads one message (before the reader thread takes over).
@@ -137,6 +184,8 @@ impl Control {
             .context("the control reader is already running")?;
         let (tx, rx) = channel();
         *self.finish.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        let checkpoints =
+            Checkpoints { layers: self.layers.clone(), writer: self.writer.clone(), busy: Arc::default() };
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
@@ -149,6 +198,7 @@ impl Control {
                         }
                         Ok(HostMsg::Connect { id, port }) => super::publish::connect(id, port, token.clone()),
                         Ok(HostMsg::Run(_)) => eprintln!("stockade-init: ignoring a second command"),
+                        Ok(HostMsg::Checkpoint { id }) => checkpoints.start(id, &token),
                         Err(_) => {
                             // The host went away: nothing left to wait for.
                             let _ = tx.send(());

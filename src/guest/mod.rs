@@ -62,6 +62,9 @@ fn run() -> anyhow::Result<()> {
     }
     let report = match prepare(&spec, &control, links) {
         Ok(layers) => {
+            if let Some(layers) = &layers {
+                control.offer_checkpoints(layers.clone());
+            }
             let report = command::run(&spec, &control)?;
             trace::mark("command ended");
             mounts::save_state_files(&spec.root);

@@ -47,14 +47,14 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
+use super::{CHANGES_PORT, CHECKPOINT_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
 use crate::changes::{Hasher, Sha256};
 
 /// Guest ports below this need CAP_NET_BIND_SERVICE to bind.
 pub const PRIVILEGED_PORTS: u32 = 1024;
 
 /// The host ports only the init may connect to.
-pub const INIT_PORTS: [u32; 4] = [CONTROL_PORT, STDIN_PORT, CHANGES_PORT, PUBLISH_PORT];
+pub const INIT_PORTS: [u32; 5] = [CONTROL_PORT, STDIN_PORT, CHANGES_PORT, PUBLISH_PORT, CHECKPOINT_PORT];
 
 pub const TOKEN_LEN: usize = 32;
 

@@ -5,7 +5,7 @@ use std::io::{self, Read, Write};
 
 use thiserror::Error;
 
-use super::{ExitReport, ExportOutcome, GuestMsg, HostMsg};
+use super::{CheckpointOutcome, ExitReport, ExportOutcome, GuestMsg, HostMsg};
 
 /// No frame may be larger: the reader allocates the payload, and the guest
 /// is not trusted to be reasonable.
@@ -19,6 +19,7 @@ const KIND_EXIT: u8 = 13;
 const KIND_CHANGES: u8 = 14;
 const KIND_DOCKERD_LOG: u8 = 15;
 const KIND_HEARTBEAT: u8 = 19;
+const KIND_CHECKPOINT: u8 = 16;
 
 #[derive(Debug, Error)]
 pub enum FrameError {
@@ -91,6 +92,7 @@ impl Frame for GuestMsg {
             GuestMsg::Changes(outcome) => write_raw(w, KIND_CHANGES, &serde_json::to_vec(outcome)?),
             GuestMsg::DockerdLog(data) => write_raw(w, KIND_DOCKERD_LOG, data),
             GuestMsg::Heartbeat => write_raw(w, KIND_HEARTBEAT, &[]),
+            GuestMsg::Checkpoint(answer) => write_raw(w, KIND_CHECKPOINT, &serde_json::to_vec(answer)?),
         }
     }
     fn decode(kind: u8, payload: Vec<u8>) -> Result<Self, FrameError> {
@@ -102,6 +104,7 @@ impl Frame for GuestMsg {
             KIND_HEARTBEAT => GuestMsg::Heartbeat,
             KIND_EXIT => GuestMsg::Exit(serde_json::from_slice::<ExitReport>(&payload)?),
             KIND_CHANGES => GuestMsg::Changes(serde_json::from_slice::<ExportOutcome>(&payload)?),
+            KIND_CHECKPOINT => GuestMsg::Checkpoint(serde_json::from_slice::<CheckpointOutcome>(&payload)?),
             other => return Err(FrameError::UnknownKind(other)),
         })
     }
@@ -145,6 +148,7 @@ mod tests {
             HostMsg::Signal { signal: 2 },
             HostMsg::Resize(WindowSize { rows: 50, cols: 132 }),
             HostMsg::Finish,
+            HostMsg::Checkpoint { id: 7 },
         ];
         let guest = [
             GuestMsg::Ready { kernel: "6.12".into() },
@@ -158,6 +162,10 @@ mod tests {
                 bytes: 3,
                 skipped: 0,
                 stream: crate::protocol::auth::StreamDigest { bytes: 90, sha256: crate::changes::Sha256::of(b"x") },
+            }),
+            GuestMsg::Checkpoint(crate::protocol::CheckpointOutcome {
+                id: 7,
+                outcome: ExportOutcome::Failed { message: "busy".into() },
             }),
             GuestMsg::Exit(ExitReport::Signaled { signal: 9 }),
         ];

@@ -74,6 +74,10 @@ pub const PUBLISH_PORT: u32 = 1030;
 /// One connection per guest ssh-agent client, guest to the host's agent
 /// relay (which signs only for SSH connections the proxy checked).
 pub const AGENT_PORT: u32 = 1031;
+/// A checkpoint of the workspace changes while the command runs, guest to
+/// host, one connection per `HostMsg::Checkpoint`: the token, then a change
+/// set as on `CHANGES_PORT`.
+pub const CHECKPOINT_PORT: u32 = 1032;
 /// Where the init serves the ssh-agent relay (`SSH_AUTH_SOCK`).
 pub const GUEST_AGENT_SOCKET: &str = "/run/stockade/ssh-agent.sock";
 
@@ -196,6 +200,12 @@ pub enum HostMsg {
         id: u64,
         port: u16,
     },
+    /// Export the workspace changes made so far on `CHECKPOINT_PORT` and
+    /// answer with `GuestMsg::Checkpoint` carrying the same `id`; the
+    /// command goes on.
+    Checkpoint {
+        id: u64,
+    },
 }
 
 /// How the export of the workspace changes went; sent after the change set
@@ -232,6 +242,15 @@ pub enum GuestMsg {
     /// The init is alive: sent every [`HEARTBEAT_EVERY`] from a thread of
     /// its own, so that a guest that halts or hangs is noticed.
     Heartbeat,
+    /// How the export asked for by `HostMsg::Checkpoint { id }` went.
+    Checkpoint(CheckpointOutcome),
+}
+
+/// The init's answer to a checkpoint request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointOutcome {
+    pub id: u64,
+    pub outcome: ExportOutcome,
 }
 
 /// How often the init says it is alive.

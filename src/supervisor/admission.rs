@@ -67,6 +67,7 @@ pub fn refused_by_the_vmm(host_port: u32) -> String {
         crate::protocol::STDIN_PORT => "stdin",
         crate::protocol::CHANGES_PORT => "change",
         crate::protocol::PUBLISH_PORT => "publish",
+        crate::protocol::CHECKPOINT_PORT => "checkpoint",
         _ => "init's",
     };
     format!(

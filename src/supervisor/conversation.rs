@@ -5,18 +5,20 @@
 
 use std::io::{ErrorKind, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use super::boot::{Booted, Command};
 use super::prepare::Channels;
-use super::{RunConfig, admission, deadline, session, signals, staging, terminal, vm};
+use super::{RunConfig, admission, deadline, live, session, signals, staging, terminal, vm};
 use crate::changes;
 use crate::protocol::auth::Token;
 use crate::protocol::template::{HostClock, SEED_LEN};
-use crate::protocol::{ExitReport, ExportOutcome, FrameError, GuestMsg, HostMsg, read_frame, write_frame};
+use crate::protocol::{
+    CheckpointOutcome, ExitReport, ExportOutcome, FrameError, GuestMsg, HostMsg, read_frame, write_frame,
+};
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
 /// the software-CPU test rig needs the margin.
@@ -120,8 +122,18 @@ fn converse(
     let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
     forward_signals(&talk.writer, vmm_pid, watch.interrupts.clone())?;
     let _deadline = watch_deadline(&talk.writer, vmm_pid, watch)?;
+    // Bounded: answers nobody asked for are dropped, not piled up.
+    let (answers, answered) = mpsc::sync_channel(4);
+    let guest = live::Guest {
+        writer: talk.writer.clone(),
+        token: token.clone(),
+        tampering: tampering.clone(),
+        answers: answered,
+    };
+    // Review while it runs is a convenience: without it the run goes on.
+    let _live = live::serve(&session.dir, guest).inspect_err(|e| tracing::warn!("no review while it runs: {e:#}")).ok();
     let _stop_pump = StopOnDrop(StdinPump::spawn(stdin, token, tampering.clone())?);
-    let ended = Relay::new(session, receiver, tampering).run(&mut talk, &watch.interrupts);
+    let ended = Relay::new(session, receiver, tampering, answers).run(&mut talk, &watch.interrupts);
     if matches!(ended, Ok(Conversation::Unanswered)) {
         vmm.kill();
     }
@@ -241,10 +253,17 @@ struct Relay<'a> {
     /// False once our reader went away.
     stdout_open: bool,
     dockerd_log: DockerdLog,
+    /// Where the init's checkpoint answers go (`live`).
+    checkpoints: mpsc::SyncSender<CheckpointOutcome>,
 }
 
 impl<'a> Relay<'a> {
-    fn new(session: &'a session::Session, receiver: staging::Receiver, tampering: admission::Tampering) -> Self {
+    fn new(
+        session: &'a session::Session,
+        receiver: staging::Receiver,
+        tampering: admission::Tampering,
+        checkpoints: mpsc::SyncSender<CheckpointOutcome>,
+    ) -> Self {
         Relay {
             session,
             receiver: Some(receiver),
@@ -253,6 +272,7 @@ impl<'a> Relay<'a> {
             stdout: std::io::stdout().lock(),
             stdout_open: true,
             dockerd_log: DockerdLog::default(),
+            checkpoints,
         }
     }
 
@@ -290,6 +310,9 @@ impl<'a> Relay<'a> {
             GuestMsg::DockerdLog(data) => self.dockerd_log.write(self.session, &data),
             GuestMsg::Ready { .. } => tracing::warn!("the guest said ready twice"),
             GuestMsg::Heartbeat => {}
+            GuestMsg::Checkpoint(answer) => {
+                let _ = self.checkpoints.try_send(answer);
+            }
         }
         Ok(None)
     }
@@ -317,12 +340,23 @@ impl<'a> Relay<'a> {
             return;
         };
         self.staged = Some(match outcome {
-            ExportOutcome::Sent { stream, .. } => receiver.finish(stream),
+            ExportOutcome::Sent { stream, .. } => receiver.finish(stream).inspect(|_| self.settle_landed()),
             ExportOutcome::Failed { message } => {
                 receiver.abandon();
                 Err(anyhow::anyhow!("the guest could not export its changes: {message}"))
             }
         });
+    }
+}
+
+impl Relay<'_> {
+    /// Marks applied what applies during the run landed already.
+    fn settle_landed(&self) {
+        let settled = changes::Store::open(&self.session.dir)
+            .and_then(|store| changes::landed::Landed::load(&store)?.settle(&store));
+        if let Err(e) = settled {
+            tracing::warn!("cannot mark the changes applied during the run: {e}");
+        }
     }
 }
 

@@ -34,6 +34,7 @@ mod deadline;
 mod finish;
 mod home_tools;
 mod identity;
+pub mod live;
 mod network;
 mod outcome;
 mod prepare;

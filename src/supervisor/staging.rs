@@ -84,6 +84,7 @@ pub struct Receiver {
     verdict: mpsc::Sender<Verdict>,
     path: PathBuf,
     store: Store,
+    shown: Shown,
     _listening: Listening,
 }
 
@@ -95,6 +96,26 @@ pub fn receive(
     store: &Store,
     token: Token,
     tampering: Tampering,
+) -> anyhow::Result<Receiver> {
+    receive_as(listener, path, store, token, tampering, Shown::Meter)
+}
+
+/// Whether staging shows a meter on stderr: never for a checkpoint, which
+/// is staged while the command (maybe a full-screen one) owns the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    Meter,
+    Quiet,
+}
+
+/// `receive`, for a checkpoint or the final export.
+pub fn receive_as(
+    listener: UnixListener,
+    path: PathBuf,
+    store: &Store,
+    token: Token,
+    tampering: Tampering,
+    shown: Shown,
 ) -> anyhow::Result<Receiver> {
     let (verdict, verdict_rx) = mpsc::channel();
     let (started_tx, started) = mpsc::channel();
@@ -116,7 +137,7 @@ pub fn receive(
             std::thread::Builder::new()
                 .name("changes".into())
                 .spawn(move || {
-                    let staged = stage(gate, &store);
+                    let staged = stage(gate, &store, shown);
                     let _ = done.send(());
                     staged
                 })
@@ -149,7 +170,7 @@ pub fn receive(
             Err(e) => tracing::warn!("cannot start receiving a change connection: {e}"),
         }
     })?;
-    Ok(Receiver { started, wake, verdict, path, store: store.clone(), _listening: listening })
+    Ok(Receiver { started, wake, verdict, path, store: store.clone(), shown, _listening: listening })
 }
 
 /// A file in `dir` that no name points to, so it goes with its last
@@ -195,10 +216,13 @@ fn spool(mut stream: UnixStream, dir: &Path) -> io::Result<(File, StreamDigest)>
     Ok((file, hasher.finish()))
 }
 
-fn stage(input: impl Read, store: &Store) -> anyhow::Result<StageReport> {
+fn stage(input: impl Read, store: &Store, shown: Shown) -> anyhow::Result<StageReport> {
     let started = Instant::now();
-    let mut meter = Meter::bytes("receiving the guest's changes");
-    meter.start(None);
+    let meter = (shown == Shown::Meter).then(|| {
+        let mut meter = Meter::bytes("receiving the guest's changes");
+        meter.start(None);
+        meter
+    });
     let counted = Counted { inner: input, read: 0, meter };
     let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, counted), Limits::default())?;
     tracing::info!(
@@ -215,14 +239,16 @@ fn stage(input: impl Read, store: &Store) -> anyhow::Result<StageReport> {
 struct Counted<R> {
     inner: R,
     read: u64,
-    meter: Meter,
+    meter: Option<Meter>,
 }
 
 impl<R: Read> Read for Counted<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.read += n as u64;
-        self.meter.set(self.read);
+        if let Some(meter) = &mut self.meter {
+            meter.set(self.read);
+        }
         Ok(n)
     }
 }
@@ -314,7 +340,7 @@ impl Receiver {
                 return Ok(report);
             }
         }
-        stage(file, &self.store).context("the guest's workspace changes were not staged")
+        stage(file, &self.store, self.shown).context("the guest's workspace changes were not staged")
     }
 
     /// Ends the connections still open and returns `result`.

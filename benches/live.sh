@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# What a checkpoint of a running session costs: the wall time of
+# `stockade diff --stat` (ask the supervisor, the guest freezes its scratch
+# filesystem and exports, the host stages and summarises) on a session that
+# has written 10,000 files, then one that has written a 1 GiB file. The
+# guest's writers are paused for the export part of it (the filesystem is
+# frozen while the overlay is walked and sent).
+#
+# Runs where a standard guest boots: here on hardware KVM, or in the rig:
+#   benches/live.sh [RUNS]          # here (needs hardware KVM)
+#   benches/live.sh --rig [RUNS]    # inside a fresh rig L1
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ "${1:-}" == --rig ]]; then
+    shift
+    exec "$here/tests/rig/run-in-l1.sh" "$here/benches/live.sh" "$@"
+fi
+runs=${1:-3}
+bin=${STOCKADE_BIN:-$here/target/x86_64-unknown-linux-gnu/release/stockade}
+kernel=${STOCKADE_KERNEL:-$("$here/guest-kernel/build.sh" 2>/dev/null | tail -n1)}
+work=$(mktemp -d)
+trap 'exec 3>&- 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+export STOCKADE_DATA_DIR="$work/data"
+cp "$bin" "$work/stockade"
+bin=$work/stockade
+
+# measure NAME GUEST-SCRIPT: runs GUEST-SCRIPT in a session that then waits
+# on its stdin, times `diff --stat` RUNS times, and lets the session end.
+measure() {
+    local name=$1 body=$2 ws="$work/ws-$1"
+    mkdir -p "$ws" && cd "$ws"
+    mkfifo ctl
+    "$bin" run --cpus 1 --memory 2G --disk 4G --kernel "$kernel" --apply none -- \
+        sh -c "$body; echo written; read go" <ctl >guest.out 2>guest.err &
+    exec 3>ctl
+    for _ in $(seq 3000); do grep -q written guest.out 2>/dev/null && break; sleep 0.2; done
+    for i in $(seq "$runs"); do
+        local start end
+        start=$(date +%s.%N)
+        "$bin" diff --stat >"diff.$i" 2>&1 || { cat "diff.$i" >&2; exit 1; }
+        end=$(date +%s.%N)
+        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(echo "$end - $start" | bc)" \
+            "$(grep -m1 -o '[0-9,]* staged change[s]*' "diff.$i" || echo '?')"
+    done
+    echo go >&3
+    exec 3>&-
+    wait
+    cd "$work"
+}
+
+measure files-10000 'mkdir -p gen; i=0; while [ $i -lt 10000 ]; do echo $i > gen/f$i; i=$((i+1)); done'
+measure file-1GiB 'head -c 1073741824 /dev/urandom > big.bin'

@@ -1,0 +1,106 @@
+//! The landed record: what an apply during the run wrote is neither offered
+//! again nor a conflict later, while a host edit after it still is.
+
+use std::fs;
+use std::path::Path;
+
+use super::*;
+use crate::changes::model::Sha256;
+use crate::changes::review::testutil::Set;
+use crate::changes::seen::Seen;
+use crate::changes::{ApplyOptions, apply};
+
+/// A session whose guest saw the workspace as it is now, and the store a
+/// checkpoint of it stages into.
+struct Fx {
+    _tmp: tempfile::TempDir,
+    ws: std::path::PathBuf,
+    session: Store,
+    checkpoint: Store,
+}
+
+fn fx(files: &[(&str, &[u8])]) -> Fx {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    for (path, content) in files {
+        fs::write(ws.join(path), content).unwrap();
+    }
+    let dir = tmp.path().join("session");
+    let session = Store::open(&dir).unwrap();
+    let checkpoint = Store::open(&dir.join(CHECKPOINT_DIR)).unwrap();
+    let seen = Seen::everything(&ws).unwrap();
+    session.save_seen(&seen).unwrap();
+    checkpoint.save_seen(&seen).unwrap();
+    Fx { ws, session, checkpoint, _tmp: tmp }
+}
+
+/// Applies everything staged in `store` and records what landed, as
+/// `stockade apply` on a running session does.
+fn apply_live(store: &Store, ws: &Path) -> Vec<String> {
+    let report = apply(store, ws, &ApplyOptions::all()).unwrap();
+    let entries = store.entries().unwrap();
+    let landed =
+        entries.iter().filter(|e| report.applied.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
+    Landed::record(store, landed).unwrap();
+    report.applied.iter().map(ToString::to_string).collect()
+}
+
+fn staged(store: &Store) -> Vec<String> {
+    let entries = store.entries().unwrap();
+    entries.iter().filter(|e| e.state == EntryState::Staged).map(|e| e.entry.path.to_string()).collect()
+}
+
+#[test]
+fn both_stores_of_a_session_share_one_record() {
+    let f = fx(&[]);
+    assert_eq!(Landed::path_for(&f.session), Landed::path_for(&f.checkpoint));
+    assert!(Landed::load(&f.session).unwrap().is_empty());
+}
+
+#[test]
+fn what_landed_is_not_offered_again_and_its_host_copy_is_the_new_base() {
+    let f = fx(&[("a.txt", b"v0\n")]);
+    Set::new(&f.ws).file("a.txt", b"v1\n", 0o644).file("new.txt", b"n1\n", 0o644).stage(&f.checkpoint);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["a.txt", "new.txt"]);
+
+    // The final export: new.txt as it landed, a.txt changed again.
+    Set::new(&f.ws).file("a.txt", b"v2\n", 0o644).file("new.txt", b"n1\n", 0o644).stage(&f.session);
+    assert_eq!(Landed::load(&f.session).unwrap().settle(&f.session).unwrap(), 1);
+    assert_eq!(staged(&f.session), ["a.txt"], "new.txt landed already");
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert!(report.conflicts.is_empty(), "{:?}", report.conflicts);
+    assert_eq!(fs::read(f.ws.join("a.txt")).unwrap(), b"v2\n");
+    assert_eq!(fs::read(f.ws.join("new.txt")).unwrap(), b"n1\n");
+}
+
+#[test]
+fn a_host_edit_after_the_landing_is_still_a_conflict() {
+    let f = fx(&[("a.txt", b"v0\n")]);
+    Set::new(&f.ws).file("a.txt", b"v1\n", 0o644).stage(&f.checkpoint);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["a.txt"]);
+    fs::write(f.ws.join("a.txt"), b"the user's edit\n").unwrap();
+
+    Set::new(&f.ws).file("a.txt", b"v2\n", 0o644).stage(&f.session);
+    Landed::load(&f.session).unwrap().settle(&f.session).unwrap();
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    assert_eq!(fs::read(f.ws.join("a.txt")).unwrap(), b"the user's edit\n");
+}
+
+#[test]
+fn the_last_landing_of_a_path_wins_and_a_cut_line_is_ignored() {
+    let f = fx(&[]);
+    let path = RelPath::new(b"a.txt").unwrap();
+    let kind = |c: &[u8]| Kind::File {
+        mode: crate::changes::Mode::from_raw(0o644),
+        size: c.len() as u64,
+        sha256: Sha256::of(c),
+    };
+    Landed::record(&f.session, [(&path, &kind(b"1"))].into_iter()).unwrap();
+    Landed::record(&f.checkpoint, [(&path, &kind(b"2"))].into_iter()).unwrap();
+    let mut file = fs::OpenOptions::new().append(true).open(Landed::path_for(&f.session)).unwrap();
+    std::io::Write::write_all(&mut file, b"{\"path\":\"a.t").unwrap();
+    let landed = Landed::load(&f.session).unwrap();
+    assert_eq!(landed.paths.get(&path), Some(&kind(b"2")));
+}
