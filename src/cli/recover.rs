@@ -109,6 +109,7 @@ mod tests {
             status: None,
             outcome: None,
             agent_settings: None,
+            git_head: None,
         };
         std::fs::write(dir.join("run.json"), serde_json::to_vec(&record).unwrap()).unwrap();
         if disk {
