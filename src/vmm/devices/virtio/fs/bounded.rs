@@ -728,7 +728,7 @@ impl FileSystem for BoundedFs {
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
         let st = self.stat_node(&mut self.state(), inode)?;
-        let mode = mask as i32 & (libc::R_OK | libc::W_OK | libc::X_OK);
+        let mode = i32::try_from(mask & 0o7).unwrap_or(0) & (libc::R_OK | libc::W_OK | libc::X_OK);
         let allowed = |bits: u32| -> bool {
             (st.st_uid == ctx.uid && st.st_mode & (bits << 6) != 0)
                 || (st.st_gid == ctx.gid && st.st_mode & (bits << 3) != 0)

@@ -1402,8 +1402,10 @@ fn a_name_replaced_on_the_host_under_an_evicted_inode_is_stale_not_another_file(
 #[ignore = "a benchmark: prints timings"]
 fn per_file_cost_of_passthrough_and_bounded_servers() {
     use fuse_backend_rs::api::filesystem::Context;
-    const DIRS: usize = 100;
+    const DIRS: usize = 50;
     const FILES: usize = 200;
+    // The passthrough holds a descriptor for each of the 10,050 inodes.
+    raise_fd_limit();
     let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-bench-")).unwrap();
     for d in 0..DIRS {
         let sub = dir.as_path().join(format!("d{d}"));
