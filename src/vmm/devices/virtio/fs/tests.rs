@@ -1440,3 +1440,44 @@ fn per_file_cost_of_passthrough_and_bounded_servers() {
         eprintln!("{round}: bounded, 16 cached {:.1} µs/file", per(walk(&tiny)));
     }
 }
+
+/// A hundred thousand files looked up (every lookup held) and opened under
+/// this process's own open-file limit, with the budget taken from it:
+/// `ulimit -n 4096; cargo test --bin stockade a_hundred_thousand -- --ignored`.
+#[test]
+#[ignore = "slow: makes 100,000 files"]
+fn a_hundred_thousand_files_fit_the_process_limit() {
+    use fuse_backend_rs::api::filesystem::Context;
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-many-")).unwrap();
+    for d in 0..1000 {
+        let sub = dir.as_path().join(format!("d{d}"));
+        std::fs::create_dir(&sub).unwrap();
+        for f in 0..100 {
+            std::fs::write(sub.join(format!("{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    raise_fd_limit();
+    let budget = super::bounded::FdBudget::of_process();
+    let handles = super::bounded::HandleCount::default();
+    let fs =
+        super::bounded::BoundedFs::new(dir.as_path(), budget.inodes, &handles, budget.handles, Duration::ZERO).unwrap();
+    let ctx = Context::default();
+    let name = |s: String| std::ffi::CString::new(s).unwrap();
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let (mut most, mut files) = (0, Vec::new());
+    for d in 0..1000 {
+        let sub = fs.lookup(&ctx, 1, &name(format!("d{d}"))).unwrap().inode;
+        for f in 0..100 {
+            let entry = fs.lookup(&ctx, sub, &name(format!("{f}"))).unwrap();
+            assert_eq!(usize::try_from(entry.attr.st_size), Ok(format!("{d}/{f}").len()));
+            let (handle, _, _) = fs.open(&ctx, entry.inode, libc::O_RDONLY as u32, 0).unwrap();
+            fs.release(&ctx, entry.inode, 0, handle.unwrap(), false, false, None).unwrap();
+            files.push(entry.inode);
+        }
+        most = most.max(fds());
+    }
+    for &node in files.iter().step_by(997) {
+        fs.getattr(&ctx, node, None).unwrap();
+    }
+    eprintln!("budget {budget:?}: 100,000 files, at most {most} descriptors open in the process");
+}
