@@ -20,7 +20,7 @@ fn reports_the_kind_of_kvm_this_host_has() {
     } else {
         assert!(!out.status.success(), "{report}");
     }
-    for line in ["/dev/kvm", "guest kernel", "landlock", "seccomp", "disk space", "session store"] {
+    for line in ["/dev/kvm", "guest kernel", "landlock", "seccomp", "disk space", "session store", "open files"] {
         assert!(report.contains(line), "missing {line}:\n{report}");
     }
 }

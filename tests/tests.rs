@@ -9,6 +9,7 @@ mod branch_e2e;
 mod changes_e2e;
 mod cli;
 mod config_cli;
+mod descriptors_e2e;
 mod docker_e2e;
 mod doctor;
 mod git_ssh_e2e;

@@ -14,6 +14,7 @@ use crate::host::space;
 use crate::jail;
 use crate::paths::Dirs;
 use crate::supervisor::{retention, session};
+use crate::vmm::devices::virtio::fs::{self, bounded::FdBudget};
 use crate::vmm::probe;
 
 /// Below this much free space, sessions (scratch disks, change sets) cannot be trusted to fit.
@@ -61,6 +62,8 @@ pub struct Facts {
     pub space: std::io::Result<(std::path::PathBuf, u64)>,
     /// The session store: its directory and what it holds.
     pub store: (std::path::PathBuf, Result<retention::Survey, String>),
+    /// RLIMIT_NOFILE, soft and hard.
+    pub open_files: std::io::Result<(u64, u64)>,
     /// The sessions waiting to be recovered (see `session::is_interrupted`).
     pub interrupted: Vec<String>,
 }
@@ -81,6 +84,7 @@ pub fn gather(dirs: &Dirs, kernel_path: Option<&Path>) -> Facts {
             session::sessions_dir(&dirs.data),
             retention::survey(&dirs.data, SystemTime::now()).map_err(|e| error_chain(&e)),
         ),
+        open_files: fs::bounded::open_file_limit(),
         interrupted: session::list(&dirs.data)
             .unwrap_or_default()
             .into_iter()
@@ -200,9 +204,41 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
     });
 
     checks.push(store_check(facts));
+    checks.push(open_files_check(&facts.open_files));
     checks.extend(interrupted_check(&facts.interrupted));
 
     checks
+}
+
+/// The open-file limit's line: the VMM raises its soft limit to the hard
+/// one, and the workspace's file server sizes its descriptor cache by it.
+/// Too low a limit never breaks the guest's files, it only costs re-opens.
+fn open_files_check(limit: &std::io::Result<(u64, u64)>) -> Check {
+    const NAME: &str = "open files";
+    let (soft, hard) = match limit {
+        Ok(limit) => *limit,
+        Err(e) => return Check::warn(NAME, format!("cannot read the limit: {e}"), "check `ulimit -n`"),
+    };
+    let budget = FdBudget::for_limit(hard);
+    let finding = format!(
+        "limit {soft} (hard {hard}): the file server caches {} directory descriptors and allows {} open files",
+        budget.inodes, budget.handles
+    );
+    if hard >= FdBudget::wanted_limit() {
+        return Check::ok(NAME, finding);
+    }
+    Check::warn(
+        NAME,
+        format!(
+            "{finding}, fewer than the {} and {} it wants: large trees cost re-opens, and many open files get ENFILE",
+            fs::bounded::WANTED_INODES,
+            fs::bounded::WANTED_HANDLES
+        ),
+        format!(
+            "raise the hard open-file limit to {} or more (LimitNOFILE= for a systemd unit, `nofile` in /etc/security/limits.conf)",
+            FdBudget::wanted_limit()
+        ),
+    )
 }
 
 /// The sessions whose changes are only on a kept scratch disk.
@@ -338,8 +374,23 @@ mod tests {
                 "/data/sessions".into(),
                 Ok(retention::Survey { sessions: 12, staged: 2, running: 0, bytes: 3 << 20 }),
             ),
+            open_files: Ok((1024, 524_288)),
             interrupted: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_low_open_file_limit_warns_of_speed_not_failure() {
+        let line = |limit| {
+            let checks = judge(&Facts { open_files: Ok(limit), ..good_facts() });
+            assert!(can_run(&checks), "{}", render(&checks));
+            checks.into_iter().find(|c| c.name == "open files").unwrap()
+        };
+        assert_eq!(line((1024, 524_288)).status, Status::Ok);
+        let low = line((4096, 4096));
+        assert_eq!(low.status, Status::Warn);
+        assert!(low.finding.contains("caches 768 directory descriptors"), "{}", low.finding);
+        assert!(low.fix.unwrap().contains("LimitNOFILE"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use fuse_backend_rs::passthrough::{CachePolicy, Config, PassthroughFs};
 use thiserror::Error;
 
 use super::boot::BootFs;
+use super::bounded::{BoundedFs, FdBudget, HandleCount};
 use super::event_handler::FsHandler;
 use super::readonly::{self, ReadOnlyFs};
 use super::request::Access;
@@ -82,11 +83,16 @@ impl Fs<ReadOnlyFs<Vfs>> {
     /// read-only, each under its guest path inside one filesystem, none of
     /// `secrets` readable.
     pub fn new(tag: &str, shares: &[Share], secrets: &Secrets) -> Result<Self, FsError> {
+        raise_fd_limit();
+        Self::within(tag, shares, secrets, FdBudget::of_process())
+    }
+
+    /// [`Fs::new`], holding at most what `budget` allows of host
+    /// descriptors for the shares.
+    pub(super) fn within(tag: &str, shares: &[Share], secrets: &Secrets, budget: FdBudget) -> Result<Self, FsError> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
-        raise_fd_limit();
-
-        let vfs = mount_shares(shares, &guest_paths, CachePolicy::Always, secrets)?;
+        let vfs = mount_shares(shares, &guest_paths, budget, secrets)?;
         Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))), access: Access::ReadOnly })
     }
 }
@@ -132,16 +138,19 @@ impl Fs<Vfs> {
 }
 
 /// A Vfs holding every share read-only, none of `secrets` readable; a
-/// share that names a sightings file has its lookups recorded there.
+/// share that names a sightings file has its lookups recorded there. The
+/// shares split `budget`'s cached descriptors and share its open handles.
 pub(super) fn mount_shares(
     shares: &[Share],
     guest_paths: &[String],
-    cache: CachePolicy,
+    budget: FdBudget,
     secrets: &Secrets,
 ) -> Result<Vfs, FsError> {
     let vfs = Vfs::new(vfs_options());
+    let handles = HandleCount::default();
+    let cached = budget.inodes / shares.len().max(1);
     for (share, guest_path) in shares.iter().zip(guest_paths) {
-        let fs = open_share(&share.host_path, cache.clone())?;
+        let fs = open_read_only_share(&share.host_path, cached, &handles, budget.handles)?;
         let sightings =
             match share.record.as_deref() {
                 Some(record) => {
@@ -302,6 +311,22 @@ pub(super) fn open_share(path: &Path, cache: CachePolicy) -> Result<PassthroughF
         .map_err(|source| FsError::Backend { path: path.to_owned(), source })?;
     readonly::keeping_umask(|| fs.import()).map_err(|source| FsError::Import { path: path.to_owned(), source })?;
     Ok(fs)
+}
+
+/// A bounded read-only filesystem for the host directory `path`.
+fn open_read_only_share(
+    path: &Path,
+    cached: usize,
+    handles: &HandleCount,
+    max_handles: usize,
+) -> Result<BoundedFs, FsError> {
+    let root = std::fs::canonicalize(path).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
+    let meta = std::fs::metadata(&root).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
+    if !meta.is_dir() {
+        return Err(FsError::NotADirectory { path: path.to_owned() });
+    }
+    BoundedFs::new(&root, cached, handles, max_handles, CACHE_TIMEOUT)
+        .map_err(|source| FsError::Import { path: path.to_owned(), source })
 }
 
 /// Every inode the guest holds is an open O_PATH descriptor: let the process

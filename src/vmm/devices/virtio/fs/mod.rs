@@ -13,11 +13,13 @@
 //! ([`readonly::ReadOnlyFs`]) refuses them again and forwards only the
 //! read-side operations.
 //!
-//! Inodes are held as `O_PATH` descriptors, never as file handles, so the
-//! shares can live on filesystems without `name_to_handle_at` support
-//! (overlayfs on 9p, for instance). Every inode the guest holds costs the
-//! host one descriptor; [`Fs::new`] raises the soft RLIMIT_NOFILE to the
-//! hard limit for that reason.
+//! The read-only shares are served by [`bounded::BoundedFs`], whose host
+//! descriptors stay within a budget taken from RLIMIT_NOFILE whatever the
+//! guest looks up (inodes are found again by parent and name, never by
+//! file handles, which need CAP_DAC_READ_SEARCH). The writable shares keep
+//! `PassthroughFs`, where every inode the guest holds costs the host one
+//! `O_PATH` descriptor; [`Fs::new`] raises the soft RLIMIT_NOFILE to the
+//! hard limit for both.
 //!
 //! `device` is what the transport sees and builds the filesystem,
 //! `request` serves one FUSE request, `event_handler` what the worker does
@@ -26,6 +28,7 @@
 //! workspace) and `secrets` (host files it may never read) as its watches.
 
 mod boot;
+pub mod bounded;
 mod budget;
 mod device;
 mod event_handler;

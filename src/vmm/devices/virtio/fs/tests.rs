@@ -213,6 +213,11 @@ impl<F: FileSystem + Sync> Client<F> {
 
     /// Sends a request through the device's queue processing.
     fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
+        // The mock queue serves a few hundred chains; long tests start
+        // another one in its place (the server keeps no queue state).
+        if self.driver.used >= 200 {
+            self.driver = Driver::new(self.driver.mem, GuestAddress(0));
+        }
         let (unique, len) = self.write_request(opcode, nodeid, body);
         let used = self.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
         self.read_reply(unique, used)
@@ -1270,4 +1275,209 @@ fn a_writable_share_stops_at_the_free_space_margin() {
     assert_eq!(client.call(Opcode::Mkdir as u32, rw, &mkdir_body("d", 0o755)).errno(), libc::ENOSPC);
     assert_eq!(client.call(Opcode::Write as u32, file, &write_body(fh, 0, b"HELLO")).errno(), 0, "in place");
     assert_eq!(std::fs::read(dir.as_path().join("hello.txt")).unwrap().len(), CONTENT.len());
+}
+
+fn budget_client(shares: &[Share], inodes: usize, handles: usize) -> Client {
+    let budget = super::bounded::FdBudget { inodes, handles };
+    let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    Client::started(Fs::within("host", shares, &Secrets::default(), budget).unwrap().server)
+}
+
+fn read_all(client: &mut Client, node: u64) -> Result<Vec<u8>, i32> {
+    let open = client.open(Opcode::Open, node, libc::O_RDONLY);
+    if open.errno() != 0 {
+        return Err(open.errno());
+    }
+    let fh = open.obj::<OpenOut>().fh;
+    let read = client.read(node, fh, 0, 4096);
+    let data = if read.errno() == 0 { Ok(read.ok().to_vec()) } else { Err(read.errno()) };
+    let release = ReleaseIn { fh, ..Default::default() };
+    assert_eq!(client.call(Opcode::Release as u32, node, release.as_slice()).errno(), 0);
+    data
+}
+
+#[test]
+fn a_tiny_descriptor_budget_serves_far_more_files_than_it_holds() {
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
+    for d in 0..40 {
+        let deep = dir.as_path().join(format!("d{d}/e/f"));
+        std::fs::create_dir_all(&deep).unwrap();
+        for f in 0..5 {
+            std::fs::write(deep.join(format!("{f}.txt")), format!("file {d}/{f}")).unwrap();
+        }
+    }
+    // Four cached directories and four open files for 160 directories and
+    // 200 files, every lookup held as a guest keeping its inodes would.
+    let mut client = budget_client(&[share("/ws", dir.as_path())], 4, 4);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let mut files = Vec::new();
+    for d in 0..40 {
+        let mut node = ws;
+        for part in [format!("d{d}"), "e".into(), "f".into()] {
+            node = client.lookup_node(node, &part).nodeid;
+        }
+        for f in 0..5 {
+            let entry = client.lookup_node(node, &format!("{f}.txt"));
+            let host = std::fs::metadata(dir.as_path().join(format!("d{d}/e/f/{f}.txt"))).unwrap();
+            assert_eq!(entry.attr.size, host.len());
+            assert_eq!(entry.attr.mtime, host.mtime().cast_unsigned());
+            assert_eq!(entry.attr.uid, host.uid());
+            files.push((entry.nodeid, format!("file {d}/{f}")));
+        }
+    }
+    // Every file reads right, early ones after their directories were
+    // evicted long ago, and twice over.
+    for _ in 0..2 {
+        for (node, want) in &files {
+            assert_eq!(read_all(&mut client, *node).as_deref(), Ok(want.as_bytes()), "{want}");
+            let attr = client.call(Opcode::Getattr as u32, *node, GetattrIn::default().as_slice());
+            assert_eq!(attr.errno(), 0, "{want}");
+        }
+    }
+
+    // Open files are capped: the fifth open gets ENFILE, the rest of the
+    // filesystem goes on working, and a release makes room again.
+    let mut held = Vec::new();
+    for (node, _) in &files[..4] {
+        held.push((*node, client.open(Opcode::Open, *node, libc::O_RDONLY).obj::<OpenOut>().fh));
+    }
+    assert_eq!(client.open(Opcode::Open, files[4].0, libc::O_RDONLY).errno(), libc::ENFILE);
+    assert_eq!(client.lookup_node(ws, "d7").attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    assert_eq!(client.read(held[0].0, held[0].1, 0, 4096).ok(), files[0].1.as_bytes());
+    let (node, fh) = held.remove(0);
+    let release = ReleaseIn { fh, ..Default::default() };
+    assert_eq!(client.call(Opcode::Release as u32, node, release.as_slice()).errno(), 0);
+    assert_eq!(read_all(&mut client, files[4].0).as_deref(), Ok(files[4].1.as_bytes()));
+}
+
+#[test]
+fn a_name_replaced_on_the_host_under_an_evicted_inode_is_stale_not_another_file() {
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
+    let root = dir.as_path();
+    for (name, text) in [("a", "from a"), ("b", "from b")] {
+        std::fs::create_dir(root.join(name)).unwrap();
+        std::fs::write(root.join(name).join("x.txt"), text).unwrap();
+    }
+    for d in 0..8 {
+        std::fs::create_dir(root.join(format!("other{d}"))).unwrap();
+    }
+    let mut client = budget_client(&[share("/ws", root)], 1, 4);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let a = client.lookup_node(ws, "a").nodeid;
+    let ax = client.lookup_node(a, "x.txt").nodeid;
+    assert_eq!(read_all(&mut client, ax).as_deref(), Ok(&b"from a"[..]));
+    // Evict a's descriptor.
+    for d in 0..8 {
+        let other = client.lookup_node(ws, &format!("other{d}")).nodeid;
+        client.lookup(other, "missing");
+    }
+    // The host moves a away and b into its place.
+    std::fs::rename(root.join("a"), root.join("gone")).unwrap();
+    std::fs::rename(root.join("b"), root.join("a")).unwrap();
+    for node in [a, ax] {
+        let attr = client.call(Opcode::Getattr as u32, node, GetattrIn::default().as_slice());
+        assert_eq!(attr.errno(), libc::ESTALE);
+    }
+    assert_eq!(read_all(&mut client, ax), Err(libc::ESTALE), "never b's x.txt");
+    // Looked up afresh, the name is the new directory.
+    let new_a = client.lookup_node(ws, "a").nodeid;
+    assert_ne!(new_a, a);
+    let new_x = client.lookup_node(new_a, "x.txt").nodeid;
+    assert_eq!(read_all(&mut client, new_x).as_deref(), Ok(&b"from b"[..]));
+
+    // A file replaced in place (a new inode at the same name) is stale too.
+    let nx = client.lookup_node(new_a, "x.txt").nodeid;
+    std::fs::write(root.join("a/x.new"), "replaced").unwrap();
+    std::fs::rename(root.join("a/x.new"), root.join("a/x.txt")).unwrap();
+    assert_eq!(read_all(&mut client, nx), Err(libc::ESTALE));
+    let fresh = client.lookup_node(new_a, "x.txt").nodeid;
+    assert_eq!(read_all(&mut client, fresh).as_deref(), Ok(&b"replaced"[..]));
+}
+
+/// The file server's own cost per small file (lookup, getattr, open,
+/// release; the read itself is the same pread in both), straight through
+/// the FileSystem trait, with no queue or guest:
+/// `cargo test --release --bin stockade per_file_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a benchmark: prints timings"]
+fn per_file_cost_of_passthrough_and_bounded_servers() {
+    use fuse_backend_rs::api::filesystem::Context;
+    const DIRS: usize = 50;
+    const FILES: usize = 200;
+    // The passthrough holds a descriptor for each of the 10,050 inodes.
+    raise_fd_limit();
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-bench-")).unwrap();
+    for d in 0..DIRS {
+        let sub = dir.as_path().join(format!("d{d}"));
+        std::fs::create_dir(&sub).unwrap();
+        for f in 0..FILES {
+            std::fs::write(sub.join(format!("{f}")), format!("{d}/{f}\n")).unwrap();
+        }
+    }
+    fn walk<F: FileSystem<Inode = u64, Handle = u64>>(fs: &F) -> Duration {
+        let ctx = Context::default();
+        let start = std::time::Instant::now();
+        for d in 0..DIRS {
+            let sub = fs.lookup(&ctx, 1, &std::ffi::CString::new(format!("d{d}")).unwrap()).unwrap().inode;
+            for f in 0..FILES {
+                let node = fs.lookup(&ctx, sub, &std::ffi::CString::new(format!("{f}")).unwrap()).unwrap().inode;
+                fs.getattr(&ctx, node, None).unwrap();
+                let (handle, _, _) = fs.open(&ctx, node, libc::O_RDONLY as u32, 0).unwrap();
+                fs.release(&ctx, node, 0, handle.unwrap(), false, false, None).unwrap();
+            }
+        }
+        start.elapsed()
+    }
+    let per = |t: Duration| t.as_secs_f64() * 1e6 / (DIRS * FILES) as f64;
+    let passthrough = open_share(dir.as_path(), fuse_backend_rs::passthrough::CachePolicy::Always).unwrap();
+    let handles = super::bounded::HandleCount::default();
+    let bounded =
+        |cached| super::bounded::BoundedFs::new(dir.as_path(), cached, &handles, 1024, Duration::ZERO).unwrap();
+    let (roomy, tiny) = (bounded(16 << 10), bounded(16));
+    for round in ["first", "again"] {
+        eprintln!("{round}: passthrough {:.1} µs/file", per(walk(&passthrough)));
+        eprintln!("{round}: bounded, 16,384 cached {:.1} µs/file", per(walk(&roomy)));
+        eprintln!("{round}: bounded, 16 cached {:.1} µs/file", per(walk(&tiny)));
+    }
+}
+
+/// A hundred thousand files looked up (every lookup held) and opened under
+/// this process's own open-file limit, with the budget taken from it:
+/// `ulimit -n 4096; cargo test --bin stockade a_hundred_thousand -- --ignored`.
+#[test]
+#[ignore = "slow: makes 100,000 files"]
+fn a_hundred_thousand_files_fit_the_process_limit() {
+    use fuse_backend_rs::api::filesystem::Context;
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-many-")).unwrap();
+    for d in 0..1000 {
+        let sub = dir.as_path().join(format!("d{d}"));
+        std::fs::create_dir(&sub).unwrap();
+        for f in 0..100 {
+            std::fs::write(sub.join(format!("{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    raise_fd_limit();
+    let budget = super::bounded::FdBudget::of_process();
+    let handles = super::bounded::HandleCount::default();
+    let fs =
+        super::bounded::BoundedFs::new(dir.as_path(), budget.inodes, &handles, budget.handles, Duration::ZERO).unwrap();
+    let ctx = Context::default();
+    let name = |s: String| std::ffi::CString::new(s).unwrap();
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let (mut most, mut files) = (0, Vec::new());
+    for d in 0..1000 {
+        let sub = fs.lookup(&ctx, 1, &name(format!("d{d}"))).unwrap().inode;
+        for f in 0..100 {
+            let entry = fs.lookup(&ctx, sub, &name(format!("{f}"))).unwrap();
+            assert_eq!(usize::try_from(entry.attr.st_size), Ok(format!("{d}/{f}").len()));
+            let (handle, _, _) = fs.open(&ctx, entry.inode, libc::O_RDONLY as u32, 0).unwrap();
+            fs.release(&ctx, entry.inode, 0, handle.unwrap(), false, false, None).unwrap();
+            files.push(entry.inode);
+        }
+        most = most.max(fds());
+    }
+    for &node in files.iter().step_by(997) {
+        fs.getattr(&ctx, node, None).unwrap();
+    }
+    eprintln!("budget {budget:?}: 100,000 files, at most {most} descriptors open in the process");
 }

@@ -1,0 +1,759 @@
+//! A read-only passthrough filesystem whose cost in host descriptors stays
+//! bounded whatever the guest looks up, for the read-only shares.
+//!
+//! `PassthroughFs` holds one `O_PATH` descriptor per inode the guest keeps,
+//! so a guest that walks a big tree runs the VMM out of descriptors (and
+//! file handles, which would avoid that, need CAP_DAC_READ_SEARCH to open).
+//! Here an inode is its parent inode, its name and the host identity
+//! (device, inode) it had when looked up. Directories get `O_PATH`
+//! descriptors when something beneath them is needed, kept in a
+//! least-recently-used cache of at most [`FdBudget::inodes`]; an evicted
+//! directory is opened again from its parent, one component at a time
+//! with `O_NOFOLLOW`, and each step must find the same device and inode or
+//! the answer is ESTALE: a name the host renamed or replaced is never taken
+//! for another file. Files are looked up and stat'ed through their parent
+//! and hold no descriptor until the guest opens them; open handles are
+//! capped at [`FdBudget::handles`] (over all shares of a device), beyond
+//! which an open gets ENFILE and nothing else breaks.
+//!
+//! Attributes are the host's own (inode number, times, owner); node ids are
+//! this filesystem's own, never reused, with the root at [`ROOT`].
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::{FsOptions, OpenOptions, stat64, statvfs64};
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::api::{BackendFileSystem, VFS_MAX_INO};
+
+/// The root's node id, as the FUSE protocol and the watches expect.
+pub const ROOT: u64 = 1;
+
+/// Descriptors a VMM keeps for everything but the read-only shares: disks,
+/// event and socket descriptors, the writable shares' server.
+const RESERVED: u64 = 1024;
+/// Cached directory descriptors wanted per device: beyond this, a bigger
+/// cache buys little (a re-open is a few `openat`s).
+pub const WANTED_INODES: usize = 16 << 10;
+/// Open guest files wanted per device.
+pub const WANTED_HANDLES: usize = 16 << 10;
+/// Never fewer than this of either, whatever the limit.
+const MIN_EACH: usize = 16;
+
+fn err(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+/// How many host descriptors the read-only shares of one device may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Cached directory descriptors, split between the shares.
+    pub inodes: usize,
+    /// Files and directories the guest may hold open at once, all shares
+    /// together.
+    pub handles: usize,
+}
+
+impl FdBudget {
+    /// The budget under an open-file limit of `limit`: a quarter each of
+    /// what the VMM does not reserve, up to what is wanted.
+    pub fn for_limit(limit: u64) -> FdBudget {
+        let quarter = usize::try_from(limit.saturating_sub(RESERVED) / 4).unwrap_or(usize::MAX);
+        FdBudget { inodes: quarter.clamp(MIN_EACH, WANTED_INODES), handles: quarter.clamp(MIN_EACH, WANTED_HANDLES) }
+    }
+
+    /// The open-file limit under which the budget is all that is wanted.
+    pub fn wanted_limit() -> u64 {
+        RESERVED + 4 * WANTED_INODES.max(WANTED_HANDLES) as u64
+    }
+
+    /// The budget under this process's soft RLIMIT_NOFILE.
+    pub fn of_process() -> FdBudget {
+        FdBudget::for_limit(open_file_limit().map_or(RESERVED * 4, |(soft, _)| soft))
+    }
+}
+
+/// This process's RLIMIT_NOFILE, soft and hard.
+pub fn open_file_limit() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes into `limit`, a valid rlimit we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// What one inode is: where to find it again and what it must be.
+struct Node {
+    parent: u64,
+    name: CString,
+    dev: u64,
+    ino: u64,
+    is_dir: bool,
+    /// Lookups the guest has not forgotten.
+    lookups: u64,
+    /// Nodes whose parent this is: they need it to be found again.
+    children: u64,
+}
+
+/// Directory descriptors, least recently used evicted first.
+struct FdCache {
+    capacity: usize,
+    fds: HashMap<u64, (Arc<OwnedFd>, u64)>,
+    by_use: BTreeMap<u64, u64>,
+    clock: u64,
+}
+
+impl FdCache {
+    fn new(capacity: usize) -> Self {
+        FdCache { capacity: capacity.max(1), fds: HashMap::new(), by_use: BTreeMap::new(), clock: 0 }
+    }
+
+    fn get(&mut self, node: u64) -> Option<Arc<OwnedFd>> {
+        let (fd, used) = self.fds.get_mut(&node)?;
+        self.by_use.remove(used);
+        self.clock += 1;
+        *used = self.clock;
+        self.by_use.insert(self.clock, node);
+        Some(Arc::clone(fd))
+    }
+
+    fn insert(&mut self, node: u64, fd: Arc<OwnedFd>) {
+        self.remove(node);
+        while self.fds.len() >= self.capacity {
+            if !self.evict_one() {
+                break;
+            }
+        }
+        self.clock += 1;
+        self.fds.insert(node, (fd, self.clock));
+        self.by_use.insert(self.clock, node);
+    }
+
+    fn remove(&mut self, node: u64) {
+        if let Some((_, used)) = self.fds.remove(&node) {
+            self.by_use.remove(&used);
+        }
+    }
+
+    fn evict_one(&mut self) -> bool {
+        match self.by_use.pop_first() {
+            Some((_, node)) => {
+                self.fds.remove(&node);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives back half the cache: the process ran out of descriptors.
+    fn shrink(&mut self) {
+        for _ in 0..self.fds.len().div_ceil(2) {
+            self.evict_one();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.fds.clear();
+        self.by_use.clear();
+    }
+}
+
+/// A file or directory the guest opened.
+struct Handle {
+    file: File,
+    /// Serializes the seek and read of a directory listing.
+    listing: Mutex<()>,
+}
+
+struct State {
+    nodes: HashMap<u64, Node>,
+    /// The live node of each (parent, name).
+    names: HashMap<(u64, CString), u64>,
+    next_node: u64,
+    cache: FdCache,
+    handles: HashMap<u64, Arc<Handle>>,
+    next_handle: u64,
+}
+
+/// The read-only passthrough of one host directory (see the module).
+pub struct BoundedFs {
+    root: Arc<OwnedFd>,
+    timeout: Duration,
+    state: Mutex<State>,
+    /// Open handles of every share of the device, and their cap.
+    open_handles: Arc<AtomicUsize>,
+    max_handles: usize,
+}
+
+/// The count of open handles shared by the shares of one device.
+#[derive(Clone, Default)]
+pub struct HandleCount(Arc<AtomicUsize>);
+
+impl BoundedFs {
+    /// Serves the directory `root`, caching `cached` directory descriptors
+    /// and counting open handles in `handles`, at most `max_handles`.
+    pub fn new(
+        root: &Path,
+        cached: usize,
+        handles: &HandleCount,
+        max_handles: usize,
+        timeout: Duration,
+    ) -> io::Result<BoundedFs> {
+        let root: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(root)?
+            .into();
+        let st = fstat(root.as_raw_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(err(libc::ENOTDIR));
+        }
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Node {
+                parent: 0,
+                name: CString::default(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                is_dir: true,
+                lookups: 1,
+                children: 0,
+            },
+        );
+        Ok(BoundedFs {
+            root: Arc::new(root),
+            timeout,
+            state: Mutex::new(State {
+                nodes,
+                names: HashMap::new(),
+                next_node: ROOT + 1,
+                cache: FdCache::new(cached),
+                handles: HashMap::new(),
+                next_handle: 1,
+            }),
+            open_handles: Arc::clone(&handles.0),
+            max_handles,
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entry(&self, node: u64, attr: stat64) -> Entry {
+        Entry {
+            inode: node,
+            generation: 0,
+            attr,
+            attr_flags: 0,
+            attr_timeout: self.timeout,
+            entry_timeout: self.timeout,
+        }
+    }
+
+    /// An `O_PATH` descriptor of the directory `node`, from the cache or
+    /// opened again from its nearest cached ancestor.
+    fn dir_fd(&self, state: &mut State, node: u64) -> io::Result<Arc<OwnedFd>> {
+        if node == ROOT {
+            return Ok(Arc::clone(&self.root));
+        }
+        if let Some(fd) = state.cache.get(node) {
+            return Ok(fd);
+        }
+        // The nodes to open, nearest the root last.
+        let mut chain = vec![node];
+        let mut fd = loop {
+            let last = *chain.last().unwrap_or(&node);
+            let parent = state.nodes.get(&last).ok_or_else(|| err(libc::ESTALE))?.parent;
+            if parent == ROOT {
+                break Arc::clone(&self.root);
+            }
+            if let Some(fd) = state.cache.get(parent) {
+                break fd;
+            }
+            chain.push(parent);
+        };
+        for &step in chain.iter().rev() {
+            let node = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
+            let (name, dev, ino) = (node.name.clone(), node.dev, node.ino);
+            let opened =
+                open_at(state, fd.as_raw_fd(), &name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
+            let st = fstat(opened.as_raw_fd())?;
+            if (st.st_dev, st.st_ino) != (dev, ino) {
+                return Err(err(libc::ESTALE));
+            }
+            fd = Arc::new(opened);
+            state.cache.insert(step, Arc::clone(&fd));
+        }
+        Ok(fd)
+    }
+
+    /// The host's attributes of `node`, which must still be what it was.
+    fn stat_node(&self, state: &mut State, node: u64) -> io::Result<stat64> {
+        if node == ROOT {
+            return fstat(self.root.as_raw_fd());
+        }
+        let (parent, name, dev, ino) = {
+            let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+            (n.parent, n.name.clone(), n.dev, n.ino)
+        };
+        let dir = self.dir_fd(state, parent)?;
+        let st = fstatat(dir.as_raw_fd(), &name).map_err(stale_if_gone)?;
+        if (st.st_dev, st.st_ino) != (dev, ino) {
+            return Err(err(libc::ESTALE));
+        }
+        Ok(st)
+    }
+
+    /// Opens `node` for reading (a directory with O_DIRECTORY), checking
+    /// it is still what it was.
+    fn open_node(&self, node: u64, directory: bool) -> io::Result<u64> {
+        if self.open_handles.fetch_add(1, Ordering::AcqRel) >= self.max_handles {
+            self.open_handles.fetch_sub(1, Ordering::AcqRel);
+            return Err(err(libc::ENFILE));
+        }
+        let opened = self.open_counted(node, directory);
+        if opened.is_err() {
+            self.open_handles.fetch_sub(1, Ordering::AcqRel);
+        }
+        opened
+    }
+
+    fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
+        let mut state = self.state();
+        let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
+        let file = if node == ROOT {
+            open_at(&mut state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind)?
+        } else {
+            let (parent, name, dev, ino) = {
+                let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+                (n.parent, n.name.clone(), n.dev, n.ino)
+            };
+            let dir = self.dir_fd(&mut state, parent)?;
+            let file = open_at(&mut state, dir.as_raw_fd(), &name, libc::O_RDONLY | kind).map_err(stale_if_gone)?;
+            let st = fstat(file.as_raw_fd())?;
+            if (st.st_dev, st.st_ino) != (dev, ino) {
+                return Err(err(libc::ESTALE));
+            }
+            // A device, FIFO or socket on the host is not the guest's to open.
+            if !directory && st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(err(libc::ENXIO));
+            }
+            file
+        };
+        let handle = state.next_handle;
+        state.next_handle += 1;
+        state.handles.insert(handle, Arc::new(Handle { file: File::from(file), listing: Mutex::new(()) }));
+        Ok(handle)
+    }
+
+    fn handle(&self, handle: u64) -> io::Result<Arc<Handle>> {
+        self.state().handles.get(&handle).cloned().ok_or_else(|| err(libc::EBADF))
+    }
+
+    fn close(&self, handle: u64) -> io::Result<()> {
+        match self.state().handles.remove(&handle) {
+            Some(_) => {
+                self.open_handles.fetch_sub(1, Ordering::AcqRel);
+                Ok(())
+            }
+            None => Err(err(libc::EBADF)),
+        }
+    }
+
+    /// Drops `count` lookups of `node`, and the node once none are left and
+    /// nothing beneath it is held, then its parent likewise.
+    fn forget_one(state: &mut State, node: u64, count: u64) {
+        let mut node = node;
+        let mut count = count;
+        while node != ROOT {
+            let Some(n) = state.nodes.get_mut(&node) else { return };
+            n.lookups = n.lookups.saturating_sub(count);
+            if n.lookups > 0 || n.children > 0 {
+                return;
+            }
+            let Some(gone) = state.nodes.remove(&node) else { return };
+            state.cache.remove(node);
+            let key = (gone.parent, gone.name);
+            if state.names.get(&key) == Some(&node) {
+                state.names.remove(&key);
+            }
+            let parent = key.0;
+            match state.nodes.get_mut(&parent) {
+                Some(p) => p.children = p.children.saturating_sub(1),
+                None => return,
+            }
+            node = parent;
+            count = 0;
+        }
+    }
+
+    /// Reads up to `size` bytes of the listing of `handle` from `offset`,
+    /// and hands each entry but "." and ".." to `each` until it takes none.
+    fn list(
+        &self,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        each: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let handle = self.handle(handle)?;
+        let mut buf = vec![0u8; size as usize];
+        let read = {
+            let _listing = handle.listing.lock().unwrap_or_else(|p| p.into_inner());
+            let fd = handle.file.as_raw_fd();
+            let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
+            // SAFETY: lseek64 only moves the offset of `fd`, a directory we own.
+            if unsafe { libc::lseek64(fd, offset, libc::SEEK_SET) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+            let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+            usize::try_from(n).map_err(|_| io::Error::last_os_error())?
+        };
+        // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
+        const NAME_AT: usize = 19;
+        let mut rest = &buf[..read];
+        while rest.len() >= NAME_AT {
+            let ino = u64::from_ne_bytes(rest[0..8].try_into().unwrap_or_default());
+            let off = u64::from_ne_bytes(rest[8..16].try_into().unwrap_or_default());
+            let reclen = usize::from(u16::from_ne_bytes(rest[16..18].try_into().unwrap_or_default()));
+            let type_ = u32::from(rest[18]);
+            if reclen < NAME_AT || reclen > rest.len() {
+                return Err(err(libc::EIO));
+            }
+            let raw = &rest[NAME_AT..reclen];
+            let name = &raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())];
+            rest = &rest[reclen..];
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if each(DirEntry { ino, offset: off, type_, name })? == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Treats a name gone or changed in kind on the host as a stale inode.
+fn stale_if_gone(e: io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => err(libc::ESTALE),
+        _ => e,
+    }
+}
+
+/// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)`; when the process is
+/// out of descriptors, half the cache is given back and it is tried again.
+fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    let once = || {
+        // SAFETY: `name` is a NUL-terminated string; openat returns a new
+        // descriptor that we own or -1.
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+        if fd < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            // SAFETY: `fd` was just opened and nothing else owns it.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+    };
+    match once() {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+            state.cache.shrink();
+            once()
+        }
+        other => other,
+    }
+}
+
+fn fstat(fd: RawFd) -> io::Result<stat64> {
+    fstatat_flags(fd, c"", libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+}
+
+fn fstatat(dir: RawFd, name: &CStr) -> io::Result<stat64> {
+    fstatat_flags(dir, name, libc::AT_SYMLINK_NOFOLLOW)
+}
+
+fn fstatat_flags(dir: RawFd, name: &CStr, flags: i32) -> io::Result<stat64> {
+    let mut st = std::mem::MaybeUninit::<stat64>::zeroed();
+    // SAFETY: `name` is NUL-terminated and the kernel writes only `st`.
+    if unsafe { libc::fstatat64(dir, name.as_ptr(), st.as_mut_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat64 succeeded, so it filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+impl BackendFileSystem for BoundedFs {
+    fn mount(&self) -> io::Result<(Entry, u64)> {
+        let st = fstat(self.root.as_raw_fd())?;
+        Ok((self.entry(ROOT, st), VFS_MAX_INO))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl FileSystem for BoundedFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, _capable: FsOptions) -> io::Result<FsOptions> {
+        Ok(FsOptions::empty())
+    }
+
+    /// A remount starts from the root alone.
+    fn destroy(&self) {
+        let mut state = self.state();
+        let closed = state.handles.len();
+        state.handles.clear();
+        self.open_handles.fetch_sub(closed, Ordering::AcqRel);
+        state.cache.clear();
+        state.names.clear();
+        state.nodes.retain(|&id, _| id == ROOT);
+        if let Some(root) = state.nodes.get_mut(&ROOT) {
+            root.children = 0;
+        }
+    }
+
+    fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        let mut state = self.state();
+        match state.nodes.get(&parent) {
+            Some(n) if n.is_dir => {}
+            Some(_) => return Err(err(libc::ENOTDIR)),
+            None => return Err(err(libc::EBADF)),
+        }
+        let dir = self.dir_fd(&mut state, parent)?;
+        let st = fstatat(dir.as_raw_fd(), name)?;
+        let key = (parent, name.to_owned());
+        if let Some(&id) = state.names.get(&key)
+            && let Some(node) = state.nodes.get_mut(&id)
+            && (node.dev, node.ino) == (st.st_dev, st.st_ino)
+        {
+            node.lookups += 1;
+            return Ok(self.entry(id, st));
+        }
+        let id = state.next_node;
+        if id > VFS_MAX_INO {
+            return Err(err(libc::ENFILE));
+        }
+        state.next_node += 1;
+        state.nodes.insert(
+            id,
+            Node {
+                parent,
+                name: key.1.clone(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                is_dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+                lookups: 1,
+                children: 0,
+            },
+        );
+        if let Some(p) = state.nodes.get_mut(&parent) {
+            p.children += 1;
+        }
+        state.names.insert(key, id);
+        Ok(self.entry(id, st))
+    }
+
+    fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
+        Self::forget_one(&mut self.state(), inode, count);
+    }
+
+    fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
+        let mut state = self.state();
+        for (inode, count) in requests {
+            Self::forget_one(&mut state, inode, count);
+        }
+    }
+
+    fn getattr(&self, _ctx: &Context, inode: u64, handle: Option<u64>) -> io::Result<(stat64, Duration)> {
+        let st = match handle {
+            Some(h) => fstat(self.handle(h)?.file.as_raw_fd())?,
+            None => self.stat_node(&mut self.state(), inode)?,
+        };
+        Ok((st, self.timeout))
+    }
+
+    fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        let mut state = self.state();
+        let st = self.stat_node(&mut state, inode)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+            return Err(err(libc::EINVAL));
+        }
+        let (parent, name) = {
+            let n = state.nodes.get(&inode).ok_or_else(|| err(libc::ESTALE))?;
+            (n.parent, n.name.clone())
+        };
+        let dir = self.dir_fd(&mut state, parent)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize];
+        // SAFETY: `name` is NUL-terminated; the kernel writes at most
+        // `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let n = usize::try_from(n).map_err(|_| stale_if_gone(io::Error::last_os_error()))?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    fn open(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        let handle = self.open_node(inode, false)?;
+        Ok((Some(handle), OpenOptions::KEEP_CACHE, None))
+    }
+
+    fn read(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        let handle = self.handle(handle)?;
+        // SAFETY: the descriptor stays open while `handle` lives, past this
+        // borrowed File, which never closes it (ManuallyDrop).
+        let mut file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(handle.file.as_raw_fd()) });
+        w.write_from(&mut *file, size as usize, offset)
+    }
+
+    fn flush(&self, _ctx: &Context, _inode: u64, _handle: u64, _lock_owner: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn release(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _flags: u32,
+        handle: u64,
+        _flush: bool,
+        _flock_release: bool,
+        _lock_owner: Option<u64>,
+    ) -> io::Result<()> {
+        self.close(handle)
+    }
+
+    fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<statvfs64> {
+        let mut state = self.state();
+        let dir = match state.nodes.get(&inode) {
+            Some(n) if n.is_dir => inode,
+            Some(n) => n.parent,
+            None => return Err(err(libc::ESTALE)),
+        };
+        let fd = self.dir_fd(&mut state, dir)?;
+        let mut out = std::mem::MaybeUninit::<statvfs64>::zeroed();
+        // SAFETY: the kernel writes only `out`.
+        if unsafe { libc::fstatvfs64(fd.as_raw_fd(), out.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstatvfs64 succeeded, so it filled `out`.
+        Ok(unsafe { out.assume_init() })
+    }
+
+    fn opendir(&self, _ctx: &Context, inode: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
+        if !self.state().nodes.get(&inode).is_some_and(|n| n.is_dir) {
+            return Err(err(libc::ENOTDIR));
+        }
+        let handle = self.open_node(inode, true)?;
+        Ok((Some(handle), OpenOptions::KEEP_CACHE | OpenOptions::CACHE_DIR))
+    }
+
+    fn readdir(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.list(handle, size, offset, add_entry)
+    }
+
+    fn readdirplus(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.list(handle, size, offset, &mut |mut dir_entry| {
+            let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
+            let entry = match self.lookup(ctx, inode, &name) {
+                Ok(entry) => entry,
+                // Gone since it was listed: the guest hears of it no more
+                // than of a name removed before the listing.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(1),
+                Err(e) => return Err(e),
+            };
+            dir_entry.ino = entry.attr.st_ino;
+            let took = add_entry(dir_entry, entry)?;
+            if took == 0 {
+                Self::forget_one(&mut self.state(), entry.inode, 1);
+            }
+            Ok(took)
+        })
+    }
+
+    fn releasedir(&self, _ctx: &Context, _inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        self.close(handle)
+    }
+
+    fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        let st = self.stat_node(&mut self.state(), inode)?;
+        let mode = i32::try_from(mask & 0o7).unwrap_or(0) & (libc::R_OK | libc::W_OK | libc::X_OK);
+        let allowed = |bits: u32| -> bool {
+            (st.st_uid == ctx.uid && st.st_mode & (bits << 6) != 0)
+                || (st.st_gid == ctx.gid && st.st_mode & (bits << 3) != 0)
+                || st.st_mode & bits != 0
+        };
+        if mode & libc::R_OK != 0 && ctx.uid != 0 && !allowed(4) {
+            return Err(err(libc::EACCES));
+        }
+        if mode & libc::W_OK != 0 && ctx.uid != 0 && !allowed(2) {
+            return Err(err(libc::EACCES));
+        }
+        // Root may execute what anyone may.
+        if mode & libc::X_OK != 0 && !(allowed(1) || (ctx.uid == 0 && st.st_mode & 0o111 != 0)) {
+            return Err(err(libc::EACCES));
+        }
+        Ok(())
+    }
+
+    fn lseek(&self, _ctx: &Context, _inode: u64, handle: u64, offset: u64, whence: u32) -> io::Result<u64> {
+        let handle = self.handle(handle)?;
+        let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
+        let whence = i32::try_from(whence).map_err(|_| err(libc::EINVAL))?;
+        // SAFETY: lseek64 only moves the offset of a descriptor we own;
+        // reads use pread and ignore it.
+        let at = unsafe { libc::lseek64(handle.file.as_fd().as_raw_fd(), offset, whence) };
+        u64::try_from(at).map_err(|_| io::Error::last_os_error())
+    }
+}
