@@ -38,6 +38,11 @@ pub struct Recovered {
     pub store: changes::Store,
 }
 
+/// How long a recovery may take before its VM is stopped: it runs nothing
+/// but the export, so one this slow is stuck, and the disk stays for
+/// another try rather than the user waiting without end.
+const RECOVERY_BOUND: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// The outcome a recovered session's record gains.
 const RECOVERED: &str = "its changes were recovered from the scratch disk";
 
@@ -93,7 +98,16 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
     let vmm = vm::VmProcess::start(&vm_config, paths, None, |_, _| {})?;
     let spec = run_spec(&workspace, &user, root, channels.token.clone())?;
     let booted = Booted { vmm, command: Command { spec, formatting: scratch::Formatting::kept(&disk) }, channels };
-    let (vmm, ended) = conversation::hold_until(None, &session, booted)?;
+    let (vmm, ended) = conversation::hold_until(Some(RECOVERY_BOUND), &session, booted)?;
+    if ended.expired.get() {
+        bail!(
+            "the recovery VM of session {id} did not export the changes within {} minutes and was stopped; its \
+             scratch disk stays in {}; the kernel log is {}",
+            RECOVERY_BOUND.as_secs() / 60,
+            disk.display(),
+            vm_config.kernel_log.display()
+        );
+    }
     let reported = matches!(ended.result, Ok(Conversation::Ended { .. }));
     if reported {
         vmm.stop();
