@@ -284,7 +284,13 @@ pub(super) fn passthrough_config(root_dir: String, cache_policy: CachePolicy) ->
         seal_size: false,
         enable_mntid: false,
         dax_file_size: None,
-        use_host_ino: false,
+        // The guest sees each file's host inode number in the low 47 bits of
+        // st_ino (the share's and the host device's index above them keep
+        // files of different shares apart), and the same number after the
+        // guest forgets a file and looks it up again. Git records the low 32
+        // bits in its index: any other number makes the guest's first
+        // `git status` re-read every tracked file.
+        use_host_ino: true,
         // Reads go through the host page cache whatever the guest asks.
         allow_direct_io: false,
     }
