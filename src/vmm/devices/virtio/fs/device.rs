@@ -18,6 +18,7 @@ use super::readonly::{self, ReadOnlyFs};
 use super::request::Access;
 use super::secrets::Secrets;
 use super::sightings::Sightings;
+use super::tally::Tally;
 use super::watched::Watched;
 use super::writable::WritableFs;
 use super::{CACHE_TIMEOUT, CONFIG_LEN, QUEUE_SIZES, READ_ONLY_THREAD, TAG_LEN, TYPE_FS, WRITABLE_THREAD};
@@ -188,7 +189,9 @@ impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
             Access::ReadOnly => &READ_ONLY_THREAD,
             Access::Writable => &WRITABLE_THREAD,
         };
-        worker::spawn(thread, FsHandler { mem, queues, interrupt, server, access })
+        let tag = String::from_utf8_lossy(&self.config[..TAG_LEN]).trim_end_matches('\0').to_owned();
+        let tally = Tally::default();
+        worker::spawn(thread, FsHandler { mem, queues, interrupt, server, access, tag, tally })
     }
 }
 
