@@ -16,7 +16,8 @@
 #   benches/workspace_files.sh [--small] [--no-count] [RUNS]          # here
 #   benches/workspace_files.sh --rig [--small] [--no-count] [RUNS]    # in a rig L1
 # --small: 40 directories, a 32 MiB big file and 10,000 files for the last
-# row, instead of 400, 192 MiB and 100,000. --no-count: no request counts.
+# row, instead of 400, 192 MiB and 100,000. --no-count: no request counts;
+# --no-many: not the last row.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,7 +33,8 @@ while [[ "${1:-}" == --* ]]; do
     case $1 in
         --small) dirs=40 big_mib=32 many=10000 ;;
         --no-count) count=0 ;;
-        *) echo "usage: $0 [--rig] [--small] [--no-count] [RUNS]" >&2; exit 2 ;;
+        --no-many) many=0 ;;
+        *) echo "usage: $0 [--rig] [--small] [--no-count] [--no-many] [RUNS]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -140,8 +142,8 @@ echo "creating a repository of $((dirs * 50)) files and a ${big_mib} MiB file" >
 make_repo "$ws" "$dirs" "$big_mib"
 for i in $(seq "$runs"); do
     echo "round $i of $runs" >&2
-    (cd "$ws" && bash -c "$rows") | record host
-    (cd "$ws" && "${run[@]}" -- env BENCH_DROP=1 bash -c "$rows") | record guest
+    record host < <(cd "$ws" && bash -c "$rows")
+    record guest < <(cd "$ws" && "${run[@]}" -- env BENCH_DROP=1 bash -c "$rows")
 done
 
 printf '\n%-40s %14s %14s %8s %10s\n' "work ($((dirs * 50)) files, $runs runs)" "host p50/p90" "guest p50/p90" "ratio" "/control"
@@ -189,6 +191,7 @@ for name in "${order[@]}"; do
 done
 
 # The first git status in a bigger repository, once.
+((many)) || exit 0
 many_ws=$work/many
 echo "creating a repository of $many files" >&2
 make_repo "$many_ws" "$((many / 50))" 0
