@@ -58,12 +58,10 @@ impl Tally {
         }
         self.unreported = false;
         let total: u64 = self.requests.iter().sum();
-        let by_opcode: Vec<String> = self
-            .requests
-            .iter()
-            .enumerate()
+        let by_opcode: Vec<String> = (0u32..)
+            .zip(self.requests.iter())
             .filter(|(_, n)| **n > 0)
-            .map(|(op, n)| format!("{:?}={n}", Opcode::from(op as u32)))
+            .map(|(op, n)| format!("{:?}={n}", Opcode::from(op)))
             .collect();
         tracing::info!(
             "virtio-fs {tag:?} requests: total={total} notifications={} {}",

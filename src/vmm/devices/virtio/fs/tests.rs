@@ -857,14 +857,16 @@ fn files_show_the_stat_data_git_recorded_on_the_host() {
     let dir = share_dir();
     let host = std::fs::metadata(dir.as_path().join("hello.txt")).unwrap();
     let git_fields = |a: &fuse_backend_rs::abi::fuse_abi::Attr| {
-        (a.ino as u32, a.mtime, a.mtimensec, a.ctime, a.ctimensec, a.uid, a.gid, a.size)
+        (a.ino & 0xffff_ffff, a.mtime, a.mtimensec, a.ctime, a.ctimensec, a.uid, a.gid, a.size)
     };
+    let unsigned = |n: i64| u64::try_from(n).unwrap();
+    let nanos = |n: i64| u32::try_from(n).unwrap();
     let want = (
-        host.ino() as u32,
-        host.mtime() as u64,
-        host.mtime_nsec() as u32,
-        host.ctime() as u64,
-        host.ctime_nsec() as u32,
+        host.ino() & 0xffff_ffff,
+        unsigned(host.mtime()),
+        nanos(host.mtime_nsec()),
+        unsigned(host.ctime()),
+        nanos(host.ctime_nsec()),
         host.uid(),
         host.gid(),
         host.size(),
