@@ -35,3 +35,4 @@ mod snapshot_e2e;
 mod surfaces_e2e;
 mod terminal_e2e;
 mod transparent_e2e;
+mod workspace_e2e;

@@ -19,6 +19,7 @@ use super::readonly::{self, ReadOnlyFs};
 use super::request::Access;
 use super::secrets::Secrets;
 use super::sightings::Sightings;
+use super::tally::Tally;
 use super::watched::Watched;
 use super::writable::WritableFs;
 use super::{CACHE_TIMEOUT, CONFIG_LEN, QUEUE_SIZES, READ_ONLY_THREAD, TAG_LEN, TYPE_FS, WRITABLE_THREAD};
@@ -197,7 +198,9 @@ impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
             Access::ReadOnly => &READ_ONLY_THREAD,
             Access::Writable => &WRITABLE_THREAD,
         };
-        worker::spawn(thread, FsHandler { mem, queues, interrupt, server, access })
+        let tag = String::from_utf8_lossy(&self.config[..TAG_LEN]).trim_end_matches('\0').to_owned();
+        let tally = Tally::default();
+        worker::spawn(thread, FsHandler { mem, queues, interrupt, server, access, tag, tally })
     }
 }
 
@@ -293,7 +296,13 @@ pub(super) fn passthrough_config(root_dir: String, cache_policy: CachePolicy) ->
         seal_size: false,
         enable_mntid: false,
         dax_file_size: None,
-        use_host_ino: false,
+        // The guest sees each file's host inode number in the low 47 bits of
+        // st_ino (the share's and the host device's index above them keep
+        // files of different shares apart), and the same number after the
+        // guest forgets a file and looks it up again. Git records the low 32
+        // bits in its index: any other number makes the guest's first
+        // `git status` re-read every tracked file.
+        use_host_ino: true,
         // Reads go through the host page cache whatever the guest asks.
         allow_direct_io: false,
     }

@@ -9,6 +9,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::EpollEvent;
 
 use super::request::{Access, process_queue};
+use super::tally::Tally;
 use crate::vmm::devices::virtio::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
 
@@ -18,6 +19,9 @@ pub(super) struct FsHandler<F: FileSystem + Send + Sync + 'static> {
     pub interrupt: Interrupt,
     pub server: Arc<Server<F>>,
     pub access: Access,
+    /// The device's tag, naming its totals in the log.
+    pub tag: String,
+    pub tally: Tally,
 }
 
 impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
@@ -25,14 +29,22 @@ impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
         &self.queues
     }
 
+    fn timeout_ms(&mut self) -> i32 {
+        self.tally.timeout_ms()
+    }
+
     fn handle(&mut self, ready: &[EpollEvent]) {
+        if ready.is_empty() {
+            return self.tally.report(&self.tag);
+        }
         let mut notify = false;
         for event in ready {
             let Some(dq) = usize::try_from(event.data()).ok().and_then(|i| self.queues.get_mut(i)) else {
                 continue;
             };
             let _ = dq.kick.read();
-            notify |= process_queue(&self.server, &self.mem, &mut dq.queue, self.access);
+            self.tally.notified();
+            notify |= process_queue(&self.server, &self.mem, &mut dq.queue, self.access, &mut self.tally);
         }
         if notify {
             self.interrupt.signal_used_queue();

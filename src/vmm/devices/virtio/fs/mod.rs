@@ -36,6 +36,7 @@ pub mod readonly;
 mod request;
 mod secrets;
 mod sightings;
+mod tally;
 mod watched;
 mod writable;
 

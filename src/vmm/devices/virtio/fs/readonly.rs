@@ -310,8 +310,12 @@ impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
         Err(erofs())
     }
 
-    fn flush(&self, ctx: &Context, inode: Self::Inode, handle: Self::Handle, lock_owner: u64) -> io::Result<()> {
-        self.inner.flush(ctx, inode, handle, lock_owner)
+    fn flush(&self, _ctx: &Context, _inode: Self::Inode, _handle: Self::Handle, _lock_owner: u64) -> io::Result<()> {
+        // Nothing written, and no locks kept here (the guest kernel keeps
+        // them): a flush has nothing to do. ENOSYS tells the guest kernel
+        // so once, and it stops sending one on every close, a round trip
+        // per file read.
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
     }
 
     fn fsync(&self, _ctx: &Context, _inode: Self::Inode, _datasync: bool, _handle: Self::Handle) -> io::Result<()> {

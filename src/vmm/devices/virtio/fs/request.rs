@@ -17,6 +17,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{ByteValued, GuestMemoryMmap};
 
 use super::readonly::{Verdict, gate};
+use super::tally::Tally;
 
 /// Length of the header every FUSE reply starts with (16 bytes).
 const REPLY_HEADER_LEN: usize = size_of::<OutHeader>();
@@ -38,11 +39,12 @@ pub(super) fn process_queue<F: FileSystem + Sync>(
     mem: &GuestMemoryMmap,
     queue: &mut Queue,
     access: Access,
+    tally: &mut Tally,
 ) -> bool {
     let mut used_any = false;
     while let Some(chain) = queue.pop_descriptor_chain(mem) {
         let head = chain.head_index();
-        let written = handle_chain(server, mem, chain, access);
+        let written = handle_chain(server, mem, chain, access, tally);
         if let Err(e) = queue.add_used(mem, head, written) {
             tracing::warn!("virtio-fs: cannot return a request: {e:?}");
         }
@@ -57,6 +59,7 @@ fn handle_chain<F: FileSystem + Sync>(
     mem: &GuestMemoryMmap,
     chain: DescriptorChain<&GuestMemoryMmap>,
     access: Access,
+    tally: &mut Tally,
 ) -> u32 {
     let reader = match Reader::from_descriptor_chain(mem, chain.clone()) {
         Ok(r) => r,
@@ -79,6 +82,7 @@ fn handle_chain<F: FileSystem + Sync>(
             return 0;
         }
     };
+    tally.served(header.opcode);
     let room = writer.available_bytes();
     let verdict = match (gate(header.opcode), access) {
         (Verdict::Refuse(libc::EROFS), Access::Writable) => Verdict::Dispatch,

@@ -11,8 +11,8 @@
 //! The guest chooses what it looks up, so the record is bounded. Memory
 //! follows the distinct things seen: each directory path is kept once, as
 //! its parent and name; each inode the guest holds for one maps to it until
-//! the guest forgets it (a directory forgotten and looked up again gets a
-//! new inode, and costs nothing more); each path is written once (a keyed
+//! the guest forgets it (a directory forgotten and looked up again is held
+//! again, and costs nothing more); each path is written once (a keyed
 //! hash remembers which). Recording stops after [`MAX_PATHS`] paths or
 //! directories, [`MAX_BYTES`] written, or when the session's filesystem
 //! reaches the staging free-space margin. A path the record lacks that

@@ -27,7 +27,8 @@ pub trait Watch: Send + Sync {
     /// A listing is complete.
     fn listing_done(&self) {}
     /// The guest forgot `count` lookups of `inode`: at none left, the
-    /// filesystem lets the inode go and a new lookup gets a new number.
+    /// filesystem lets the inode go (a new lookup gets the same number: the
+    /// host's, see `device::passthrough_config`).
     fn forgot(&self, _inode: u64, _count: u64) {}
     /// Whether the guest may open `inode`; an error is its answer.
     fn may_open(&self, _inode: u64) -> io::Result<()> {

@@ -1,0 +1,97 @@
+//! How many FUSE requests a device served, by opcode, and how many guest
+//! notifications brought them: each is a round trip (and a VM exit) that a
+//! benchmark can count. Written to the session's vmm.log at info level
+//! (`RUST_LOG=stockade::vmm::devices::virtio::fs=info`), as running totals,
+//! once the guest has been quiet for a moment; nothing is counted otherwise.
+
+use fuse_backend_rs::abi::fuse_abi::Opcode;
+
+/// How long the guest must send nothing before the totals are written.
+const QUIET_MS: i32 = 100;
+/// Opcodes are small numbers; anything past this is counted as the last.
+const OPCODES: usize = 64;
+
+pub(super) struct Tally {
+    enabled: bool,
+    notifications: u64,
+    requests: [u64; OPCODES],
+    unreported: bool,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            enabled: tracing::enabled!(tracing::Level::INFO),
+            notifications: 0,
+            requests: [0; OPCODES],
+            unreported: false,
+        }
+    }
+}
+
+impl Tally {
+    /// The guest notified the device of new requests.
+    pub(super) fn notified(&mut self) {
+        if self.enabled {
+            self.notifications += 1;
+            self.unreported = true;
+        }
+    }
+
+    /// The device served a request with this opcode.
+    pub(super) fn served(&mut self, opcode: u32) {
+        if self.enabled {
+            self.requests[(opcode as usize).min(OPCODES - 1)] += 1;
+            self.unreported = true;
+        }
+    }
+
+    /// How long the worker may wait before the totals are due.
+    pub(super) fn timeout_ms(&self) -> i32 {
+        if self.unreported { QUIET_MS } else { -1 }
+    }
+
+    /// Writes the totals so far, if anything came since the last time.
+    pub(super) fn report(&mut self, tag: &str) {
+        if !self.unreported {
+            return;
+        }
+        self.unreported = false;
+        let total: u64 = self.requests.iter().sum();
+        let by_opcode: Vec<String> = (0u32..)
+            .zip(self.requests.iter())
+            .filter(|(_, n)| **n > 0)
+            .map(|(op, n)| format!("{:?}={n}", Opcode::from(op)))
+            .collect();
+        tracing::info!(
+            "virtio-fs {tag:?} requests: total={total} notifications={} {}",
+            self.notifications,
+            by_opcode.join(" ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_are_due_once_after_requests_and_not_counted_unless_logged() {
+        let mut tally = Tally { enabled: true, ..Tally::default() };
+        assert_eq!(tally.timeout_ms(), -1, "nothing to write, no wake-ups");
+        tally.notified();
+        tally.served(Opcode::Lookup as u32);
+        tally.served(Opcode::Read as u32);
+        tally.served(Opcode::Read as u32);
+        tally.served(1000);
+        assert_eq!(tally.timeout_ms(), QUIET_MS);
+        assert_eq!((tally.notifications, tally.requests[15], tally.requests[OPCODES - 1]), (1, 2, 1));
+        tally.report("host");
+        assert_eq!(tally.timeout_ms(), -1, "written once until more comes");
+
+        let mut off = Tally { enabled: false, ..Tally::default() };
+        off.notified();
+        off.served(Opcode::Read as u32);
+        assert_eq!((off.timeout_ms(), off.notifications, off.requests[15]), (-1, 0, 0));
+    }
+}

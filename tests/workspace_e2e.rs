@@ -1,0 +1,68 @@
+//! The workspace in the guest as git sees it: the index the host committed
+//! stays valid, so the guest's first `git status` reads no file's contents.
+
+use crate::rig;
+use crate::run_e2e::{T, script};
+
+/// A committed repository, a fresh run: `git status` reports a clean tree
+/// without opening one tracked file (strace counts git's opens), each file
+/// shows the stat data git recorded on the host, a file the guest then
+/// changes is reported, and the host's index is not in the change set.
+#[test]
+fn the_first_git_status_in_a_run_trusts_the_hosts_index() {
+    let Some(rig) = rig::require("the_first_git_status_in_a_run_trusts_the_hosts_index") else { return };
+    let out = rig.sh(
+        &script(
+            r##"# The file server holds a descriptor per inode the guest keeps: a
+             # desktop session's limit, so this test is about git alone.
+             ulimit -Hn 524288; ulimit -Sn 524288
+             for d in $(seq 0 19); do
+                 mkdir d$d
+                 for f in $(seq 0 49); do echo "file $f of $d" > d$d/f$f.txt; done
+             done
+             git init -q
+             git add -A
+             git -c user.email=t@example.com -c user.name=t commit -qm init
+             # The index written again after every file: none is racily clean.
+             sleep 1; git status --porcelain
+             echo "host=$(stat -c '%i %Y %Z %u %g %s' d7/f3.txt)"
+             $S run --apply none -- sh -c '
+                 ino_mtime=$(stat -c "%i %Y %Z %u %g %s" d7/f3.txt)
+                 echo "guest=$ino_mtime"
+                 strace -f -qq -e trace=open,openat -o /tmp/opens git status --porcelain > /tmp/status
+                 echo "status=$?"
+                 echo "clean=[$(cat /tmp/status)]"
+                 echo "opened=$(grep -c "d[0-9]*/f[0-9]*\.txt" /tmp/opens)"
+                 echo changed >> d3/f7.txt
+                 echo "after=[$(git status --porcelain | tr "\n" " ")]"'
+             echo "run=$?"
+             echo "staged=[$($S diff --stat 2>&1 | tr "\n" " ")]""##,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("status=0"), "git status failed in the guest\n{out}");
+    assert!(out.stdout.contains("clean=[]"), "an untouched repository must be clean in the guest\n{out}");
+    let field = |key: &str| -> Vec<u64> {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} line\n{out}"))
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    let (host, guest) = (field("host="), field("guest="));
+    assert_eq!(host[0] & 0xffff_ffff, guest[0] & 0xffff_ffff, "git records the low 32 bits of the inode number\n{out}");
+    assert_eq!(host[1..], guest[1..], "mtime, ctime, owner and size must be the host's\n{out}");
+    assert!(
+        out.stdout.contains("opened=0"),
+        "the first git status in a run must not read tracked files when the index is valid\n{out}"
+    );
+    assert!(out.stdout.contains("after=[ M d3/f7.txt ]"), "a file changed in the guest must be reported\n{out}");
+    // A clean index needs no refresh: git writes none, and the change set
+    // holds the changed file alone (no index with the guest's view in it
+    // to land on the host).
+    let staged = out.stdout.lines().find(|l| l.starts_with("staged=")).unwrap_or_else(|| panic!("{out}"));
+    assert!(staged.contains("f7.txt") && !staged.contains("index"), "{out}");
+}
