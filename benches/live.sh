@@ -40,7 +40,7 @@ measure() {
         start=$(date +%s.%N)
         "$bin" diff --stat >"diff.$i" 2>&1 || { cat "diff.$i" >&2; exit 1; }
         end=$(date +%s.%N)
-        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(echo "$end - $start" | bc)" \
+        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" \
             "$(grep -m1 -o '[0-9,]* staged change[s]*' "diff.$i" || echo '?')"
     done
     echo go >&3
