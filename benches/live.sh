@@ -14,7 +14,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ "${1:-}" == --rig ]]; then
     shift
-    exec "$here/tests/rig/run-in-l1.sh" "$here/benches/live.sh" "$@"
+    exec "$here/tests/rig/run-in-l1.sh" env ${STOCKADE_BIN:+STOCKADE_BIN="$STOCKADE_BIN"} \
+        ${STOCKADE_KERNEL:+STOCKADE_KERNEL="$STOCKADE_KERNEL"} "$here/benches/live.sh" "$@"
 fi
 runs=${1:-3}
 bin=${STOCKADE_BIN:-$here/target/x86_64-unknown-linux-gnu/release/stockade}
