@@ -14,7 +14,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ "${1:-}" == --rig ]]; then
     shift
-    exec "$here/tests/rig/run-in-l1.sh" "$here/benches/live.sh" "$@"
+    exec "$here/tests/rig/run-in-l1.sh" env ${STOCKADE_BIN:+STOCKADE_BIN="$STOCKADE_BIN"} \
+        ${STOCKADE_KERNEL:+STOCKADE_KERNEL="$STOCKADE_KERNEL"} "$here/benches/live.sh" "$@"
 fi
 runs=${1:-3}
 bin=${STOCKADE_BIN:-$here/target/x86_64-unknown-linux-gnu/release/stockade}
@@ -40,7 +41,7 @@ measure() {
         start=$(date +%s.%N)
         "$bin" diff --stat >"diff.$i" 2>&1 || { cat "diff.$i" >&2; exit 1; }
         end=$(date +%s.%N)
-        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(echo "$end - $start" | bc)" \
+        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" \
             "$(grep -m1 -o '[0-9,]* staged change[s]*' "diff.$i" || echo '?')"
     done
     echo go >&3
