@@ -104,3 +104,24 @@ fn the_last_landing_of_a_path_wins_and_a_cut_line_is_ignored() {
     let landed = Landed::load(&f.session).unwrap();
     assert_eq!(landed.paths.get(&path), Some(&kind(b"2")));
 }
+
+#[test]
+fn a_landed_directory_does_not_license_wiping_what_the_user_put_in_it_since() {
+    let f = fx(&[]);
+    // Both exports as the guest makes them, against the workspace it first
+    // saw (no `d`): `mkdir d` by the checkpoint, then `rm -rf d` and a file
+    // in its place by the end.
+    Set::new(&f.ws).dir("d", 0o755).stage(&f.checkpoint);
+    Set::new(&f.ws).file("d", b"guest\n", 0o644).stage(&f.session);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["d"]);
+    // The user works in the directory that landed.
+    fs::write(f.ws.join("d/mine.txt"), b"the user's work\n").unwrap();
+
+    Landed::load(&f.session).unwrap().settle(&f.session).unwrap();
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert_eq!(
+        fs::read(f.ws.join("d/mine.txt")).ok().as_deref(),
+        Some(&b"the user's work\n"[..]),
+        "a host edit below a landed directory was lost: {report:?}"
+    );
+}
