@@ -125,3 +125,27 @@ fn a_landed_directory_does_not_license_wiping_what_the_user_put_in_it_since() {
         "a host edit below a landed directory was lost: {report:?}"
     );
 }
+
+#[test]
+fn a_landed_mode_change_does_not_license_overwriting_a_later_host_edit() {
+    let f = fx(&[("run.sh", b"echo v0\n")]);
+    fs::set_permissions(f.ws.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let seen = Seen::everything(&f.ws).unwrap();
+    f.session.save_seen(&seen).unwrap();
+    f.checkpoint.save_seen(&seen).unwrap();
+    // The guest's `chmod +x run.sh` by the checkpoint, new content by the
+    // end, both against the workspace it first saw.
+    Set::new(&f.ws).mode("run.sh", 0o755).stage(&f.checkpoint);
+    Set::new(&f.ws).file("run.sh", b"echo guest\n", 0o755).stage(&f.session);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["run.sh"]);
+    // The user edits the file after the mode landed.
+    fs::write(f.ws.join("run.sh"), b"echo the user's edit\n").unwrap();
+
+    Landed::load(&f.session).unwrap().settle(&f.session).unwrap();
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert_eq!(
+        fs::read(f.ws.join("run.sh")).unwrap(),
+        b"echo the user's edit\n",
+        "a host edit after a landed mode change was overwritten: {report:?}"
+    );
+}
