@@ -516,4 +516,39 @@ mod tests {
         assert!(!marker.exists(), "ran: {}", fs::read_to_string(&marker).unwrap_or_default());
         assert!(!git(&f.ws, &["cat-file", "-p", "HEAD"]).contains("gpgsig"), "unsigned");
     }
+
+    #[test]
+    fn code_reached_through_a_symlink_of_the_base_commit_is_held_back_from_a_branch() {
+        if !have_git() {
+            return;
+        }
+        let f = fixture();
+        git(&f.ws, &["init", "-q"]);
+        write(&f.ws.join("ci/cargo/README"), b"shared cargo settings\n");
+        std::os::unix::fs::symlink("ci/cargo", f.ws.join(".cargo")).unwrap();
+        git(&f.ws, &["add", "-A"]);
+        git(&f.ws, &["commit", "-q", "-m", "base"]);
+        let base = git(&f.ws, &["rev-parse", "HEAD"]).trim().to_string();
+        // The guest, started at base, writes cargo's config through the
+        // symlink: the change is staged at the symlink's target.
+        session(&f, ID, |ws, store| {
+            Set::new(ws).file("ci/cargo/config.toml", b"[build]\nrustc-wrapper = \"/tmp/evil\"\n", 0o644).stage(store)
+        });
+        started_from(&f, ID, &base);
+        // The user has switched to a branch without the symlink meanwhile.
+        git(&f.ws, &["switch", "-q", "-c", "other"]);
+        git(&f.ws, &["rm", "-q", ".cargo"]);
+        git(&f.ws, &["commit", "-q", "-m", "no .cargo"]);
+
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "agent"]), execute);
+        let _ = code;
+        if git(&f.ws, &["branch", "--list", "agent"]).is_empty() {
+            return;
+        }
+        let tree = git(&f.ws, &["ls-tree", "-r", "agent"]);
+        assert!(
+            !(tree.contains("\t.cargo\n") && tree.contains("\tci/cargo/config.toml\n")),
+            "the branch holds .cargo/config.toml (through the base's symlink), not held back:\n{tree}\n{out}"
+        );
+    }
 }
