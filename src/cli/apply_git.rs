@@ -551,4 +551,35 @@ mod tests {
             "the branch holds .cargo/config.toml (through the base's symlink), not held back:\n{tree}\n{out}"
         );
     }
+
+    #[test]
+    fn a_path_git_refuses_is_not_reported_committed_nor_marked_applied() {
+        if !have_git() {
+            return;
+        }
+        let f = fixture();
+        let base = repo(&f.ws, &[("a.txt", b"a\n")]);
+        // `GIT~1` is `.git`'s short name on NTFS: git's index refuses it
+        // (core.protectNTFS), saying "Ignoring path" and exiting 0.
+        session(&f, ID, |ws, store| {
+            Set::new(ws)
+                .file("b.txt", b"b\n", 0o644)
+                .dir("GIT~1", 0o755)
+                .file("GIT~1/notes.txt", b"n\n", 0o644)
+                .stage(store)
+        });
+        started_from(&f, ID, &base);
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "b"]), execute);
+        let _ = code;
+        let tree = git(&f.ws, &["ls-tree", "-r", "--name-only", "b"]);
+        let store = Store::open(&sessions_dir(&f.data).join(ID)).unwrap();
+        let applied =
+            store.entries().unwrap().into_iter().any(|e| {
+                e.entry.path.to_string() == "GIT~1/notes.txt" && e.state == crate::changes::EntryState::Applied
+            });
+        assert!(
+            tree.contains("GIT~1/notes.txt") || !applied,
+            "GIT~1/notes.txt is marked applied but the branch does not hold it (the change is gone):\n{tree}\n{out}"
+        );
+    }
 }
