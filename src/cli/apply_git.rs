@@ -582,4 +582,24 @@ mod tests {
             "GIT~1/notes.txt is marked applied but the branch does not hold it (the change is gone):\n{tree}\n{out}"
         );
     }
+
+    #[test]
+    fn a_file_named_like_pathspec_magic_does_not_break_the_commit() {
+        if !have_git() {
+            return;
+        }
+        let f = fixture();
+        repo(&f.ws, &[("a.txt", b"a\n")]);
+        // A name the guest chose: git's pathspec syntax for "exclude".
+        session(&f, ID, |ws, store| {
+            Set::new(ws).file("a.txt", b"guest\n", 0o644).file(":!x", b"x\n", 0o644).stage(store)
+        });
+        let head = git(&f.ws, &["rev-parse", "HEAD"]);
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--commit"]), execute);
+        let code = code.map_err(|e| format!("{e:#}"));
+        assert!(
+            code.is_ok() && git(&f.ws, &["rev-parse", "HEAD"]) != head,
+            "--commit wrote the workspace but did not commit: {code:?}\n{out}"
+        );
+    }
 }
