@@ -639,7 +639,7 @@ impl<'a> Session<'a> {
             // A host path that still holds what an apply during the run
             // landed there is the base the guest's newer change builds on.
             if let Err(reason) = judged
-                && !self.landed.holds(host, &entry.path)
+                && !self.landed.holds(host, &entry.path, &entry.kind)
             {
                 return Verdict::Conflict(reason);
             }

@@ -12,7 +12,7 @@ use std::os::fd::AsFd;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::model::{Base, Hasher, Kind, Mode, Sha256};
+use super::model::{Base, Hasher, Kind, Mode, Sha256, SymlinkTarget};
 use super::path::RelPath;
 use super::seen::{Seen, SessionChange};
 use super::tree;
@@ -115,6 +115,21 @@ impl<D: AsFd> HostPath<'_, D> {
             return Ok(false);
         }
         Ok(self.link_target().map_err(|e| ConflictReason::Unreadable(e.to_string()))? == target)
+    }
+
+    /// What the host holds here, completely for a file (mode and content)
+    /// and a symlink; for a directory its mode (a digest of what is below
+    /// is the caller's to add).
+    pub fn state(&self) -> io::Result<Base> {
+        Ok(match self.file_type() {
+            None => Base::Absent,
+            Some(FileType::File) => Base::File { mode: self.mode(), size: self.size(), sha256: self.hash()? },
+            Some(FileType::Symlink) => {
+                Base::Symlink { target: SymlinkTarget::new(self.link_target()?).map_err(io::Error::other)? }
+            }
+            Some(FileType::Dir) => Base::Dir { mode: self.mode(), tree: None },
+            Some(FileType::Special) => Base::Special,
+        })
     }
 
     /// Whether the host still holds what the guest saw.

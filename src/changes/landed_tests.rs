@@ -42,7 +42,7 @@ fn apply_live(store: &Store, ws: &Path) -> Vec<String> {
     let entries = store.entries().unwrap();
     let landed =
         entries.iter().filter(|e| report.applied.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
-    Landed::record(store, landed).unwrap();
+    Landed::record(store, ws, landed).unwrap();
     report.applied.iter().map(ToString::to_string).collect()
 }
 
@@ -97,12 +97,18 @@ fn the_last_landing_of_a_path_wins_and_a_cut_line_is_ignored() {
         size: c.len() as u64,
         sha256: Sha256::of(c),
     };
-    Landed::record(&f.session, [(&path, &kind(b"1"))].into_iter()).unwrap();
-    Landed::record(&f.checkpoint, [(&path, &kind(b"2"))].into_iter()).unwrap();
+    let land = |c: &[u8]| {
+        fs::write(f.ws.join("a.txt"), c).unwrap();
+        fs::set_permissions(f.ws.join("a.txt"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    };
+    land(b"1");
+    Landed::record(&f.session, &f.ws, [(&path, &kind(b"1"))].into_iter()).unwrap();
+    land(b"2");
+    Landed::record(&f.checkpoint, &f.ws, [(&path, &kind(b"2"))].into_iter()).unwrap();
     let mut file = fs::OpenOptions::new().append(true).open(Landed::path_for(&f.session)).unwrap();
     std::io::Write::write_all(&mut file, b"{\"path\":\"a.t").unwrap();
     let landed = Landed::load(&f.session).unwrap();
-    assert_eq!(landed.paths.get(&path), Some(&kind(b"2")));
+    assert_eq!(landed.paths.get(&path).map(|r| &r.kind), Some(&kind(b"2")));
 }
 
 #[test]
@@ -148,4 +154,44 @@ fn a_landed_mode_change_does_not_license_overwriting_a_later_host_edit() {
         b"echo the user's edit\n",
         "a host edit after a landed mode change was overwritten: {report:?}"
     );
+}
+
+#[test]
+fn a_landed_directory_all_of_whose_content_landed_is_the_base_of_its_replacement() {
+    let f = fx(&[]);
+    // Exports against the workspace the guest first saw (no `d`).
+    let second = Set::new(&f.ws).dir("d", 0o755).file("d/x", b"x\n", 0o644).file("d/y", b"y\n", 0o644);
+    Set::new(&f.ws).file("d", b"guest\n", 0o644).stage(&f.session);
+    Set::new(&f.ws).dir("d", 0o755).file("d/x", b"x\n", 0o644).stage(&f.checkpoint);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["d", "d/x"]);
+    // A second checkpoint, applied during the run, lands more in it.
+    let dir = f.checkpoint.dir().parent().unwrap().to_path_buf();
+    fs::remove_dir_all(&dir).unwrap();
+    let checkpoint = Store::open(&dir).unwrap();
+    checkpoint.save_seen(&f.session.load_seen().unwrap().unwrap()).unwrap();
+    second.stage(&checkpoint);
+    Landed::load(&checkpoint).unwrap().settle(&checkpoint).unwrap();
+    assert_eq!(apply_live(&checkpoint, &f.ws), ["d/y"]);
+
+    Landed::load(&f.session).unwrap().settle(&f.session).unwrap();
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(fs::read(f.ws.join("d")).unwrap(), b"guest\n");
+}
+
+#[test]
+fn a_landed_mode_change_is_the_base_of_new_content_while_the_host_keeps_it() {
+    let f = fx(&[("run.sh", b"echo v0\n")]);
+    fs::set_permissions(f.ws.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let seen = Seen::everything(&f.ws).unwrap();
+    f.session.save_seen(&seen).unwrap();
+    f.checkpoint.save_seen(&seen).unwrap();
+    Set::new(&f.ws).mode("run.sh", 0o755).stage(&f.checkpoint);
+    Set::new(&f.ws).file("run.sh", b"echo guest\n", 0o755).stage(&f.session);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["run.sh"]);
+
+    Landed::load(&f.session).unwrap().settle(&f.session).unwrap();
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(fs::read(f.ws.join("run.sh")).unwrap(), b"echo guest\n");
 }

@@ -153,7 +153,7 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         let entries = target.store.entries()?;
         let done: std::collections::HashSet<&RelPath> = report.applied.iter().chain(&report.already).collect();
         let landed = entries.iter().filter(|e| done.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
-        Landed::record(&target.store, landed)
+        Landed::record(&target.store, &target.workspace, landed)
             .with_context(|| format!("cannot record what was applied from the running session {}", target.id))?;
     }
 
