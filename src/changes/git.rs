@@ -197,7 +197,9 @@ impl Repo {
                 cmd.env_remove(&name);
             }
         }
+        // A guest's file name is never pathspec magic (`:!x`, `:(top)`).
         cmd.env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_LITERAL_PATHSPECS", "1")
             .env("GIT_NO_REPLACE_OBJECTS", "1")
             .env("GIT_NO_LAZY_FETCH", "1")
             .env("GIT_PAGER", "cat");
@@ -223,7 +225,12 @@ impl Repo {
 
     fn output(&self, args: &[&str], index: Option<&Path>, input: Option<&[u8]>) -> Result<Output, GitError> {
         let mut cmd = self.command(index);
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args);
+        self.output_of(cmd, input)
+    }
+
+    fn output_of(&self, mut cmd: Command, input: Option<&[u8]>) -> Result<Output, GitError> {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().map_err(GitError::Spawn)?;
         // Written from a thread: git may answer before it has read it all.
@@ -370,18 +377,49 @@ impl Repo {
         if paths.is_empty() {
             return Ok(HashSet::new());
         }
+        // check-ignore takes pathspecs but refuses literal ones: each path
+        // goes as `./path`, which no magic starts with. A path below a
+        // symlink of the working tree makes it die ("beyond a symbolic
+        // link"): those are not asked, and count as not ignored (their
+        // directory's ignore rules are not the working tree's to give).
         let mut input = Vec::new();
-        for p in paths {
+        for p in paths.iter().filter(|p| !self.below_worktree_symlink(p)) {
+            input.extend_from_slice(b"./");
             input.extend_from_slice(p.as_bytes());
             input.push(0);
         }
-        let out = self.output(&["check-ignore", "-z", "--stdin", "--no-index"], None, Some(&input))?;
+        if input.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let mut cmd = self.command(None);
+        cmd.env_remove("GIT_LITERAL_PATHSPECS").args(["check-ignore", "-z", "--stdin", "--no-index"]);
+        let out = self.output_of(cmd, Some(&input))?;
         // Exit 1: nothing is ignored.
         if !out.status.success() && out.status.code() != Some(1) {
             return Err(GitError::Failed { what: "check-ignore".into(), detail: stderr_line(&out) });
         }
         // check-ignore answers relative to the workspace, as asked.
-        Ok(out.stdout.split(|&b| b == 0).filter(|p| !p.is_empty()).map(|p| [&self.prefix[..], p].concat()).collect())
+        Ok(out
+            .stdout
+            .split(|&b| b == 0)
+            .filter_map(|p| p.strip_prefix(b"./"))
+            .map(|p| [&self.prefix[..], p].concat())
+            .collect())
+    }
+
+    /// Whether a directory above `path` is a symlink (or not a directory)
+    /// in the working tree.
+    fn below_worktree_symlink(&self, path: &RelPath) -> bool {
+        path.ancestors().any(|dir| {
+            std::fs::symlink_metadata(self.workspace.join(dir.as_path())).is_ok_and(|m| !m.file_type().is_dir())
+        })
+    }
+
+    /// Runs what a commit of `entries` on `parent` runs of git before its
+    /// tree is written (objects, ignore rules), so that a failure there
+    /// comes before `apply --commit` writes the workspace.
+    pub fn check_commit(&self, store: &Store, parent: Option<&str>, entries: &[&Entry]) -> Result<(), GitError> {
+        self.plan(store, parent, entries).map(|_| ())
     }
 
     /// The tree of `parent` with `entries` applied, as an index delta and

@@ -142,6 +142,10 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         true => Some(git_head(&target.workspace)?),
         false => None,
     };
+    if let Some((repo, head)) = &repo {
+        let land = Landing { target: &target, message: args.message.as_deref(), sensitive: &sensitive, held: &held };
+        land.check_commit(repo, head.as_deref(), &selection)?;
+    }
     let implied = implied_dirs(&target.store)?;
     let mut meter = Meter::stderr("applying the changes", "writes");
     let options = ApplyOptions { selection, force };

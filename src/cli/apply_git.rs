@@ -163,6 +163,23 @@ impl Landing<'_> {
         Ok(write_left(out, &landed.left, "applied but not committed")?)
     }
 
+    /// Before `--commit` writes the workspace: git can take every chosen
+    /// change (its names, its objects), so that the commit after the apply
+    /// does not fail on one of them.
+    pub fn check_commit(&self, repo: &Repo, head: Option<&str>, selection: &Selection) -> anyhow::Result<()> {
+        let entries: Vec<StoredEntry> = self
+            .target
+            .store
+            .entries()?
+            .into_iter()
+            .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
+            .collect();
+        let chosen: Vec<&Entry> = entries.iter().map(|e| &e.entry).collect();
+        repo.check_commit(&self.target.store, head, &chosen).with_context(|| {
+            format!("nothing was applied: the changes of session {} cannot be committed", self.target.id)
+        })
+    }
+
     /// The commit message: the user's, or one naming the session and its
     /// command.
     fn message(&self, how: &str) -> String {
@@ -601,5 +618,17 @@ mod tests {
             code.is_ok() && git(&f.ws, &["rev-parse", "HEAD"]) != head,
             "--commit wrote the workspace but did not commit: {code:?}\n{out}"
         );
+        assert_eq!(git(&f.ws, &["show", "HEAD:./:!x"]), "x\n");
+
+        // Nor another pathspec form, nor a path below a symlink of the
+        // working tree, on a branch.
+        let other = "20250301-111500-bbbb";
+        session(&f, other, |ws, store| {
+            Set::new(ws).file(":(top)y", b"y\n", 0o644).dir("lnk", 0o755).file("lnk/z", b"z\n", 0o644).stage(store)
+        });
+        std::os::unix::fs::symlink("elsewhere", f.ws.join("lnk")).unwrap();
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&[other, "--branch", "b"]), execute);
+        assert_eq!(code.map_err(|e| format!("{e:#}")), Ok(ExitCode::SUCCESS), "{out}");
+        assert_eq!(git(&f.ws, &["diff", "--name-only", "HEAD", "b"]), ":(top)y\nlnk/z\n");
     }
 }
