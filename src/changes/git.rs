@@ -100,6 +100,10 @@ pub enum LeftOut {
     /// A mode change of a file the base commit does not hold: its content
     /// is not in the session.
     ModeOfUntracked,
+    /// A path git refuses in its index and so in a commit (a name some
+    /// file systems read as `.git`, like `GIT~1` or `.git.`, or a
+    /// `.gitmodules` symlink).
+    Refused,
 }
 
 impl LeftOut {
@@ -109,6 +113,9 @@ impl LeftOut {
             LeftOut::Ignored => "ignored by git".into(),
             LeftOut::InSubmodule(sub) => format!("inside the submodule {sub}: commit it there"),
             LeftOut::ModeOfUntracked => "a mode change of a file the base commit does not hold".into(),
+            LeftOut::Refused => "git refuses this path in a commit (it can stand for .git or .gitmodules on some \
+                                 file systems); apply it without --branch/--commit, or rename it"
+                .into(),
         }
     }
 }
@@ -493,8 +500,33 @@ impl Repo {
             return Err(GitError::NothingToCommit { left: plan.left });
         }
         let tree = self.write_tree(index, parent, &delta)?;
+        // git's index drops some paths it deems unsafe (`GIT~1/`, `.git./`,
+        // a `.gitmodules` symlink) saying only "Ignoring path" and exiting
+        // 0: what the tree holds is checked, not assumed.
+        let written = self.tree(Some(&tree))?;
+        let Plan { base, tree: planned, mut committed, mut left } = plan;
+        let differs: Vec<&Vec<u8>> = planned
+            .iter()
+            .filter(|(p, item)| written.get(*p) != Some(*item))
+            .map(|(p, _)| p)
+            .chain(written.keys().filter(|p| !planned.contains_key(*p)))
+            .collect();
+        if !differs.is_empty() {
+            committed.retain(|path| {
+                let full = self.full(path);
+                let touched =
+                    differs.iter().any(|d| **d == full || (d.starts_with(&full) && d.get(full.len()) == Some(&b'/')));
+                if touched {
+                    left.push((path.clone(), LeftOut::Refused));
+                }
+                !touched
+            });
+        }
+        if written == base || committed.is_empty() {
+            return Err(GitError::NothingToCommit { left });
+        }
         let commit = self.commit_tree(&tree, parent, message)?;
-        let landed = Landed { commit, parent: parent.map(str::to_string), committed: plan.committed, left: plan.left };
+        let landed = Landed { commit, parent: parent.map(str::to_string), committed, left };
         Ok((landed, delta))
     }
 

@@ -583,11 +583,13 @@ mod tests {
                 .file("b.txt", b"b\n", 0o644)
                 .dir("GIT~1", 0o755)
                 .file("GIT~1/notes.txt", b"n\n", 0o644)
+                .dir(".git.", 0o755)
+                .file(".git./x", b"x\n", 0o644)
+                .symlink(".gitmodules", "a.txt")
                 .stage(store)
         });
         started_from(&f, ID, &base);
         let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "b"]), execute);
-        let _ = code;
         let tree = git(&f.ws, &["ls-tree", "-r", "--name-only", "b"]);
         let store = Store::open(&sessions_dir(&f.data).join(ID)).unwrap();
         let applied =
@@ -598,6 +600,13 @@ mod tests {
             tree.contains("GIT~1/notes.txt") || !applied,
             "GIT~1/notes.txt is marked applied but the branch does not hold it (the change is gone):\n{tree}\n{out}"
         );
+        assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+        assert_eq!(tree, "a.txt\nb.txt\n");
+        for path in ["GIT~1/notes.txt", ".git./x", ".gitmodules"] {
+            assert!(out.contains(&format!("  {path}: git refuses this path")), "{path}: {out}");
+        }
+        assert!(out.contains("1 change of session"), "{out}");
+        assert_eq!(staged(&f, ID), 5, "the refused paths and their directories stay staged");
     }
 
     #[test]
