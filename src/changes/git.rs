@@ -24,7 +24,7 @@ use std::process::{Command, Output, Stdio};
 use thiserror::Error;
 
 use super::ChangesError;
-use super::model::{Entry, Kind, Sha256};
+use super::model::{Base, Entry, Kind, Sha256, SymlinkTarget};
 use super::path::{RelPath, display_bytes};
 use super::store::Store;
 
@@ -329,6 +329,39 @@ impl Repo {
             tree.insert(path, item);
         }
         Ok(tree)
+    }
+
+    /// The symlinks of `commit`'s tree within the workspace, as entries
+    /// making them (what the tree a branch is built on links where).
+    pub fn symlinks(&self, commit: &str) -> Result<Vec<Entry>, GitError> {
+        let links: Vec<(RelPath, String)> = self
+            .tree(Some(commit))?
+            .into_iter()
+            .filter(|(_, item)| item.mode == SYMLINK)
+            .filter_map(|(path, item)| {
+                let rel = RelPath::new(path.strip_prefix(&self.prefix[..])?.to_vec()).ok()?;
+                Some((rel, item.oid))
+            })
+            .collect();
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        let input: Vec<u8> = links.iter().flat_map(|(_, oid)| format!("{oid}\n").into_bytes()).collect();
+        let out = self.run(&["cat-file", "--batch"], None, Some(&input))?;
+        let bad = || GitError::Failed { what: "cat-file".into(), detail: "unexpected output".into() };
+        let mut rest = &out[..];
+        let mut entries = Vec::new();
+        for (path, _) in links {
+            let newline = rest.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
+            let header = std::str::from_utf8(&rest[..newline]).map_err(|_| bad())?;
+            let size: usize = header.rsplit(' ').next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+            let body = rest.get(newline + 1..newline + 1 + size).ok_or_else(bad)?;
+            rest = rest.get(newline + 2 + size..).unwrap_or_default();
+            if let Ok(target) = SymlinkTarget::new(body.to_vec()) {
+                entries.push(Entry { path, kind: Kind::Symlink { target }, base: Base::Absent });
+            }
+        }
+        Ok(entries)
     }
 
     /// Writes the staged blobs and symlink targets of `entries` as git

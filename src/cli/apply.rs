@@ -9,8 +9,8 @@ use clap::Args;
 
 use crate::changes::landed::Landed;
 use crate::changes::review::{
-    CodeChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, write_apply_report,
-    write_held_back, write_hint,
+    CodeChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, sensitive_paths_among,
+    write_apply_report, write_held_back, write_hint,
 };
 use crate::changes::{ApplyOptions, RelPath, Selection, apply_with_progress};
 use crate::progress::Meter;
@@ -120,8 +120,20 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
         runs_code: args.runs_code.clone(),
         agent_settings: target.agent_settings.is_some(),
     };
-    let sensitive = sensitive_paths(&target.store, &target.workspace, &selection, &code)
+    let mut sensitive = sensitive_paths(&target.store, &target.workspace, &selection, &code)
         .with_context(|| format!("cannot review the staged changes of session {}", target.id))?;
+    if args.branch.is_some() {
+        // A branch is built on the base commit, not the working tree: its
+        // symlinks decide what runs code there too.
+        let links = land::branch_links(&target)?;
+        let on_base = sensitive_paths_among(&target.store, &target.workspace, &selection, &code, &links)
+            .with_context(|| format!("cannot review the staged changes of session {}", target.id))?;
+        for (path, why) in on_base {
+            if !sensitive.iter().any(|(p, _)| *p == path) {
+                sensitive.push((path, why));
+            }
+        }
+    }
     // A file that runs code goes only where the user said so: named
     // itself, or --include-code.
     let held: Vec<(RelPath, &str)> = if args.include_code {

@@ -21,6 +21,23 @@ pub(super) fn git_head(workspace: &Path) -> anyhow::Result<(Repo, Option<String>
     Ok((repo, head))
 }
 
+/// The commit `--branch` builds on: the one the session started from, or
+/// (not recorded) the current `HEAD`.
+fn branch_base(repo: &Repo, target: &Target) -> anyhow::Result<Option<String>> {
+    match target.record.as_ref().and_then(|r| r.git_head.as_deref()) {
+        Some(commit) => Ok(Some(repo.base(commit)?)),
+        None => Ok(repo.head()?),
+    }
+}
+
+/// The symlinks of the tree `--branch` builds on: the branch holds them
+/// with the changes, whatever the working tree has now.
+pub(super) fn branch_links(target: &Target) -> anyhow::Result<Vec<Entry>> {
+    let repo = Repo::open(&target.workspace)?;
+    let Some(base) = branch_base(&repo, target)? else { return Ok(Vec::new()) };
+    Ok(repo.symlinks(&base)?)
+}
+
 /// Changes landing as a git commit: `--branch` and `--commit`.
 pub(super) struct Landing<'a> {
     pub target: &'a Target,
@@ -558,15 +575,15 @@ mod tests {
         git(&f.ws, &["commit", "-q", "-m", "no .cargo"]);
 
         let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "agent"]), execute);
-        let _ = code;
-        if git(&f.ws, &["branch", "--list", "agent"]).is_empty() {
-            return;
-        }
-        let tree = git(&f.ws, &["ls-tree", "-r", "agent"]);
-        assert!(
-            !(tree.contains("\t.cargo\n") && tree.contains("\tci/cargo/config.toml\n")),
-            "the branch holds .cargo/config.toml (through the base's symlink), not held back:\n{tree}\n{out}"
-        );
+        assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+        assert_eq!(git(&f.ws, &["branch", "--list", "agent"]), "", "no branch of held-back code: {out}");
+        assert!(out.contains("  ci/cargo/config.toml: reached through a symlink"), "{out}");
+        assert_eq!(staged(&f, ID), 1);
+
+        // Included, it lands and is named.
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "agent", "--include-code"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{out}");
+        assert!(out.contains("the branch holds files that run code by themselves:\n  ci/cargo/config.toml"), "{out}");
     }
 
     #[test]

@@ -316,10 +316,25 @@ pub fn sensitive_paths(
     selection: &Selection,
     code: &CodeChoice,
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
+    sensitive_paths_among(store, workspace, selection, code, &[])
+}
+
+/// As [`sensitive_paths`], judged also with `links` around the change set:
+/// symlinks of the tree the changes land on other than the working tree
+/// (the base commit of `apply --branch`), each where no staged change is.
+pub fn sensitive_paths_among(
+    store: &Store,
+    workspace: &Path,
+    selection: &Selection,
+    code: &CodeChoice,
+    links: &[model::Entry],
+) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
     let host = Host::open(workspace);
     let staged: Vec<StoredEntry> = store.entries()?.into_iter().filter(|e| e.state == EntryState::Staged).collect();
-    let mut classifier =
-        classifier_for(&host, workspace, store, staged.iter().map(|e| &e.entry), false, &code.runs_code);
+    let paths: HashSet<&RelPath> = staged.iter().map(|e| &e.entry.path).collect();
+    let around = links.iter().filter(|l| !paths.contains(&l.path));
+    let all = staged.iter().map(|e| &e.entry).chain(around);
+    let mut classifier = classifier_for(&host, workspace, store, all, false, &code.runs_code);
     classifier = classifier.agent_settings(code.agent_settings);
     Ok(staged
         .into_iter()
