@@ -195,3 +195,24 @@ fn a_landed_mode_change_is_the_base_of_new_content_while_the_host_keeps_it() {
     assert!(report.conflicts.is_empty(), "{report:?}");
     assert_eq!(fs::read(f.ws.join("run.sh")).unwrap(), b"echo guest\n");
 }
+
+#[test]
+fn a_landed_directory_mode_does_not_license_removing_what_was_in_it_before() {
+    let f = fx(&[]);
+    fs::create_dir(f.ws.join("d")).unwrap();
+    fs::set_permissions(f.ws.join("d"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    fs::write(f.ws.join("d/u.txt"), b"the user's\n").unwrap();
+    let seen = Seen::everything(&f.ws).unwrap();
+    f.session.save_seen(&seen).unwrap();
+    f.checkpoint.save_seen(&seen).unwrap();
+    Set::new(&f.ws).dir("d", 0o700).stage(&f.checkpoint);
+    Set::new(&f.ws).file("d", b"guest\n", 0o644).stage(&f.session);
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["d"]);
+    // The user edits what was in the directory before the landing.
+    fs::write(f.ws.join("d/u.txt"), b"the user's, edited\n").unwrap();
+
+    Landed::load(&f.session).unwrap().settle(&f.session).unwrap();
+    let report = apply(&f.session, &f.ws, &ApplyOptions::all()).unwrap();
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    assert_eq!(fs::read(f.ws.join("d/u.txt")).unwrap(), b"the user's, edited\n");
+}
