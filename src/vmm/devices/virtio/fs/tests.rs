@@ -1538,3 +1538,41 @@ fn a_hundred_thousand_files_fit_the_process_limit() {
     }
     eprintln!("budget {budget:?}: 100,000 files, at most {most} descriptors open in the process");
 }
+
+/// Attack: a READDIRPLUS whose reply buffer holds exactly `size` bytes
+/// (the header eats into it) makes the entry that fills `size` fail to
+/// encode. The bounded filesystem keeps the node it looked up for that
+/// entry, but the error skips the secrets guard's `listed`, and node ids are
+/// handed out in sequence: the guest opens the secret by guessing its id.
+#[test]
+fn attack_a_secret_opens_through_the_node_of_a_listing_whose_reply_failed() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("ssh")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"HOST-PRIVATE-KEY").unwrap();
+    let secrets = Secrets::at(&[root.join("ssh/host_key")]);
+    let mut client = Client::started(fs_keeping("host", &[share("/etc", root)], &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let ssh = client.lookup_node(etc.nodeid, "ssh");
+    let dir_open: OpenOut = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    // One entry with attributes: EntryOut, Dirent and "host_key" (8 bytes,
+    // no padding), in a reply buffer of exactly that many bytes.
+    let size = len32(size_of::<EntryOut>() + size_of::<Dirent>() + "host_key".len());
+    let list = ReadIn { fh: dir_open.fh, size, ..Default::default() };
+    let (unique, len) = client.write_request(Opcode::Readdirplus as u32, ssh.nodeid, list.as_slice());
+    let used = client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, size, true)]);
+    let listing = client.read_reply(unique, used);
+    assert_ne!(listing.header.error, 0, "the listing's reply must fail for this attack: {listing:?}");
+
+    // The guest was told of no node for host_key; it guesses the next one.
+    let guessed = ssh.nodeid + 1;
+    let open = client.open(Opcode::Open, guessed, libc::O_RDONLY);
+    if open.errno() == 0 {
+        let fh = open.obj::<OpenOut>().fh;
+        let read = client.read(guessed, fh, 0, 4096);
+        panic!(
+            "the guest opened node {guessed:#x}, which no reply handed out, and read the secret: {:?}",
+            String::from_utf8_lossy(read.ok())
+        );
+    }
+}
