@@ -77,3 +77,47 @@ impl Watch for Guard {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+    use std::time::Duration;
+
+    use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+
+    use super::super::bounded::{BoundedFs, HandleCount, ROOT};
+    use super::*;
+
+    /// Attack: the guard remembers every node a lookup of a secret hands
+    /// out and forgets none, while node ids are never reused: a guest that
+    /// looks a secret up and forgets it in a loop grows the VMM's memory
+    /// without bound (the sightings record bounds the same loop).
+    #[test]
+    fn attack_looking_a_secret_up_and_forgetting_it_grows_the_guard_without_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("host_key"), b"HOST-PRIVATE-KEY").unwrap();
+        let secrets = Secrets::at(&[dir.path().join("host_key")]);
+        let fs = BoundedFs::new(dir.path(), 16, &HandleCount::default(), 16, Duration::ZERO).unwrap();
+        // What `Watched` tells the guard of each request, as it does.
+        let guard = secrets.guard();
+        let ctx = Context::default();
+        let name = CString::new("host_key").unwrap();
+        const ROUNDS: usize = 10_000;
+        let mut nodes = HashSet::new();
+        for _ in 0..ROUNDS {
+            let looked_up = fs.lookup(&ctx, ROOT, &name);
+            guard.looked_up(ROOT, name.as_bytes(), &looked_up);
+            let inode = looked_up.unwrap().inode;
+            nodes.insert(inode);
+            assert!(guard.may_open(inode).is_err(), "the secret stays closed");
+            guard.forgot(inode, 1);
+            fs.forget(&ctx, inode, 1);
+        }
+        assert_eq!(nodes.len(), ROUNDS, "each lookup after a forget is a new node");
+        let remembered = guard.found.lock().unwrap().len();
+        assert!(
+            remembered <= 16,
+            "the guard holds {remembered} node ids after {ROUNDS} lookups of one secret the guest no longer holds"
+        );
+    }
+}
