@@ -507,33 +507,31 @@ impl BoundedFs {
     }
 
     /// Counts a lookup of `id` found as `name` in `parent`: the name goes
-    /// first (the one confirmed last), unless that would have the node
-    /// found through itself (a directory bind-mounted beneath itself).
+    /// first (the one confirmed last), unless the parent is found through
+    /// the node itself (a directory bind-mounted beneath itself), where the
+    /// name is not kept: names never form a loop.
     fn add_name(state: &mut State, id: u64, parent: u64, name: &CStr) {
         let through_self = Self::leads_through(state, parent, id);
         let Some(node) = state.nodes.get_mut(&id) else { return };
         node.lookups += 1;
-        let known = node.names.iter().position(|(p, n)| *p == parent && n.as_c_str() == name);
-        let mut dropped = None;
-        match known {
-            Some(i) if !through_self => node.names[..=i].rotate_right(1),
-            Some(_) => {}
+        if through_self {
+            return;
+        }
+        match node.names.iter().position(|(p, n)| *p == parent && n.as_c_str() == name) {
+            Some(i) => node.names[..=i].rotate_right(1),
             None => {
-                let at = if through_self { node.names.len() } else { 0 };
-                node.names.insert(at, (parent, name.to_owned()));
-                if node.names.len() > MAX_NAMES {
-                    dropped = node.names.pop();
-                }
+                node.names.insert(0, (parent, name.to_owned()));
+                let dropped = if node.names.len() > MAX_NAMES { node.names.pop() } else { None };
                 if let Some(p) = state.nodes.get_mut(&parent) {
                     p.children += 1;
                 }
+                if let Some((old_parent, _)) = dropped {
+                    if let Some(p) = state.nodes.get_mut(&old_parent) {
+                        p.children = p.children.saturating_sub(1);
+                    }
+                    Self::forget_one(state, old_parent, 0);
+                }
             }
-        }
-        if let Some((old_parent, _)) = dropped {
-            if let Some(p) = state.nodes.get_mut(&old_parent) {
-                p.children = p.children.saturating_sub(1);
-            }
-            Self::forget_one(state, old_parent, 0);
         }
     }
 
@@ -892,5 +890,107 @@ impl FileSystem for BoundedFs {
         // reads use pread and ignore it.
         let at = unsafe { libc::lseek64(handle.file.as_fd().as_raw_fd(), offset, whence) };
         u64::try_from(at).map_err(|_| io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs(dir: &Path, secrets: &Secrets) -> BoundedFs {
+        BoundedFs::new(dir, secrets, 2, &HandleCount::default(), 16, Duration::ZERO).unwrap()
+    }
+
+    fn name(s: &str) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    /// Node ids carry host inode numbers where they can, and are never the
+    /// root's, 0, or one identity's for another.
+    #[test]
+    fn node_ids_are_host_inode_numbers_and_never_the_root_or_each_other() {
+        let mut ids = NodeIds::new(10);
+        assert_eq!(ids.id(10, 2).unwrap(), 2, "ext4's root directory number, as it is");
+        assert_eq!(ids.id(10, 256).unwrap(), 256);
+        let high = 1 << HOST_INO_BITS;
+        let one = ids.id(10, ROOT).unwrap();
+        let zero = ids.id(10, 0).unwrap();
+        let big = ids.id(10, high + 5).unwrap();
+        for id in [one, zero, big] {
+            assert!(id >= high && id <= VFS_MAX_INO, "{id:#x} is in the high range");
+        }
+        let other = ids.id(11, 2).unwrap();
+        assert_eq!(other & (high - 1), 2, "another device keeps the number in the low bits");
+        assert!(other >= high);
+        let all = [2, 256, one, zero, big, other, ids.id(11, ROOT).unwrap(), ids.id(11, 0).unwrap()];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len(), "{all:x?}");
+        assert_eq!((ids.id(10, ROOT).unwrap(), ids.id(11, 2).unwrap()), (one, other), "stable");
+        // Past the devices with a range of their own, numbers come in sequence.
+        for dev in 12..12 + OTHER_DEVICES as u64 {
+            ids.id(dev, 7).unwrap();
+        }
+        let late = ids.id(9999, 2).unwrap();
+        assert!(late >= OVERFLOW_SLOT << HOST_INO_BITS && !distinct.contains(&late));
+        assert_eq!(ids.id(9999, 2).unwrap(), late);
+    }
+
+    /// Hard links are one node, opened by whichever name still leads to the
+    /// file; the id is the host's inode number.
+    #[test]
+    fn hard_links_are_one_node_found_by_any_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"linked").unwrap();
+        std::fs::hard_link(dir.path().join("a"), dir.path().join("b")).unwrap();
+        let fs = fs(dir.path(), &Secrets::default());
+        let ctx = Context::default();
+        let a = fs.lookup(&ctx, ROOT, &name("a")).unwrap().inode;
+        let b = fs.lookup(&ctx, ROOT, &name("b")).unwrap().inode;
+        assert_eq!(a, b);
+        assert_eq!(a, std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.path().join("a")).unwrap()));
+        // The name confirmed last goes away on the host: the other serves.
+        std::fs::remove_file(dir.path().join("b")).unwrap();
+        let (handle, _, _) = fs.open(&ctx, a, libc::O_RDONLY as u32, 0).unwrap();
+        fs.release(&ctx, a, 0, handle.unwrap(), false, false, None).unwrap();
+        std::fs::remove_file(dir.path().join("a")).unwrap();
+        let gone = fs.open(&ctx, a, libc::O_RDONLY as u32, 0).map(|_| ());
+        assert_eq!(gone.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)));
+        fs.forget(&ctx, a, 2);
+        assert!(fs.getattr(&ctx, a, None).is_err(), "forgotten by both lookups, the node is gone");
+    }
+
+    /// A secret directory (here named through a symlink, which the secret
+    /// is not) is seen but not listed; the link itself reads.
+    #[test]
+    fn a_secret_directory_is_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("private")).unwrap();
+        std::os::unix::fs::symlink("private", dir.path().join("link")).unwrap();
+        let secrets = Secrets::at(&[dir.path().join("link")]);
+        let fs = fs(dir.path(), &secrets);
+        let ctx = Context::default();
+        let private = fs.lookup(&ctx, ROOT, &name("private")).unwrap().inode;
+        let opened = fs.opendir(&ctx, private, 0).map(|_| ());
+        assert_eq!(opened.map_err(|e| e.raw_os_error()), Err(Some(libc::EACCES)));
+        let link = fs.lookup(&ctx, ROOT, &name("link")).unwrap().inode;
+        assert_eq!(fs.readlink(&ctx, link).unwrap(), b"private");
+    }
+
+    /// A directory bind-mounted beneath itself cannot happen without
+    /// privileges; its shape can be given to the name bookkeeping, which
+    /// never finds a directory through itself.
+    #[test]
+    fn a_directory_is_never_found_through_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let fs = fs(dir.path(), &Secrets::default());
+        let ctx = Context::default();
+        let d = fs.lookup(&ctx, ROOT, &name("d")).unwrap().inode;
+        let mut state = fs.state();
+        BoundedFs::add_name(&mut state, d, d, &name("again"));
+        assert_eq!(state.nodes[&d].names.len(), 1);
+        assert_eq!(state.nodes[&d].children, 0);
+        state.cache.clear();
+        assert!(fs.dir_fd(&mut state, d).is_ok());
     }
 }

@@ -2,8 +2,7 @@
 //! where inodes are the passthrough's own and attributes carry the host's
 //! inode numbers: the watch hears of every name the guest looks up or gets
 //! in a listing with attributes (the only ways the guest learns an inode).
-//! It forwards what `ReadOnlyFs` forwards
-//! and nothing else.
+//! It forwards what `ReadOnlyFs` forwards and nothing else.
 
 use std::any::Any;
 use std::ffi::CStr;
@@ -28,7 +27,7 @@ pub trait Watch: Send + Sync {
     fn listing_done(&self) {}
     /// The guest forgot `count` lookups of `inode`: at none left, the
     /// filesystem lets the inode go (a new lookup gets the same number: the
-    /// host's, see `device::passthrough_config`).
+    /// host's where it fits, see `bounded`).
     fn forgot(&self, _inode: u64, _count: u64) {}
 }
 
