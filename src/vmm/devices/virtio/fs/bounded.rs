@@ -350,7 +350,7 @@ impl BoundedFs {
             if let Some(fd) = state.cache.get(parent) {
                 break fd;
             }
-            // First names never form a loop (see `lookup`); this is a guard.
+            // First names never form a loop (see `add_name`); this is a guard.
             if chain.len() > state.nodes.len() {
                 return Err(err(libc::ELOOP));
             }
