@@ -16,8 +16,19 @@
 //! capped at [`FdBudget::handles`] (over all shares of a device), beyond
 //! which an open gets ENFILE and nothing else breaks.
 //!
-//! Attributes are the host's own (inode number, times, owner); node ids are
-//! this filesystem's own, never reused, with the root at [`ROOT`].
+//! Attributes are the host's own (times, owner, size), and so is the node
+//! id: a file's host inode number when it is below 2^47 and on the share
+//! root's device, else a number at or above 2^47 ([`NodeIds`]), the same
+//! for the life of the filesystem. The Vfs puts the node id in st_ino (with
+//! the share's index above it), so the guest sees the host's inode numbers
+//! as git recorded them, the same after a forget, and hard links of one
+//! file are one node. The root is [`ROOT`]; a host file numbered 1 gets a
+//! number from the high range. Node ids are guessable, so every request
+//! naming a node this filesystem does not hold fails.
+//!
+//! The host's secrets (see `secrets`) are refused here, by the node's own
+//! device and inode, at every operation that reads content: open, opendir,
+//! readlink. A handle exists only for what was allowed to open.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +45,8 @@ use std::time::Duration;
 use fuse_backend_rs::abi::fuse_abi::{FsOptions, OpenOptions, stat64, statvfs64};
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyWriter};
 use fuse_backend_rs::api::{BackendFileSystem, VFS_MAX_INO};
+
+use super::secrets::Secrets;
 
 /// The root's node id, as the FUSE protocol and the watches expect.
 pub const ROOT: u64 = 1;
@@ -92,16 +105,78 @@ pub fn open_file_limit() -> io::Result<(u64, u64)> {
     Ok((limit.rlim_cur, limit.rlim_max))
 }
 
+/// Bits of a host inode number a node id carries as it is.
+const HOST_INO_BITS: u32 = 47;
+/// Devices other than the share root's whose inode numbers get a range of
+/// their own (slots 1 to this); slot 0 is the root's device.
+const OTHER_DEVICES: usize = 254;
+/// The slot of numbers handed out in sequence: inode numbers that do not
+/// fit, the root device's inodes 0 and 1, devices beyond the others'.
+const OVERFLOW_SLOT: u64 = 255;
+/// Names a node keeps to be found again by (hard links).
+const MAX_NAMES: usize = 4;
+
+/// Node ids from host identities (device, inode), one id per identity for
+/// the life of the filesystem: `slot << 47 | ino`, the slot 0 for the share
+/// root's device. No two identities share an id, none is [`ROOT`] or 0.
+struct NodeIds {
+    root_dev: u64,
+    others: Vec<u64>,
+    overflow: HashMap<(u64, u64), u64>,
+    next_overflow: u64,
+}
+
+impl NodeIds {
+    fn new(root_dev: u64) -> Self {
+        NodeIds {
+            root_dev,
+            others: Vec::new(),
+            overflow: HashMap::new(),
+            next_overflow: OVERFLOW_SLOT << HOST_INO_BITS,
+        }
+    }
+
+    fn id(&mut self, dev: u64, ino: u64) -> io::Result<u64> {
+        let slot = if dev == self.root_dev {
+            Some(0)
+        } else if let Some(i) = self.others.iter().position(|&d| d == dev) {
+            Some(i as u64 + 1)
+        } else if self.others.len() < OTHER_DEVICES {
+            self.others.push(dev);
+            Some(self.others.len() as u64)
+        } else {
+            None
+        };
+        if let Some(slot) = slot
+            && ino < 1 << HOST_INO_BITS
+            && !(slot == 0 && ino <= ROOT)
+        {
+            return Ok(slot << HOST_INO_BITS | ino);
+        }
+        if let Some(&id) = self.overflow.get(&(dev, ino)) {
+            return Ok(id);
+        }
+        let id = self.next_overflow;
+        if id > VFS_MAX_INO {
+            return Err(err(libc::ENFILE));
+        }
+        self.next_overflow += 1;
+        self.overflow.insert((dev, ino), id);
+        Ok(id)
+    }
+}
+
 /// What one inode is: where to find it again and what it must be.
 struct Node {
-    parent: u64,
-    name: CString,
+    /// The (parent, name) it was found at, the first the one its
+    /// descendants are found through, each checked against `dev` and `ino`.
+    names: Vec<(u64, CString)>,
     dev: u64,
     ino: u64,
     is_dir: bool,
     /// Lookups the guest has not forgotten.
     lookups: u64,
-    /// Nodes whose parent this is: they need it to be found again.
+    /// Names of nodes in this directory: they need it to be found again.
     children: u64,
 }
 
@@ -177,9 +252,7 @@ struct Handle {
 
 struct State {
     nodes: HashMap<u64, Node>,
-    /// The live node of each (parent, name).
-    names: HashMap<(u64, CString), u64>,
-    next_node: u64,
+    ids: NodeIds,
     cache: FdCache,
     handles: HashMap<u64, Arc<Handle>>,
     next_handle: u64,
@@ -188,6 +261,7 @@ struct State {
 /// The read-only passthrough of one host directory (see the module).
 pub struct BoundedFs {
     root: Arc<OwnedFd>,
+    secrets: Secrets,
     timeout: Duration,
     state: Mutex<State>,
     /// Open handles of every share of the device, and their cap.
@@ -201,9 +275,11 @@ pub struct HandleCount(Arc<AtomicUsize>);
 
 impl BoundedFs {
     /// Serves the directory `root`, caching `cached` directory descriptors
-    /// and counting open handles in `handles`, at most `max_handles`.
+    /// and counting open handles in `handles`, at most `max_handles`; none
+    /// of `secrets` is read.
     pub fn new(
         root: &Path,
+        secrets: &Secrets,
         cached: usize,
         handles: &HandleCount,
         max_handles: usize,
@@ -221,23 +297,15 @@ impl BoundedFs {
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT,
-            Node {
-                parent: 0,
-                name: CString::default(),
-                dev: st.st_dev,
-                ino: st.st_ino,
-                is_dir: true,
-                lookups: 1,
-                children: 0,
-            },
+            Node { names: Vec::new(), dev: st.st_dev, ino: st.st_ino, is_dir: true, lookups: 1, children: 0 },
         );
         Ok(BoundedFs {
             root: Arc::new(root),
+            secrets: secrets.clone(),
             timeout,
             state: Mutex::new(State {
                 nodes,
-                names: HashMap::new(),
-                next_node: ROOT + 1,
+                ids: NodeIds::new(st.st_dev),
                 cache: FdCache::new(cached),
                 handles: HashMap::new(),
                 next_handle: 1,
@@ -275,18 +343,23 @@ impl BoundedFs {
         let mut chain = vec![node];
         let mut fd = loop {
             let last = *chain.last().unwrap_or(&node);
-            let parent = state.nodes.get(&last).ok_or_else(|| err(libc::ESTALE))?.parent;
+            let parent = first_parent(state, last)?;
             if parent == ROOT {
                 break Arc::clone(&self.root);
             }
             if let Some(fd) = state.cache.get(parent) {
                 break fd;
             }
+            // First names never form a loop (see `add_name`); this is a guard.
+            if chain.len() > state.nodes.len() {
+                return Err(err(libc::ELOOP));
+            }
             chain.push(parent);
         };
         for &step in chain.iter().rev() {
             let node = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
-            let (name, dev, ino) = (node.name.clone(), node.dev, node.ino);
+            let name = node.names.first().ok_or_else(|| err(libc::ESTALE))?.1.clone();
+            let (dev, ino) = (node.dev, node.ino);
             let opened =
                 open_at(state, fd.as_raw_fd(), &name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
             let st = fstat(opened.as_raw_fd())?;
@@ -299,21 +372,47 @@ impl BoundedFs {
         Ok(fd)
     }
 
+    /// `op` on `node` (not the root) by each of its names in turn, given
+    /// the directory and the name; the first whose host identity (the stat
+    /// `op` returns) is the node's answers, and none is ESTALE.
+    fn at_node<T>(
+        &self,
+        state: &mut State,
+        node: u64,
+        mut op: impl FnMut(&mut State, RawFd, &CStr) -> io::Result<(T, stat64)>,
+    ) -> io::Result<T> {
+        let (names, dev, ino) = {
+            let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+            (n.names.clone(), n.dev, n.ino)
+        };
+        let mut last = err(libc::ESTALE);
+        for (parent, name) in names {
+            let found = self.dir_fd(state, parent).and_then(|dir| op(state, dir.as_raw_fd(), &name));
+            match found {
+                Ok((value, st)) if (st.st_dev, st.st_ino) == (dev, ino) => return Ok(value),
+                Ok(_) => last = err(libc::ESTALE),
+                Err(e) => last = stale_if_gone(e),
+            }
+        }
+        Err(last)
+    }
+
     /// The host's attributes of `node`, which must still be what it was.
     fn stat_node(&self, state: &mut State, node: u64) -> io::Result<stat64> {
         if node == ROOT {
             return fstat(self.root.as_raw_fd());
         }
-        let (parent, name, dev, ino) = {
-            let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-            (n.parent, n.name.clone(), n.dev, n.ino)
-        };
-        let dir = self.dir_fd(state, parent)?;
-        let st = fstatat(dir.as_raw_fd(), &name).map_err(stale_if_gone)?;
-        if (st.st_dev, st.st_ino) != (dev, ino) {
-            return Err(err(libc::ESTALE));
+        self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| (st, st)))
+    }
+
+    /// Refuses the content of a node the filesystem does not hold or that
+    /// is one of the host's secrets.
+    fn readable(&self, state: &State, node: u64) -> io::Result<()> {
+        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        if self.secrets.holds(n.dev, n.ino) {
+            return Err(err(libc::EACCES));
         }
-        Ok(st)
+        Ok(())
     }
 
     /// Opens `node` for reading (a directory with O_DIRECTORY), checking
@@ -332,22 +431,18 @@ impl BoundedFs {
 
     fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
         let mut state = self.state();
+        self.readable(&state, node)?;
         let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
         let file = if node == ROOT {
             open_at(&mut state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind)?
         } else {
-            let (parent, name, dev, ino) = {
-                let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-                (n.parent, n.name.clone(), n.dev, n.ino)
-            };
-            let dir = self.dir_fd(&mut state, parent)?;
-            let file = open_at(&mut state, dir.as_raw_fd(), &name, libc::O_RDONLY | kind).map_err(stale_if_gone)?;
-            let st = fstat(file.as_raw_fd())?;
-            if (st.st_dev, st.st_ino) != (dev, ino) {
-                return Err(err(libc::ESTALE));
-            }
+            let file = self.at_node(&mut state, node, |state, dir, name| {
+                let file = open_at(state, dir, name, libc::O_RDONLY | kind)?;
+                let st = fstat(file.as_raw_fd())?;
+                Ok((file, st))
+            })?;
             // A device, FIFO or socket on the host is not the guest's to open.
-            if !directory && st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            if !directory && fstat(file.as_raw_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(err(libc::ENXIO));
             }
             file
@@ -373,29 +468,70 @@ impl BoundedFs {
     }
 
     /// Drops `count` lookups of `node`, and the node once none are left and
-    /// nothing beneath it is held, then its parent likewise.
+    /// nothing beneath it is held, then its parents likewise.
     fn forget_one(state: &mut State, node: u64, count: u64) {
-        let mut node = node;
-        let mut count = count;
-        while node != ROOT {
-            let Some(n) = state.nodes.get_mut(&node) else { return };
+        let mut work = vec![(node, count)];
+        while let Some((node, count)) = work.pop() {
+            if node == ROOT {
+                continue;
+            }
+            let Some(n) = state.nodes.get_mut(&node) else { continue };
             n.lookups = n.lookups.saturating_sub(count);
             if n.lookups > 0 || n.children > 0 {
-                return;
+                continue;
             }
-            let Some(gone) = state.nodes.remove(&node) else { return };
+            let Some(gone) = state.nodes.remove(&node) else { continue };
             state.cache.remove(node);
-            let key = (gone.parent, gone.name);
-            if state.names.get(&key) == Some(&node) {
-                state.names.remove(&key);
+            for (parent, _) in gone.names {
+                if let Some(p) = state.nodes.get_mut(&parent) {
+                    p.children = p.children.saturating_sub(1);
+                    work.push((parent, 0));
+                }
             }
-            let parent = key.0;
-            match state.nodes.get_mut(&parent) {
-                Some(p) => p.children = p.children.saturating_sub(1),
-                None => return,
+        }
+    }
+
+    /// Whether `ancestor` is `node` or found through it by first names.
+    fn leads_through(state: &State, node: u64, ancestor: u64) -> bool {
+        let mut at = node;
+        for _ in 0..=state.nodes.len() {
+            if at == ancestor {
+                return true;
             }
-            node = parent;
-            count = 0;
+            match first_parent(state, at) {
+                Ok(parent) if at != ROOT => at = parent,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Counts a lookup of `id` found as `name` in `parent`: the name goes
+    /// first (the one confirmed last), unless the parent is found through
+    /// the node itself (a directory bind-mounted beneath itself), where the
+    /// name is not kept: names never form a loop.
+    fn add_name(state: &mut State, id: u64, parent: u64, name: &CStr) {
+        let through_self = Self::leads_through(state, parent, id);
+        let Some(node) = state.nodes.get_mut(&id) else { return };
+        node.lookups += 1;
+        if through_self {
+            return;
+        }
+        match node.names.iter().position(|(p, n)| *p == parent && n.as_c_str() == name) {
+            Some(i) => node.names[..=i].rotate_right(1),
+            None => {
+                node.names.insert(0, (parent, name.to_owned()));
+                let dropped = if node.names.len() > MAX_NAMES { node.names.pop() } else { None };
+                if let Some(p) = state.nodes.get_mut(&parent) {
+                    p.children += 1;
+                }
+                if let Some((old_parent, _)) = dropped {
+                    if let Some(p) = state.nodes.get_mut(&old_parent) {
+                        p.children = p.children.saturating_sub(1);
+                    }
+                    Self::forget_one(state, old_parent, 0);
+                }
+            }
         }
     }
 
@@ -448,6 +584,11 @@ impl BoundedFs {
         }
         Ok(())
     }
+}
+
+/// The directory `node` is found in first.
+fn first_parent(state: &State, node: u64) -> io::Result<u64> {
+    state.nodes.get(&node).and_then(|n| n.names.first()).map(|(parent, _)| *parent).ok_or_else(|| err(libc::ESTALE))
 }
 
 /// Treats a name gone or changed in kind on the host as a stale inode.
@@ -525,7 +666,6 @@ impl FileSystem for BoundedFs {
         state.handles.clear();
         self.open_handles.fetch_sub(closed, Ordering::AcqRel);
         state.cache.clear();
-        state.names.clear();
         state.nodes.retain(|&id, _| id == ROOT);
         if let Some(root) = state.nodes.get_mut(&ROOT) {
             root.children = 0;
@@ -537,28 +677,19 @@ impl FileSystem for BoundedFs {
         match state.nodes.get(&parent) {
             Some(n) if n.is_dir => {}
             Some(_) => return Err(err(libc::ENOTDIR)),
-            None => return Err(err(libc::EBADF)),
+            None => return Err(err(libc::ESTALE)),
         }
         let dir = self.dir_fd(&mut state, parent)?;
         let st = fstatat(dir.as_raw_fd(), name)?;
-        let key = (parent, name.to_owned());
-        if let Some(&id) = state.names.get(&key)
-            && let Some(node) = state.nodes.get_mut(&id)
-            && (node.dev, node.ino) == (st.st_dev, st.st_ino)
-        {
-            node.lookups += 1;
+        let id = state.ids.id(st.st_dev, st.st_ino)?;
+        if state.nodes.contains_key(&id) {
+            Self::add_name(&mut state, id, parent, name);
             return Ok(self.entry(id, st));
         }
-        let id = state.next_node;
-        if id > VFS_MAX_INO {
-            return Err(err(libc::ENFILE));
-        }
-        state.next_node += 1;
         state.nodes.insert(
             id,
             Node {
-                parent,
-                name: key.1.clone(),
+                names: vec![(parent, name.to_owned())],
                 dev: st.st_dev,
                 ino: st.st_ino,
                 is_dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
@@ -569,7 +700,6 @@ impl FileSystem for BoundedFs {
         if let Some(p) = state.nodes.get_mut(&parent) {
             p.children += 1;
         }
-        state.names.insert(key, id);
         Ok(self.entry(id, st))
     }
 
@@ -594,22 +724,23 @@ impl FileSystem for BoundedFs {
 
     fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
         let mut state = self.state();
-        let st = self.stat_node(&mut state, inode)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+        self.readable(&state, inode)?;
+        if inode == ROOT {
             return Err(err(libc::EINVAL));
         }
-        let (parent, name) = {
-            let n = state.nodes.get(&inode).ok_or_else(|| err(libc::ESTALE))?;
-            (n.parent, n.name.clone())
-        };
-        let dir = self.dir_fd(&mut state, parent)?;
-        let mut buf = vec![0u8; libc::PATH_MAX as usize];
-        // SAFETY: `name` is NUL-terminated; the kernel writes at most
-        // `buf.len()` bytes into `buf`.
-        let n = unsafe { libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        let n = usize::try_from(n).map_err(|_| stale_if_gone(io::Error::last_os_error()))?;
-        buf.truncate(n);
-        Ok(buf)
+        self.at_node(&mut state, inode, |_, dir, name| {
+            let st = fstatat(dir, name)?;
+            if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+                return Err(err(libc::EINVAL));
+            }
+            let mut buf = vec![0u8; libc::PATH_MAX as usize];
+            // SAFETY: `name` is NUL-terminated; the kernel writes at most
+            // `buf.len()` bytes into `buf`.
+            let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            buf.truncate(n);
+            Ok((buf, st))
+        })
     }
 
     fn open(
@@ -662,7 +793,7 @@ impl FileSystem for BoundedFs {
         let mut state = self.state();
         let dir = match state.nodes.get(&inode) {
             Some(n) if n.is_dir => inode,
-            Some(n) => n.parent,
+            Some(_) => first_parent(&state, inode)?,
             None => return Err(err(libc::ESTALE)),
         };
         let fd = self.dir_fd(&mut state, dir)?;
@@ -714,7 +845,11 @@ impl FileSystem for BoundedFs {
                 Err(e) => return Err(e),
             };
             dir_entry.ino = entry.attr.st_ino;
-            let took = add_entry(dir_entry, entry)?;
+            // A node the guest was not told of is not kept: an entry the
+            // reply could not take, or one that failed to encode.
+            let took = add_entry(dir_entry, entry).inspect_err(|_| {
+                Self::forget_one(&mut self.state(), entry.inode, 1);
+            })?;
             if took == 0 {
                 Self::forget_one(&mut self.state(), entry.inode, 1);
             }
@@ -755,5 +890,107 @@ impl FileSystem for BoundedFs {
         // reads use pread and ignore it.
         let at = unsafe { libc::lseek64(handle.file.as_fd().as_raw_fd(), offset, whence) };
         u64::try_from(at).map_err(|_| io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs(dir: &Path, secrets: &Secrets) -> BoundedFs {
+        BoundedFs::new(dir, secrets, 2, &HandleCount::default(), 16, Duration::ZERO).unwrap()
+    }
+
+    fn name(s: &str) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    /// Node ids carry host inode numbers where they can, and are never the
+    /// root's, 0, or one identity's for another.
+    #[test]
+    fn node_ids_are_host_inode_numbers_and_never_the_root_or_each_other() {
+        let mut ids = NodeIds::new(10);
+        assert_eq!(ids.id(10, 2).unwrap(), 2, "ext4's root directory number, as it is");
+        assert_eq!(ids.id(10, 256).unwrap(), 256);
+        let high = 1 << HOST_INO_BITS;
+        let one = ids.id(10, ROOT).unwrap();
+        let zero = ids.id(10, 0).unwrap();
+        let big = ids.id(10, high + 5).unwrap();
+        for id in [one, zero, big] {
+            assert!(id >= high && id <= VFS_MAX_INO, "{id:#x} is in the high range");
+        }
+        let other = ids.id(11, 2).unwrap();
+        assert_eq!(other & (high - 1), 2, "another device keeps the number in the low bits");
+        assert!(other >= high);
+        let all = [2, 256, one, zero, big, other, ids.id(11, ROOT).unwrap(), ids.id(11, 0).unwrap()];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len(), "{all:x?}");
+        assert_eq!((ids.id(10, ROOT).unwrap(), ids.id(11, 2).unwrap()), (one, other), "stable");
+        // Past the devices with a range of their own, numbers come in sequence.
+        for dev in 12..12 + OTHER_DEVICES as u64 {
+            ids.id(dev, 7).unwrap();
+        }
+        let late = ids.id(9999, 2).unwrap();
+        assert!(late >= OVERFLOW_SLOT << HOST_INO_BITS && !distinct.contains(&late));
+        assert_eq!(ids.id(9999, 2).unwrap(), late);
+    }
+
+    /// Hard links are one node, opened by whichever name still leads to the
+    /// file; the id is the host's inode number.
+    #[test]
+    fn hard_links_are_one_node_found_by_any_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"linked").unwrap();
+        std::fs::hard_link(dir.path().join("a"), dir.path().join("b")).unwrap();
+        let fs = fs(dir.path(), &Secrets::default());
+        let ctx = Context::default();
+        let a = fs.lookup(&ctx, ROOT, &name("a")).unwrap().inode;
+        let b = fs.lookup(&ctx, ROOT, &name("b")).unwrap().inode;
+        assert_eq!(a, b);
+        assert_eq!(a, std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.path().join("a")).unwrap()));
+        // The name confirmed last goes away on the host: the other serves.
+        std::fs::remove_file(dir.path().join("b")).unwrap();
+        let (handle, _, _) = fs.open(&ctx, a, libc::O_RDONLY as u32, 0).unwrap();
+        fs.release(&ctx, a, 0, handle.unwrap(), false, false, None).unwrap();
+        std::fs::remove_file(dir.path().join("a")).unwrap();
+        let gone = fs.open(&ctx, a, libc::O_RDONLY as u32, 0).map(|_| ());
+        assert_eq!(gone.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)));
+        fs.forget(&ctx, a, 2);
+        assert!(fs.getattr(&ctx, a, None).is_err(), "forgotten by both lookups, the node is gone");
+    }
+
+    /// A secret directory (here named through a symlink, which the secret
+    /// is not) is seen but not listed; the link itself reads.
+    #[test]
+    fn a_secret_directory_is_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("private")).unwrap();
+        std::os::unix::fs::symlink("private", dir.path().join("link")).unwrap();
+        let secrets = Secrets::at(&[dir.path().join("link")]);
+        let fs = fs(dir.path(), &secrets);
+        let ctx = Context::default();
+        let private = fs.lookup(&ctx, ROOT, &name("private")).unwrap().inode;
+        let opened = fs.opendir(&ctx, private, 0).map(|_| ());
+        assert_eq!(opened.map_err(|e| e.raw_os_error()), Err(Some(libc::EACCES)));
+        let link = fs.lookup(&ctx, ROOT, &name("link")).unwrap().inode;
+        assert_eq!(fs.readlink(&ctx, link).unwrap(), b"private");
+    }
+
+    /// A directory bind-mounted beneath itself cannot happen without
+    /// privileges; its shape can be given to the name bookkeeping, which
+    /// never finds a directory through itself.
+    #[test]
+    fn a_directory_is_never_found_through_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let fs = fs(dir.path(), &Secrets::default());
+        let ctx = Context::default();
+        let d = fs.lookup(&ctx, ROOT, &name("d")).unwrap().inode;
+        let mut state = fs.state();
+        BoundedFs::add_name(&mut state, d, d, &name("again"));
+        assert_eq!(state.nodes[&d].names.len(), 1);
+        assert_eq!(state.nodes[&d].children, 0);
+        state.cache.clear();
+        assert!(fs.dir_fd(&mut state, d).is_ok());
     }
 }

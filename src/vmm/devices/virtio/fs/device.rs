@@ -151,20 +151,17 @@ pub(super) fn mount_shares(
     let handles = HandleCount::default();
     let cached = budget.inodes / shares.len().max(1);
     for (share, guest_path) in shares.iter().zip(guest_paths) {
-        let fs = open_read_only_share(&share.host_path, cached, &handles, budget.handles)?;
-        let sightings =
+        let fs = open_read_only_share(&share.host_path, secrets, cached, &handles, budget.handles)?;
+        let fs: BackFileSystem =
             match share.record.as_deref() {
                 Some(record) => {
                     let out = std::fs::OpenOptions::new().append(true).open(record).map_err(|source| {
                         FsError::Record { path: share.host_path.clone(), record: record.to_owned(), source }
                     })?;
-                    Some(Sightings::new(out))
+                    Box::new(Watched::new(fs, Sightings::new(out)))
                 }
-                None => None,
+                None => Box::new(fs),
             };
-        let watch = (sightings, (!secrets.is_empty()).then(|| secrets.guard()));
-        let fs: BackFileSystem =
-            if matches!(watch, (None, None)) { Box::new(fs) } else { Box::new(Watched::new(fs, watch)) };
         vfs.mount(fs, guest_path).map_err(|source| FsError::Mount {
             path: share.host_path.clone(),
             guest_path: guest_path.clone(),
@@ -325,6 +322,7 @@ pub(super) fn open_share(path: &Path, cache: CachePolicy) -> Result<PassthroughF
 /// A bounded read-only filesystem for the host directory `path`.
 fn open_read_only_share(
     path: &Path,
+    secrets: &Secrets,
     cached: usize,
     handles: &HandleCount,
     max_handles: usize,
@@ -334,7 +332,7 @@ fn open_read_only_share(
     if !meta.is_dir() {
         return Err(FsError::NotADirectory { path: path.to_owned() });
     }
-    BoundedFs::new(&root, cached, handles, max_handles, CACHE_TIMEOUT)
+    BoundedFs::new(&root, secrets, cached, handles, max_handles, CACHE_TIMEOUT)
         .map_err(|source| FsError::Import { path: path.to_owned(), source })
 }
 

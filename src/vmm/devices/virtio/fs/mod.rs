@@ -23,9 +23,10 @@
 //!
 //! `device` is what the transport sees and builds the filesystem,
 //! `request` serves one FUSE request, `event_handler` what the worker does
-//! on a kick; `readonly` wraps the Vfs, and `watched` each share's
-//! passthrough filesystem, with `sightings` (what the guest saw of the
-//! workspace) and `secrets` (host files it may never read) as its watches.
+//! on a kick; `readonly` wraps the Vfs, and `watched` a recorded share's
+//! filesystem, with `sightings` (what the guest saw of the workspace) as
+//! its watch; `secrets` are the host files the bounded filesystem never
+//! lets the guest read.
 
 mod boot;
 pub mod bounded;

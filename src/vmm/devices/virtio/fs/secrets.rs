@@ -4,20 +4,14 @@
 //! whatever path, hard link or mount the guest reached it by.
 //!
 //! A secret is known by its host identity (device and inode, taken when
-//! the VMM starts). [`Guard`] is a watch (see `watched`) on one share: each
-//! inode a lookup or listing hands out that is a secret is remembered, and
-//! opens of those inodes are refused. The guest can only name inodes the
-//! filesystem handed out, so none slips past.
+//! the VMM starts). The read-only shares' filesystem (`bounded`) knows the
+//! identity of every node it holds and refuses the content of those that
+//! are secrets where it opens them, whatever node id the guest names.
 
 use std::collections::HashSet;
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-
-use fuse_backend_rs::api::filesystem::Entry;
-
-use super::watched::Watch;
+use std::sync::Arc;
 
 /// The host identities (device, inode) of the secrets.
 #[derive(Debug, Clone, Default)]
@@ -33,47 +27,45 @@ impl Secrets {
         Secrets { ids: Arc::new(ids) }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    /// The guard for one share.
-    pub fn guard(&self) -> Guard {
-        Guard { secrets: self.clone(), found: Mutex::default() }
+    /// Whether the host file `ino` on device `dev` is a secret.
+    pub fn holds(&self, dev: u64, ino: u64) -> bool {
+        self.ids.contains(&(dev, ino))
     }
 }
 
-/// The secrets as one share's filesystem hands them out.
-pub struct Guard {
-    secrets: Secrets,
-    /// The share's inodes that are secrets (inode numbers are each share's
-    /// own).
-    found: Mutex<HashSet<u64>>,
-}
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+    use std::time::Duration;
 
-impl Guard {
-    fn note(&self, entry: &Entry) {
-        if entry.inode != 0 && self.secrets.ids.contains(&(entry.attr.st_dev, entry.attr.st_ino)) {
-            self.found.lock().unwrap_or_else(|p| p.into_inner()).insert(entry.inode);
+    use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+
+    use super::super::bounded::{BoundedFs, HandleCount, ROOT};
+    use super::*;
+
+    /// A guest that looks a secret up and forgets it in a loop gets the
+    /// same node each time, refused each time, and leaves nothing behind:
+    /// the refusal is the node's own identity, not a memory of node ids.
+    #[test]
+    fn looking_a_secret_up_and_forgetting_it_keeps_it_closed_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("host_key"), b"HOST-PRIVATE-KEY").unwrap();
+        let secrets = Secrets::at(&[dir.path().join("host_key")]);
+        let fs = BoundedFs::new(dir.path(), &secrets, 16, &HandleCount::default(), 16, Duration::ZERO).unwrap();
+        let ctx = Context::default();
+        let name = CString::new("host_key").unwrap();
+        const ROUNDS: usize = 10_000;
+        let mut nodes = HashSet::new();
+        for _ in 0..ROUNDS {
+            let inode = fs.lookup(&ctx, ROOT, &name).unwrap().inode;
+            nodes.insert(inode);
+            let open = fs.open(&ctx, inode, libc::O_RDONLY as u32, 0).map(|_| ());
+            assert_eq!(open.map_err(|e| e.raw_os_error()), Err(Some(libc::EACCES)), "the secret stays closed");
+            fs.forget(&ctx, inode, 1);
         }
-    }
-}
-
-impl Watch for Guard {
-    fn looked_up(&self, _parent: u64, _name: &[u8], result: &io::Result<Entry>) {
-        if let Ok(entry) = result {
-            self.note(entry);
-        }
-    }
-
-    fn listed(&self, _parent: u64, _name: &[u8], entry: &Entry, _delivered: bool) {
-        self.note(entry);
-    }
-
-    fn may_open(&self, inode: u64) -> io::Result<()> {
-        if self.found.lock().unwrap_or_else(|p| p.into_inner()).contains(&inode) {
-            return Err(io::Error::from_raw_os_error(libc::EACCES));
-        }
-        Ok(())
+        assert_eq!(nodes.len(), 1, "one file is one node, however often it is looked up");
+        let node = nodes.into_iter().next().unwrap();
+        assert!(fs.getattr(&ctx, node, None).is_err(), "a forgotten node is gone");
+        assert!(fs.open(&ctx, node, libc::O_RDONLY as u32, 0).is_err());
     }
 }

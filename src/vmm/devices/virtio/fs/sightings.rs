@@ -5,8 +5,8 @@
 //! examined (see `protocol::seen` for the file and `changes::seen` for the
 //! comparison).
 //!
-//! [`Sightings`] is a watch (see `watched`) on the share's passthrough
-//! filesystem, where attributes carry the host's inode numbers.
+//! [`Sightings`] is a watch (see `watched`) on the share's bounded
+//! filesystem, whose node ids are the host's inode numbers where they fit.
 //!
 //! The guest chooses what it looks up, so the record is bounded. Memory
 //! follows the distinct things seen: each directory path is kept once, as

@@ -1488,8 +1488,10 @@ fn per_file_cost_of_passthrough_and_bounded_servers() {
     let per = |t: Duration| t.as_secs_f64() * 1e6 / (DIRS * FILES) as f64;
     let passthrough = open_share(dir.as_path(), fuse_backend_rs::passthrough::CachePolicy::Always).unwrap();
     let handles = super::bounded::HandleCount::default();
-    let bounded =
-        |cached| super::bounded::BoundedFs::new(dir.as_path(), cached, &handles, 1024, Duration::ZERO).unwrap();
+    let bounded = |cached| {
+        super::bounded::BoundedFs::new(dir.as_path(), &Secrets::default(), cached, &handles, 1024, Duration::ZERO)
+            .unwrap()
+    };
     let (roomy, tiny) = (bounded(16 << 10), bounded(16));
     for round in ["first", "again"] {
         eprintln!("{round}: passthrough {:.1} µs/file", per(walk(&passthrough)));
@@ -1516,8 +1518,15 @@ fn a_hundred_thousand_files_fit_the_process_limit() {
     raise_fd_limit();
     let budget = super::bounded::FdBudget::of_process();
     let handles = super::bounded::HandleCount::default();
-    let fs =
-        super::bounded::BoundedFs::new(dir.as_path(), budget.inodes, &handles, budget.handles, Duration::ZERO).unwrap();
+    let fs = super::bounded::BoundedFs::new(
+        dir.as_path(),
+        &Secrets::default(),
+        budget.inodes,
+        &handles,
+        budget.handles,
+        Duration::ZERO,
+    )
+    .unwrap();
     let ctx = Context::default();
     let name = |s: String| std::ffi::CString::new(s).unwrap();
     let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
@@ -1537,4 +1546,47 @@ fn a_hundred_thousand_files_fit_the_process_limit() {
         fs.getattr(&ctx, node, None).unwrap();
     }
     eprintln!("budget {budget:?}: 100,000 files, at most {most} descriptors open in the process");
+}
+
+/// A READDIRPLUS whose reply buffer holds exactly `size` bytes (the
+/// header eats into it) makes the entry that fills `size` fail to encode.
+/// The filesystem keeps no node the guest was not told of, and node ids are
+/// host inode numbers a guest can guess: whatever id it names, the secret
+/// is neither opened nor even found, and a file beside it the guest never
+/// looked up is not reached either.
+#[test]
+fn a_listing_whose_reply_failed_leaves_no_node_to_guess_and_the_secret_closed() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("ssh")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"HOST-PRIVATE-KEY").unwrap();
+    let secrets = Secrets::at(&[root.join("ssh/host_key")]);
+    let mut client = Client::started(fs_keeping("host", &[share("/etc", root)], &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let ssh = client.lookup_node(etc.nodeid, "ssh");
+    let dir_open: OpenOut = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    // One entry with attributes: EntryOut, Dirent and "host_key" (8 bytes,
+    // no padding), in a reply buffer of exactly that many bytes.
+    let size = len32(size_of::<EntryOut>() + size_of::<Dirent>() + "host_key".len());
+    let list = ReadIn { fh: dir_open.fh, size, ..Default::default() };
+    let (unique, len) = client.write_request(Opcode::Readdirplus as u32, ssh.nodeid, list.as_slice());
+    let used = client.run(&[(REQ_ADDR, len, false), (RESP_ADDR, size, true)]);
+    let listing = client.read_reply(unique, used);
+    assert_ne!(listing.header.error, 0, "the listing's reply fails: {listing:?}");
+
+    // The guest was told of no node for host_key; it guesses: the node id
+    // is the host inode number under the share's bits, or the next one.
+    let share_bits = ssh.nodeid & !0xff_ffff_ffff_ffff;
+    let host_ino = std::fs::metadata(root.join("ssh/host_key")).unwrap().ino();
+    let beside = std::fs::metadata(root.join("hello.txt")).unwrap().ino();
+    for guessed in [share_bits | host_ino, ssh.nodeid + 1, share_bits | beside] {
+        let attr = client.call(Opcode::Getattr as u32, guessed, GetattrIn::default().as_slice());
+        assert_ne!(attr.errno(), 0, "node {guessed:#x} was never handed out: {attr:?}");
+        let open = client.open(Opcode::Open, guessed, libc::O_RDONLY);
+        assert_ne!(open.errno(), 0, "node {guessed:#x} was never handed out, yet it opened");
+    }
+    // Looked up, it is there, and refused.
+    let key = client.lookup_node(ssh.nodeid, "host_key");
+    assert_eq!(key.nodeid, share_bits | host_ino);
+    assert_eq!(client.open(Opcode::Open, key.nodeid, libc::O_RDONLY).errno(), libc::EACCES);
 }

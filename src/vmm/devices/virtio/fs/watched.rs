@@ -1,9 +1,8 @@
 //! A share's passthrough filesystem with a [`Watch`] on it, below the Vfs,
 //! where inodes are the passthrough's own and attributes carry the host's
 //! inode numbers: the watch hears of every name the guest looks up or gets
-//! in a listing with attributes (the only ways the guest learns an inode),
-//! and is asked before every open. It forwards what `ReadOnlyFs` forwards
-//! and nothing else.
+//! in a listing with attributes (the only ways the guest learns an inode).
+//! It forwards what `ReadOnlyFs` forwards and nothing else.
 
 use std::any::Any;
 use std::ffi::CStr;
@@ -28,63 +27,8 @@ pub trait Watch: Send + Sync {
     fn listing_done(&self) {}
     /// The guest forgot `count` lookups of `inode`: at none left, the
     /// filesystem lets the inode go (a new lookup gets the same number: the
-    /// host's, see `device::passthrough_config`).
+    /// host's where it fits, see `bounded`).
     fn forgot(&self, _inode: u64, _count: u64) {}
-    /// Whether the guest may open `inode`; an error is its answer.
-    fn may_open(&self, _inode: u64) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// No watch: nothing to hear, every open allowed.
-impl<W: Watch> Watch for Option<W> {
-    fn looked_up(&self, parent: u64, name: &[u8], result: &io::Result<Entry>) {
-        if let Some(w) = self {
-            w.looked_up(parent, name, result);
-        }
-    }
-    fn listed(&self, parent: u64, name: &[u8], entry: &Entry, delivered: bool) {
-        if let Some(w) = self {
-            w.listed(parent, name, entry, delivered);
-        }
-    }
-    fn listing_done(&self) {
-        if let Some(w) = self {
-            w.listing_done();
-        }
-    }
-    fn forgot(&self, inode: u64, count: u64) {
-        if let Some(w) = self {
-            w.forgot(inode, count);
-        }
-    }
-    fn may_open(&self, inode: u64) -> io::Result<()> {
-        self.as_ref().map_or(Ok(()), |w| w.may_open(inode))
-    }
-}
-
-/// Two watches: both hear everything, and both must allow an open.
-impl<A: Watch, B: Watch> Watch for (A, B) {
-    fn looked_up(&self, parent: u64, name: &[u8], result: &io::Result<Entry>) {
-        self.0.looked_up(parent, name, result);
-        self.1.looked_up(parent, name, result);
-    }
-    fn listed(&self, parent: u64, name: &[u8], entry: &Entry, delivered: bool) {
-        self.0.listed(parent, name, entry, delivered);
-        self.1.listed(parent, name, entry, delivered);
-    }
-    fn listing_done(&self) {
-        self.0.listing_done();
-        self.1.listing_done();
-    }
-    fn forgot(&self, inode: u64, count: u64) {
-        self.0.forgot(inode, count);
-        self.1.forgot(inode, count);
-    }
-    fn may_open(&self, inode: u64) -> io::Result<()> {
-        self.0.may_open(inode)?;
-        self.1.may_open(inode)
-    }
 }
 
 /// `inner` with `watch` on it.
@@ -156,7 +100,6 @@ impl<F: FileSystem<Inode = u64, Handle = u64>, W: Watch> FileSystem for Watched<
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        self.watch.may_open(inode)?;
         self.inner.open(ctx, inode, flags, fuse_flags)
     }
 
