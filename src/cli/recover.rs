@@ -132,6 +132,27 @@ mod tests {
         assert_eq!(choose(data, Some(&named), Path::new("/w")).unwrap().id, "20250301-101600-bbbb");
     }
 
+    /// Attack: run from inside a workspace whose sessions have nothing to
+    /// recover, `stockade recover` takes another workspace's interrupted
+    /// session (the help promises "of the workspace you are in (of any,
+    /// outside them)"), boots a VM over that other workspace and stages its
+    /// changes, reviewed as if they were this one's.
+    #[test]
+    fn attack_recover_inside_a_workspace_takes_another_workspaces_session() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        session_dir(data, "20250301-101500-aaaa", "/other", true);
+        session_dir(data, "20250301-101600-bbbb", "/w", false);
+        match choose(data, None, Path::new("/w/src")) {
+            Ok(info) => panic!(
+                "inside /w, whose session has nothing to recover, recover chose session {} of {:?}",
+                info.id,
+                info.workspace()
+            ),
+            Err(e) => assert!(e.to_string().contains("no session"), "{e}"),
+        }
+    }
+
     #[test]
     fn a_session_without_a_kept_disk_is_refused_with_why() {
         let tmp = tempfile::tempdir().unwrap();
