@@ -202,6 +202,29 @@ mod tests {
         assert!(err.contains("has no scratch disk to recover"), "{err}");
     }
 
+    /// The init exported its changes, then went silent: the set is staged
+    /// whole, so the session is not interrupted, and its disk goes.
+    #[test]
+    fn a_disk_beside_a_whole_staged_set_is_not_interrupted_and_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        session_dir(data, "20250301-101500-aaaa", "/w", true);
+        let info = choose(data, Some(&OsString::from("20250301")), Path::new("/w")).unwrap();
+        assert!(session::is_interrupted(&info.dir));
+        let mut set = Vec::new();
+        crate::changes::Writer::new(&mut set).unwrap().finish().unwrap();
+        let store = crate::changes::Store::open(&info.dir).unwrap();
+        store.stage(set.as_slice(), crate::changes::Limits::default()).unwrap();
+        assert!(!session::is_interrupted(&info.dir), "its changes are staged");
+        let err = choose(data, None, Path::new("/w")).unwrap_err().to_string();
+        assert!(err.contains("no session waits to be recovered"), "{err}");
+        let config = RecoverConfig { memory_bytes: 1 << 30, jail: false, kernel: None };
+        let err = recover::recover(&info, &config).err().unwrap().to_string();
+        assert!(err.contains("its changes were staged whole"), "{err}");
+        assert!(!info.dir.join(session::SCRATCH_DISK).exists(), "the spent disk is removed");
+        assert!(store.is_staged(), "the staged set stays");
+    }
+
     #[test]
     fn a_running_session_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
