@@ -153,6 +153,13 @@ impl Store {
         self.manifest_path().exists()
     }
 
+    /// Whether a change set was staged in the session `session_dir`
+    /// (creating nothing): its manifest is written only once the whole
+    /// stream is verified.
+    pub fn is_staged_in(session_dir: &Path) -> bool {
+        Store { dir: session_dir.join("changes") }.is_staged()
+    }
+
     /// Takes the store's lock; held while staging or applying.
     pub(crate) fn lock(&self) -> Result<Flock<File>, ChangesError> {
         let path = self.dir.join("lock");

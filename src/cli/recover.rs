@@ -27,11 +27,13 @@ use super::settings::Settings;
 /// VM and it has no network.
 ///
 /// SESSION is an id or a unique prefix of one; without it, the newest
-/// interrupted session of the workspace you are in (of any, outside them).
+/// interrupted session of the workspace you are in (only of that one: an
+/// interrupted session of another workspace is named, not taken), or of
+/// any when you are in none.
 #[derive(Debug, Args)]
 pub struct RecoverArgs {
     /// Session id or unique prefix (default: the newest interrupted one of
-    /// this workspace).
+    /// this workspace; outside every workspace, of any).
     #[arg(value_name = "SESSION")]
     session: Option<OsString>,
 
@@ -73,8 +75,10 @@ pub fn run(args: RecoverArgs, global: Global) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The named session, or the newest interrupted one of the workspace
-/// around `cwd` (of any, when `cwd` is in none of theirs).
+/// The named session; or, inside a workspace (the deepest one some session
+/// ran in that holds `cwd`), the newest interrupted session of that
+/// workspace and never another's; or, outside every workspace, the newest
+/// interrupted session of any.
 fn choose(data: &Path, given: Option<&OsString>, cwd: &Path) -> anyhow::Result<SessionInfo> {
     let sessions = session::list(data)?;
     if let Some(given) = given {
@@ -82,14 +86,44 @@ fn choose(data: &Path, given: Option<&OsString>, cwd: &Path) -> anyhow::Result<S
         return Ok(session::find(&sessions, given)?.clone());
     }
     let interrupted: Vec<&SessionInfo> = sessions.iter().filter(|s| session::is_interrupted(&s.dir)).collect();
-    let here = interrupted.iter().find(|s| s.workspace().is_some_and(|w| cwd.starts_with(w)));
-    match here.or(interrupted.first()) {
-        Some(info) => Ok((*info).clone()),
-        None if sessions.iter().any(|s| session::is_running(&s.dir)) => bail!(
-            "no session waits to be recovered; a running session stages its changes when it ends \
-             (`stockade sessions` lists them)"
-        ),
-        None => bail!("no session waits to be recovered: none was interrupted with changes on its scratch disk"),
+    let workspace = sessions
+        .iter()
+        .filter_map(SessionInfo::workspace)
+        .filter(|w| cwd.starts_with(w))
+        .max_by_key(|w| w.components().count());
+    let Some(workspace) = workspace else {
+        return match interrupted.first() {
+            Some(info) => Ok((*info).clone()),
+            None => bail!("{}", nothing_to_recover(&sessions)),
+        };
+    };
+    if let Some(info) = interrupted.iter().find(|s| s.workspace().as_deref() == Some(workspace.as_path())) {
+        return Ok((*info).clone());
+    }
+    if interrupted.is_empty() {
+        bail!("{}", nothing_to_recover(&sessions));
+    }
+    let others: Vec<String> = interrupted
+        .iter()
+        .map(|s| {
+            let place = s.workspace().map_or_else(|| "an unknown workspace".into(), |w| w.display().to_string());
+            format!("  {} (in {place})", s.id)
+        })
+        .collect();
+    bail!(
+        "no session of the workspace {} waits to be recovered; interrupted sessions of other workspaces:\n{}\n\
+         recover one by its id: `stockade recover ID` (or run `stockade recover` in its workspace)",
+        workspace.display(),
+        others.join("\n")
+    )
+}
+
+fn nothing_to_recover(sessions: &[SessionInfo]) -> &'static str {
+    if sessions.iter().any(|s| session::is_running(&s.dir)) {
+        "no session waits to be recovered; a running session stages its changes when it ends \
+         (`stockade sessions` lists them)"
+    } else {
+        "no session waits to be recovered: none was interrupted with changes on its scratch disk"
     }
 }
 
@@ -132,6 +166,32 @@ mod tests {
         assert_eq!(choose(data, Some(&named), Path::new("/w")).unwrap().id, "20250301-101600-bbbb");
     }
 
+    /// Inside a workspace whose sessions have nothing to recover, `recover`
+    /// without SESSION does not take another workspace's interrupted
+    /// session (which would boot a VM over that workspace and review its
+    /// changes as this one's): it names it and the command that recovers it.
+    #[test]
+    fn inside_a_workspace_recover_takes_only_its_sessions_and_names_the_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        session_dir(data, "20250301-101500-aaaa", "/other", true);
+        session_dir(data, "20250301-101600-bbbb", "/w", false);
+        match choose(data, None, Path::new("/w/src")) {
+            Ok(info) => panic!(
+                "inside /w, whose session has nothing to recover, recover chose session {} of {:?}",
+                info.id,
+                info.workspace()
+            ),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("no session of the workspace /w waits to be recovered"), "{e}");
+                assert!(e.contains("20250301-101500-aaaa (in /other)"), "{e}");
+                assert!(e.contains("stockade recover ID"), "{e}");
+            }
+        }
+        assert_eq!(choose(data, None, Path::new("/elsewhere")).unwrap().id, "20250301-101500-aaaa");
+    }
+
     #[test]
     fn a_session_without_a_kept_disk_is_refused_with_why() {
         let tmp = tempfile::tempdir().unwrap();
@@ -140,6 +200,29 @@ mod tests {
         let config = RecoverConfig { memory_bytes: 1 << 30, jail: false, kernel: None };
         let err = recover::recover(&info, &config).err().unwrap().to_string();
         assert!(err.contains("has no scratch disk to recover"), "{err}");
+    }
+
+    /// The init exported its changes, then went silent: the set is staged
+    /// whole, so the session is not interrupted, and its disk goes.
+    #[test]
+    fn a_disk_beside_a_whole_staged_set_is_not_interrupted_and_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        session_dir(data, "20250301-101500-aaaa", "/w", true);
+        let info = choose(data, Some(&OsString::from("20250301")), Path::new("/w")).unwrap();
+        assert!(session::is_interrupted(&info.dir));
+        let mut set = Vec::new();
+        crate::changes::Writer::new(&mut set).unwrap().finish().unwrap();
+        let store = crate::changes::Store::open(&info.dir).unwrap();
+        store.stage(set.as_slice(), crate::changes::Limits::default()).unwrap();
+        assert!(!session::is_interrupted(&info.dir), "its changes are staged");
+        let err = choose(data, None, Path::new("/w")).unwrap_err().to_string();
+        assert!(err.contains("no session waits to be recovered"), "{err}");
+        let config = RecoverConfig { memory_bytes: 1 << 30, jail: false, kernel: None };
+        let err = recover::recover(&info, &config).err().unwrap().to_string();
+        assert!(err.contains("its changes were staged whole"), "{err}");
+        assert!(!info.dir.join(session::SCRATCH_DISK).exists(), "the spent disk is removed");
+        assert!(store.is_staged(), "the staged set stays");
     }
 
     #[test]

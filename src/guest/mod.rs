@@ -107,10 +107,10 @@ fn prepare(
     Ok(layers)
 }
 
-/// `stockade recover`: the root is just the workspace overlay on the kept
-/// scratch disk; its changes go through the usual export, and nothing runs.
+/// `stockade recover`: the kept scratch disk, read-only, over the
+/// workspace; its changes go through the usual export, and nothing runs.
 fn recover(spec: &RunSpec, control: &channel::Control) -> anyhow::Result<ExitReport> {
-    let layers = match mounts::assemble_root(&spec.root) {
+    let layers = match mounts::recovery_layers(&spec.root) {
         Ok(Some(layers)) => layers,
         Ok(None) => return Ok(ExitReport::SetupFailed { message: "no workspace overlay to recover".into() }),
         Err(e) => return Ok(ExitReport::SetupFailed { message: format!("{e:#}") }),

@@ -490,6 +490,27 @@ fn mount_scratch(disk: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `stockade recover`: the kept scratch disk mounted read-only and the
+/// workspace share beneath, as the export reads them, with no overlay over
+/// them. The disk's bytes are the hostile guest's; this kernel, not the
+/// host, parses them, and a filesystem it cannot mount fails here.
+pub fn recovery_layers(entries: &[RootEntry]) -> anyhow::Result<Option<Layers>> {
+    let Some((source, disk)) = entries.iter().find_map(|e| match e {
+        RootEntry::Overlay { source, disk, .. } => Some((source, disk)),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    mount_fs(FS_TAG, SHARE_MOUNT, "virtiofs", MsFlags::MS_RDONLY | MsFlags::MS_NODEV, None)?;
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount_fs(disk, SCRATCH_MOUNT, "ext4", flags, None).context("the kept scratch disk does not mount")?;
+    let upper = Path::new(SCRATCH_MOUNT).join("upper");
+    if !fs::symlink_metadata(&upper).is_ok_and(|m| m.is_dir()) {
+        anyhow::bail!("the kept scratch disk has no overlay upper layer");
+    }
+    Ok(Some(Layers { lower: Path::new(SHARE_MOUNT).join(source.trim_start_matches('/')), upper }))
+}
+
 /// The workspace overlay, on the scratch disk once it is mounted.
 fn overlay(source: &str, target: &str, scratch: PendingScratch) -> anyhow::Result<Layers> {
     let lower = Path::new(SHARE_MOUNT).join(source.trim_start_matches('/'));

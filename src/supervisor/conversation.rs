@@ -107,6 +107,7 @@ fn converse(
     command.formatting.wait()?;
     super::reached("scratch disk ready");
     let mut spec = command.spec;
+    let recovering = spec.recover;
     spec.clock = Some(HostClock::now());
     spec.seed = host_seed()?;
     send(&talk.writer, &HostMsg::Run(spec))?;
@@ -120,6 +121,9 @@ fn converse(
         None => None,
     };
     let vmm_pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.pid())?);
+    if recovering {
+        watch.interrupts.first_stops();
+    }
     forward_signals(&talk.writer, vmm_pid, watch.interrupts.clone())?;
     let _deadline = watch_deadline(&talk.writer, vmm_pid, watch)?;
     // Bounded: answers nobody asked for are dropped, not piled up.

@@ -53,7 +53,10 @@ impl Finish<'_> {
         // spent, unless staging them failed (a full disk) or the guest never
         // exported (it crashed, rebooted, halted or hung, or the user
         // stopped it) after mounting the disk: then it is all that holds them.
-        let kept = ended.unstaged() || (ended.interrupted() && super::scratch::was_mounted(scratch.path()));
+        // A guest that exported its changes and then went silent is not
+        // interrupted: its change set is staged whole, and the disk spent.
+        let kept = ended.unstaged()
+            || (ended.interrupted() && super::scratch::was_mounted(scratch.path()) && !recorded.store.is_staged());
         if kept {
             scratch.keep();
         } else {

@@ -56,6 +56,16 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
         );
     }
     let disk = info.dir.join(session::SCRATCH_DISK);
+    if disk.is_file() && changes::Store::is_staged_in(&info.dir) {
+        // Left by a run whose init exported, then went silent, before runs
+        // removed the disk then: the staged set is whole, the disk spent.
+        std::fs::remove_file(&disk)
+            .with_context(|| format!("cannot remove the spent scratch disk {}", disk.display()))?;
+        bail!(
+            "session {id} has nothing to recover: its changes were staged whole before its guest stopped \
+             (`stockade diff {id}` shows them); its spent scratch disk was removed"
+        );
+    }
     if !session::is_interrupted(&info.dir) {
         bail!(
             "session {id} has no scratch disk to recover ({} is absent): its changes were staged when it ended \
@@ -79,7 +89,6 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
     }
     signals::block()?;
     let session = session::Session::resume(&info.dir, id, info.started().unwrap_or_else(std::time::SystemTime::now))?;
-    scratch::check(&disk)?;
     let dirs = Dirs::resolve()?;
     let kernel = prepare::check_kvm(&dirs, config.kernel.as_deref())?;
     if config.jail {
@@ -116,8 +125,12 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
     }
     drop(sockets);
     let kernel_log = vm_config.kernel_log.display().to_string();
+    // Staged whole (the manifest is written last) is recovered, whatever
+    // the VM did after.
+    let staged = store.is_staged();
     match ended.result {
         Ok(Conversation::Ended { report: ExitReport::Exited { code: 0 }, staged: Some(Ok(_)) }) => {}
+        _ if staged => {}
         Ok(Conversation::Ended { staged: Some(Err(e)), .. }) => {
             return Err(e.context(format!("cannot stage the changes of session {id}; its scratch disk stays")));
         }
@@ -129,7 +142,11 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
         Ok(Conversation::Ended { report, .. }) => {
             bail!("the recovery VM of session {id} ended unexpectedly ({report:?}); the kernel log is {kernel_log}")
         }
-        Ok(Conversation::Stopped) => bail!("recovery of session {id} stopped; its scratch disk stays"),
+        Ok(Conversation::Stopped) => bail!(
+            "recovery of session {id} stopped as asked; nothing was staged, its scratch disk stays in {} and the \
+             session is still interrupted (`stockade recover {id}` tries again)",
+            disk.display()
+        ),
         Ok(Conversation::VmEnded | Conversation::Unanswered) => bail!(
             "the recovery VM of session {id} stopped before it exported the changes; its scratch disk stays; the \
              kernel log is {kernel_log}"

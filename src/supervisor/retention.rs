@@ -389,7 +389,7 @@ fn review_state(id: &str, dir: &Path, cache: &mut StateCache) -> Standing {
     }
     // Staging failed (a full disk) and the guest's changes are still on its
     // scratch disk; a run in progress is spared by its lock instead.
-    if fs::symlink_metadata(dir.join(session::SCRATCH_DISK)).is_ok() && !session::is_running(dir) {
+    if session::is_interrupted(dir) {
         return Standing::Staged(session::INTERRUPTED);
     }
     let manifest = match fs::symlink_metadata(changes.join("manifest")) {
@@ -453,8 +453,7 @@ fn remove(parent: &Path, entry: &Entry, include_staged: bool) -> io::Result<Opti
     } else {
         None
     };
-    let held = fs::symlink_metadata(changes.join("journal")).is_ok()
-        || fs::symlink_metadata(dir.join(session::SCRATCH_DISK)).is_ok();
+    let held = fs::symlink_metadata(changes.join("journal")).is_ok() || session::holds_unstaged_disk(&dir);
     if !include_staged && held {
         return Ok(None);
     }

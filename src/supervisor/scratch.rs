@@ -126,39 +126,6 @@ pub fn was_mounted(path: &Path) -> bool {
         && u16::from_le_bytes(count) > 0
 }
 
-/// Checks a kept disk before it is mounted again, repairing what e2fsck
-/// repairs without asking (a guest that died mid-write leaves an unclean
-/// filesystem, and the disk has no journal). Fails when it cannot be made
-/// sound.
-pub fn check(path: &Path) -> anyhow::Result<()> {
-    let e2fsck = find_tool("e2fsck").context(
-        "cannot find e2fsck, which checks the kept scratch disk before it is mounted: install e2fsprogs \
-         (apt install e2fsprogs)",
-    )?;
-    let output = Command::new(&e2fsck)
-        .args(["-p", "-f", "--"])
-        .arg(path)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {}", e2fsck.display()))?;
-    // 0: clean; 1: errors corrected; anything else: not repaired.
-    match output.status.code() {
-        Some(0 | 1) => Ok(()),
-        _ => {
-            let said = String::from_utf8_lossy(&output.stdout).trim().to_string()
-                + String::from_utf8_lossy(&output.stderr).trim();
-            bail!(
-                "the scratch disk {} is damaged beyond what e2fsck repairs on its own ({}): {said}; \
-                 `sudo e2fsck -f {}` repairs it asking you, or `sudo mount -o loop,ro` it to copy files out of \
-                 upper/",
-                path.display(),
-                output.status,
-                path.display()
-            )
-        }
-    }
-}
-
 /// The blank image of `bytes` made by `mkfs`, formatted now unless the
 /// cache has a sound one. Formats to a private name and renames, so a
 /// concurrent run sees a whole blank or none.

@@ -27,7 +27,14 @@ pub const INTERRUPTED: &str = "interrupted";
 /// supervisor may have died without a word: the run lock went with it),
 /// and the guest's changes are only on its scratch disk.
 pub fn is_interrupted(dir: &Path) -> bool {
-    fs::symlink_metadata(dir.join(SCRATCH_DISK)).is_ok_and(|m| m.is_file()) && !is_running(dir)
+    holds_unstaged_disk(dir) && !is_running(dir)
+}
+
+/// Whether the session in `dir` holds a scratch disk whose changes are not
+/// staged. A disk beside a complete change set (the init exported, then
+/// went silent) holds nothing more: the set is what the run changed.
+pub fn holds_unstaged_disk(dir: &Path) -> bool {
+    fs::symlink_metadata(dir.join(SCRATCH_DISK)).is_ok_and(|m| m.is_file()) && !crate::changes::Store::is_staged_in(dir)
 }
 
 /// What a finished (or running) session did, as `run.json`.

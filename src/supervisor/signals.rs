@@ -30,12 +30,20 @@ pub struct Interrupts {
     stopped: AtomicBool,
     /// The VM is gone: signals no longer concern the guest.
     vm_gone: AtomicBool,
+    /// Nothing runs in the guest to take a signal: the first one stops.
+    first_stops: AtomicBool,
 }
 
 impl Interrupts {
     /// Whether the user stopped the VM with a second signal.
     pub fn stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// The first interrupt stops the VM (a recovery runs no command to
+    /// forward it to).
+    pub fn first_stops(&self) {
+        self.first_stops.store(true, Ordering::SeqCst);
     }
 
     /// From now on an interrupt ends stockade itself (the review of the
@@ -69,7 +77,8 @@ pub fn spawn(
                 eprintln!("\nstockade: interrupted; the changes stay staged (see `stockade sessions`)");
                 std::process::exit(128 + sig as i32);
             }
-            if interrupts.count.fetch_add(1, Ordering::SeqCst) == 0 {
+            let first = interrupts.count.fetch_add(1, Ordering::SeqCst) == 0;
+            if first && !interrupts.first_stops.load(Ordering::SeqCst) {
                 forward(sig);
             } else {
                 interrupts.stopped.store(true, Ordering::SeqCst);

@@ -41,7 +41,7 @@ use crate::protocol::vm_config::{TemplatePlan, VmConfig};
 use devices::bus::Bus;
 use devices::legacy::{I8042, I8042_BASE, I8042_LEN};
 use devices::mmio::{MMIO_LEN, MmioTransport, NOTIFY_OFFSET};
-use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort, UartState};
+use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, PowerDownWatch, SerialPort, UartState};
 use devices::virtio::{DEVICES, Env, Instance, Interrupt, REASSERT_AFTER};
 use template::{Recorder, RecorderParts, Template, TemplateError};
 use vcpu::{Vcpu, VcpuStop};
@@ -133,7 +133,7 @@ pub fn run(config: &VmConfig) -> Result<(), VmmError> {
     machine.run(config, started)
 }
 
-type Uart = SerialPort<LineWriter<Capped<File>>>;
+type Uart = SerialPort<PowerDownWatch<LineWriter<Capped<File>>>>;
 
 /// A VM ready to run: everything made and set, no thread started.
 struct Machine {
@@ -198,6 +198,8 @@ fn assemble(
     vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(setup("register serial irqfd"))?;
     // A guest printing forever must not fill the host's disk.
     let log = LineWriter::new(Capped::new(log, "kernel.log", Style::Text, KERNEL_LOG_CAP));
+    let power_down = exit.try_clone().map_err(|source| VmmError::Device { device: "serial", source })?;
+    let log = PowerDownWatch::new(log, power_down);
     let uart = match uart {
         Some(state) => SerialPort::restored(serial_irq, log, state)
             .map_err(|source| VmmError::Device { device: "serial", source })?,

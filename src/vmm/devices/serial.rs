@@ -30,6 +30,58 @@ pub struct SerialPort<W: Write + Send> {
     uart: Serial<IrqTrigger, vm_superio::serial::NoEvents, W>,
 }
 
+/// What the guest kernel prints as it powers off (`kernel_power_off`, at
+/// KERN_EMERG, so even a `quiet` console shows it).
+const POWER_DOWN: &[u8] = b"reboot: Power down";
+/// Longest console line looked at; the rest of a longer one is not.
+const LINE_MAX: usize = 256;
+
+/// Passes the console through to `inner`, and signals `exit` when a line
+/// says the guest kernel is powering off: without ACPI it then halts for
+/// good, and the VM would otherwise sit until the supervisor's silence
+/// bound. A guest process can print the line too; it only ends its own
+/// VM, as a power-off would, and the supervisor keeps the scratch disk of
+/// a run that ended without its report.
+pub struct PowerDownWatch<W> {
+    inner: W,
+    exit: EventFd,
+    line: Vec<u8>,
+}
+
+impl<W: Write> PowerDownWatch<W> {
+    pub fn new(inner: W, exit: EventFd) -> Self {
+        PowerDownWatch { inner, exit, line: Vec::with_capacity(LINE_MAX) }
+    }
+
+    fn watch(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            if byte == b'\n' {
+                if self.line.windows(POWER_DOWN.len()).any(|w| w == POWER_DOWN) {
+                    tracing::info!("the guest kernel is powering off");
+                    if let Err(e) = self.exit.write(1) {
+                        tracing::error!("cannot signal the guest's power-off: {e}");
+                    }
+                }
+                self.line.clear();
+            } else if self.line.len() < LINE_MAX {
+                self.line.push(byte);
+            }
+        }
+    }
+}
+
+impl<W: Write> Write for PowerDownWatch<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.watch(buf);
+        // The log may be full or failing; the watch goes on regardless.
+        self.inner.write(buf).or(Ok(buf.len()))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// `SerialState`'s fields, for serde (vm-superio has no serde of its own).
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "SerialState")]
@@ -99,6 +151,20 @@ mod tests {
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
     use super::*;
+
+    #[test]
+    fn a_power_down_line_signals_the_exit_and_others_do_not() {
+        let exit = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut console = PowerDownWatch::new(Vec::new(), exit.try_clone().unwrap());
+        console.write_all(b"[    1.0] reboot: Restarting system\nreboot: Power d").unwrap();
+        assert!(exit.read().is_err(), "no power-off yet");
+        console.write_all(b"own\n").unwrap();
+        assert_eq!(exit.read().unwrap(), 1, "the line, split over writes, is seen");
+        console.write_all(&[b'x'; 1000]).unwrap();
+        console.write_all(b"reboot: Power down\n").unwrap();
+        assert!(exit.read().is_err(), "past the longest line looked at, nothing");
+        assert!(console.inner.ends_with(b"reboot: Power down\n"), "everything reaches the log");
+    }
 
     #[test]
     fn a_restored_uart_keeps_what_the_driver_programmed() {
