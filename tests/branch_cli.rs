@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use sha2::Digest;
 
-use crate::util::{TempDir, stockade_bin, text};
+use crate::util::{TempDir, stockade_from, text};
 
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -26,15 +26,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 
 /// stockade in the workspace, with its config and data in `dir`.
 fn stockade(dir: &Path, ws: &Path, args: &[&str]) -> Output {
-    Command::new(stockade_bin())
-        .args(args)
-        .current_dir(ws)
-        .env("XDG_CONFIG_HOME", dir.join("xdg"))
-        .env("STOCKADE_DATA_DIR", dir.join("data"))
-        .env_remove("STOCKADE_CONFIG_DIR")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run stockade")
+    stockade_from(dir, ws, args)
 }
 
 /// A repository with one commit of `files`; its id.

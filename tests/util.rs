@@ -42,9 +42,14 @@ pub fn stockade(data: &Path, args: &[&str]) -> Output {
 /// Runs stockade in `dir` with its config (XDG) and data directories there
 /// too, so the user's own config and sessions never take part.
 pub fn stockade_in(dir: &Path, args: &[&str]) -> Output {
+    stockade_from(dir, dir, args)
+}
+
+/// Runs stockade in `cwd` with its config and data directories in `dir`.
+pub fn stockade_from(dir: &Path, cwd: &Path, args: &[&str]) -> Output {
     Command::new(stockade_bin())
         .args(args)
-        .current_dir(dir)
+        .current_dir(cwd)
         .env("XDG_CONFIG_HOME", dir.join("xdg"))
         .env("STOCKADE_DATA_DIR", dir.join("data"))
         .env_remove("STOCKADE_CONFIG_DIR")
