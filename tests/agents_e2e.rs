@@ -20,6 +20,19 @@ fn node_version() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Guest shell (no single quotes: it goes inside `sh -c '...'`): `leaks
+/// PATTERN` names the files holding PATTERN among every process's
+/// environment and command line and all the guest could write to or be
+/// handed ($HOME, /tmp, /run, /etc), less the read-only host shares mounted
+/// there (home toolchains): the guest cannot put anything in them, and
+/// reading their gigabytes takes the better part of an hour on the rig's
+/// software CPU.
+const LEAKS: &str = r#"leaks() {
+                     ro=; while read -r _ mnt _ opts _; do case ",$opts," in *,ro,*) ro="$ro -o -path $mnt";; esac; done < /proc/mounts
+                     find "$HOME" /tmp /run /etc \( -path /nonexistent $ro \) -prune -o -type f -print 2>/dev/null |
+                         xargs grep -ls "$1" /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null
+                 }"#;
+
 /// Where tests/agents/install.sh installed the CLIs, or why there is none.
 fn agent_clis(test: &str) -> Option<String> {
     match std::env::var("STOCKADE_TEST_AGENTS") {
@@ -93,7 +106,7 @@ fn agents_and_home_toolchains_are_found_without_mounts() {
              $S run --no-home-tools -- cargo --version 2>nohome.err; echo "nohome=$?"
              cat nohome.err"#,
             ]
-            .concat(),
+            .concat().replace("{LEAKS}", LEAKS),
         ),
         T,
     );
@@ -127,7 +140,8 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
              $S run --memory 1G --apply none --policy claude --policy ./p.toml -e ANTHROPIC_BASE_URL=https://api.test:8443 -- sh -c '
                  claude -p "Create hello.txt" --permission-mode acceptEdits < /dev/null; echo "agent=$?"
                  echo "guest-key=$ANTHROPIC_API_KEY"
-                 echo "found=[$(grep -rls sk-ant-api03-rea[l] /proc/[0-9]*/environ /proc/[0-9]*/cmdline "$HOME" /tmp /run /etc 2>/dev/null)]"'
+                 {LEAKS}
+                 echo "found=[$(leaks sk-ant-api03-rea[l])]"'
              echo "run=$?"
              test -e hello.txt && echo leaked || echo not-applied
              $S diff --stat 2>&1 | grep -c hello.txt
@@ -148,7 +162,7 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
              test "$before" = "$after" && echo host-settings-unchanged
              cat "$STOCKADE_DATA_DIR/agents/claude/home/.claude/settings.json"; echo"#,
             ]
-            .concat(),
+            .concat().replace("{LEAKS}", LEAKS),
         ),
         T,
     );
@@ -183,13 +197,14 @@ fn codex_edits_with_the_key_on_the_host() {
                      -c model_providers.fake.env_key="\"OPENAI_API_KEY\"" -c model_providers.fake.wire_api="\"responses\"" \
                      -c analytics.enabled=false -c check_for_update_on_startup=false --disable plugins \
                      "Create hello.txt" < /dev/null > codex.out 2>&1; echo "agent=$?"
-                 echo "found=[$(grep -rls sk-proj-rea[l] /proc/[0-9]*/environ /proc/[0-9]*/cmdline "$HOME" /tmp /run /etc 2>/dev/null)]"'
+                 {LEAKS}
+                 echo "found=[$(leaks sk-proj-rea[l])]"'
              echo "run=$?"
              test -e hello.txt && echo leaked || echo not-applied
              $S diff --stat 2>&1 | grep -c hello.txt
              grep -q '"authorization": "Bearer sk-proj-real-host-key"' "$ws.api.log" && echo key-upstream"#,
             ]
-            .concat(),
+            .concat().replace("{LEAKS}", LEAKS),
         ),
         T,
     );
@@ -221,12 +236,13 @@ TOML
              $S run --memory 1G --apply none --policy ./p.toml -e CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC -e ANTHROPIC_BASE_URL=https://api.test:8443 -e CLAUDE_CONFIG_DIR="$cfg" -- sh -c '
                  claude -p "Create hello.txt" --permission-mode acceptEdits < /dev/null; echo "agent=$?"
                  grep -o stockade-signin- "$CLAUDE_CONFIG_DIR/.credentials.json" | wc -l
-                 echo "found=[$(grep -rls "real-acces[s]\|real-refres[h]" /proc/[0-9]*/environ /proc/[0-9]*/cmdline "$HOME" /tmp /run /etc 2>/dev/null)]"'
+                 {LEAKS}
+                 echo "found=[$(leaks "real-acces[s]\|real-refres[h]")]"'
              echo "run=$?"
              grep -q '"authorization": "Bearer sk-ant-oat01-real-access"' "$ws.api.log" && echo token-upstream
              rm -rf "$cfg""#,
             ]
-            .concat(),
+            .concat().replace("{LEAKS}", LEAKS),
         ),
         T,
     );
