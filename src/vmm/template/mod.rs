@@ -7,9 +7,10 @@
 //! devices hold (`cpu`, `machine`, the transports and the UART), sealed with
 //! its digest. The supervisor picks the directory by a key over everything
 //! that shapes the guest up to that point (kernel, binary, vCPUs, memory,
-//! devices); the VMM checks here what only it can see: the CPUID each vCPU
-//! is given and the TSC frequency. Anything that does not match or does not
-//! load makes the run boot instead (`Start::BootedInstead`).
+//! devices, and `MAGIC`, the format's version); the VMM checks here what
+//! only it can see: the CPUID each vCPU is given and the TSC frequency.
+//! Anything that does not match or does not load makes the run boot instead
+//! (`Start::BootedInstead`).
 //!
 //! `Recorder` saves one; `Template::open` reads one back.
 
@@ -42,9 +43,11 @@ use pause::Pause;
 
 pub const MEMORY_FILE: &str = "memory";
 pub const STATE_FILE: &str = "state";
-/// The first line of a state file, before its digest; a new layout of the
-/// state gets a new number, so an old template is never misread.
-const MAGIC: &str = "stockade-template-2";
+/// The template format's one version: the first word of every state file,
+/// and a part of the supervisor's template key (`host::templates::key`). A
+/// new layout of the state or a new meaning of what a template holds gets a
+/// new number, so an old template is never misread, nor picked.
+pub const MAGIC: &str = "stockade-template-2";
 /// How long the other vCPUs and the device workers get to stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
