@@ -5,11 +5,12 @@
 //! Templates live in `<cache>/templates/<key>`, where the key hashes all
 //! that shapes the guest up to its template point: the kernel and stockade
 //! binary (by identity: device, inode, size, modification time), vCPUs,
-//! memory, the devices the VM has and the sizes of its disks, and extra
-//! kernel arguments. A recording goes to `.rec-<key>-<pid>` and is renamed
-//! to `<key>` only once complete, so a run never sees half a template and
-//! two first runs at once leave one. A directory's modification time is its
-//! last use: the least recently used go first.
+//! memory, the devices the VM has and the sizes of its disks, extra kernel
+//! arguments (see `key`), and the template format's version. A recording
+//! goes to `.rec-<key>-<pid>` and is renamed to `<key>` only once complete,
+//! so a run never sees half a template and two first runs at once leave one.
+//! A directory's modification time is its last use: the least recently used
+//! go first.
 
 use std::fs::{self, File};
 use std::io;
@@ -20,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 use crate::protocol::broker::StartKind;
-use crate::protocol::vm_config::{TemplatePlan, VmConfig};
+use crate::protocol::vm_config::{ShareConfig, TemplatePlan, VmConfig};
 use crate::vmm::template;
 
 /// Templates kept at most; each costs about the guest memory the init had
@@ -28,8 +29,6 @@ use crate::vmm::template;
 pub const KEEP: usize = 4;
 /// A recording directory this old whose run is gone is a leftover.
 const STALE_RECORDING: Duration = Duration::from_secs(3600);
-/// Bumped when what a template holds changes meaning.
-const KEY_VERSION: &str = "1";
 
 /// The templates directory under the cache.
 pub fn root(cache: &Path) -> PathBuf {
@@ -42,22 +41,57 @@ pub fn identity(path: &Path) -> io::Result<String> {
     Ok(format!("{}:{}:{}:{}.{}", m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
 }
 
-/// The key of the template for `config`.
+/// The key of the template for `config`. Every field of `VmConfig` (and of
+/// `ShareConfig`) is named here, in the key or out of it with the reason: a
+/// new field does not compile until someone decides which.
 pub fn key(config: &VmConfig) -> io::Result<String> {
+    let VmConfig {
+        kernel,
+        init,
+        vcpus,
+        memory_bytes,
+        // The host file the console is written to; the guest sees the same UART.
+        kernel_log: _,
+        // The host end of vsock, dialed per connection; the guest sees the same device.
+        vsock_broker: _,
+        shares,
+        // Refused by the virtio-fs device, made from this run's config, at each lookup.
+        secrets: _,
+        network,
+        disk,
+        image,
+        // The VMM's own confinement on the host, nothing the guest holds.
+        jail: _,
+        verbose_kernel,
+        kernel_args,
+        // What this run does with the template of this key, not what it holds.
+        template: _,
+    } = config;
+    let (mut read_only, mut writable) = (false, false);
+    for share in shares {
+        // Only which virtio-fs devices exist shapes the guest: it mounts the
+        // shares after the template point, and the devices serve this run's.
+        let ShareConfig { guest_path: _, host_path: _, writable: w, record: _, limit: _ } = share;
+        if *w {
+            writable = true;
+        } else {
+            read_only = true;
+        }
+    }
     let mut parts = vec![
-        format!("version {KEY_VERSION}"),
-        format!("kernel {}", identity(&config.kernel)?),
-        format!("init {}", identity(&config.init)?),
-        format!("vcpus {}", config.vcpus),
-        format!("memory {}", config.memory_bytes),
-        format!("network {}", config.network),
-        format!("verbose {}", config.verbose_kernel),
-        format!("args {:?}", config.kernel_args),
-        format!("read-only shares {}", config.shares.iter().any(|s| !s.writable)),
-        format!("writable shares {}", config.shares.iter().any(|s| s.writable)),
+        format!("version {}", template::MAGIC),
+        format!("kernel {}", identity(kernel)?),
+        format!("init {}", identity(init)?),
+        format!("vcpus {vcpus}"),
+        format!("memory {memory_bytes}"),
+        format!("network {network}"),
+        format!("verbose {verbose_kernel}"),
+        format!("args {kernel_args:?}"),
+        format!("read-only shares {read_only}"),
+        format!("writable shares {writable}"),
     ];
     // The guest reads each disk's size when it finds it.
-    for (name, disk) in [("disk", &config.disk), ("image", &config.image)] {
+    for (name, disk) in [("disk", disk), ("image", image)] {
         let size = disk.as_deref().map(|p| fs::metadata(p).map(|m| m.len())).transpose()?;
         parts.push(format!("{name} {size:?}"));
     }

@@ -365,21 +365,21 @@ fn restore(
     let vm = vm.map_err(|e| RestoreError::Vmm(setup("create VM")(e)))?;
     let Assembled { vm, mut machine, .. } =
         assemble(config, vm, dialer, &mem, Some(&saved.uart)).map_err(RestoreError::Vmm)?;
-    if saved.transports.len() != machine.transports.len() {
+    if saved.devices.len() != machine.transports.len() {
         return Err(TemplateError::Mismatch(format!(
             "the template has {} devices, this VM {}",
-            saved.transports.len(),
+            saved.devices.len(),
             machine.transports.len()
         ))
         .into());
     }
-    for ((transport, resume), state) in machine.transports.iter_mut().zip(&saved.transports) {
+    for (slot, ((transport, resume), device)) in machine.transports.iter_mut().zip(&saved.devices).enumerate() {
+        let mut transport = transport.lock().unwrap_or_else(|p| p.into_inner());
+        transport.restore(&device.transport).map_err(|e| TemplateError::Mismatch(e.to_string()))?;
         transport
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .restore(state)
-            .map_err(|e| TemplateError::Mismatch(e.to_string()))?;
-        *resume = state.was_active();
+            .restore_device_state(&device.state)
+            .map_err(|e| TemplateError::Damaged(format!("the virtio device in slot {slot} cannot be restored: {e}")))?;
+        *resume = device.transport.was_active();
     }
     saved.machine.restore(&vm)?;
     for (id, state) in (0..config.vcpus).zip(&saved.vcpus) {

@@ -11,6 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::bus::BusDevice;
+use super::virtio::persist::{DeviceState, PersistError};
 use super::virtio::{Activation, DeviceQueue, Interrupt, VirtioDevice};
 
 /// Size of one device's MMIO window; the kernel command line declares it.
@@ -162,6 +163,17 @@ impl MmioTransport {
         self.config_generation = state.config_generation;
         self.activated = false;
         Ok(())
+    }
+
+    /// The device's own state (`VirtioDevice::save_state`), read while its
+    /// worker is parked.
+    pub fn save_device_state(&self) -> Result<DeviceState, PersistError> {
+        self.device.save_state()
+    }
+
+    /// Gives the device its own state from a template, before `resume`.
+    pub fn restore_device_state(&mut self, state: &DeviceState) -> Result<(), PersistError> {
+        self.device.restore_state(state)
     }
 
     /// Starts a restored device that was active in the template, then

@@ -4,12 +4,15 @@
 //!
 //! A template is a directory of two files: `memory`, the guest's RAM with
 //! only touched pages written (`pages`), and `state`, everything KVM and our
-//! devices hold (`cpu`, `machine`, the transports and the UART), sealed with
-//! its digest. The supervisor picks the directory by a key over everything
-//! that shapes the guest up to that point (kernel, binary, vCPUs, memory,
-//! devices); the VMM checks here what only it can see: the CPUID each vCPU
-//! is given and the TSC frequency. Anything that does not match or does not
-//! load makes the run boot instead (`Start::BootedInstead`).
+//! devices hold (`cpu`, `machine`, the transports and the UART, and what a
+//! device keeps of its own through its `save_state` and `restore_state`
+//! hooks, see `devices::virtio::persist`), sealed with its digest. The
+//! supervisor picks the directory by a key over everything that shapes the
+//! guest up to that point (kernel, binary, vCPUs, memory, devices, and
+//! `MAGIC`, the format's version); the VMM checks here what only it can
+//! see: the CPUID each vCPU is given and the TSC frequency. Anything that
+//! does not match or does not load makes the run boot instead
+//! (`Start::BootedInstead`).
 //!
 //! `Recorder` saves one; `Template::open` reads one back.
 
@@ -34,6 +37,7 @@ use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 
 use super::devices::mmio::{MmioTransport, TransportState};
 use super::devices::serial::UartState;
+use super::devices::virtio::persist::DeviceState;
 use super::devices::virtio::worker;
 use crate::protocol::broker::StartKind;
 use cpu::VcpuState;
@@ -42,9 +46,11 @@ use pause::Pause;
 
 pub const MEMORY_FILE: &str = "memory";
 pub const STATE_FILE: &str = "state";
-/// The first line of a state file, before its digest; a new layout of the
-/// state gets a new number, so an old template is never misread.
-const MAGIC: &str = "stockade-template-2";
+/// The template format's one version: the first word of every state file,
+/// and a part of the supervisor's template key (`host::templates::key`). A
+/// new layout of the state or a new meaning of what a template holds gets a
+/// new number, so an old template is never misread, nor picked.
+pub const MAGIC: &str = "stockade-template-3";
 /// How long the other vCPUs and the device workers get to stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -88,8 +94,17 @@ pub struct Saved {
     pub tsc_khz: u32,
     pub vcpus: Vec<VcpuState>,
     pub machine: MachineState,
-    pub transports: Vec<TransportState>,
+    /// The virtio devices, in slot order.
+    pub devices: Vec<SavedDevice>,
     pub uart: UartState,
+}
+
+/// One virtio device in a template: its transport's registers and queues,
+/// and what the device keeps of its own.
+#[derive(Serialize, Deserialize)]
+pub struct SavedDevice {
+    pub transport: TransportState,
+    pub state: DeviceState,
 }
 
 /// The digest of a vCPU's CPUID entries.
@@ -277,8 +292,18 @@ impl Recorder {
         worker::park_all(STOP_TIMEOUT).map_err(TemplateError::Refused)?;
         let result = (|| {
             let machine = MachineState::save(&self.vm)?;
-            let transports =
-                self.transports.iter().map(|t| t.lock().unwrap_or_else(|p| p.into_inner()).save()).collect();
+            let devices = self
+                .transports
+                .iter()
+                .enumerate()
+                .map(|(slot, t)| {
+                    let t = t.lock().unwrap_or_else(|p| p.into_inner());
+                    let state = t.save_device_state().map_err(|e| {
+                        TemplateError::Refused(format!("the virtio device in slot {slot} cannot be saved: {e}"))
+                    })?;
+                    Ok(SavedDevice { transport: t.save(), state })
+                })
+                .collect::<Result<_, TemplateError>>()?;
             let written = pages::write(&self.mem, &self.touched, &self.memory)?;
             let saved = Saved {
                 memory_bytes: self.memory.metadata().map_err(TemplateError::Write)?.len(),
@@ -286,7 +311,7 @@ impl Recorder {
                 tsc_khz,
                 vcpus,
                 machine,
-                transports,
+                devices,
                 uart: (self.uart)(),
             };
             let bytes = seal(&saved)?;

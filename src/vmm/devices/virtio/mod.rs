@@ -14,7 +14,10 @@
 //!   features, activation) and its queue handling;
 //! - `<dev>/event_handler.rs`: what the worker does with its events, run by
 //!   the one worker loop in `worker`;
-//! - further files for what only that device has (vsock's muxer, net's stack).
+//! - further files for what only that device has (vsock's muxer, net's stack);
+//! - a device with state of its own that a template must keep implements
+//!   `persist::Persist` in `device.rs` and forwards `save_state` and
+//!   `restore_state` to it; the others keep the defaults (nothing).
 //!
 //! Adding a device is a new folder and one line in `DEVICES`: the VMM makes
 //! its instances, gives each an MMIO slot and its kernel command-line entry,
@@ -23,6 +26,7 @@
 pub mod blk;
 pub mod fs;
 pub mod net;
+pub mod persist;
 pub mod rng;
 pub mod vsock;
 pub mod worker;
@@ -40,6 +44,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::jail::DeviceThread;
 use crate::protocol::vm_config::VmConfig;
 use crate::vmm::devices::broker::Dialer;
+use persist::{DeviceState, PersistError};
 
 /// Every device, in MMIO slot order (the guest numbers its disks and
 /// devices in this order). Adding a device adds one line here.
@@ -224,6 +229,16 @@ pub trait VirtioDevice: Send {
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Starts the device: from here on it owns its queues.
     fn activate(&mut self, activation: Activation) -> Result<(), ActivateError>;
+    /// The device's own state for a template (see `persist`), taken while
+    /// its worker is parked. The transport saves the registers and queues.
+    fn save_state(&self) -> Result<DeviceState, PersistError> {
+        Ok(DeviceState::NONE)
+    }
+    /// Takes the device's own state back from a template, before it is
+    /// activated again.
+    fn restore_state(&mut self, state: &DeviceState) -> Result<(), PersistError> {
+        state.expect_none()
+    }
 }
 
 /// Copies `config[offset..]` into `data`, zero-filling what lies past the end.
