@@ -17,6 +17,7 @@ mod progress;
 mod protocol;
 mod proxy;
 mod supervisor;
+mod util;
 mod vmm;
 
 use std::process::ExitCode;

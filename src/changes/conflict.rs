@@ -12,10 +12,11 @@ use std::os::fd::AsFd;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::model::{Base, Hasher, Kind, Mode, Sha256, SymlinkTarget};
+use super::model::{Base, Kind, Mode, SymlinkTarget};
 use super::path::RelPath;
 use super::seen::{Seen, SessionChange};
 use super::tree;
+use crate::util::digest::{Hasher, Sha256};
 
 /// Why a change is not applied without being forced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +96,7 @@ impl<D: AsFd> HostPath<'_, D> {
             Some(FileType::File) => format!("a file of {} bytes, mode {}", self.size(), self.mode()),
             Some(FileType::Dir) => format!("a directory, mode {}", self.mode()),
             Some(FileType::Symlink) => match self.link_target() {
-                Ok(t) => format!("a symlink to {}", super::path::display_bytes(&t)),
+                Ok(t) => format!("a symlink to {}", crate::util::text::display_bytes(&t)),
                 Err(_) => "a symlink".into(),
             },
             Some(FileType::Special) => "a special file".into(),

@@ -5,10 +5,10 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
-use crate::changes::model::Sha256;
 use crate::changes::review::testutil::Set;
 use crate::changes::seen::Seen;
 use crate::changes::{ApplyOptions, apply};
+use crate::util::digest::Sha256;
 
 /// A session whose guest saw the workspace as it is now, and the store a
 /// checkpoint of it stages into.

@@ -44,8 +44,8 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use apply::{ApplyOptions, apply_with_progress};
-pub use model::{Base, Entry, EntryState, Hasher, Mode, Sha256, SpecialKind, SymlinkTarget};
-pub use path::{RelPath, display_bytes};
+pub use model::{Base, Entry, EntryState, Mode, SpecialKind, SymlinkTarget};
+pub use path::RelPath;
 pub use selection::Selection;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub(crate) use store::{Space, write_atomically};
@@ -54,10 +54,7 @@ pub use validate::SetError;
 pub use wire::{Limits, WireError, Writer, skipped};
 // Used by tests elsewhere in the crate only.
 #[cfg(test)]
-pub use {
-    apply::{apply, check},
-    path::is_invisible,
-};
+pub use apply::{apply, check};
 
 #[derive(Debug, Error)]
 pub enum ChangesError {
@@ -94,7 +91,7 @@ pub enum ChangesError {
          (the data directory; {} left): nothing was staged and what was received is freed \
          (the workspace is unchanged). Free space there, or remove old sessions with \
          `stockade sessions --prune` (`--include-staged` also drops unreviewed ones), then run the command again",
-        crate::host::space::human_bytes(*margin), dir.display(), crate::host::space::human_bytes(*available)
+        crate::util::text::human_bytes(*margin), dir.display(), crate::util::text::human_bytes(*available)
     )]
     LowSpace { dir: PathBuf, available: u64, margin: u64 },
     #[error("changes were already staged for this session in {}", .0.display())]

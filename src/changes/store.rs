@@ -28,12 +28,13 @@ use serde::{Deserialize, Serialize};
 use super::ChangesError;
 use super::dirfd;
 use super::extent;
-use super::model::{Base, Entry, EntryState, Hasher, Kind, Sha256, Skipped};
+use super::model::{Base, Entry, EntryState, Kind, Skipped};
 use super::path::RelPath;
 use super::seen::Seen;
 use super::selection::Selection;
 use super::validate;
 use super::wire::{BlobSink, BlobWrite, Item, Limits, Reader, Summary, WireError};
+use crate::util::digest::{Hasher, Sha256};
 
 const MANIFEST_VERSION: u32 = 1;
 /// Paths listed by name in the manifest header for stripped mode bits.
@@ -561,8 +562,8 @@ pub(crate) struct Space {
 impl Space {
     pub(crate) fn new(dir: &Path, min_free: Option<u64>) -> Result<Space, ChangesError> {
         let (available, total) =
-            crate::host::space::filesystem(dir).map_err(ChangesError::io("check the free space of", dir))?;
-        let margin = min_free.unwrap_or_else(|| crate::host::space::staging_margin(total));
+            crate::util::space::filesystem(dir).map_err(ChangesError::io("check the free space of", dir))?;
+        let margin = min_free.unwrap_or_else(|| crate::util::space::staging_margin(total));
         let every = SPACE_CHECK_EVERY.min(margin / 4).max(64 << 10);
         let space = Space { dir: dir.to_path_buf(), margin, every, unchecked: 0 };
         space.verdict(available).map_err(ChangesError::io("stage into", dir))?;
@@ -577,13 +578,13 @@ impl Space {
             return Ok(());
         }
         self.unchecked = 0;
-        let (available, _) = crate::host::space::filesystem(&self.dir)?;
+        let (available, _) = crate::util::space::filesystem(&self.dir)?;
         self.verdict(available)
     }
 
     /// Refuses up front to write `bytes` that would cross the margin.
     fn reserve(&mut self, bytes: u64) -> Result<(), ChangesError> {
-        let (available, _) = crate::host::space::filesystem(&self.dir)
+        let (available, _) = crate::util::space::filesystem(&self.dir)
             .map_err(ChangesError::io("check the free space of", &self.dir))?;
         self.verdict(available.saturating_sub(bytes)).map_err(ChangesError::io("stage into", &self.dir))
     }
@@ -867,7 +868,7 @@ mod tests {
         }
 
         fn available(&self) -> u64 {
-            crate::host::space::filesystem(&self.path).unwrap().0
+            crate::util::space::filesystem(&self.path).unwrap().0
         }
     }
 
@@ -910,8 +911,8 @@ mod tests {
     #[test]
     fn staging_stops_mid_stream_at_the_free_space_margin() {
         let Some(small) = SmallFs::mount("64m") else { return };
-        let total = crate::host::space::filesystem(&small.path).unwrap().1;
-        let margin = crate::host::space::staging_margin(total);
+        let total = crate::util::space::filesystem(&small.path).unwrap().1;
+        let margin = crate::util::space::staging_margin(total);
         let tmp = tempfile::tempdir().unwrap();
         let workspace = tmp.path().join("ws");
         fs::create_dir(&workspace).unwrap();

@@ -81,7 +81,8 @@ fn unreachable_order() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::model::{Mode, Sha256};
+    use crate::changes::model::Mode;
+    use crate::util::digest::Sha256;
 
     fn entry(path: &str, kind: Kind) -> Entry {
         Entry { path: RelPath::new(path.as_bytes()).unwrap(), kind, base: Base::Absent }

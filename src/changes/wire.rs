@@ -24,8 +24,9 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::model::{Base, Entry, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget};
+use super::model::{Base, Entry, Kind, Mode, Skipped, SpecialKind, SymlinkTarget};
 use super::path::RelPath;
+use crate::util::digest::{Hasher, Sha256};
 
 pub const MAGIC: [u8; 8] = *b"STKDCHG\n";
 /// 2: holes (`HOLE` records), and the end record counts the bytes carried.
@@ -64,7 +65,7 @@ pub struct Limits {
     /// How many skipped paths are listed (all are counted).
     pub max_skipped_listed: usize,
     /// Free space staging leaves on the store's filesystem at least; `None`
-    /// is [`crate::host::space::staging_margin`] of that filesystem.
+    /// is [`crate::util::space::staging_margin`] of that filesystem.
     pub min_free: Option<u64>,
 }
 

@@ -213,7 +213,7 @@ fn explain_refusals(finished: &supervisor::Finished, docker: bool) {
     if refused.is_empty() {
         return;
     }
-    let shown = crate::changes::display_bytes(refused.join(", ").as_bytes());
+    let shown = crate::util::text::display_bytes(refused.join(", ").as_bytes());
     if docker {
         eprintln!(
             "stockade: the policy refused {shown}: Docker's pulls go through the egress proxy, so allow the \

@@ -13,12 +13,13 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde::Serialize;
 
-use crate::changes::review::{ColorChoice, Painter};
+use crate::changes::review::Painter;
 use crate::changes::{Counts, RelPath, Selection, SetState, Store};
-use crate::host::space::human_bytes;
 use crate::paths::Dirs;
 use crate::supervisor::retention::{self, Retention, RetentionError};
 use crate::supervisor::session::{self, SessionInfo};
+use crate::util::color::ColorChoice;
+use crate::util::text::human_bytes;
 
 use super::Global;
 use super::settings::Settings;
@@ -348,7 +349,7 @@ fn shell_words(argv: &[String]) -> String {
         }
     };
     let text = argv.iter().map(word).collect::<Vec<_>>().join(" ");
-    crate::changes::display_bytes(text.as_bytes())
+    crate::util::text::display_bytes(text.as_bytes())
 }
 
 fn truncate(text: &str, max: usize) -> String {
@@ -557,8 +558,8 @@ pub(super) mod fixture {
 
     use super::Here;
     use crate::changes::Store;
-    use crate::changes::review::ColorChoice;
     use crate::supervisor::session::{RunRecord, sessions_dir};
+    use crate::util::color::ColorChoice;
 
     pub struct Fixture {
         pub _tmp: tempfile::TempDir,

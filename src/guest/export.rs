@@ -37,9 +37,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::changes::{
-    Base, Hasher, Mode, RelPath, Sha256, SpecialKind, SymlinkTarget, WireError, Writer, display_bytes, skipped,
-};
+use crate::changes::{Base, Mode, RelPath, SpecialKind, SymlinkTarget, WireError, Writer, skipped};
+use crate::util::digest::{Hasher, Sha256};
+use crate::util::text::display_bytes;
 
 /// Mount options the workspace overlay needs for `export` to be exact:
 /// renamed directories copied rather than redirected, no metadata-only

@@ -246,7 +246,7 @@ fn toml_string(text: &str) -> String {
 /// Text from the guest or the run record, safe in a comment line: controls
 /// (newlines included) and bidi or zero-width characters escaped.
 fn one_line(text: &str) -> String {
-    crate::changes::display_bytes(text.as_bytes())
+    crate::util::text::display_bytes(text.as_bytes())
 }
 
 #[cfg(test)]

@@ -23,8 +23,8 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::ProxyError;
-use crate::changes::display_bytes;
 use crate::logcap::NETWORK_LOG_CAP;
+use crate::util::text::display_bytes;
 
 /// The audit log's name in a session directory.
 pub const AUDIT_FILE: &str = "network.jsonl";
@@ -540,7 +540,7 @@ mod tests {
         let text = render(&[r]);
         for c in text.chars() {
             assert!(
-                c == '\n' || !(c.is_control() || crate::changes::is_invisible(c)),
+                c == '\n' || !(c.is_control() || crate::util::text::is_invisible(c)),
                 "{:?} reached the output: {text:?}",
                 c
             );

@@ -1391,7 +1391,8 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::changes::model::{Sha256, SymlinkTarget};
+    use crate::changes::model::SymlinkTarget;
+    use crate::util::digest::Sha256;
 
     fn p(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()

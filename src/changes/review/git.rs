@@ -13,8 +13,9 @@ use std::io::Read;
 use flate2::read::ZlibDecoder;
 
 use crate::changes::model::{Entry, Kind};
-use crate::changes::path::{RelPath, display_bytes};
+use crate::changes::path::RelPath;
 use crate::changes::store::Store;
+use crate::util::text::display_bytes;
 
 use super::host::Host;
 

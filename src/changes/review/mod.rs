@@ -43,6 +43,7 @@ use super::path::RelPath;
 use super::selection::Selection;
 use super::store::{Counts, Store, StoredEntry};
 use crate::progress::{Meter, Progress};
+use crate::util::color::ColorChoice;
 
 pub use classify::check_pattern;
 pub use diff::Format;
@@ -52,7 +53,7 @@ pub use pager::{Pager, Target};
 pub use prompt::LineAnswers;
 pub use prompt::{Answers, Choice, KeyAnswers};
 pub use report::{write_apply_report, write_hint};
-pub use style::{ColorChoice, Painter, Role};
+pub use style::{Painter, Role};
 pub use summary::{RenderOptions, Summary, SummaryOptions, plural};
 pub use view::View;
 
