@@ -35,12 +35,12 @@ use super::conflict::{ConflictReason, HostPath, describe_base};
 use super::dirfd::{self, DirFd, FileType, ResolveError, Root};
 use super::journal::{self, Journal, Op, Plan, Step};
 use super::landed::Landed;
-use super::model::{Base, Entry, EntryState, Kind};
-use super::path::{RelPath, escape};
 use super::seen::{Seen, StatKey};
 use super::selection::Selection;
 use super::store::{self, Store, StoredEntry};
 use crate::progress::Progress;
+use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
+use crate::protocol::change_set::path::{RelPath, escape};
 
 /// What to apply.
 #[derive(Debug, Clone, Default)]

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::dirfd::work::{Work, measure};
 use super::review::{self, ApplyMode, Console, Pager, Painter, Summary, SummaryOptions};
-use super::{ApplyOptions, Limits, Store, Writer, apply};
+use super::{ApplyOptions, Store, apply};
 use crate::guest::export::{Markers, export};
+use crate::protocol::change_set::{Limits, Writer};
 
 const FILES: usize = 10_000;
 
@@ -372,8 +373,8 @@ fn review_big_workspace_context() {
 
 /// Writes the change set of `shape` to `out`; returns its entry count.
 fn scale_set(shape: &str, out: impl Write) -> u64 {
-    use super::model::Base;
-    use super::path::RelPath;
+    use crate::protocol::change_set::entry::Base;
+    use crate::protocol::change_set::path::RelPath;
     let mut w = Writer::new(std::io::BufWriter::with_capacity(1 << 20, out)).unwrap();
     let p = |s: &str| RelPath::new(s.as_bytes()).unwrap();
     let content = b"module.exports = 1;\n";

@@ -12,10 +12,10 @@ use std::os::fd::AsFd;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::model::{Base, Kind, Mode, SymlinkTarget};
-use super::path::RelPath;
 use super::seen::{Seen, SessionChange};
 use super::tree;
+use crate::protocol::change_set::entry::{Base, Kind, Mode, SymlinkTarget};
+use crate::protocol::change_set::path::RelPath;
 use crate::util::digest::{Hasher, Sha256};
 
 /// Why a change is not applied without being forced.
@@ -236,7 +236,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::changes::model::TreeDigest;
+    use crate::protocol::change_set::entry::TreeDigest;
 
     fn host<'a>(dir: &'a fs::File, name: &'a str) -> HostPath<'a, fs::File> {
         let stat = dirfd::stat_at(dir, name.as_bytes()).unwrap();

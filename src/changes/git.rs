@@ -24,9 +24,9 @@ use std::process::{Command, Output, Stdio};
 use thiserror::Error;
 
 use super::ChangesError;
-use super::model::{Base, Entry, Kind, SymlinkTarget};
-use super::path::RelPath;
 use super::store::Store;
+use crate::protocol::change_set::entry::{Base, Entry, Kind, SymlinkTarget};
+use crate::protocol::change_set::path::RelPath;
 use crate::util::digest::Sha256;
 use crate::util::text::display_bytes;
 

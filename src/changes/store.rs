@@ -27,14 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use super::ChangesError;
 use super::dirfd;
-use super::extent;
-use super::model::{Base, Entry, EntryState, Kind, Skipped};
-use super::path::RelPath;
 use super::seen::Seen;
 use super::selection::Selection;
 use super::validate;
-use super::wire::{BlobSink, BlobWrite, Item, Limits, Reader, Summary, WireError};
+use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind, Skipped};
+use crate::protocol::change_set::path::RelPath;
+use crate::protocol::change_set::stream::{BlobSink, BlobWrite, Item, Limits, Reader, Summary, WireError};
 use crate::util::digest::{Hasher, Sha256};
+use crate::util::extent;
 
 const MANIFEST_VERSION: u32 = 1;
 /// Paths listed by name in the manifest header for stripped mode bits.
@@ -705,8 +705,8 @@ mod tests {
     use std::io::Read as _;
 
     use super::*;
-    use crate::changes::model::Mode;
-    use crate::changes::wire::{WireError, Writer};
+    use crate::protocol::change_set::entry::Mode;
+    use crate::protocol::change_set::stream::{WireError, Writer};
 
     fn p(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()
@@ -720,7 +720,11 @@ mod tests {
         w.file(&p("src/c.rs"), 0o644, 5, &mut &b"hello"[..], &Base::Absent).unwrap();
         let old = Base::File { mode: Mode::from_raw(0o644), size: 1, sha256: Sha256::of(b"x") };
         w.delete(&p("old.txt"), &old).unwrap();
-        w.skipped(&crate::changes::wire::skipped(b"sock", crate::changes::SpecialKind::Socket)).unwrap();
+        w.skipped(&crate::protocol::change_set::stream::skipped(
+            b"sock",
+            crate::protocol::change_set::SpecialKind::Socket,
+        ))
+        .unwrap();
         w.finish().unwrap().0
     }
 
@@ -999,8 +1003,8 @@ mod tests {
 
     #[test]
     fn a_huge_sparse_file_is_refused_by_its_logical_size() {
-        let mut out = crate::changes::wire::MAGIC.to_vec();
-        out.extend_from_slice(&crate::changes::wire::VERSION.to_le_bytes());
+        let mut out = crate::protocol::change_set::stream::MAGIC.to_vec();
+        out.extend_from_slice(&crate::protocol::change_set::stream::VERSION.to_le_bytes());
         let json = br#"{"path":"exabyte","change":{"type":"file","mode":420,"size":1152921504606846976},"base":{"type":"absent"}}"#;
         out.push(1);
         out.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());

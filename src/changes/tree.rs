@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::model::TreeDigest;
+use crate::protocol::change_set::entry::TreeDigest;
 use crate::util::digest::Hasher;
 
 /// Digests the tree of the directory `name` in `parent`.

@@ -4,8 +4,8 @@
 
 use thiserror::Error;
 
-use super::model::{Base, Entry, Kind};
-use super::path::RelPath;
+use crate::protocol::change_set::entry::{Base, Entry, Kind};
+use crate::protocol::change_set::path::RelPath;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SetError {
@@ -81,7 +81,7 @@ fn unreachable_order() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::model::Mode;
+    use crate::protocol::change_set::entry::Mode;
     use crate::util::digest::Sha256;
 
     fn entry(path: &str, kind: Kind) -> Entry {

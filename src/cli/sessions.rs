@@ -14,8 +14,9 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::changes::review::Painter;
-use crate::changes::{Counts, RelPath, Selection, SetState, Store};
+use crate::changes::{Counts, Selection, SetState, Store};
 use crate::paths::Dirs;
+use crate::protocol::change_set::RelPath;
 use crate::supervisor::retention::{self, Retention, RetentionError};
 use crate::supervisor::session::{self, SessionInfo};
 use crate::util::color::ColorChoice;
@@ -533,7 +534,7 @@ pub fn selection_of(target: &Target, paths: Option<Vec<RelPath>>, flag: &str) ->
         .store
         .entries()?
         .into_iter()
-        .filter(|e| e.state == crate::changes::EntryState::Staged)
+        .filter(|e| e.state == crate::protocol::change_set::EntryState::Staged)
         .map(|e| e.entry.path)
         .collect();
     for path in &paths {

@@ -19,8 +19,8 @@ use anyhow::Context;
 use super::channel::{self, Control};
 use super::export::{self, Overlayfs};
 use super::mounts::Layers;
-use crate::changes::Writer;
 use crate::protocol::auth::{DigestWriter, StreamDigest, Token};
+use crate::protocol::change_set::Writer;
 use crate::protocol::{CHANGES_PORT, CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, GuestMsg};
 
 /// Big writes: a change set can be hundreds of megabytes.

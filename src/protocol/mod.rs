@@ -5,6 +5,8 @@
 //!
 //! - this module: the vsock ports and the messages on them (`HostMsg`,
 //!   `GuestMsg`, `RunSpec`, ...), framed by `read_frame`/`write_frame`;
+//! - `change_set`: the guest's workspace changes as the host receives them
+//!   (paths, entries and the stream they travel in);
 //! - `auth`: how the init's connections are told from other guest processes;
 //! - `seen`: the workspace paths the guest looked up, which the VMM records
 //!   for apply;
@@ -35,6 +37,7 @@
 
 pub mod auth;
 pub mod broker;
+pub mod change_set;
 pub mod exit;
 mod frame;
 pub mod limits;

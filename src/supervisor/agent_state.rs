@@ -27,9 +27,10 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode as NixMode, mkdirat};
 use sha2::{Digest, Sha256};
 
-use crate::changes::{Base, Limits, Mode, RelPath, Store, Writer};
+use crate::changes::Store;
 use crate::policy::AgentState;
 use crate::protocol::RootEntry;
+use crate::protocol::change_set::{Base, Limits, Mode, RelPath, Writer};
 use crate::protocol::vm_config::ShareConfig;
 use crate::util::digest::Hasher;
 

@@ -1,4 +1,4 @@
-//! Small helpers every layer shares: SHA-256 digests, text made safe and
+//! Small helpers every layer shares: SHA-256 digests, sparse files' extents, text made safe and
 //! readable, the colour choice, free space on a filesystem.
 //!
 //! This module sits at the bottom: it imports nothing of ours, so anything
@@ -7,5 +7,6 @@
 
 pub mod color;
 pub mod digest;
+pub mod extent;
 pub mod space;
 pub mod text;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use nix::sys::termios::{self, LocalFlags, SetArg, SpecialCharacterIndices, Termios};
 
-use crate::changes::path::RelPath;
+use crate::protocol::change_set::path::RelPath;
 
 use super::git::{GitEvent, short_ref};
 use super::style::{Painter, Role};
