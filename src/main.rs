@@ -4,6 +4,8 @@
 //! exit status; everything else lives in the modules below.
 
 mod changes;
+#[cfg(test)]
+mod changes_bench;
 mod cli;
 mod doctor;
 mod guest;

@@ -22,8 +22,6 @@
 #![forbid(unsafe_code)]
 
 mod apply;
-#[cfg(test)]
-mod bench;
 mod conflict;
 mod dirfd;
 pub mod git;
@@ -52,6 +50,8 @@ pub use validate::SetError;
 // Used by tests elsewhere in the crate only.
 #[cfg(test)]
 pub use apply::{apply, check};
+#[cfg(test)]
+pub(crate) use dirfd::work;
 
 #[derive(Debug, Error)]
 pub enum ChangesError {

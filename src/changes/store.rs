@@ -51,7 +51,7 @@ pub struct StageReport {
     /// Paths whose setuid, setgid or sticky bits were dropped.
     pub stripped: Vec<RelPath>,
     pub stripped_count: u64,
-    /// Compiled Python the guest wrote ([`super::apply::compiled_python`]),
+    /// Compiled Python the guest wrote ([`super::validate::compiled_python`]),
     /// dropped as it arrived: the host's Python would run it instead of the
     /// reviewed source, and rebuilds it from that source anyway.
     #[serde(default)]
@@ -247,7 +247,7 @@ impl Store {
         let mut metadata = 0u64;
         while let Some(item) = reader.next(&mut sink)? {
             match item {
-                Item::Entry { entry, .. } if super::apply::compiled_python(&entry.path) => {
+                Item::Entry { entry, .. } if super::validate::compiled_python(&entry.path) => {
                     report.bytecode_count += 1;
                     if report.bytecode.len() < MAX_STRIPPED_LISTED {
                         report.bytecode.push(entry.path);
@@ -987,7 +987,8 @@ mod tests {
             std::os::unix::fs::MetadataExt::blocks(&blob)
         );
 
-        // Apply writes it sparse too, and what lands hashes as reviewed.
+        // Apply writes it sparse too, and what lands hashes as reviewed. (This
+        // store test reaching apply is the one cycle between the two files.)
         let ws = tmp.path().join("ws");
         fs::create_dir(&ws).unwrap();
         let applied = crate::changes::apply(&store, &ws, &crate::changes::ApplyOptions::all()).unwrap();

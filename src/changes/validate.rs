@@ -1,6 +1,7 @@
 //! Rules over the whole set, beyond what each entry's types guarantee: every
 //! path once, and nothing below a path the set makes a file, symlink or
 //! deletion. The host checks them when staging and again before applying.
+//! And one rule over paths: compiled Python is never taken from the guest.
 
 use thiserror::Error;
 
@@ -23,6 +24,21 @@ pub fn sort(entries: &mut [Entry]) {
 }
 
 /// Checks the set rules; `entries` may be in any order.
+/// Whether a path is compiled Python bytecode or a bytecode cache: a
+/// `*.pyc` or `*.pyo` (any case; importable even with no source beside
+/// it), or `__pycache__` and anything below it. Python prefers such a file
+/// to the source it was built from when its header matches the source's
+/// size and time, which the guest can forge.
+pub fn compiled_python(path: &RelPath) -> bool {
+    let bytes = path.as_bytes();
+    let name = path.file_name();
+    let bytecode = name.len() > 4 && {
+        let ext = name[name.len() - 4..].to_ascii_lowercase();
+        ext == b".pyc" || ext == b".pyo"
+    };
+    bytecode || bytes.split(|&b| b == b'/').any(|part| part == b"__pycache__")
+}
+
 #[cfg(test)]
 pub fn check_set<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<(), SetError> {
     let mut sorted: Vec<&Entry> = entries.into_iter().collect();

@@ -190,7 +190,7 @@ fn learn(session: Option<&str>, output: Option<&std::path::Path>) -> anyhow::Res
     let sessions = Dirs::resolve()?.data.join("sessions");
     let dir = super::log::find_session(&sessions, session)?;
     let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let log = dir.join(crate::proxy::AUDIT_FILE);
+    let log = dir.join(crate::protocol::audit::AUDIT_FILE);
     let records = if log.exists() {
         crate::proxy::audit::read(&log).with_context(|| format!("cannot read {}", log.display()))?.0
     } else {

@@ -208,7 +208,7 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
 /// the guest a refusal can look like any network fault (and a refused
 /// Docker pull reaches the user only as Docker's terse "Forbidden").
 fn explain_refusals(finished: &supervisor::Finished, docker: bool) {
-    let Ok(counts) = ci::network(&finished.session_dir.join(crate::proxy::AUDIT_FILE)) else { return };
+    let Ok(counts) = ci::network(&finished.session_dir.join(crate::protocol::audit::AUDIT_FILE)) else { return };
     let refused = refused_destinations(&counts.denied_hosts);
     if refused.is_empty() {
         return;

@@ -21,10 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::address::is_internal;
 use super::pattern::{Host, canonical_ip};
 use super::verdict::{Denial, is_host_alias};
-use crate::proxy::address::is_internal;
-use crate::proxy::audit::{Decision, Kind, Record};
+use crate::protocol::audit::{Decision, Kind, Record};
 
 /// Where a learned rule goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

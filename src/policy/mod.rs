@@ -1,14 +1,15 @@
 //! Policy files: what the guest may reach, which credentials the proxy
 //! writes for which hosts, which host directories and variables the guest
 //! gets. Schema (`schema`), loading and validation (`load`), presets
-//! (`presets`), host patterns (`pattern`), request paths (`path`), the
-//! variables passed to the guest (`env`) and the allow/deny decision
-//! (`verdict`) are pure: nothing here opens a socket or reads a secret.
+//! (`presets`), host patterns (`pattern`), internal addresses (`address`),
+//! request paths (`path`), the variables passed to the guest (`env`) and
+//! the allow/deny decision (`verdict`) are pure: nothing here opens a socket or reads a secret.
 //!
 //! Several policies merge into one: lists are joined, and a deny rule beats
 //! any allow rule; a mount named twice gets the more restrictive mode.
 #![forbid(unsafe_code)]
 
+mod address;
 mod credential;
 mod env;
 pub mod learn;
@@ -27,6 +28,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+pub use address::is_internal;
 pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
 pub use load::{is_path, line_column, load_file, parse, user_policy_dir};
 pub use path::{PathPattern, RequestPath};

@@ -36,13 +36,13 @@
 //! ```
 #![forbid(unsafe_code)]
 
-pub mod address;
 pub mod audit;
 mod body;
 mod budget;
 mod ca;
 mod credentials;
 mod dns;
+mod form;
 mod intercept;
 mod names;
 pub mod packages;
@@ -74,7 +74,6 @@ use thiserror::Error;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-pub use audit::AUDIT_FILE;
 pub use ca::CertificateAuthority;
 pub use signin::SigninFile;
 
