@@ -17,6 +17,6 @@ cd "$here"
 nice cargo test --release --bin stockade --no-run >/dev/null 2>&1
 for dir in "${dirs[@]}"; do
     echo "== $dir ($(stat -f -c %T "$dir"))"
-    STOCKADE_BENCH_DIR=$dir STOCKADE_BENCH_RUNS=$runs nice cargo test --release --bin stockade changes::bench:: \
+    STOCKADE_BENCH_DIR=$dir STOCKADE_BENCH_RUNS=$runs nice cargo test --release --bin stockade changes_bench:: \
         -- --ignored --nocapture --test-threads=1 2>/dev/null | grep -vE '^(running|test |$)|test result'
 done

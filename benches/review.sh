@@ -20,7 +20,7 @@ ws=${2:-${TMPDIR:-/tmp}/stockade-bigws}
 cd "$here"
 nice cargo test --release --bin stockade --no-run >/dev/null 2>&1
 bench() {
-    nice cargo test --release --bin stockade "changes::bench::$1" -- --ignored --nocapture --exact --test-threads=1 2>/dev/null |
+    nice cargo test --release --bin stockade "changes_bench::$1" -- --ignored --nocapture --exact --test-threads=1 2>/dev/null |
         grep -vE '^(running|test |$)|test result'
 }
 export STOCKADE_BENCH_WORKSPACE=$ws

@@ -32,7 +32,7 @@ for shape in "${shapes[@]}"; do
         nocap=()
         [[ -z "${NO_CAP:-}" ]] || nocap=(STOCKADE_BENCH_NO_CAP=1)
         out=$(env "${nocap[@]}" STOCKADE_BENCH_DIR="$dir" STOCKADE_BENCH_SHAPE="$shape" STOCKADE_BENCH_STEP="$step" \
-            /usr/bin/time -v "$exe" changes::bench::scale --ignored --nocapture --exact --test-threads=1 2>&1)
+            /usr/bin/time -v "$exe" changes_bench::scale --ignored --nocapture --exact --test-threads=1 2>&1)
         result=$(grep '^RESULT' <<<"$out" | head -1)
         rss=$(sed -n 's/.*Maximum resident set size (kbytes): //p' <<<"$out")
         secs=$(grep -o ' s=[^ ]*' <<<"$result" | cut -d= -f2)

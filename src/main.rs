@@ -4,6 +4,8 @@
 //! exit status; everything else lives in the modules below.
 
 mod changes;
+#[cfg(test)]
+mod changes_bench;
 mod cli;
 mod doctor;
 mod guest;
@@ -17,6 +19,7 @@ mod progress;
 mod protocol;
 mod proxy;
 mod supervisor;
+mod util;
 mod vmm;
 
 use std::process::ExitCode;

@@ -17,6 +17,7 @@ mod help;
 mod image_e2e;
 mod init_channels_e2e;
 mod jail;
+mod layers;
 mod limits_e2e;
 mod live_e2e;
 mod man_pages;

@@ -35,12 +35,13 @@ use super::conflict::{ConflictReason, HostPath, describe_base};
 use super::dirfd::{self, DirFd, FileType, ResolveError, Root};
 use super::journal::{self, Journal, Op, Plan, Step};
 use super::landed::Landed;
-use super::model::{Base, Entry, EntryState, Kind};
-use super::path::{RelPath, escape};
 use super::seen::{Seen, StatKey};
 use super::selection::Selection;
 use super::store::{self, Store, StoredEntry};
+use super::validate::compiled_python;
 use crate::progress::Progress;
+use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
+use crate::protocol::change_set::path::{RelPath, escape};
 
 /// What to apply.
 #[derive(Debug, Clone, Default)]
@@ -954,18 +955,3 @@ fn refusal(err: ResolveError) -> Result<RefusalReason, io::Error> {
 #[cfg(test)]
 #[path = "apply_tests.rs"]
 mod tests;
-
-/// Whether a path is compiled Python bytecode or a bytecode cache: a
-/// `*.pyc` or `*.pyo` (any case; importable even with no source beside
-/// it), or `__pycache__` and anything below it. Python prefers such a file
-/// to the source it was built from when its header matches the source's
-/// size and time, which the guest can forge.
-pub fn compiled_python(path: &RelPath) -> bool {
-    let bytes = path.as_bytes();
-    let name = path.file_name();
-    let bytecode = name.len() > 4 && {
-        let ext = name[name.len() - 4..].to_ascii_lowercase();
-        ext == b".pyc" || ext == b".pyo"
-    };
-    bytecode || bytes.split(|&b| b == b'/').any(|part| part == b"__pycache__")
-}

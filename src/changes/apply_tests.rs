@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::changes::dirfd::tests::without_openat2;
-use crate::changes::model::{Mode, Sha256, SymlinkTarget};
 use crate::changes::seen::Seen;
 use crate::changes::store::SetState;
 use crate::changes::tree;
-use crate::changes::wire::{Limits, Writer};
 use crate::progress::Silent;
+use crate::protocol::change_set::entry::{Mode, SymlinkTarget};
+use crate::protocol::change_set::stream::{Limits, Writer};
+use crate::util::digest::Sha256;
 
 fn p(s: &str) -> RelPath {
     RelPath::new(s.as_bytes()).unwrap()

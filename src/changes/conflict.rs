@@ -12,10 +12,11 @@ use std::os::fd::AsFd;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::model::{Base, Hasher, Kind, Mode, Sha256, SymlinkTarget};
-use super::path::RelPath;
 use super::seen::{Seen, SessionChange};
 use super::tree;
+use crate::protocol::change_set::entry::{Base, Kind, Mode, SymlinkTarget};
+use crate::protocol::change_set::path::RelPath;
+use crate::util::digest::{Hasher, Sha256};
 
 /// Why a change is not applied without being forced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +96,7 @@ impl<D: AsFd> HostPath<'_, D> {
             Some(FileType::File) => format!("a file of {} bytes, mode {}", self.size(), self.mode()),
             Some(FileType::Dir) => format!("a directory, mode {}", self.mode()),
             Some(FileType::Symlink) => match self.link_target() {
-                Ok(t) => format!("a symlink to {}", super::path::display_bytes(&t)),
+                Ok(t) => format!("a symlink to {}", crate::util::text::display_bytes(&t)),
                 Err(_) => "a symlink".into(),
             },
             Some(FileType::Special) => "a special file".into(),
@@ -235,7 +236,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::changes::model::TreeDigest;
+    use crate::protocol::change_set::entry::TreeDigest;
 
     fn host<'a>(dir: &'a fs::File, name: &'a str) -> HostPath<'a, fs::File> {
         let stat = dirfd::stat_at(dir, name.as_bytes()).unwrap();

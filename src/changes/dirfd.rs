@@ -21,7 +21,7 @@ use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2, renameat
 use nix::sys::stat::{FchmodatFlags, FileStat, Mode as NixMode, fchmod, fchmodat, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
 
-use super::path::RelPath;
+use crate::protocol::change_set::path::RelPath;
 
 /// How many times a resolution is retried when the kernel reports a
 /// concurrent rename (`EAGAIN` from `openat2`).

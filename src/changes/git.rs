@@ -24,9 +24,11 @@ use std::process::{Command, Output, Stdio};
 use thiserror::Error;
 
 use super::ChangesError;
-use super::model::{Base, Entry, Kind, Sha256, SymlinkTarget};
-use super::path::{RelPath, display_bytes};
 use super::store::Store;
+use crate::protocol::change_set::entry::{Base, Entry, Kind, SymlinkTarget};
+use crate::protocol::change_set::path::RelPath;
+use crate::util::digest::Sha256;
+use crate::util::text::display_bytes;
 
 /// Settings a repository's own config could use to run a program or reach
 /// the network during the plumbing run here, each overridden.

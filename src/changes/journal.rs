@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::ChangesError;
 use super::dirfd;
-use super::path::{RelPath, escape};
 use super::store::write_atomically;
+use crate::protocol::change_set::path::{RelPath, escape};
 
 const JOURNAL_VERSION: u32 = 1;
 

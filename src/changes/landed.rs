@@ -24,10 +24,10 @@ use serde::{Deserialize, Serialize};
 use super::ChangesError;
 use super::conflict::HostPath;
 use super::dirfd::{self, FileType, Root};
-use super::model::{Base, EntryState, Kind, TreeDigest};
-use super::path::RelPath;
 use super::store::Store;
 use super::tree;
+use crate::protocol::change_set::entry::{Base, EntryState, Kind, TreeDigest};
+use crate::protocol::change_set::path::RelPath;
 
 /// Where a running session keeps its checkpoint store, below the session
 /// directory (`Store::open` of it is `<session>/checkpoint/changes`).

@@ -5,10 +5,10 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
-use crate::changes::model::Sha256;
 use crate::changes::review::testutil::Set;
 use crate::changes::seen::Seen;
 use crate::changes::{ApplyOptions, apply};
+use crate::util::digest::Sha256;
 
 /// A session whose guest saw the workspace as it is now, and the store a
 /// checkpoint of it stages into.
@@ -93,7 +93,7 @@ fn the_last_landing_of_a_path_wins_and_a_cut_line_is_ignored() {
     let f = fx(&[]);
     let path = RelPath::new(b"a.txt").unwrap();
     let kind = |c: &[u8]| Kind::File {
-        mode: crate::changes::Mode::from_raw(0o644),
+        mode: crate::protocol::change_set::Mode::from_raw(0o644),
         size: c.len() as u64,
         sha256: Sha256::of(c),
     };

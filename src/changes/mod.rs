@@ -12,52 +12,46 @@
 //! atomically under a journal, and [`recover`] (run by `apply` itself)
 //! completes an interrupted apply.
 //!
-//! Modules: `path` (validated relative paths), `model` (entries), `wire`
-//! (stream format), `validate` (set rules), `selection`, `store` (session
+//! The change set's vocabulary (paths, entries) and its stream format are
+//! the guest's contract with the host, in `protocol::change_set`.
+//!
+//! Modules: `validate` (set rules), `selection`, `store` (session
 //! change store), `seen`, `tree` (directory digests), `dirfd`
 //! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`,
 //! `git` (staged changes as a commit: `apply --branch`, `--commit`).
 #![forbid(unsafe_code)]
 
 mod apply;
-#[cfg(test)]
-mod bench;
 mod conflict;
 mod dirfd;
-pub(crate) mod extent;
 pub mod git;
 mod journal;
 pub mod landed;
-mod model;
-mod path;
 pub mod review;
 mod seen;
 mod selection;
 mod store;
 mod tree;
 mod validate;
-mod wire;
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::protocol::change_set::WireError;
+
 pub use apply::{ApplyOptions, apply_with_progress};
-pub use model::{Base, Entry, EntryState, Hasher, Mode, Sha256, SpecialKind, SymlinkTarget};
-pub use path::{RelPath, display_bytes};
 pub use selection::Selection;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub(crate) use store::{Space, write_atomically};
 pub use tree::digest_at as tree_digest_at;
 pub use validate::SetError;
-pub use wire::{Limits, WireError, Writer, skipped};
 // Used by tests elsewhere in the crate only.
 #[cfg(test)]
-pub use {
-    apply::{apply, check},
-    path::is_invisible,
-};
+pub use apply::{apply, check};
+#[cfg(test)]
+pub(crate) use dirfd::work;
 
 #[derive(Debug, Error)]
 pub enum ChangesError {
@@ -94,7 +88,7 @@ pub enum ChangesError {
          (the data directory; {} left): nothing was staged and what was received is freed \
          (the workspace is unchanged). Free space there, or remove old sessions with \
          `stockade sessions --prune` (`--include-staged` also drops unreviewed ones), then run the command again",
-        crate::host::space::human_bytes(*margin), dir.display(), crate::host::space::human_bytes(*available)
+        crate::util::text::human_bytes(*margin), dir.display(), crate::util::text::human_bytes(*available)
     )]
     LowSpace { dir: PathBuf, available: u64, margin: u64 },
     #[error("changes were already staged for this session in {}", .0.display())]

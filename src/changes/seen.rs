@@ -21,7 +21,7 @@ use std::path::Path;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::path::RelPath;
+use crate::protocol::change_set::path::RelPath;
 use crate::protocol::seen::{self as wire, HostStat};
 
 /// What is kept of one path.

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::path::RelPath;
+use crate::protocol::change_set::path::RelPath;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {

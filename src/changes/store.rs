@@ -27,13 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use super::ChangesError;
 use super::dirfd;
-use super::extent;
-use super::model::{Base, Entry, EntryState, Hasher, Kind, Sha256, Skipped};
-use super::path::RelPath;
 use super::seen::Seen;
 use super::selection::Selection;
 use super::validate;
-use super::wire::{BlobSink, BlobWrite, Item, Limits, Reader, Summary, WireError};
+use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind, Skipped};
+use crate::protocol::change_set::path::RelPath;
+use crate::protocol::change_set::stream::{BlobSink, BlobWrite, Item, Limits, Reader, Summary, WireError};
+use crate::util::digest::{Hasher, Sha256};
+use crate::util::extent;
 
 const MANIFEST_VERSION: u32 = 1;
 /// Paths listed by name in the manifest header for stripped mode bits.
@@ -50,7 +51,7 @@ pub struct StageReport {
     /// Paths whose setuid, setgid or sticky bits were dropped.
     pub stripped: Vec<RelPath>,
     pub stripped_count: u64,
-    /// Compiled Python the guest wrote ([`super::apply::compiled_python`]),
+    /// Compiled Python the guest wrote ([`super::validate::compiled_python`]),
     /// dropped as it arrived: the host's Python would run it instead of the
     /// reviewed source, and rebuilds it from that source anyway.
     #[serde(default)]
@@ -246,7 +247,7 @@ impl Store {
         let mut metadata = 0u64;
         while let Some(item) = reader.next(&mut sink)? {
             match item {
-                Item::Entry { entry, .. } if super::apply::compiled_python(&entry.path) => {
+                Item::Entry { entry, .. } if super::validate::compiled_python(&entry.path) => {
                     report.bytecode_count += 1;
                     if report.bytecode.len() < MAX_STRIPPED_LISTED {
                         report.bytecode.push(entry.path);
@@ -561,8 +562,8 @@ pub(crate) struct Space {
 impl Space {
     pub(crate) fn new(dir: &Path, min_free: Option<u64>) -> Result<Space, ChangesError> {
         let (available, total) =
-            crate::host::space::filesystem(dir).map_err(ChangesError::io("check the free space of", dir))?;
-        let margin = min_free.unwrap_or_else(|| crate::host::space::staging_margin(total));
+            crate::util::space::filesystem(dir).map_err(ChangesError::io("check the free space of", dir))?;
+        let margin = min_free.unwrap_or_else(|| crate::util::space::staging_margin(total));
         let every = SPACE_CHECK_EVERY.min(margin / 4).max(64 << 10);
         let space = Space { dir: dir.to_path_buf(), margin, every, unchecked: 0 };
         space.verdict(available).map_err(ChangesError::io("stage into", dir))?;
@@ -577,13 +578,13 @@ impl Space {
             return Ok(());
         }
         self.unchecked = 0;
-        let (available, _) = crate::host::space::filesystem(&self.dir)?;
+        let (available, _) = crate::util::space::filesystem(&self.dir)?;
         self.verdict(available)
     }
 
     /// Refuses up front to write `bytes` that would cross the margin.
     fn reserve(&mut self, bytes: u64) -> Result<(), ChangesError> {
-        let (available, _) = crate::host::space::filesystem(&self.dir)
+        let (available, _) = crate::util::space::filesystem(&self.dir)
             .map_err(ChangesError::io("check the free space of", &self.dir))?;
         self.verdict(available.saturating_sub(bytes)).map_err(ChangesError::io("stage into", &self.dir))
     }
@@ -704,8 +705,8 @@ mod tests {
     use std::io::Read as _;
 
     use super::*;
-    use crate::changes::model::Mode;
-    use crate::changes::wire::{WireError, Writer};
+    use crate::protocol::change_set::entry::Mode;
+    use crate::protocol::change_set::stream::{WireError, Writer};
 
     fn p(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()
@@ -719,7 +720,11 @@ mod tests {
         w.file(&p("src/c.rs"), 0o644, 5, &mut &b"hello"[..], &Base::Absent).unwrap();
         let old = Base::File { mode: Mode::from_raw(0o644), size: 1, sha256: Sha256::of(b"x") };
         w.delete(&p("old.txt"), &old).unwrap();
-        w.skipped(&crate::changes::wire::skipped(b"sock", crate::changes::SpecialKind::Socket)).unwrap();
+        w.skipped(&crate::protocol::change_set::stream::skipped(
+            b"sock",
+            crate::protocol::change_set::SpecialKind::Socket,
+        ))
+        .unwrap();
         w.finish().unwrap().0
     }
 
@@ -867,7 +872,7 @@ mod tests {
         }
 
         fn available(&self) -> u64 {
-            crate::host::space::filesystem(&self.path).unwrap().0
+            crate::util::space::filesystem(&self.path).unwrap().0
         }
     }
 
@@ -910,8 +915,8 @@ mod tests {
     #[test]
     fn staging_stops_mid_stream_at_the_free_space_margin() {
         let Some(small) = SmallFs::mount("64m") else { return };
-        let total = crate::host::space::filesystem(&small.path).unwrap().1;
-        let margin = crate::host::space::staging_margin(total);
+        let total = crate::util::space::filesystem(&small.path).unwrap().1;
+        let margin = crate::util::space::staging_margin(total);
         let tmp = tempfile::tempdir().unwrap();
         let workspace = tmp.path().join("ws");
         fs::create_dir(&workspace).unwrap();
@@ -982,7 +987,8 @@ mod tests {
             std::os::unix::fs::MetadataExt::blocks(&blob)
         );
 
-        // Apply writes it sparse too, and what lands hashes as reviewed.
+        // Apply writes it sparse too, and what lands hashes as reviewed. (This
+        // store test reaching apply is the one cycle between the two files.)
         let ws = tmp.path().join("ws");
         fs::create_dir(&ws).unwrap();
         let applied = crate::changes::apply(&store, &ws, &crate::changes::ApplyOptions::all()).unwrap();
@@ -998,8 +1004,8 @@ mod tests {
 
     #[test]
     fn a_huge_sparse_file_is_refused_by_its_logical_size() {
-        let mut out = crate::changes::wire::MAGIC.to_vec();
-        out.extend_from_slice(&crate::changes::wire::VERSION.to_le_bytes());
+        let mut out = crate::protocol::change_set::stream::MAGIC.to_vec();
+        out.extend_from_slice(&crate::protocol::change_set::stream::VERSION.to_le_bytes());
         let json = br#"{"path":"exabyte","change":{"type":"file","mode":420,"size":1152921504606846976},"base":{"type":"absent"}}"#;
         out.push(1);
         out.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());

@@ -13,7 +13,8 @@ use std::os::fd::AsFd;
 use nix::sys::stat::FileStat;
 
 use super::dirfd::{self, FileType};
-use super::model::{Hasher, TreeDigest};
+use crate::protocol::change_set::entry::TreeDigest;
+use crate::util::digest::Hasher;
 
 /// Digests the tree of the directory `name` in `parent`.
 pub fn digest_at(parent: &impl AsFd, name: &[u8]) -> std::io::Result<TreeDigest> {

@@ -1,11 +1,12 @@
 //! Rules over the whole set, beyond what each entry's types guarantee: every
 //! path once, and nothing below a path the set makes a file, symlink or
 //! deletion. The host checks them when staging and again before applying.
+//! And one rule over paths: compiled Python is never taken from the guest.
 
 use thiserror::Error;
 
-use super::model::{Base, Entry, Kind};
-use super::path::RelPath;
+use crate::protocol::change_set::entry::{Base, Entry, Kind};
+use crate::protocol::change_set::path::RelPath;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SetError {
@@ -23,6 +24,21 @@ pub fn sort(entries: &mut [Entry]) {
 }
 
 /// Checks the set rules; `entries` may be in any order.
+/// Whether a path is compiled Python bytecode or a bytecode cache: a
+/// `*.pyc` or `*.pyo` (any case; importable even with no source beside
+/// it), or `__pycache__` and anything below it. Python prefers such a file
+/// to the source it was built from when its header matches the source's
+/// size and time, which the guest can forge.
+pub fn compiled_python(path: &RelPath) -> bool {
+    let bytes = path.as_bytes();
+    let name = path.file_name();
+    let bytecode = name.len() > 4 && {
+        let ext = name[name.len() - 4..].to_ascii_lowercase();
+        ext == b".pyc" || ext == b".pyo"
+    };
+    bytecode || bytes.split(|&b| b == b'/').any(|part| part == b"__pycache__")
+}
+
 #[cfg(test)]
 pub fn check_set<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> Result<(), SetError> {
     let mut sorted: Vec<&Entry> = entries.into_iter().collect();
@@ -81,7 +97,8 @@ fn unreachable_order() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::model::{Mode, Sha256};
+    use crate::protocol::change_set::entry::Mode;
+    use crate::util::digest::Sha256;
 
     fn entry(path: &str, kind: Kind) -> Entry {
         Entry { path: RelPath::new(path.as_bytes()).unwrap(), kind, base: Base::Absent }

@@ -12,8 +12,9 @@ use crate::changes::review::{
     CodeChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, sensitive_paths_among,
     write_apply_report, write_held_back, write_hint,
 };
-use crate::changes::{ApplyOptions, RelPath, Selection, apply_with_progress};
+use crate::changes::{ApplyOptions, Selection, apply_with_progress};
 use crate::progress::Meter;
+use crate::protocol::change_set::RelPath;
 
 use super::Global;
 use land::{Landing, git_head};

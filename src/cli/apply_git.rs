@@ -10,7 +10,8 @@ use anyhow::{Context, bail};
 
 use crate::changes::git::{self, GitError, LeftOut, Repo};
 use crate::changes::review::{Painter, Role, implied_dirs, plural, write_held_back};
-use crate::changes::{Entry, EntryState, RelPath, Selection, StoredEntry};
+use crate::changes::{Selection, StoredEntry};
+use crate::protocol::change_set::{Entry, EntryState, RelPath};
 
 use super::sessions::{Here, Target};
 
@@ -609,10 +610,9 @@ mod tests {
         let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "b"]), execute);
         let tree = git(&f.ws, &["ls-tree", "-r", "--name-only", "b"]);
         let store = Store::open(&sessions_dir(&f.data).join(ID)).unwrap();
-        let applied =
-            store.entries().unwrap().into_iter().any(|e| {
-                e.entry.path.to_string() == "GIT~1/notes.txt" && e.state == crate::changes::EntryState::Applied
-            });
+        let applied = store.entries().unwrap().into_iter().any(|e| {
+            e.entry.path.to_string() == "GIT~1/notes.txt" && e.state == crate::protocol::change_set::EntryState::Applied
+        });
         assert!(
             tree.contains("GIT~1/notes.txt") || !applied,
             "GIT~1/notes.txt is marked applied but the branch does not hold it (the change is gone):\n{tree}\n{out}"

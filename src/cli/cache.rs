@@ -9,11 +9,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::settings::Settings;
-use crate::host::space::human_bytes;
 use crate::host::templates;
 use crate::paths::Dirs;
 use crate::proxy::packages::store;
 use crate::supervisor::scratch;
+use crate::util::text::human_bytes;
 
 /// Show or clear the package cache and the VM templates
 ///

@@ -40,8 +40,9 @@ use serde::Serialize;
 
 use crate::changes::Store;
 use crate::changes::review::{ApplyMode, CodeChoice, Summary, SummaryOptions, change_counts, include_code_command};
+use crate::protocol::audit::Decision;
 use crate::protocol::exit::EXIT_STOCKADE;
-use crate::proxy::audit::{self, Decision};
+use crate::proxy::audit;
 use crate::supervisor::Finished;
 use crate::supervisor::session::RunRecord;
 
@@ -184,7 +185,7 @@ impl RunSummary {
                 Err(e) => eprintln!("stockade: warning: the summary has no change counts: {e:#}"),
             }
         }
-        match network(&finished.session_dir.join(crate::proxy::AUDIT_FILE)) {
+        match network(&finished.session_dir.join(crate::protocol::audit::AUDIT_FILE)) {
             Ok(counts) => summary.network = counts,
             Err(e) => eprintln!("stockade: warning: the summary has no network counts: {e:#}"),
         }
@@ -314,9 +315,10 @@ mod tests {
 
     #[test]
     fn network_counts_are_exact_after_a_flood_past_the_logs_cap() {
-        use crate::proxy::audit::{AuditLog, Kind, Record};
+        use crate::protocol::audit::{Kind, Record};
+        use crate::proxy::audit::AuditLog;
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(crate::proxy::AUDIT_FILE);
+        let path = dir.path().join(crate::protocol::audit::AUDIT_FILE);
         {
             let log = AuditLog::open_capped(&path, 4096, 4096).unwrap();
             for n in 0..10_000 {
@@ -346,7 +348,7 @@ mod tests {
                 .file(".github/workflows/ci.yml", b"on: push\n", 0o644)
                 .stage(store)
         });
-        let log = sessions_dir(&f.data).join(ID).join(crate::proxy::AUDIT_FILE);
+        let log = sessions_dir(&f.data).join(ID).join(crate::protocol::audit::AUDIT_FILE);
         std::fs::write(
             &log,
             concat!(

@@ -72,7 +72,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::changes::review::ColorChoice;
+    use crate::util::color::ColorChoice;
 
     #[test]
     fn shows_each_setting_with_its_origin() {

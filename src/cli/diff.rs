@@ -157,9 +157,9 @@ fn quiet_pipe<T: Default>(result: io::Result<T>) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::review::ColorChoice;
     use crate::changes::review::testutil::{Set, write};
     use crate::cli::sessions::fixture::*;
+    use crate::util::color::ColorChoice;
 
     fn staged(f: &Fixture) {
         write(&f.ws.join("src/main.rs"), b"fn main() {}\n");

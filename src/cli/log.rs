@@ -7,7 +7,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::paths::Dirs;
-use crate::proxy::audit::{self, Decision};
+use crate::protocol::audit::Decision;
+use crate::proxy::audit;
 
 /// Show a session's network log
 ///
@@ -32,7 +33,7 @@ pub struct LogArgs {
 pub fn run(args: LogArgs) -> anyhow::Result<ExitCode> {
     let sessions = Dirs::resolve()?.data.join("sessions");
     let dir = find_session(&sessions, args.session.as_deref())?;
-    let path = dir.join(crate::proxy::AUDIT_FILE);
+    let path = dir.join(crate::protocol::audit::AUDIT_FILE);
     let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if !path.exists() {
         println!("session {id}: no network use recorded");

@@ -26,8 +26,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::changes::review::ColorChoice;
 use crate::protocol::exit::EXIT_STOCKADE;
+use crate::util::color::ColorChoice;
 
 /// Run a command inside a local KVM microVM that sees the current workspace,
 /// reaches the network only through a policy proxy, and hands its file changes

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 
 use crate::paths::Dirs;
 use crate::policy::{self, Policy, presets};
-use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
+use crate::proxy::standalone;
 
 /// List, show or check network policies
 ///
@@ -170,7 +170,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
             print!("{}", source_text(name)?);
         }
         PolicyCommand::Show { names, allow, toml: false } => {
-            print!("{}", describe(&policy::resolve(&names, &allow)?));
+            print!("{}", policy::resolve(&names, &allow)?.describe());
         }
         PolicyCommand::Check { files } => {
             for file in files {
@@ -179,7 +179,10 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
             }
         }
         PolicyCommand::Learn { session, output } => return learn(session.as_deref(), output.as_deref()),
-        PolicyCommand::Serve { names, allow, listen, dns, audit } => serve(&names, &allow, &listen, dns, audit)?,
+        PolicyCommand::Serve { names, allow, listen, dns, audit } => {
+            let policy = policy::resolve(&names, &allow)?;
+            standalone::serve(policy, &Dirs::resolve()?.data, &listen, dns, audit)?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -190,7 +193,7 @@ fn learn(session: Option<&str>, output: Option<&std::path::Path>) -> anyhow::Res
     let sessions = Dirs::resolve()?.data.join("sessions");
     let dir = super::log::find_session(&sessions, session)?;
     let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let log = dir.join(crate::proxy::AUDIT_FILE);
+    let log = dir.join(crate::protocol::audit::AUDIT_FILE);
     let records = if log.exists() {
         crate::proxy::audit::read(&log).with_context(|| format!("cannot read {}", log.display()))?.0
     } else {
@@ -232,103 +235,6 @@ fn run_command(dir: &std::path::Path) -> String {
     let value: Option<serde_json::Value> = record.and_then(|r| serde_json::from_slice(&r).ok());
     let words = value.as_ref().and_then(|v| v.get("command")).and_then(|c| c.as_array()).cloned();
     words.unwrap_or_default().iter().filter_map(|w| w.as_str()).collect::<Vec<_>>().join(" ")
-}
-
-fn serve(
-    names: &[String],
-    allow: &[String],
-    listen: &str,
-    dns: Option<String>,
-    audit: Option<PathBuf>,
-) -> anyhow::Result<()> {
-    use nix::sys::signal::{SigSet, Signal};
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    let policy = policy::resolve(names, allow)?;
-    let sources = policy.sources.join(" + ");
-    let dirs = Dirs::resolve()?;
-    // Blocked before the proxy's threads start, so they inherit the mask
-    // and the signal reaches the wait below.
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGINT);
-    signals.add(Signal::SIGTERM);
-    signals.thread_block().context("cannot block SIGINT and SIGTERM")?;
-    let proxy = Proxy::start(ProxyConfig::new(policy, &dirs.data, audit.clone()))?;
-    let url = if listen.contains('/') {
-        let _ = std::fs::remove_file(listen);
-        let listener =
-            std::os::unix::net::UnixListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
-        proxy.serve_unix(listener)?;
-        listen.to_string()
-    } else {
-        let listener = std::net::TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
-        let url = format!("http://{}", listener.local_addr()?);
-        proxy.serve_tcp(listener)?;
-        url
-    };
-    eprintln!("stockade: proxy for {sources} at {url}; SIGINT or SIGTERM stops it");
-    if let Some(path) = &audit {
-        eprintln!("stockade: audit log {}", path.display());
-    }
-    let mut env = vec![("HTTPS_PROXY".to_string(), url.clone()), ("HTTP_PROXY".to_string(), url)];
-    env.extend(proxy.placeholder_env());
-    if let Some(trust) = proxy.guest_trust() {
-        let dir = dirs.data.join("ca");
-        let (ca, bundle) = trust.write_to(&dir).with_context(|| format!("cannot write to {}", dir.display()))?;
-        env.extend(GuestTrust::env(&ca.display().to_string(), &bundle.display().to_string()));
-    }
-    for (name, value) in env {
-        println!("export {name}='{value}'");
-    }
-    // What a guest would get instead of the host's sign-in token files, for
-    // a program run with HOME pointed there.
-    let signin_home = dirs.data.join("serve-home");
-    for file in proxy.signin_files() {
-        let path = signin_home.join(file.file.trim_start_matches("~/").trim_start_matches('/'));
-        write_private(&path, &file.content).with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!("stockade: the guest's copy of {} (placeholders) is {}", file.file, path.display());
-    }
-
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        if let Some(path) = dns.as_deref().filter(|d| d.contains('/')) {
-            let _ = std::fs::remove_file(path);
-            let listener =
-                std::os::unix::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path}"))?;
-            proxy.serve_dns_unix(listener)?;
-            eprintln!("stockade: DNS on {path}");
-        } else if let Some(addr) = dns {
-            let socket = std::net::UdpSocket::bind(&addr).with_context(|| format!("cannot answer DNS on {addr}"))?;
-            socket.set_read_timeout(Some(std::time::Duration::from_millis(200)))?;
-            eprintln!("stockade: DNS on udp://{}", socket.local_addr()?);
-            let (proxy, stop) = (&proxy, &stop);
-            scope.spawn(move || {
-                let mut buf = [0u8; 4096];
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok((n, peer)) = socket.recv_from(&mut buf) {
-                        let _ = socket.send_to(&proxy.answer_dns(&buf[..n]), peer);
-                    }
-                }
-            });
-        }
-        let signal = signals.wait().context("cannot wait for a signal")?;
-        eprintln!("stockade: {signal}, stopping");
-        stop.store(true, Ordering::Relaxed);
-        Ok(())
-    })?;
-    proxy.stop();
-    Ok(())
-}
-
-/// Writes a file only its owner can read, making its directory.
-fn write_private(path: &std::path::Path, content: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    }
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    file.write_all(content)
 }
 
 fn list() -> String {
@@ -394,159 +300,9 @@ fn counts(policy: &Policy) -> String {
     )
 }
 
-/// The merged policy for people: each rule with the policy it came from.
-fn describe(policy: &Policy) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "Policy: {}", policy.sources.join(" + "));
-    let section = |out: &mut String, title: &str, lines: Vec<String>| {
-        if lines.is_empty() {
-            return;
-        }
-        let _ = writeln!(out, "{title}:");
-        for line in lines {
-            let _ = writeln!(out, "  {line}");
-        }
-    };
-    if policy.allow.is_empty()
-        && policy.allow_private.is_empty()
-        && policy.credentials.is_empty()
-        && policy.host_ports.is_empty()
-    {
-        out.push_str("Network: nothing allowed\n");
-    }
-    section(&mut out, "Allow (no port: 80 and 443)", policy.allow.iter().map(|r| r.to_string()).collect());
-    section(&mut out, "Allow, also to private addresses", policy.allow_private.iter().map(|r| r.to_string()).collect());
-    section(
-        &mut out,
-        "Host ports (this machine's loopback, as the guest names it)",
-        policy.host_ports.iter().map(|p| p.to_string()).collect(),
-    );
-    section(
-        &mut out,
-        "Deny (wins over allow; no port: all ports)",
-        policy.deny.iter().map(|r| r.to_string()).collect(),
-    );
-    section(
-        &mut out,
-        "Deny requests under a path (HTTPS read by the proxy; no port: 80 and 443)",
-        policy.deny_paths.iter().map(|r| r.to_string()).collect(),
-    );
-    section(
-        &mut out,
-        "Pinned names",
-        policy.hosts.iter().map(|p| format!("{} = {} ({})", p.name, p.addr, p.origin)).collect(),
-    );
-    section(
-        &mut out,
-        "Credentials (written by the proxy; the guest sees a placeholder)",
-        policy
-            .credentials
-            .iter()
-            .map(|c| {
-                let optional = if c.optional { ", optional" } else { "" };
-                let guest = c.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
-                let scope = if c.scope.is_all() { String::new() } else { format!(", only for {}", c.scope) };
-                format!("{} from {}{guest}{optional}{scope}", c.name(), c.value)
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "Sign-in tokens (kept on the host; the guest's copy holds placeholders)",
-        policy
-            .signins
-            .iter()
-            .map(|s| {
-                let tokens: Vec<String> = s.tokens.iter().map(|t| t.to_string()).collect();
-                let hosts: Vec<String> = s.hosts.iter().map(|h| h.to_string()).collect();
-                let urls: Vec<String> = s.token_urls.iter().map(|u| u.to_string()).collect();
-                let refresh =
-                    if urls.is_empty() { String::new() } else { format!(", refreshed at {}", urls.join(", ")) };
-                format!("{}: {} for {}{refresh}", s.name(), tokens.join(", "), hosts.join(", "))
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "Package registries (downloads checked against the registry's digests, kept in the host's cache)",
-        policy
-            .registries
-            .iter()
-            .map(|r| match &r.index {
-                Some(index) => format!("{r}, checksums from {index}"),
-                None => r.to_string(),
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "Mounts",
-        policy
-            .mounts
-            .iter()
-            .map(|m| match std::env::var_os("HOME") {
-                Some(home) if m.path.starts_with('~') => {
-                    let path = m.host_path(std::path::Path::new(&home));
-                    format!("{} {} ({}; {})", m.path, m.mode.as_str(), m.origin, path.display())
-                }
-                _ => format!("{} {} ({})", m.path, m.mode.as_str(), m.origin),
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "Agent state (kept by stockade, never written to the host's copy)",
-        policy
-            .agents
-            .iter()
-            .map(|a| {
-                let seeds = if a.seed.is_empty() { "nothing".to_string() } else { a.seed.join(", ") };
-                let review = if a.review.is_empty() { "nothing".to_string() } else { a.review.join(", ") };
-                format!(
-                    "{}: {} ({}); seeded from {seeds}; offered for review: {review}",
-                    a.name,
-                    a.state.join(", "),
-                    a.origin
-                )
-            })
-            .collect(),
-    );
-    section(&mut out, "Variables passed", policy.env_pass.clone());
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn describes_merged_rules_with_their_origin() {
-        let policy = policy::resolve_in(None, &["npm".into(), "claude".into()], &["example.com:8443".into()]).unwrap();
-        let text = describe(&policy);
-        assert!(text.starts_with("Policy: preset npm + preset claude + --allow\n"), "{text}");
-        assert!(text.contains("  registry.npmjs.org (preset npm)"), "{text}");
-        assert!(text.contains("  example.com:8443 (--allow)"), "{text}");
-        assert!(
-            text.contains("x-api-key for api.anthropic.com:443 (preset claude) from env ANTHROPIC_API_KEY"),
-            "{text}"
-        );
-        assert!(
-            text.contains("  claude: ~/.claude/, ~/.claude.json (preset claude); seeded from ~/.claude/settings.json"),
-            "{text}"
-        );
-        assert!(describe(&policy::resolve_in(None, &[], &[]).unwrap()).contains("nothing allowed"));
-        let signin = "[network]\nallow = [\"auth.test\"]\n[[signin]]\nfile = \"~/.a/auth.json\"\n\
-                      tokens = [\"tokens.access_token\", \"tokens.refresh_token\"]\nhosts = [\"auth.test\"]\n\
-                      token_urls = [\"https://auth.test/token\"]\n";
-        let text = describe(&policy::parse(signin, "a.toml").unwrap());
-        assert!(
-            text.contains(
-                "  ~/.a/auth.json (a.toml): tokens.access_token, tokens.refresh_token for auth.test:443, \
-                 refreshed at https://auth.test/token\n"
-            ),
-            "{text}"
-        );
-    }
 
     #[test]
     fn lists_every_preset() {

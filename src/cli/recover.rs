@@ -212,9 +212,9 @@ mod tests {
         let info = choose(data, Some(&OsString::from("20250301")), Path::new("/w")).unwrap();
         assert!(session::is_interrupted(&info.dir));
         let mut set = Vec::new();
-        crate::changes::Writer::new(&mut set).unwrap().finish().unwrap();
+        crate::protocol::change_set::Writer::new(&mut set).unwrap().finish().unwrap();
         let store = crate::changes::Store::open(&info.dir).unwrap();
-        store.stage(set.as_slice(), crate::changes::Limits::default()).unwrap();
+        store.stage(set.as_slice(), crate::protocol::change_set::Limits::default()).unwrap();
         assert!(!session::is_interrupted(&info.dir), "its changes are staged");
         let err = choose(data, None, Path::new("/w")).unwrap_err().to_string();
         assert!(err.contains("no session waits to be recovered"), "{err}");

@@ -208,12 +208,12 @@ pub fn run(args: RunArgs, global: Global) -> anyhow::Result<ExitCode> {
 /// the guest a refusal can look like any network fault (and a refused
 /// Docker pull reaches the user only as Docker's terse "Forbidden").
 fn explain_refusals(finished: &supervisor::Finished, docker: bool) {
-    let Ok(counts) = ci::network(&finished.session_dir.join(crate::proxy::AUDIT_FILE)) else { return };
+    let Ok(counts) = ci::network(&finished.session_dir.join(crate::protocol::audit::AUDIT_FILE)) else { return };
     let refused = refused_destinations(&counts.denied_hosts);
     if refused.is_empty() {
         return;
     }
-    let shown = crate::changes::display_bytes(refused.join(", ").as_bytes());
+    let shown = crate::util::text::display_bytes(refused.join(", ").as_bytes());
     if docker {
         eprintln!(
             "stockade: the policy refused {shown}: Docker's pulls go through the egress proxy, so allow the \

@@ -13,12 +13,14 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde::Serialize;
 
-use crate::changes::review::{ColorChoice, Painter};
-use crate::changes::{Counts, RelPath, Selection, SetState, Store};
-use crate::host::space::human_bytes;
+use crate::changes::review::Painter;
+use crate::changes::{Counts, Selection, SetState, Store};
 use crate::paths::Dirs;
+use crate::protocol::change_set::RelPath;
 use crate::supervisor::retention::{self, Retention, RetentionError};
 use crate::supervisor::session::{self, SessionInfo};
+use crate::util::color::ColorChoice;
+use crate::util::text::human_bytes;
 
 use super::Global;
 use super::settings::Settings;
@@ -348,7 +350,7 @@ fn shell_words(argv: &[String]) -> String {
         }
     };
     let text = argv.iter().map(word).collect::<Vec<_>>().join(" ");
-    crate::changes::display_bytes(text.as_bytes())
+    crate::util::text::display_bytes(text.as_bytes())
 }
 
 fn truncate(text: &str, max: usize) -> String {
@@ -532,7 +534,7 @@ pub fn selection_of(target: &Target, paths: Option<Vec<RelPath>>, flag: &str) ->
         .store
         .entries()?
         .into_iter()
-        .filter(|e| e.state == crate::changes::EntryState::Staged)
+        .filter(|e| e.state == crate::protocol::change_set::EntryState::Staged)
         .map(|e| e.entry.path)
         .collect();
     for path in &paths {
@@ -557,8 +559,8 @@ pub(super) mod fixture {
 
     use super::Here;
     use crate::changes::Store;
-    use crate::changes::review::ColorChoice;
     use crate::supervisor::session::{RunRecord, sessions_dir};
+    use crate::util::color::ColorChoice;
 
     pub struct Fixture {
         pub _tmp: tempfile::TempDir,

@@ -44,10 +44,11 @@ use std::path::PathBuf;
 use thiserror::Error;
 use toml::{Spanned, Value};
 
-use crate::changes::review::{ApplyMode, ColorChoice};
+use crate::changes::review::ApplyMode;
 use crate::policy::{Policy, PolicyError, line_column};
 use crate::protocol::limits::MAX_VCPUS;
 use crate::supervisor::retention::{self, Retention};
+use crate::util::color::ColorChoice;
 
 /// The config file's name in the config directory.
 pub const FILE_NAME: &str = "config.toml";

@@ -20,7 +20,7 @@ pub struct VmmArgs {
     /// Test aid: close the jail, attempt one forbidden operation (open:PATH,
     /// write:PATH, exec:PATH, socket, fds) and print the result.
     #[arg(long, value_name = "PROBE", hide = true)]
-    jail_probe: Option<crate::jail::probe::Probe>,
+    jail_probe: Option<vmm::jail_probe::Probe>,
 }
 
 pub fn run(args: VmmArgs) -> anyhow::Result<ExitCode> {
@@ -30,7 +30,7 @@ pub fn run(args: VmmArgs) -> anyhow::Result<ExitCode> {
     let config: VmConfig =
         serde_json::from_str(&text).with_context(|| format!("malformed VM config {}", args.config.display()))?;
     if let Some(probe) = args.jail_probe {
-        println!("{}", crate::jail::probe::run(&vmm::jail_rules(&config), probe)?);
+        println!("{}", vmm::jail_probe::run(&vmm::jail_rules(&config), probe)?);
         return Ok(ExitCode::SUCCESS);
     }
     vmm::run(&config)?;

@@ -10,10 +10,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::host::kernel::{self, GuestKernel, KernelError, KernelIdentity};
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
-use crate::host::space;
 use crate::jail;
 use crate::paths::Dirs;
 use crate::supervisor::{retention, session};
+use crate::util::space;
+use crate::util::text::human_bytes;
 use crate::vmm::devices::virtio::fs::{self, bounded::FdBudget};
 use crate::vmm::probe;
 
@@ -191,12 +192,12 @@ pub fn judge(facts: &Facts) -> Vec<Check> {
 
     checks.push(match &facts.space {
         Ok((dir, bytes)) if *bytes >= MIN_FREE_BYTES => {
-            Check::ok("disk space", format!("{} free in {}", space::human_bytes(*bytes), dir.display()))
+            Check::ok("disk space", format!("{} free in {}", human_bytes(*bytes), dir.display()))
         }
         Ok((dir, bytes)) => Check::fail(
             "disk space",
-            format!("only {} free in {}", space::human_bytes(*bytes), dir.display()),
-            format!("free at least {} there", space::human_bytes(MIN_FREE_BYTES)),
+            format!("only {} free in {}", human_bytes(*bytes), dir.display()),
+            format!("free at least {} there", human_bytes(MIN_FREE_BYTES)),
         ),
         Err(e) => {
             Check::warn("disk space", format!("cannot measure: {e}"), "check that the data directory is readable")
@@ -272,7 +273,7 @@ fn store_check(facts: &Facts) -> Check {
         "{} sessions ({} with staged changes) take {} in {}",
         survey.sessions,
         survey.staged,
-        space::human_bytes(survey.bytes),
+        human_bytes(survey.bytes),
         dir.display()
     );
     let low_space = facts.space.as_ref().is_ok_and(|(_, free)| *free < MIN_FREE_BYTES);

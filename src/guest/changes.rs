@@ -16,11 +16,12 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::channel::{self, Control};
+// The control loop runs the checkpoints the host asks for; an export reports on its connection.
+use super::channel::Control;
 use super::export::{self, Overlayfs};
 use super::mounts::Layers;
-use crate::changes::Writer;
 use crate::protocol::auth::{DigestWriter, StreamDigest, Token};
+use crate::protocol::change_set::Writer;
 use crate::protocol::{CHANGES_PORT, CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, GuestMsg};
 
 /// Big writes: a change set can be hundreds of megabytes.
@@ -100,7 +101,7 @@ impl Drop for Frozen {
 }
 
 fn export_to_host(layers: &Layers, token: &Token, port: u32) -> anyhow::Result<(export::ExportReport, StreamDigest)> {
-    let stream = channel::connect_with_token(port, token)?;
+    let stream = super::vsock::connect_with_token(port, token)?;
     let socket = stream.try_clone().context("cannot duplicate the change stream")?;
     let out = BufWriter::with_capacity(BUFFER, DigestWriter::new(stream));
     let mut writer = Writer::new(out).context("cannot start the change set")?;

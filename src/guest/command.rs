@@ -16,7 +16,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::channel::{self, Control, Event};
+use super::channel::{Control, Event};
 use super::limits;
 use super::spawn::{Session, Spawn};
 use super::tty;
@@ -45,7 +45,7 @@ pub fn run(spec: &RunSpec, control: &Control) -> anyhow::Result<ExitReport> {
             message: format!("the working directory {} is not visible in the guest", spec.cwd),
         });
     }
-    let stdin_conn = channel::connect_with_token(STDIN_PORT, &spec.token)?;
+    let stdin_conn = super::vsock::connect_with_token(STDIN_PORT, &spec.token)?;
 
     let group = match spec.pids {
         Some(max) => Some(limits::CommandGroup::with_pids_max(max)?),

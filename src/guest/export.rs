@@ -1,6 +1,6 @@
 //! Export of the guest's workspace changes: walks the overlayfs upper layer
 //! beside the read-only lower layer (the host workspace) and writes what
-//! differs as a change set (`changes::Writer`).
+//! differs as a change set (`crate::protocol::change_set::Writer`).
 //!
 //! What the upper layer holds and what it becomes:
 //! - a whiteout (a 0:0 character device, or a zero-size file with the
@@ -37,9 +37,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::changes::{
-    Base, Hasher, Mode, RelPath, Sha256, SpecialKind, SymlinkTarget, WireError, Writer, display_bytes, skipped,
-};
+use crate::protocol::change_set::{Base, Mode, RelPath, SpecialKind, SymlinkTarget, WireError, Writer, skipped};
+use crate::util::digest::{Hasher, Sha256};
+use crate::util::text::display_bytes;
 
 /// Mount options the workspace overlay needs for `export` to be exact:
 /// renamed directories copied rather than redirected, no metadata-only

@@ -9,7 +9,8 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::changes::{self, ApplyOptions, Entry, Limits, Store};
+use crate::changes::{self, ApplyOptions, Store};
+use crate::protocol::change_set::{Entry, Limits};
 
 /// Markers named by upper path, standing in for device nodes and xattrs.
 #[derive(Default)]
@@ -186,7 +187,7 @@ fn exports_a_fake_overlay_and_applies_to_the_merged_view() {
     let (entries, report, store) = export_and_stage(&u, &l, &m, &tmp.path().join("session"));
     assert_eq!(summary(&entries), STORY);
     assert_eq!((report.skipped, report.hard_links, report.unchanged_copies), (1, 1, 2));
-    assert_eq!(store.report().unwrap().skipped, [changes::skipped(b"fifo", SpecialKind::Fifo)]);
+    assert_eq!(store.report().unwrap().skipped, [crate::protocol::change_set::skipped(b"fifo", SpecialKind::Fifo)]);
     assert_eq!(store.report().unwrap().stripped, [p("e.sh")]);
     // Deleting a tree records what was in it.
     let d = entries.iter().find(|e| e.path == p("d")).unwrap();

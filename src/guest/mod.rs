@@ -21,6 +21,7 @@ mod spawn;
 mod template;
 mod trace;
 mod tty;
+mod vsock;
 
 use std::io::Write;
 

@@ -16,7 +16,7 @@ use std::thread;
 
 use anyhow::Context;
 
-use super::channel::connect_host;
+use super::vsock::connect_host;
 use crate::protocol::stream::pump;
 use crate::protocol::transparent::{GATEWAY_IP, GUEST_IP, PREFIX_LEN};
 use crate::protocol::{AGENT_PORT, GUEST_AGENT_SOCKET, PROXY_PORT};

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use nix::sys::socket::{Shutdown, shutdown};
 
-use super::channel;
 use crate::protocol::PUBLISH_PORT;
 use crate::protocol::auth::Token;
 use crate::protocol::publish::Callback;
@@ -37,7 +36,7 @@ fn serve(id: u64, port: u16, token: &Token) -> anyhow::Result<()> {
     let local = [SocketAddr::from((Ipv4Addr::LOCALHOST, port)), SocketAddr::from((Ipv6Addr::LOCALHOST, port))]
         .iter()
         .find_map(|addr| TcpStream::connect_timeout(addr, CONNECT_TIMEOUT).ok());
-    let mut host = channel::connect_with_token(PUBLISH_PORT, token)?;
+    let mut host = super::vsock::connect_with_token(PUBLISH_PORT, token)?;
     Callback { id, reached: local.is_some() }.write(&mut host)?;
     let Some(local) = local else { return Ok(()) };
     let _ = local.set_nodelay(true);

@@ -4,5 +4,4 @@
 
 pub mod kernel;
 pub mod kvm;
-pub mod space;
 pub mod templates;

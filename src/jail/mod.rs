@@ -7,7 +7,6 @@
 //! credentials and makes no sockets (see `vmm::devices::broker`).
 
 pub mod landlock;
-pub mod probe;
 pub mod seccomp;
 mod sigsys;
 pub mod thread;

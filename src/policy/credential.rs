@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use super::Describe;
 use super::path::{PathPattern, RequestPath};
 use super::pattern::HostRule;
 
@@ -58,6 +59,15 @@ pub struct CredentialRule {
     pub scope: Scope,
     /// The policy file or preset the rule came from.
     pub origin: Arc<str>,
+}
+
+impl Describe for CredentialRule {
+    fn describe(&self) -> String {
+        let optional = if self.optional { ", optional" } else { "" };
+        let guest = self.guest_env.as_ref().map(|v| format!(", guest {v}")).unwrap_or_default();
+        let scope = if self.scope.is_all() { String::new() } else { format!(", only for {}", self.scope) };
+        format!("{} from {}{guest}{optional}{scope}", self.name(), self.value)
+    }
 }
 
 /// Which requests on its host a credential rule covers: all, unless

@@ -21,10 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::address::is_internal;
 use super::pattern::{Host, canonical_ip};
 use super::verdict::{Denial, is_host_alias};
-use crate::proxy::address::is_internal;
-use crate::proxy::audit::{Decision, Kind, Record};
+use crate::protocol::audit::{Decision, Kind, Record};
 
 /// Where a learned rule goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -246,7 +246,7 @@ fn toml_string(text: &str) -> String {
 /// Text from the guest or the run record, safe in a comment line: controls
 /// (newlines included) and bidi or zero-width characters escaped.
 fn one_line(text: &str) -> String {
-    crate::changes::display_bytes(text.as_bytes())
+    crate::util::text::display_bytes(text.as_bytes())
 }
 
 #[cfg(test)]

@@ -1,15 +1,17 @@
 //! Policy files: what the guest may reach, which credentials the proxy
 //! writes for which hosts, which host directories and variables the guest
 //! gets. Schema (`schema`), loading and validation (`load`), presets
-//! (`presets`), host patterns (`pattern`), request paths (`path`), the
-//! variables passed to the guest (`env`) and the allow/deny decision
-//! (`verdict`) are pure: nothing here opens a socket or reads a secret.
+//! (`presets`), host patterns (`pattern`), internal addresses (`address`),
+//! request paths (`path`), the variables passed to the guest (`env`) and
+//! the allow/deny decision (`verdict`) are pure: nothing here opens a socket or reads a secret.
 //!
 //! Several policies merge into one: lists are joined, and a deny rule beats
 //! any allow rule; a mount named twice gets the more restrictive mode.
 #![forbid(unsafe_code)]
 
+mod address;
 mod credential;
+mod describe;
 mod env;
 pub mod learn;
 mod load;
@@ -27,7 +29,9 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+pub use address::is_internal;
 pub use credential::{CredentialRule, PLACEHOLDER, ValueSource};
+pub use describe::Describe;
 pub use load::{is_path, line_column, load_file, parse, user_policy_dir};
 pub use path::{PathPattern, RequestPath};
 pub use pattern::{Host, HostRule, PatternError, Port, canonical_ip};
@@ -81,6 +85,12 @@ impl std::fmt::Display for NetworkRule {
     }
 }
 
+impl Describe for NetworkRule {
+    fn describe(&self) -> String {
+        self.to_string()
+    }
+}
+
 /// A `[network] deny` rule naming a path (`api.github.com/gists`):
 /// requests under it on a host the rule matches are refused. Without a port
 /// it means the web ports, 80 and 443, since only HTTP has paths.
@@ -97,12 +107,24 @@ impl std::fmt::Display for PathRule {
     }
 }
 
+impl Describe for PathRule {
+    fn describe(&self) -> String {
+        self.to_string()
+    }
+}
+
 /// A `[network.hosts]` entry: this name has this address, DNS is not asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinnedHost {
     pub name: String,
     pub addr: IpAddr,
     pub origin: Arc<str>,
+}
+
+impl Describe for PinnedHost {
+    fn describe(&self) -> String {
+        format!("{} = {} ({})", self.name, self.addr, self.origin)
+    }
 }
 
 /// A `[network] host_ports` entry (or `--host-port`).
@@ -115,6 +137,12 @@ pub struct HostPort {
 impl std::fmt::Display for HostPort {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{} ({})", crate::protocol::transparent::HOST_ALIAS, self.port, self.origin)
+    }
+}
+
+impl Describe for HostPort {
+    fn describe(&self) -> String {
+        self.to_string()
     }
 }
 
@@ -136,6 +164,19 @@ impl Mount {
     }
 }
 
+/// With a `~` path, also where it is on this host (from `HOME`).
+impl Describe for Mount {
+    fn describe(&self) -> String {
+        match std::env::var_os("HOME") {
+            Some(home) if self.path.starts_with('~') => {
+                let path = self.host_path(Path::new(&home));
+                format!("{} {} ({}; {})", self.path, self.mode.as_str(), self.origin, path.display())
+            }
+            _ => format!("{} {} ({})", self.path, self.mode.as_str(), self.origin),
+        }
+    }
+}
+
 /// An `[agent]` section: where a coding agent keeps its state, which
 /// stockade holds apart from the host's copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +191,19 @@ pub struct AgentState {
     pub review: Vec<String>,
     pub drop_keys: Vec<String>,
     pub origin: Arc<str>,
+}
+
+impl Describe for AgentState {
+    fn describe(&self) -> String {
+        let seeds = if self.seed.is_empty() { "nothing".to_string() } else { self.seed.join(", ") };
+        let review = if self.review.is_empty() { "nothing".to_string() } else { self.review.join(", ") };
+        format!(
+            "{}: {} ({}); seeded from {seeds}; offered for review: {review}",
+            self.name,
+            self.state.join(", "),
+            self.origin
+        )
+    }
 }
 
 /// One policy, or several merged.

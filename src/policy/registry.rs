@@ -12,6 +12,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::Describe;
 use super::pattern::{Host, Port};
 
 /// How a registry lays out its downloads and where their digests are.
@@ -113,6 +114,16 @@ pub struct RegistryRule {
     /// The crates sparse index (`Crates` only).
     pub index: Option<RegistryUrl>,
     pub origin: Arc<str>,
+}
+
+/// With the crates index its checksums come from.
+impl Describe for RegistryRule {
+    fn describe(&self) -> String {
+        match &self.index {
+            Some(index) => format!("{self}, checksums from {index}"),
+            None => self.to_string(),
+        }
+    }
 }
 
 impl RegistryRule {

@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::Describe;
 use super::pattern::{Host, HostPattern, HostRule, Port, PortSpec};
 
 /// A dotted JSON path (`claudeAiOauth.accessToken`), split into its keys.
@@ -108,6 +109,16 @@ pub struct SigninRule {
     pub token_urls: Vec<TokenUrl>,
     /// The policy file or preset the rule came from.
     pub origin: Arc<str>,
+}
+
+impl Describe for SigninRule {
+    fn describe(&self) -> String {
+        let tokens: Vec<String> = self.tokens.iter().map(|t| t.to_string()).collect();
+        let hosts: Vec<String> = self.hosts.iter().map(|h| h.to_string()).collect();
+        let urls: Vec<String> = self.token_urls.iter().map(|u| u.to_string()).collect();
+        let refresh = if urls.is_empty() { String::new() } else { format!(", refreshed at {}", urls.join(", ")) };
+        format!("{}: {} for {}{refresh}", self.name(), tokens.join(", "), hosts.join(", "))
+    }
 }
 
 impl SigninRule {

@@ -48,7 +48,7 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{CHANGES_PORT, CHECKPOINT_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
-use crate::changes::{Hasher, Sha256};
+use crate::util::digest::{Hasher, Sha256};
 
 /// Guest ports below this need CAP_NET_BIND_SERVICE to bind.
 pub const PRIVILEGED_PORTS: u32 = 1024;

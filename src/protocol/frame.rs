@@ -161,7 +161,10 @@ mod tests {
                 files: 1,
                 bytes: 3,
                 skipped: 0,
-                stream: crate::protocol::auth::StreamDigest { bytes: 90, sha256: crate::changes::Sha256::of(b"x") },
+                stream: crate::protocol::auth::StreamDigest {
+                    bytes: 90,
+                    sha256: crate::util::digest::Sha256::of(b"x"),
+                },
             }),
             GuestMsg::Checkpoint(crate::protocol::CheckpointOutcome {
                 id: 7,

@@ -5,6 +5,9 @@
 //!
 //! - this module: the vsock ports and the messages on them (`HostMsg`,
 //!   `GuestMsg`, `RunSpec`, ...), framed by `read_frame`/`write_frame`;
+//! - `change_set`: the guest's workspace changes as the host receives them
+//!   (paths, entries and the stream they travel in);
+//! - `audit`: the proxy's audit log, read by `stockade log` and `policy learn`;
 //! - `auth`: how the init's connections are told from other guest processes;
 //! - `seen`: the workspace paths the guest looked up, which the VMM records
 //!   for apply;
@@ -33,8 +36,10 @@
 //! VMM and the host tell it from any other guest process.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod auth;
 pub mod broker;
+pub mod change_set;
 pub mod exit;
 mod frame;
 pub mod limits;

@@ -18,16 +18,14 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use super::ProxyError;
-use crate::changes::display_bytes;
 use crate::logcap::NETWORK_LOG_CAP;
+use crate::protocol::audit::{Decision, Kind, Record};
+use crate::util::text::display_bytes;
 
-/// The audit log's name in a session directory.
-pub const AUDIT_FILE: &str = "network.jsonl";
 /// Room for security records in full past `NETWORK_LOG_CAP`: some 25,000.
 pub const SECURITY_LOG_CAP: u64 = 8 << 20;
 /// Shapes summed past the caps, for security records and for the rest
@@ -38,112 +36,7 @@ const MAX_SHAPE_TEXT: usize = 512;
 /// The host of a sum over destinations past `MAX_SHAPES`.
 const OTHER_DESTINATIONS: &str = "(other destinations)";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// A CONNECT tunnel passed through untouched.
-    Connect,
-    /// A plain http:// request.
-    Http,
-    /// A request inside an intercepted TLS connection (credential host).
-    Https,
-    /// A DNS question.
-    Dns,
-    /// A request to the host's ssh-agent (a signature).
-    Agent,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Decision {
-    Allow,
-    Deny,
-    /// Allowed, but it did not work (DNS, connect, upstream TLS).
-    Fail,
-}
-
-/// One line of the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Record {
-    /// RFC 3339, milliseconds, UTC.
-    pub time: String,
-    pub kind: Kind,
-    pub host: String,
-    /// 0 for DNS.
-    pub port: u16,
-    pub decision: Decision,
-    /// The rule that decided, with its policy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    /// Why a flow was denied or failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The address connected to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub addr: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub method: Option<String>,
-    /// The request path, without its query (which may hold tokens).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<u16>,
-    /// The credential rule whose header was written (never the value).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credential: Option<String>,
-    /// The sign-in rule whose real tokens were written into the request
-    /// (never the values).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signin: Option<String>,
-    /// What the answer did to a host sign-in file (refreshed, created).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signin_saved: Option<String>,
-    /// What the package cache did: "hit" (served from it), "stored"
-    /// (downloaded, checked, kept), "passed" (checked, not kept: the
-    /// reason says why), "refused" (did not match the registry's digest),
-    /// "checksums" (the proxy's own metadata request).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<String>,
-    /// Bytes from the guest to the server, and back.
-    #[serde(default)]
-    pub bytes_up: u64,
-    #[serde(default)]
-    pub bytes_down: u64,
-    /// How many records of this shape past the log's caps this line sums
-    /// (their bytes summed, the time the last one's); absent: one record.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repeated: Option<u64>,
-}
-
 impl Record {
-    pub fn new(kind: Kind, host: impl Into<String>, port: u16, decision: Decision) -> Record {
-        Record {
-            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            kind,
-            host: host.into(),
-            port,
-            decision,
-            rule: None,
-            reason: None,
-            addr: None,
-            method: None,
-            path: None,
-            status: None,
-            credential: None,
-            signin: None,
-            signin_saved: None,
-            cache: None,
-            bytes_up: 0,
-            bytes_down: 0,
-            repeated: None,
-        }
-    }
-
-    /// How many records this line stands for.
-    pub fn count(&self) -> u64 {
-        self.repeated.unwrap_or(1)
-    }
-
     /// Whether it must stay readable whatever the guest logged before it:
     /// a refusal, a secret written for the guest, a signature, a download
     /// that did not match its registry's digest.
@@ -530,6 +423,7 @@ fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::audit::AUDIT_FILE;
 
     #[test]
     fn guest_chosen_hosts_and_paths_cannot_drive_the_terminal() {
@@ -540,7 +434,7 @@ mod tests {
         let text = render(&[r]);
         for c in text.chars() {
             assert!(
-                c == '\n' || !(c.is_control() || crate::changes::is_invisible(c)),
+                c == '\n' || !(c.is_control() || crate::util::text::is_invisible(c)),
                 "{:?} reached the output: {text:?}",
                 c
             );

@@ -16,8 +16,9 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, SizeHint};
 use thiserror::Error;
 
-use super::audit::{AuditLog, Decision, Record};
+use super::audit::AuditLog;
 use super::budget::{Budget, Charge, Exhausted};
+use crate::protocol::audit::{Decision, Record};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Every body the proxy sends or forwards.

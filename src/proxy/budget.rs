@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
-use crate::host::space::human_bytes;
+use crate::util::text::human_bytes;
 
 /// Bytes the proxy may hold in buffered bodies, across all connections.
 #[derive(Clone)]

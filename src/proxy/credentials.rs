@@ -12,7 +12,7 @@ use http::HeaderValue;
 use tokio::sync::Mutex;
 
 use super::ProxyError;
-use super::signin::form_encode;
+use super::form::form_encode;
 use crate::policy::{CredentialRule, Host, PLACEHOLDER, Port, ValueSource};
 
 /// How long a credential command may run.

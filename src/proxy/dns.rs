@@ -10,9 +10,9 @@ use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
 use super::Shared;
-use super::audit::{Decision, Kind, Record as AuditRecord};
 use super::resolve::{self, Answer};
 use crate::policy::{Host, is_host_alias};
+use crate::protocol::audit::{Decision, Kind, Record as AuditRecord};
 use crate::protocol::transparent::GATEWAY_IP;
 
 /// Answers one DNS message (as carried over UDP). Garbage in gets FORMERR

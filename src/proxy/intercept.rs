@@ -23,13 +23,13 @@ use hyper_util::server::conn::auto;
 use tokio_rustls::TlsAcceptor;
 
 use super::Shared;
-use super::audit::{Decision, Kind, Record};
 use super::body::{self, BufferError, Buffered, Counted, Direction, Flow, ProxyBody};
 use super::packages;
 use super::scrub::{Scrub, Scrubbed};
 use super::signin::{BODY_DEADLINE, MAX_ANSWER, MAX_REQUEST, TokenRequest};
 use super::upstream::TlsUpstream;
 use crate::policy::{Host, Port, RequestPath};
+use crate::protocol::audit::{Decision, Kind, Record};
 
 /// One intercepted guest connection.
 pub struct Interception {

@@ -7,7 +7,8 @@
 //! - `intercept` + `upstream`: TLS interception for hosts with a credential,
 //!   sign-in or path deny rule; the upstream certificate is verified before
 //!   the header is written, and only requests in the rule's scope get it.
-//! - `resolve` + `address`: DNS via hickory, internal addresses refused.
+//! - `resolve`: DNS via hickory, internal addresses (`policy::is_internal`)
+//!   refused.
 //! - `dns`: answers to the guest's DNS questions, from the policy; `names`
 //!   remembers which names each answered address stands for.
 //! - `transparent`: connections the guest made without the proxy, with
@@ -17,7 +18,9 @@
 //! - `budget`: the memory all buffered bodies may hold together.
 //! - `signin`: agents' sign-in tokens kept on the host; the guest gets a
 //!   copy of each token file with placeholders (`Proxy::signin_files`);
-//!   `scrub` takes the real values out of every answer on their hosts.
+//!   `scrub` takes the real values out of every answer on their hosts;
+//!   `form` encodes and decodes the form fields tokens travel in.
+//! - `standalone`: the proxy on its own for a host program (`policy serve`).
 //!
 //! The proxy runs on its own tokio runtime; [`Proxy`] is the handle that
 //! serves listeners and stops it. A run wires it up like this:
@@ -36,13 +39,13 @@
 //! ```
 #![forbid(unsafe_code)]
 
-pub mod address;
 pub mod audit;
 mod body;
 mod budget;
 mod ca;
 mod credentials;
 mod dns;
+mod form;
 mod intercept;
 mod names;
 pub mod packages;
@@ -52,6 +55,7 @@ mod server;
 mod signin;
 mod sni;
 mod ssh;
+pub mod standalone;
 mod tls;
 mod transparent;
 mod tunnel;
@@ -74,7 +78,6 @@ use thiserror::Error;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-pub use audit::AUDIT_FILE;
 pub use ca::CertificateAuthority;
 pub use signin::SigninFile;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use hickory_proto::rr::{RData, RecordType};
 use hickory_resolver::TokioResolver;
 
-use super::address::is_internal;
+use crate::policy::is_internal;
 use crate::policy::{Denial, Host, Policy, Port, canonical_ip, is_host_alias};
 
 /// The TTL given to the guest for answers: short, so policy changes of the

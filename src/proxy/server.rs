@@ -20,13 +20,13 @@ use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::Mutex;
 
 use super::Shared;
-use super::audit::{Decision, Kind, Record};
 use super::body::{self, Counted, Direction, Flow, ProxyBody};
 use super::intercept::{self, Interception};
 use super::resolve::{self, Unreachable};
 use super::tunnel;
 use super::upstream::{self, TlsUpstream};
 use crate::policy::{Host, Port, RequestPath, Verdict};
+use crate::protocol::audit::{Decision, Kind, Record};
 
 /// A guest that sends no request head within this is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(60);

@@ -23,9 +23,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use super::audit::{self, Decision, Kind};
+use super::audit;
 use super::{Proxy, ProxyConfig, tls};
 use crate::policy;
+use crate::protocol::audit::{Decision, Kind};
 
 const SECRET: &str = "s3cret-value-0123";
 
@@ -252,7 +253,7 @@ where
     (status, String::from_utf8_lossy(&body).to_string())
 }
 
-pub(super) fn audit_records(setup: &Setup) -> Vec<audit::Record> {
+pub(super) fn audit_records(setup: &Setup) -> Vec<crate::protocol::audit::Record> {
     // Records are written as flows end; give the proxy's threads a moment.
     std::thread::sleep(Duration::from_millis(100));
     audit::read(&setup.audit).map(|(r, _)| r).unwrap_or_default()

@@ -28,7 +28,6 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
 use super::Shared;
-use super::audit::{Decision, Kind, Record};
 use super::body::{self, ProxyBody};
 use super::intercept::{self, Interception};
 use super::server::{self, PlainConnection, Target};
@@ -36,6 +35,7 @@ use super::sni::{self, Inspection};
 use super::tunnel;
 use super::upstream::{self, TlsUpstream};
 use crate::policy::{Host, Policy, Port, Verdict};
+use crate::protocol::audit::{Decision, Kind, Record};
 use crate::protocol::transparent as header_wire;
 
 /// A guest that does not say which site it wants within this is dropped

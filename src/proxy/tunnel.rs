@@ -7,10 +7,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::Shared;
-use super::audit::{Decision, Record};
 use super::sni::{self, Inspection};
 use super::ssh;
 use crate::policy::Host;
+use crate::protocol::audit::{Decision, Record};
 
 /// Copy buffer per direction: large enough for loopback-speed transfers.
 const BUFFER: usize = 64 * 1024;

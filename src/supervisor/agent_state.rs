@@ -27,10 +27,12 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode as NixMode, mkdirat};
 use sha2::{Digest, Sha256};
 
-use crate::changes::{Base, Hasher, Limits, Mode, RelPath, Store, Writer};
+use crate::changes::Store;
 use crate::policy::AgentState;
 use crate::protocol::RootEntry;
+use crate::protocol::change_set::{Base, Limits, Mode, RelPath, Writer};
 use crate::protocol::vm_config::ShareConfig;
+use crate::util::digest::Hasher;
 
 /// Seeding stops after this many files of one agent: a settings tree, not a
 /// project.

@@ -5,6 +5,7 @@
 
 use std::io::Read;
 
+// A cycle with root, which describes the guest user these account files are for; supervisor/ is regrouped later.
 use super::root::User;
 
 pub const HOSTNAME: &str = "stockade";

@@ -7,8 +7,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::mpsc::SyncSender;
 
 use super::*;
-use crate::changes::{Base, RelPath, Writer};
 use crate::protocol::auth::DigestWriter;
+use crate::protocol::change_set::{Base, RelPath, Writer};
 use crate::protocol::read_frame;
 
 struct Fx {

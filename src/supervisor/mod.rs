@@ -76,7 +76,7 @@ pub struct RunConfig {
     /// `--include-code` and the user's `runs_code` patterns.
     pub code: changes::review::CodeChoice,
     /// Colour for the review on stderr.
-    pub color: changes::review::ColorChoice,
+    pub color: crate::util::color::ColorChoice,
     /// What the guest may reach on the network, and the credentials the
     /// proxy adds on its behalf.
     pub policy: crate::policy::Policy,

@@ -12,10 +12,11 @@ use anyhow::{Context, bail};
 
 use super::vm;
 use crate::policy::Policy;
+use crate::protocol::audit::AUDIT_FILE;
 use crate::protocol::transparent::GATEWAY_IP;
 use crate::protocol::{AGENT_PORT, DNS_PORT, GUEST_AGENT_SOCKET, PROXY_PORT, TRANSPARENT_PORT};
 use crate::proxy::packages::CacheConfig;
-use crate::proxy::{AUDIT_FILE, GuestTrust, Proxy, ProxyConfig};
+use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
 
 /// The guest forwarder's address (see guest::net).
 const PROXY_URL: &str = "http://127.0.0.1:3128";

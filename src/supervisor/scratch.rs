@@ -20,8 +20,8 @@ use std::time::SystemTime;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use crate::changes::extent;
 use crate::host::templates;
+use crate::util::extent;
 
 /// Where mke2fs lives on Debian-like systems when it is not on $PATH
 /// (ordinary users' PATH often lacks the sbin directories).

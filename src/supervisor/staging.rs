@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow};
 
 use super::admission::{self, Channel, Listening, Tampering};
-use crate::changes::{Limits, Space, StageReport, Store};
+use crate::changes::{Space, StageReport, Store};
 use crate::progress::{Meter, Progress};
 use crate::protocol::auth::{StreamDigest, StreamHasher, Token};
+use crate::protocol::change_set::Limits;
 
 /// After the init reports its export, how long its change connection may
 /// take to show up (it was opened before the report was sent).

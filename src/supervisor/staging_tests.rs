@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::changes::{Base, RelPath, Writer};
 use crate::protocol::auth::{DigestWriter, Token};
+use crate::protocol::change_set::{Base, RelPath, Writer};
 
 fn change_set(path: &str, content: &[u8]) -> Vec<u8> {
     let mut w = Writer::new(Vec::new()).unwrap();

@@ -16,10 +16,13 @@
 pub mod boot;
 pub mod cpuid;
 pub mod devices;
+pub mod jail_probe;
 pub mod layout;
 pub mod memory;
 pub mod mptable;
 pub mod probe;
+#[cfg(test)]
+mod seccomp_tests;
 pub mod template;
 pub mod vcpu;
 

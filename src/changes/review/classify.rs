@@ -85,8 +85,8 @@ use std::sync::OnceLock;
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::changes::model::{Base, Entry, Kind, Mode};
-use crate::changes::path::RelPath;
+use crate::protocol::change_set::entry::{Base, Entry, Kind, Mode};
+use crate::protocol::change_set::path::RelPath;
 
 use super::direnv::Envrc;
 use super::host::{Host, HostState};
@@ -1391,7 +1391,8 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::changes::model::{Sha256, SymlinkTarget};
+    use crate::protocol::change_set::entry::SymlinkTarget;
+    use crate::util::digest::Sha256;
 
     fn p(s: &str) -> RelPath {
         RelPath::new(s.as_bytes()).unwrap()

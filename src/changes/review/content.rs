@@ -4,8 +4,9 @@
 
 use std::io::Read;
 
-use crate::changes::model::{Entry, Kind, Mode, Sha256};
 use crate::changes::store::Store;
+use crate::protocol::change_set::entry::{Entry, Kind, Mode};
+use crate::util::digest::Sha256;
 
 use super::host::{Host, HostState};
 

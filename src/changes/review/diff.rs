@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use sha1::Digest;
 use similar::{Algorithm, DiffOp, DiffTag, capture_diff_slices_deadline, group_diff_ops};
 
-use crate::changes::path::{RelPath, is_invisible};
+use crate::protocol::change_set::path::RelPath;
+use crate::util::text::is_invisible;
 
 use super::content::{FileData, Side, human_size, is_binary};
 use super::style::{Painter, Role};

@@ -7,12 +7,12 @@ use std::path::Path;
 use std::process::Command;
 
 use super::*;
-use crate::changes::model::Mode;
 use crate::changes::review::content::FileData;
 use crate::changes::review::host::Host;
 use crate::changes::review::summary::Summary;
 use crate::changes::review::testutil::{fx, options, p, stage_difference, write};
 use crate::changes::review::view::View;
+use crate::protocol::change_set::entry::Mode;
 
 fn file(bytes: &[u8], mode: u32) -> Side {
     Side::File(FileData { mode: Mode::from_raw(mode), size: bytes.len() as u64, bytes: Some(bytes.to_vec()) })

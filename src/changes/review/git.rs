@@ -12,9 +12,10 @@ use std::io::Read;
 
 use flate2::read::ZlibDecoder;
 
-use crate::changes::model::{Entry, Kind};
-use crate::changes::path::{RelPath, display_bytes};
 use crate::changes::store::Store;
+use crate::protocol::change_set::entry::{Entry, Kind};
+use crate::protocol::change_set::path::RelPath;
+use crate::util::text::display_bytes;
 
 use super::host::Host;
 

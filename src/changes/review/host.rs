@@ -7,8 +7,8 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use crate::changes::dirfd::{self, FileType, Root};
-use crate::changes::model::Mode;
-use crate::changes::path::RelPath;
+use crate::protocol::change_set::entry::Mode;
+use crate::protocol::change_set::path::RelPath;
 
 /// What the host holds at a path now.
 #[derive(Debug, Clone, PartialEq, Eq)]

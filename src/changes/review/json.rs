@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::changes::model::{Kind, SymlinkTarget};
+use crate::protocol::change_set::entry::{Kind, SymlinkTarget};
 
 use super::classify::Place;
 use super::git::GitEvent;
@@ -88,7 +88,7 @@ fn item(item: &Item) -> Value {
 }
 
 fn escaped_target(target: &SymlinkTarget) -> String {
-    crate::changes::path::escape(target.as_bytes())
+    crate::protocol::change_set::path::escape(target.as_bytes())
 }
 
 fn event(event: &GitEvent) -> Value {

@@ -38,11 +38,12 @@ use thiserror::Error;
 
 use super::ChangesError;
 use super::apply::{ApplyOptions, ApplyReport, apply_with_progress};
-use super::model::{self, Base, EntryState, Kind};
-use super::path::RelPath;
 use super::selection::Selection;
 use super::store::{Counts, Store, StoredEntry};
 use crate::progress::{Meter, Progress};
+use crate::protocol::change_set::RelPath;
+use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
+use crate::util::color::ColorChoice;
 
 pub use classify::check_pattern;
 pub use diff::Format;
@@ -52,7 +53,7 @@ pub use pager::{Pager, Target};
 pub use prompt::LineAnswers;
 pub use prompt::{Answers, Choice, KeyAnswers};
 pub use report::{write_apply_report, write_hint};
-pub use style::{ColorChoice, Painter, Role};
+pub use style::{Painter, Role};
 pub use summary::{RenderOptions, Summary, SummaryOptions, plural};
 pub use view::View;
 
@@ -327,7 +328,7 @@ pub fn sensitive_paths_among(
     workspace: &Path,
     selection: &Selection,
     code: &CodeChoice,
-    links: &[model::Entry],
+    links: &[Entry],
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
     let host = Host::open(workspace);
     let staged: Vec<StoredEntry> = store.entries()?.into_iter().filter(|e| e.state == EntryState::Staged).collect();
@@ -356,7 +357,7 @@ fn classifier_for<'h, 'e, I>(
     runs_code: &[String],
 ) -> classify::Classifier<'h>
 where
-    I: IntoIterator<Item = &'e model::Entry> + Clone,
+    I: IntoIterator<Item = &'e Entry> + Clone,
 {
     let mut classifier = classify::Classifier::new(host, workspace, global_excludes).with_patterns(runs_code);
     classifier.learn(staged.clone());

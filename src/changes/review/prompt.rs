@@ -14,7 +14,7 @@ use std::path::Path;
 
 use nix::sys::termios::{self, LocalFlags, SetArg, SpecialCharacterIndices, Termios};
 
-use crate::changes::path::RelPath;
+use crate::protocol::change_set::path::RelPath;
 
 use super::git::{GitEvent, short_ref};
 use super::style::{Painter, Role};
@@ -392,7 +392,7 @@ fn status_role(letter: char) -> Role {
 }
 
 fn describe_event(event: &GitEvent) -> String {
-    let clean = |s: &str| crate::changes::path::display_bytes(s.as_bytes());
+    let clean = |s: &str| crate::util::text::display_bytes(s.as_bytes());
     match event {
         GitEvent::Head { from, to } => format!("HEAD switched from {} to {}", clean(from), clean(to)),
         GitEvent::Deleted { reference, .. } => format!("{} deleted", clean(&short_ref(reference))),

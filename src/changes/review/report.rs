@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use crate::changes::apply::ApplyReport;
-use crate::changes::path::RelPath;
+use crate::protocol::change_set::path::RelPath;
 
 use super::style::{Painter, Role};
 use super::summary::{plural, thousands};

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use crate::changes::ChangesError;
 use crate::changes::apply::{ApplyOptions, check};
-use crate::changes::model::{Base, Entry, EntryState, Kind};
-use crate::changes::path::RelPath;
 use crate::changes::selection::Selection;
 use crate::changes::store::{Counts, StageReport, Store};
+use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
+use crate::protocol::change_set::path::RelPath;
 
 use super::classify::{Danger, Place, became_executable, points_outside};
 use super::content;

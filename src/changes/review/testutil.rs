@@ -7,11 +7,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::changes::model::{Base, Mode, Sha256, SymlinkTarget};
-use crate::changes::path::RelPath;
 use crate::changes::store::Store;
 use crate::changes::tree;
-use crate::changes::wire::{Limits, Writer};
+use crate::protocol::change_set::entry::{Base, Mode, SymlinkTarget};
+use crate::protocol::change_set::path::RelPath;
+use crate::protocol::change_set::stream::{Limits, Writer};
+use crate::util::digest::Sha256;
 
 use super::summary::SummaryOptions;
 

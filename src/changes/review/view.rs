@@ -10,9 +10,9 @@
 use std::collections::HashSet;
 use std::io::{self, Write};
 
-use crate::changes::model::Kind;
-use crate::changes::path::RelPath;
 use crate::changes::store::Store;
+use crate::protocol::change_set::entry::Kind;
+use crate::protocol::change_set::path::RelPath;
 
 use super::classify::Place;
 use super::content::{self, DISPLAY_LIMIT, FileData, Side};

@@ -31,12 +31,12 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::Shared;
-use super::audit::{Decision, Kind, Record};
 use super::body::{self, BoxError, Buffered, Counted, Direction, Flow, ProxyBody};
 use super::intercept::Interception;
 use super::resolve::{self, Unreachable};
 use super::upstream::{self, TlsUpstream};
 use crate::policy::{RegistryUrl, Verdict};
+use crate::protocol::audit::{Decision, Kind, Record};
 pub use registries::Download;
 use registries::Source;
 use store::{Store, Tampered};

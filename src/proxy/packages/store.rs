@@ -26,7 +26,7 @@ use blake2::Blake2b;
 use blake2::digest::consts::U32;
 use sha2::{Digest as _, Sha256, Sha512};
 
-use crate::host::space::human_bytes;
+use crate::util::text::human_bytes;
 
 /// The digests registries publish that the cache accepts (sha1, which
 /// old npm packages also list, is not one: it can be forged).
@@ -153,7 +153,7 @@ pub struct Usage {
 const RESERVE_STEP: u64 = 1 << 20;
 
 /// Free bytes (to this user) and size of the filesystem holding a
-/// directory; `host::space::filesystem` but in tests.
+/// directory; `util::space::filesystem` but in tests.
 pub type FreeSpace = Box<dyn Fn(&Path) -> io::Result<(u64, u64)> + Send + Sync>;
 
 /// Why a download reached the guest without being kept.
@@ -225,7 +225,7 @@ pub struct Store {
 impl Store {
     /// The cache in `dir` (created, private to the user).
     pub fn open(dir: &Path, limit: u64) -> io::Result<Store> {
-        Store::open_with(dir, limit, Box::new(crate::host::space::filesystem))
+        Store::open_with(dir, limit, Box::new(crate::util::space::filesystem))
     }
 
     /// The cache in `dir`, judging free space by `free_space`.
@@ -408,7 +408,7 @@ impl Room {
         // What this process reserved is counted as not yet written: a
         // little early to stop, never late, however many run at once.
         let (available, total) = (self.free_space)(&self.dir).map_err(Skip::Write)?;
-        let margin = crate::host::space::staging_margin(total);
+        let margin = crate::util::space::staging_margin(total);
         if available < margin.saturating_add(reserved) {
             return Err(Skip::Margin { margin });
         }

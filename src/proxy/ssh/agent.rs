@@ -13,8 +13,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use super::wire::Reader;
+use crate::protocol::audit::{Decision, Kind, Record};
 use crate::proxy::Shared;
-use crate::proxy::audit::{Decision, Kind, Record};
 
 /// The largest agent message either side may send.
 const MAX_MESSAGE: usize = 256 * 1024;

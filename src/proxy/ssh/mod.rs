@@ -32,8 +32,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::Shared;
-use super::audit::{Decision, Record};
 use crate::policy::{Host, Port};
+use crate::protocol::audit::{Decision, Record};
 use transport::{MSG_NEWKEYS, ServerFrames};
 
 /// Copy buffer per direction while the key exchange is read.

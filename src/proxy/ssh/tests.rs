@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use super::transport::tests::{keypair, packet, reply};
 use super::wire::put_string;
-use crate::proxy::audit::{Decision, Kind};
+use crate::protocol::audit::{Decision, Kind};
 use crate::proxy::tests::{Setup, audit_records, connect, policy_for, runtime, start_proxy_configured};
 
 /// The exchange hash the stand-in server signs: the session id.

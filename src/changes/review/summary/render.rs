@@ -5,13 +5,14 @@
 use std::io::{self, Write};
 
 use super::{Group, GroupKey, Item, Lines, Status, Summary};
-use crate::changes::SymlinkTarget;
-use crate::changes::model::{Base, Kind, Mode};
-use crate::changes::path::{RelPath, display_bytes};
 use crate::changes::review::content::human_size;
 use crate::changes::review::diff::LineStat;
 use crate::changes::review::git::{GitActivity, GitEvent, short_id, short_ref};
 use crate::changes::review::style::{Painter, Role};
+use crate::protocol::change_set::SymlinkTarget;
+use crate::protocol::change_set::entry::{Base, Kind, Mode};
+use crate::protocol::change_set::path::RelPath;
+use crate::util::text::display_bytes;
 
 /// How much of the summary to show.
 #[derive(Debug, Clone, Copy)]

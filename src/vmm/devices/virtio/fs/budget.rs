@@ -1,6 +1,6 @@
 //! How far the guest may grow a writable share on the host: never into the
 //! free-space margin of the share's filesystem (the one staging keeps, see
-//! `host::space::staging_margin`), and, for a share with a limit (an
+//! `util::space::staging_margin`), and, for a share with a limit (an
 //! agent's state), never past that limit.
 //!
 //! Growth is counted by logical size, so a sparse file costs what it could
@@ -60,7 +60,7 @@ impl Budget {
         let root: OwnedFd = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(root)?.into();
         let stat = fstatvfs(&root).map_err(io::Error::from)?;
         let total = stat.blocks().saturating_mul(stat.fragment_size());
-        let margin = margin.unwrap_or_else(|| crate::host::space::staging_margin(total));
+        let margin = margin.unwrap_or_else(|| crate::util::space::staging_margin(total));
         let every = SPACE_CHECK_EVERY.min(margin / 4).max(64 << 10);
         let used = match limit {
             Some(_) => measure(&root),

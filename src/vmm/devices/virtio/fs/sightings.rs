@@ -273,11 +273,11 @@ impl Record {
             .map_err(|e| format!("cannot see the free space left for the record of what the guest saw: {e}"))?;
         let available = stat.blocks_available().saturating_mul(stat.fragment_size());
         let total = stat.blocks().saturating_mul(stat.fragment_size());
-        let margin = self.margin.unwrap_or_else(|| crate::host::space::staging_margin(total));
+        let margin = self.margin.unwrap_or_else(|| crate::util::space::staging_margin(total));
         if available < margin.saturating_add(self.pending.len() as u64) {
             return Err(format!(
                 "the session's filesystem is down to its free-space margin ({} left)",
-                crate::host::space::human_bytes(available)
+                crate::util::text::human_bytes(available)
             ));
         }
         Ok(())

@@ -6,7 +6,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::EpollEvent;
 
 use super::REQUEST_QUEUE;
-use super::device::process_queue;
+use super::request::process_queue;
 use super::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
 

@@ -1,11 +1,12 @@
 //! virtio-rng (virtio spec 5.4): the guest's entropy source, fed from the
 //! host's /dev/urandom.
 //!
-//! `device` is what the transport sees and how a request is filled,
+//! `device` is what the transport sees, `request` how a request is filled,
 //! `event_handler` what the worker does on a kick.
 
 mod device;
 mod event_handler;
+mod request;
 
 use super::{DeviceError, Env, Instance, Registration, worker};
 use crate::jail::{DeviceThread, Openat};

@@ -12,15 +12,13 @@ use nix::errno::Errno;
 use nix::sys::socket::{self, MsgFlags};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use super::BUF_ALLOC;
 use super::error::VsockError;
 use super::packet::{
     HOST_CID, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_RESPONSE, OP_RW, OP_SHUTDOWN, PacketHeader, SHUTDOWN_RCV,
     SHUTDOWN_SEND, TYPE_STREAM,
 };
 
-/// The receive buffer we advertise per connection: the most guest data we
-/// ever hold for a Unix peer that is slow to read.
-pub(super) const BUF_ALLOC: u32 = 256 * 1024;
 /// Forwarding this much since the guest last heard our fwd_cnt earns it an
 /// unsolicited credit update, so a sender waiting for credit resumes.
 const CREDIT_UPDATE_THRESHOLD: u32 = BUF_ALLOC / 2;

@@ -5,7 +5,7 @@ use std::io;
 
 use thiserror::Error;
 
-use super::connection::BUF_ALLOC;
+use super::BUF_ALLOC;
 use super::packet::{HEADER_SIZE, MAX_PKT_DATA};
 
 #[derive(Debug, Error)]

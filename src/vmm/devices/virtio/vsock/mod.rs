@@ -38,6 +38,9 @@ const TX_QUEUE: usize = 1;
 const EVENT_QUEUE: usize = 2;
 const NUM_QUEUES: usize = EVENT_QUEUE + 1;
 const QUEUE_SIZE: u16 = 256;
+/// The receive buffer we advertise per connection: the most guest data we
+/// ever hold for a Unix peer that is slow to read.
+const BUF_ALLOC: u32 = 256 * 1024;
 
 /// CIDs 0-2 are the hypervisor, local and host; u32::MAX is VMADDR_CID_ANY
 /// and the upper 32 bits of guest_cid are reserved.

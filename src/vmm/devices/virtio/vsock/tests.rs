@@ -15,7 +15,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::connection::BUF_ALLOC;
+use super::BUF_ALLOC;
 use super::muxer::{MAX_CONNECTIONS, MAX_INIT_CONNECTIONS, MAX_PENDING_CONTROL, Muxer};
 use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RESPONSE, OP_RST, OP_RW,

@@ -24,8 +24,9 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::model::{Base, Entry, Hasher, Kind, Mode, Sha256, Skipped, SpecialKind, SymlinkTarget};
+use super::entry::{Base, Entry, Kind, Mode, Skipped, SpecialKind, SymlinkTarget};
 use super::path::RelPath;
+use crate::util::digest::{Hasher, Sha256};
 
 pub const MAGIC: [u8; 8] = *b"STKDCHG\n";
 /// 2: holes (`HOLE` records), and the end record counts the bytes carried.
@@ -64,7 +65,7 @@ pub struct Limits {
     /// How many skipped paths are listed (all are counted).
     pub max_skipped_listed: usize,
     /// Free space staging leaves on the store's filesystem at least; `None`
-    /// is [`crate::host::space::staging_margin`] of that filesystem.
+    /// is [`crate::util::space::staging_margin`] of that filesystem.
     pub min_free: Option<u64>,
 }
 
@@ -349,7 +350,7 @@ impl<W: Write> Writer<W> {
         let mut pos = 0u64;
         self.chunk.resize(WRITE_CHUNK, 0);
         while pos < size {
-            let (start, end) = super::extent::next_data(file, pos, size)?.unwrap_or((size, size));
+            let (start, end) = crate::util::extent::next_data(file, pos, size)?.unwrap_or((size, size));
             if start > pos {
                 self.send_hole(&mut hasher, start - pos)?;
             }
@@ -378,7 +379,7 @@ impl<W: Write> Writer<W> {
     /// Sends `self.chunk[..n]`, as a hole when it is all zeros; returns the
     /// data bytes sent.
     fn send_chunk(&mut self, hasher: &mut Hasher, n: usize) -> Result<u64, WireError> {
-        if super::extent::all_zero(&self.chunk[..n]) {
+        if crate::util::extent::all_zero(&self.chunk[..n]) {
             self.send_hole(hasher, n as u64)?;
             return Ok(0);
         }
@@ -388,7 +389,7 @@ impl<W: Write> Writer<W> {
     }
 
     fn send_hole(&mut self, hasher: &mut Hasher, len: u64) -> Result<(), WireError> {
-        super::extent::hash_zeros(hasher, len);
+        crate::util::extent::hash_zeros(hasher, len);
         write_frame(&mut self.out, TAG_HOLE, &len.to_le_bytes())?;
         Ok(())
     }
@@ -624,7 +625,7 @@ impl<R: Read> Reader<R> {
                 hasher.update(&self.buf);
                 blob.write_all(&self.buf)
             } else {
-                super::extent::hash_zeros(&mut hasher, len);
+                crate::util::extent::hash_zeros(&mut hasher, len);
                 blob.hole(len)
             };
             if let Err(e) = written {

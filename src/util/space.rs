@@ -35,27 +35,9 @@ pub fn staging_margin(filesystem_size: u64) -> u64 {
     (filesystem_size / 20).min(1 << 30)
 }
 
-/// Formats a byte count the way people read disk sizes.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_sizes() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(3 * 1024 * 1024 * 1024), "3.0 GiB");
-    }
 
     #[test]
     fn the_staging_margin_is_a_gib_or_five_percent_of_a_small_filesystem() {

@@ -1,5 +1,5 @@
 //! The change pipeline's benchmarks, ignored tests so they need no extra
-//! binary. `benches/apply.sh`: guest export of 10,000 files, staging them,
+//! binary. They sit above `guest` and `changes`, since they run both. `benches/apply.sh`: guest export of 10,000 files, staging them,
 //! and applying them, each the median of a few runs, plus the filesystem's
 //! own floor for comparison.
 //! `benches/review.sh`: a 10-file change in a workspace of 1,000,000 files,
@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::dirfd::work::{Work, measure};
-use super::review::{self, ApplyMode, Console, Pager, Painter, Summary, SummaryOptions};
-use super::{ApplyOptions, Limits, Store, Writer, apply};
+use crate::changes::review::{self, ApplyMode, Console, Pager, Painter, Summary, SummaryOptions};
+use crate::changes::work::{Work, measure};
+use crate::changes::{ApplyOptions, Selection, Store, apply, tree_digest_at};
 use crate::guest::export::{Markers, export};
+use crate::protocol::change_set::{Limits, Writer};
 
 const FILES: usize = 10_000;
 
@@ -295,8 +296,7 @@ fn review_big_workspace() {
         // `stockade apply`: the execution-sensitive check, then apply.
         "apply" => {
             let ((sensitive, report), time, peak, work) = phase(|| {
-                let sensitive =
-                    review::sensitive_paths(&store, &ws, &super::Selection::all(), &Default::default()).unwrap();
+                let sensitive = review::sensitive_paths(&store, &ws, &Selection::all(), &Default::default()).unwrap();
                 (sensitive, apply(&store, &ws, &ApplyOptions::all()).unwrap())
             });
             assert_eq!(report.skipped(), 0, "{report:?}");
@@ -353,11 +353,11 @@ fn review_big_workspace_context() {
     });
     let root = fs::File::open(&ws).unwrap();
     timed("tree digest of a removed 1,000-file directory", &mut || {
-        let d = super::tree::digest_at(&fs::File::open(ws.join("node_modules")).unwrap(), b"pkg0001").unwrap();
+        let d = tree_digest_at(&fs::File::open(ws.join("node_modules")).unwrap(), b"pkg0001").unwrap();
         format!("{} entries", d.entries)
     });
     timed("tree digest of a removed node_modules/ (900,000)", &mut || {
-        let d = super::tree::digest_at(&root, b"node_modules").unwrap();
+        let d = tree_digest_at(&root, b"node_modules").unwrap();
         format!("{} entries", d.entries)
     });
 }
@@ -372,8 +372,8 @@ fn review_big_workspace_context() {
 
 /// Writes the change set of `shape` to `out`; returns its entry count.
 fn scale_set(shape: &str, out: impl Write) -> u64 {
-    use super::model::Base;
-    use super::path::RelPath;
+    use crate::protocol::change_set::entry::Base;
+    use crate::protocol::change_set::path::RelPath;
     let mut w = Writer::new(std::io::BufWriter::with_capacity(1 << 20, out)).unwrap();
     let p = |s: &str| RelPath::new(s.as_bytes()).unwrap();
     let content = b"module.exports = 1;\n";

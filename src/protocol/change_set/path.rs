@@ -15,6 +15,8 @@ use std::path::Path;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
+use crate::util::text::display_bytes;
+
 /// Longest path accepted, in bytes (Linux PATH_MAX, which counts the NUL).
 pub const MAX_PATH: usize = 4095;
 /// Longest single name accepted, in bytes (NAME_MAX).
@@ -217,54 +219,6 @@ impl<'de> Deserialize<'de> for RelPath {
         let text = std::borrow::Cow::<str>::deserialize(d)?;
         RelPath::from_escaped(&text).map_err(serde::de::Error::custom)
     }
-}
-
-/// Bytes as text for messages, with anything unprintable escaped: control
-/// characters (C0, DEL, C1), bytes that are not UTF-8, and the invisible
-/// marks that reorder or hide text (`is_invisible`). Guest-chosen names
-/// and symlink targets are shown through this, so a name cannot pose as
-/// another on the terminal.
-pub fn display_bytes(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if c.is_control() {
-                out.extend(c.escape_default());
-            } else if is_invisible(c) {
-                out.extend(c.escape_unicode());
-            } else {
-                out.push(c);
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
-/// Characters that change how text around them shows without showing
-/// themselves: bidi marks, overrides and isolates, zero-width characters,
-/// line and paragraph separators, the byte-order mark, soft hyphens,
-/// blank fillers and tag characters.
-pub fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}'
-            | '\u{034F}'
-            | '\u{061C}'
-            | '\u{115F}'
-            | '\u{1160}'
-            | '\u{180E}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{206F}'
-            | '\u{3164}'
-            | '\u{FEFF}'
-            | '\u{FFA0}'
-            | '\u{FFF9}'..='\u{FFFB}'
-            | '\u{E0000}'..='\u{E007F}'
-    )
 }
 
 fn lossy(bytes: &[u8]) -> String {

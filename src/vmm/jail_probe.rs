@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::mpsc;
 
-use super::{FsRules, JailError, ThreadKind, thread};
-use crate::vmm::devices::virtio::{device_threads, fs};
+use super::devices::virtio::{device_threads, fs};
+use crate::jail::{self, FsRules, JailError, ThreadKind, thread};
 
 #[derive(Debug, Clone)]
 pub enum Probe {
@@ -58,7 +58,7 @@ impl Probe {
 /// Closes the jail with `rules`, runs `probe` on a virtio-fs worker thread
 /// and returns its one-line result.
 pub fn run(rules: &FsRules, probe: Probe) -> Result<String, JailError> {
-    super::enter(rules, &device_threads())?;
+    jail::enter(rules, &device_threads())?;
     let (tx, rx) = mpsc::channel();
     thread::spawn("probe", probe.thread_kind(), move || {
         let _ = tx.send(attempt(&probe));

@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 use nix::errno::Errno;
 use nix::unistd::{Whence, lseek};
 
-use super::model::Hasher;
+use crate::util::digest::Hasher;
 
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
@@ -74,6 +74,6 @@ mod tests {
         assert!(all_zero(&[0; 100]) && !all_zero(&[0, 0, 0, 1]));
         let mut a = Hasher::default();
         hash_zeros(&mut a, 200_000);
-        assert_eq!(a.finish(), crate::changes::Sha256::of(&vec![0; 200_000]));
+        assert_eq!(a.finish(), crate::util::digest::Sha256::of(&vec![0; 200_000]));
     }
 }

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::policy::canonical_ip;
+use super::pattern::canonical_ip;
 
 /// Whether `ip` is loopback, private, link-local, shared (CGNAT),
 /// unspecified, multicast, broadcast or reserved: anything that is not a

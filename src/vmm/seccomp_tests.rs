@@ -1,0 +1,96 @@
+//! The VMM's seccomp filters as the VMM builds them: the fixed thread kinds
+//! and every registered device's worker (`jail::seccomp` holds the rules,
+//! the devices declare their threads).
+
+use std::collections::BTreeMap;
+
+use seccompiler::SeccompRule;
+
+use super::devices::virtio::{device_threads, fs};
+use crate::jail::ThreadKind;
+use crate::jail::seccomp::{self, Filters, MODIFYING_OPEN_FLAGS, all_kinds};
+
+/// The VMM's own kinds: the fixed ones and every registered device's.
+fn kinds() -> Vec<ThreadKind> {
+    all_kinds(&device_threads()).collect()
+}
+
+fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    seccomp::rules(kind, &device_threads())
+}
+
+#[test]
+fn thread_names_are_unique() {
+    let mut names: Vec<&str> = kinds().iter().map(|k| k.name()).collect();
+    let all = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), all);
+}
+
+#[test]
+fn every_filter_compiles() {
+    Filters::build(&device_threads()).unwrap();
+}
+
+#[test]
+fn no_kind_may_make_sockets_or_run_programs() {
+    for kind in kinds() {
+        let allowed = rules(kind).unwrap();
+        for nr in [
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_kill,
+            libc::SYS_tkill,
+            libc::SYS_truncate,
+        ] {
+            assert!(!allowed.contains_key(&nr), "{} may call {nr}", kind.name());
+        }
+        // Signals only to this process's threads, and only to kick a
+        // vCPU while recording.
+        let tgkill = allowed.get(&libc::SYS_tgkill);
+        assert_eq!(
+            tgkill.is_some(),
+            matches!(kind, ThreadKind::RecordingVcpu | ThreadKind::Launcher),
+            "{} may call tgkill",
+            kind.name()
+        );
+        assert!(tgkill.is_none_or(|rules| rules.len() == 1), "tgkill is conditional");
+    }
+}
+
+#[test]
+fn only_the_launcher_creates_threads_and_only_the_writable_fs_changes_files() {
+    for kind in kinds() {
+        let allowed = rules(kind).unwrap();
+        assert_eq!(allowed.contains_key(&libc::SYS_clone), kind == ThreadKind::Launcher, "{}", kind.name());
+        let writes = allowed.contains_key(&libc::SYS_unlinkat);
+        assert_eq!(
+            writes,
+            matches!(kind, ThreadKind::Launcher) || kind == ThreadKind::Device(&fs::WRITABLE_THREAD),
+            "{}",
+            kind.name()
+        );
+    }
+}
+
+#[test]
+fn the_read_only_worker_opens_only_without_modifying_flags() {
+    let ro = rules(ThreadKind::Device(&fs::READ_ONLY_THREAD)).unwrap();
+    assert_eq!(ro[&libc::SYS_openat].len(), 1, "openat is conditional for the read-only worker");
+    assert!(rules(ThreadKind::Device(&fs::WRITABLE_THREAD)).unwrap()[&libc::SYS_openat].is_empty());
+    for kind in kinds() {
+        assert!(!rules(kind).unwrap().contains_key(&libc::SYS_openat2), "{} may call openat2", kind.name());
+        assert!(!rules(kind).unwrap().contains_key(&libc::SYS_open), "{} may call open", kind.name());
+        assert!(!rules(kind).unwrap().contains_key(&libc::SYS_creat), "{} may call creat", kind.name());
+    }
+    for flag in [libc::O_WRONLY, libc::O_RDWR, libc::O_TRUNC, libc::O_APPEND, libc::O_CREAT, libc::O_TMPFILE] {
+        assert_ne!(u64::try_from(flag).unwrap() & MODIFYING_OPEN_FLAGS, 0, "flag {flag:#o}");
+    }
+    for flag in [libc::O_RDONLY, libc::O_PATH, libc::O_DIRECTORY, libc::O_NOFOLLOW, libc::O_CLOEXEC, libc::O_NONBLOCK] {
+        assert_eq!(u64::try_from(flag).unwrap() & MODIFYING_OPEN_FLAGS, 0, "flag {flag:#o}");
+    }
+}
