@@ -27,8 +27,14 @@
 //! naming a node this filesystem does not hold fails.
 //!
 //! The host's secrets (see `secrets`) are refused here, by the node's own
-//! device and inode, at every operation that reads content: open, opendir,
-//! readlink. A handle exists only for what was allowed to open.
+//! device and inode, at every operation that reads content: open, read,
+//! opendir, readlink. A handle exists only for what was allowed to open.
+//!
+//! The guest reads files without opening them (the device's Vfs answers
+//! FUSE_OPEN with ENOSYS, so the guest stops sending opens and releases):
+//! such a read names no handle, and the file is opened here for it, kept
+//! among the last few [`READERS`] read so that the chunks of one big file
+//! cost one open.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -115,6 +121,10 @@ const OTHER_DEVICES: usize = 254;
 const OVERFLOW_SLOT: u64 = 255;
 /// Names a node keeps to be found again by (hard links).
 const MAX_NAMES: usize = 4;
+/// Files kept open for reads that name no handle.
+const READERS: usize = 8;
+/// The handle of a read the guest sent without opening the file.
+const NO_HANDLE: u64 = 0;
 
 /// Node ids from host identities (device, inode), one id per identity for
 /// the life of the filesystem: `slot << 47 | ino`, the slot 0 for the share
@@ -254,6 +264,8 @@ struct State {
     nodes: HashMap<u64, Node>,
     ids: NodeIds,
     cache: FdCache,
+    /// Files opened for reads that name no handle, by node.
+    readers: FdCache,
     handles: HashMap<u64, Arc<Handle>>,
     next_handle: u64,
 }
@@ -307,6 +319,7 @@ impl BoundedFs {
                 nodes,
                 ids: NodeIds::new(st.st_dev),
                 cache: FdCache::new(cached),
+                readers: FdCache::new(READERS),
                 handles: HashMap::new(),
                 next_handle: 1,
             }),
@@ -429,24 +442,40 @@ impl BoundedFs {
         opened
     }
 
+    /// A new descriptor of `node` for reading, if it may be read and is
+    /// still what it was.
+    fn open_file(&self, state: &mut State, node: u64, directory: bool) -> io::Result<OwnedFd> {
+        self.readable(state, node)?;
+        let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
+        if node == ROOT {
+            return open_at(state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind);
+        }
+        let file = self.at_node(state, node, |state, dir, name| {
+            let file = open_at(state, dir, name, libc::O_RDONLY | kind)?;
+            let st = fstat(file.as_raw_fd())?;
+            Ok((file, st))
+        })?;
+        // A device, FIFO or socket on the host is not the guest's to open.
+        if !directory && fstat(file.as_raw_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(err(libc::ENXIO));
+        }
+        Ok(file)
+    }
+
+    /// The file `node` open for a read that names no handle.
+    fn reader(&self, node: u64) -> io::Result<Arc<OwnedFd>> {
+        let mut state = self.state();
+        if let Some(fd) = state.readers.get(node) {
+            return Ok(fd);
+        }
+        let fd = Arc::new(self.open_file(&mut state, node, false)?);
+        state.readers.insert(node, Arc::clone(&fd));
+        Ok(fd)
+    }
+
     fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
         let mut state = self.state();
-        self.readable(&state, node)?;
-        let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
-        let file = if node == ROOT {
-            open_at(&mut state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind)?
-        } else {
-            let file = self.at_node(&mut state, node, |state, dir, name| {
-                let file = open_at(state, dir, name, libc::O_RDONLY | kind)?;
-                let st = fstat(file.as_raw_fd())?;
-                Ok((file, st))
-            })?;
-            // A device, FIFO or socket on the host is not the guest's to open.
-            if !directory && fstat(file.as_raw_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(err(libc::ENXIO));
-            }
-            file
-        };
+        let file = self.open_file(&mut state, node, directory)?;
         let handle = state.next_handle;
         state.next_handle += 1;
         state.handles.insert(handle, Arc::new(Handle { file: File::from(file), listing: Mutex::new(()) }));
@@ -482,6 +511,7 @@ impl BoundedFs {
             }
             let Some(gone) = state.nodes.remove(&node) else { continue };
             state.cache.remove(node);
+            state.readers.remove(node);
             for (parent, _) in gone.names {
                 if let Some(p) = state.nodes.get_mut(&parent) {
                     p.children = p.children.saturating_sub(1);
@@ -586,6 +616,14 @@ impl BoundedFs {
     }
 }
 
+/// Up to `size` bytes of the file `fd` from `offset` into `w`.
+fn read_from(fd: RawFd, w: &mut dyn ZeroCopyWriter, size: u32, offset: u64) -> io::Result<usize> {
+    // SAFETY: `fd` stays open for this call (its owner is held by the
+    // caller), past this borrowed File, which never closes it (ManuallyDrop).
+    let mut file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    w.write_from(&mut *file, size as usize, offset)
+}
+
 /// The directory `node` is found in first.
 fn first_parent(state: &State, node: u64) -> io::Result<u64> {
     state.nodes.get(&node).and_then(|n| n.names.first()).map(|(parent, _)| *parent).ok_or_else(|| err(libc::ESTALE))
@@ -666,6 +704,7 @@ impl FileSystem for BoundedFs {
         state.handles.clear();
         self.open_handles.fetch_sub(closed, Ordering::AcqRel);
         state.cache.clear();
+        state.readers.clear();
         state.nodes.retain(|&id, _| id == ROOT);
         if let Some(root) = state.nodes.get_mut(&ROOT) {
             root.children = 0;
@@ -716,8 +755,8 @@ impl FileSystem for BoundedFs {
 
     fn getattr(&self, _ctx: &Context, inode: u64, handle: Option<u64>) -> io::Result<(stat64, Duration)> {
         let st = match handle {
-            Some(h) => fstat(self.handle(h)?.file.as_raw_fd())?,
-            None => self.stat_node(&mut self.state(), inode)?,
+            Some(h) if h != NO_HANDLE => fstat(self.handle(h)?.file.as_raw_fd())?,
+            _ => self.stat_node(&mut self.state(), inode)?,
         };
         Ok((st, self.timeout))
     }
@@ -757,7 +796,7 @@ impl FileSystem for BoundedFs {
     fn read(
         &self,
         _ctx: &Context,
-        _inode: u64,
+        inode: u64,
         handle: u64,
         w: &mut dyn ZeroCopyWriter,
         size: u32,
@@ -765,11 +804,12 @@ impl FileSystem for BoundedFs {
         _lock_owner: Option<u64>,
         _flags: u32,
     ) -> io::Result<usize> {
+        if handle == NO_HANDLE {
+            let fd = self.reader(inode)?;
+            return read_from(fd.as_raw_fd(), w, size, offset);
+        }
         let handle = self.handle(handle)?;
-        // SAFETY: the descriptor stays open while `handle` lives, past this
-        // borrowed File, which never closes it (ManuallyDrop).
-        let mut file = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(handle.file.as_raw_fd()) });
-        w.write_from(&mut *file, size as usize, offset)
+        read_from(handle.file.as_raw_fd(), w, size, offset)
     }
 
     fn flush(&self, _ctx: &Context, _inode: u64, _handle: u64, _lock_owner: u64) -> io::Result<()> {
@@ -882,14 +922,19 @@ impl FileSystem for BoundedFs {
         Ok(())
     }
 
-    fn lseek(&self, _ctx: &Context, _inode: u64, handle: u64, offset: u64, whence: u32) -> io::Result<u64> {
-        let handle = self.handle(handle)?;
+    fn lseek(&self, _ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32) -> io::Result<u64> {
         let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
         let whence = i32::try_from(whence).map_err(|_| err(libc::EINVAL))?;
-        // SAFETY: lseek64 only moves the offset of a descriptor we own;
-        // reads use pread and ignore it.
-        let at = unsafe { libc::lseek64(handle.file.as_fd().as_raw_fd(), offset, whence) };
-        u64::try_from(at).map_err(|_| io::Error::last_os_error())
+        let seek = |fd: RawFd| {
+            // SAFETY: lseek64 only moves the offset of a descriptor we own;
+            // reads use pread and ignore it.
+            let at = unsafe { libc::lseek64(fd, offset, whence) };
+            u64::try_from(at).map_err(|_| io::Error::last_os_error())
+        };
+        if handle == NO_HANDLE {
+            return seek(self.reader(inode)?.as_raw_fd());
+        }
+        seek(self.handle(handle)?.file.as_fd().as_raw_fd())
     }
 }
 
@@ -957,6 +1002,32 @@ mod tests {
         assert_eq!(gone.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)));
         fs.forget(&ctx, a, 2);
         assert!(fs.getattr(&ctx, a, None).is_err(), "forgotten by both lookups, the node is gone");
+    }
+
+    /// Reads that name no handle open the file once for its chunks, keep at
+    /// most a few files open, and let a forgotten file go.
+    #[test]
+    fn reads_without_a_handle_keep_a_few_files_open_at_most() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..3 * READERS {
+            std::fs::write(dir.path().join(format!("f{i}")), format!("file {i}")).unwrap();
+        }
+        let fs = fs(dir.path(), &Secrets::default());
+        let ctx = Context::default();
+        let mut out = tempfile::tempfile().unwrap();
+        let mut nodes = Vec::new();
+        for i in 0..3 * READERS {
+            let node = fs.lookup(&ctx, ROOT, &name(&format!("f{i}"))).unwrap().inode;
+            let n = fs.read(&ctx, node, NO_HANDLE, &mut out, 4096, 0, None, 0).unwrap();
+            assert_eq!(n, format!("file {i}").len());
+            nodes.push(node);
+            assert!(fs.state().readers.fds.len() <= READERS);
+        }
+        let last = *nodes.last().unwrap();
+        assert!(fs.state().readers.fds.contains_key(&last));
+        fs.forget(&ctx, last, 1);
+        assert!(!fs.state().readers.fds.contains_key(&last), "a forgotten file is closed");
+        assert!(fs.read(&ctx, last, NO_HANDLE, &mut out, 4096, 0, None, 0).is_err());
     }
 
     /// A secret directory (here named through a symlink, which the secret

@@ -147,7 +147,7 @@ pub(super) fn mount_shares(
     budget: FdBudget,
     secrets: &Secrets,
 ) -> Result<Vfs, FsError> {
-    let vfs = Vfs::new(vfs_options());
+    let vfs = Vfs::new(read_only_vfs_options());
     let handles = HandleCount::default();
     let cached = budget.inodes / shares.len().max(1);
     for (share, guest_path) in shares.iter().zip(guest_paths) {
@@ -265,6 +265,18 @@ pub(super) fn vfs_options() -> VfsOptions {
             | FsOptions::READDIRPLUS_AUTO,
         ..VfsOptions::default()
     }
+}
+
+/// [`vfs_options`] for the read-only shares, where the guest opens files
+/// without asking: an open and its release are two round trips per file
+/// read (half the requests of a `grep -r`), and every read still comes
+/// here, where [`BoundedFs`] refuses the secrets. Writes cannot follow
+/// from a skipped open: the guest mounts these shares read-only, and
+/// `ReadOnlyFs` refuses every request that would change a file whatever
+/// the guest's kernel sends. Directories are still opened, so a listing
+/// keeps one host descriptor from its first page to its last.
+pub(super) fn read_only_vfs_options() -> VfsOptions {
+    VfsOptions { no_open: true, ..vfs_options() }
 }
 
 /// The passthrough configuration of one share.

@@ -169,8 +169,19 @@ impl Client {
 }
 
 impl<F: FileSystem + Sync> Client<F> {
-    /// A client of `server` past FUSE_INIT.
+    /// A client of `server` past FUSE_INIT, as a kernel that sends every
+    /// open.
     fn started(server: Arc<Server<F>>) -> Client<F> {
+        Self::started_with(server, init_in())
+    }
+
+    /// A client of `server` past FUSE_INIT, as a kernel that reads files
+    /// without opening them where the server lets it (Linux does).
+    fn started_without_opens(server: Arc<Server<F>>) -> Client<F> {
+        Self::started_with(server, init_in_without_opens())
+    }
+
+    fn started_with(server: Arc<Server<F>>, init: InitIn) -> Client<F> {
         let mut client = Client {
             driver: Driver::new(leaked_memory(), GuestAddress(0)),
             server,
@@ -178,7 +189,7 @@ impl<F: FileSystem + Sync> Client<F> {
             access: Access::ReadOnly,
             creds: (1000, 1000),
         };
-        let init = client.call(Opcode::Init as u32, 0, init_in().as_slice());
+        let init = client.call(Opcode::Init as u32, 0, init.as_slice());
         assert_eq!(init.header.error, 0);
         client
     }
@@ -277,9 +288,17 @@ fn cat(parts: &[&[u8]]) -> Vec<u8> {
     parts.concat()
 }
 
+/// FUSE_INIT from a kernel offering everything but reads without opens.
 fn init_in() -> InitIn {
     let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+    let flags = flags & !FsOptions::ZERO_MESSAGE_OPEN.bits();
     InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() }
+}
+
+/// FUSE_INIT from a kernel offering everything, reads without opens too.
+fn init_in_without_opens() -> InitIn {
+    let flags = init_in().flags | u32::try_from(FsOptions::ZERO_MESSAGE_OPEN.bits()).unwrap();
+    InitIn { flags, ..init_in() }
 }
 
 /// A temporary share: hello.txt, sub/inner.txt, and a symlink pointing out.
@@ -1075,6 +1094,45 @@ fn a_secret_is_listed_but_never_opened_however_the_guest_reaches_it() {
     let inner = client.lookup_node(usr_sub.nodeid, "inner.txt");
     let open: OpenOut = client.open(Opcode::Open, inner.nodeid, libc::O_RDONLY).obj();
     assert_eq!(client.read(inner.nodeid, open.fh, 0, 4096).ok(), b"inner");
+}
+
+/// A kernel that offers to read without opening is taken up on it by the
+/// read-only shares: an open is answered ENOSYS (the guest then sends no
+/// more opens or releases), reads name no handle and still meet the
+/// secrets, by any name, and a listing still opens its directory.
+#[test]
+fn read_only_shares_are_read_without_opens_and_still_refuse_the_secrets() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("ssh")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"HOST-PRIVATE-KEY").unwrap();
+    std::fs::hard_link(root.join("ssh/host_key"), root.join("sub/linked")).unwrap();
+    let secrets = Secrets::at(&[root.join("ssh/host_key")]);
+    let mut client =
+        Client::started_without_opens(fs_keeping("host", &[share("/etc", root)], &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let hello = client.lookup_node(etc.nodeid, "hello.txt");
+    assert_eq!(client.open(Opcode::Open, hello.nodeid, libc::O_RDONLY).errno(), libc::ENOSYS);
+    assert_eq!(client.read(hello.nodeid, 0, 0, 4096).ok(), CONTENT);
+    assert_eq!(client.read(hello.nodeid, 0, 6, 4).ok(), b"from");
+    let getattr = GetattrIn { flags: fuse_backend_rs::abi::fuse_abi::GETATTR_FH, fh: 0, ..Default::default() };
+    let attr: fuse_backend_rs::abi::fuse_abi::AttrOut =
+        client.call(Opcode::Getattr as u32, hello.nodeid, getattr.as_slice()).obj();
+    assert_eq!(attr.attr.size, CONTENT.len() as u64, "a getattr naming no handle is the node's");
+
+    let ssh = client.lookup_node(etc.nodeid, "ssh");
+    let key = client.lookup_node(ssh.nodeid, "host_key");
+    assert_eq!(client.read(key.nodeid, 0, 0, 4096).errno(), libc::EACCES);
+    let sub = client.lookup_node(etc.nodeid, "sub");
+    let linked = client.lookup_node(sub.nodeid, "linked");
+    assert_eq!(client.read(linked.nodeid, 0, 0, 4096).errno(), libc::EACCES, "a hard link");
+    let dir_open: OpenOut = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    let list = ReadIn { fh: dir_open.fh, size: 4096, ..Default::default() };
+    let listed = direntplus(client.call(Opcode::Readdirplus as u32, ssh.nodeid, list.as_slice()).ok());
+    let (_, listed_key) = listed.iter().find(|(name, _)| name == "host_key").expect("the secret is listed");
+    assert_eq!(client.read(listed_key.nodeid, 0, 0, 4096).errno(), libc::EACCES);
+    // A node the guest never looked up is no file to read.
+    assert_ne!(client.read(hello.nodeid + 1_000_000, 0, 0, 4096).errno(), 0);
 }
 
 /// A client of the writable device serving `shares`, as a policy's `rw`
