@@ -1648,3 +1648,189 @@ fn a_listing_whose_reply_failed_leaves_no_node_to_guess_and_the_secret_closed() 
     assert_eq!(key.nodeid, share_bits | host_ino);
     assert_eq!(client.open(Opcode::Open, key.nodeid, libc::O_RDONLY).errno(), libc::EACCES);
 }
+
+/// The guest's read of `node` without a handle, or its errno.
+fn read_without_handle(client: &mut Client, node: u64) -> Result<Vec<u8>, i32> {
+    let read = client.read(node, 0, 0, 4096);
+    if read.errno() == 0 { Ok(read.ok().to_vec()) } else { Err(read.errno()) }
+}
+
+/// `name` in `parent` as the guest finds it: its node, or none.
+fn found(client: &mut Client, parent: u64, name: &str) -> Option<u64> {
+    let reply = client.lookup(parent, name);
+    if reply.errno() != 0 {
+        return None;
+    }
+    Some(reply.obj::<EntryOut>().nodeid).filter(|&node| node != 0)
+}
+
+// FINDING: a directory the host moves out of a share stays served through
+// its cached descriptor: the guest looks up and reads what is now outside
+// every share (here a file the host writes there afterwards). The cached
+// descriptor is never checked against the node's names, only a re-open is.
+#[test]
+fn a_directory_the_host_moves_out_of_a_share_serves_nothing_from_its_new_place() {
+    let outer = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
+    let root = outer.as_path().join("share");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::write(root.join("d/x.txt"), b"inside").unwrap();
+    let mut client = Client::started_without_opens(new_fs("host", &[share("/ws", &root)]).unwrap().server);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let d = client.lookup_node(ws, "d").nodeid;
+    let x = client.lookup_node(d, "x.txt").nodeid;
+    assert_eq!(read_without_handle(&mut client, x).as_deref(), Ok(&b"inside"[..]));
+
+    // The host moves the directory out of the share and keeps using it.
+    std::fs::rename(root.join("d"), outer.as_path().join("moved")).unwrap();
+    std::fs::write(outer.as_path().join("moved/private.txt"), b"OUTSIDE THE SHARE").unwrap();
+    let leaked = found(&mut client, d, "private.txt").map(|node| read_without_handle(&mut client, node));
+    assert!(
+        !matches!(leaked, Some(Ok(ref data)) if data == b"OUTSIDE THE SHARE"),
+        "a file outside the share was read through a moved directory: {leaked:?}"
+    );
+}
+
+// FINDING: a secret is its host identity taken when the VMM starts; the
+// host replacing the file (passwd rewrites /etc/shadow by rename,
+// ssh-keygen writes new host keys) gives it a new inode that is no secret,
+// and the guest reads it.
+#[test]
+fn a_secret_the_host_replaces_stays_unreadable() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("ssh")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"OLD-PRIVATE-KEY").unwrap();
+    let secrets = Secrets::at(&[root.join("ssh/host_key")]);
+    let mut client =
+        Client::started_without_opens(fs_keeping("host", &[share("/etc", root)], &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let ssh = client.lookup_node(etc.nodeid, "ssh");
+    let key = client.lookup_node(ssh.nodeid, "host_key");
+    assert_eq!(read_without_handle(&mut client, key.nodeid), Err(libc::EACCES));
+
+    std::fs::write(root.join("ssh/host_key.new"), b"NEW-PRIVATE-KEY").unwrap();
+    std::fs::rename(root.join("ssh/host_key.new"), root.join("ssh/host_key")).unwrap();
+    let key = client.lookup_node(ssh.nodeid, "host_key");
+    let read = read_without_handle(&mut client, key.nodeid);
+    assert!(read.is_err(), "the replaced secret was read: {:?}", read.map(String::from_utf8));
+}
+
+// FINDING: a secret that is a directory (a `hide` glob such as
+// "/etc/ssl/private/*" matches subdirectories too) is refused a listing,
+// but every file in it is read by name.
+#[test]
+fn the_files_of_a_secret_directory_are_unreadable() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir_all(root.join("private/keys")).unwrap();
+    std::fs::write(root.join("private/keys/server.pem"), b"PRIVATE-KEY").unwrap();
+    let secrets = Secrets::at(&[root.join("private/keys")]);
+    let mut client =
+        Client::started_without_opens(fs_keeping("host", &[share("/etc", root)], &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let private = client.lookup_node(etc.nodeid, "private");
+    let keys = client.lookup_node(private.nodeid, "keys");
+    let listing = client.open(Opcode::Opendir, keys.nodeid, libc::O_RDONLY | libc::O_DIRECTORY);
+    assert_eq!(listing.errno(), libc::EACCES, "the secret directory is not listed");
+    let pem = client.lookup_node(keys.nodeid, "server.pem");
+    let read = read_without_handle(&mut client, pem.nodeid);
+    assert!(read.is_err(), "a file in a secret directory was read: {:?}", read.map(String::from_utf8));
+}
+
+/// A handle names a file, not a node: a read naming a secret's node and
+/// another file's handle reads the other file. Seeking, extended
+/// attributes and listings never reach a secret's content either.
+#[test]
+fn a_secret_is_not_reached_by_a_borrowed_handle_a_seek_or_its_attributes() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("ssh")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"HOST-PRIVATE-KEY").unwrap();
+    let secrets = Secrets::at(&[root.join("ssh"), root.join("ssh/host_key")]);
+    let mut client = Client::started(fs_keeping("host", &[share("/etc", root)], &secrets).unwrap().server);
+    let etc = client.lookup_node(ROOT_ID, "etc");
+    let ssh = client.lookup_node(etc.nodeid, "ssh");
+    let key = client.lookup_node(ssh.nodeid, "host_key");
+    let hello = client.lookup_node(etc.nodeid, "hello.txt");
+    let open: OpenOut = client.open(Opcode::Open, hello.nodeid, libc::O_RDONLY).obj();
+    assert_eq!(client.read(key.nodeid, open.fh, 0, 4096).ok(), CONTENT, "the handle's file, not the node's");
+    assert_ne!(client.read(key.nodeid, 0, 0, 4096).errno(), 0);
+
+    for (fh, whence) in [(0, libc::SEEK_DATA), (0, libc::SEEK_HOLE), (0, libc::SEEK_END), (open.fh, libc::SEEK_END)] {
+        let seek = fuse_backend_rs::abi::fuse_abi::LseekIn { fh, offset: 0, whence: whence as u32, padding: 0 };
+        let reply = client.call(Opcode::Lseek as u32, key.nodeid, seek.as_slice());
+        assert_ne!(reply.errno(), 0, "lseek fh {fh} whence {whence}: {reply:?}");
+    }
+    let xattr = fuse_backend_rs::abi::fuse_abi::GetxattrIn { size: 4096, padding: 0 };
+    let get = client.call(Opcode::Getxattr as u32, key.nodeid, &cat(&[xattr.as_slice(), &cstr("user.x")]));
+    assert_ne!(get.errno(), 0);
+    assert_ne!(client.call(Opcode::Listxattr as u32, key.nodeid, xattr.as_slice()).errno(), 0);
+
+    // A secret directory is listed by no handle: its own is refused, one of
+    // another directory lists that one, fh 0 is none.
+    assert_eq!(client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).errno(), libc::EACCES);
+    let other: OpenOut = client.open(Opcode::Opendir, etc.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    for plus in [false, true] {
+        let list = ReadIn { fh: other.fh, size: 4096, ..Default::default() };
+        let opcode = if plus { Opcode::Readdirplus } else { Opcode::Readdir };
+        let reply = client.call(opcode as u32, ssh.nodeid, list.as_slice());
+        let names =
+            if !plus { dirent_names(reply.ok()) } else { direntplus(reply.ok()).into_iter().map(|(n, _)| n).collect() };
+        // A listing with attributes looks each name up in the node: none
+        // of etc's names is in ssh.
+        let want: &[&str] = if plus { &[] } else { &["escape", "hello.txt", "ssh", "sub"] };
+        let mut names = names;
+        names.sort();
+        assert_eq!(names, want);
+    }
+    for opcode in [Opcode::Readdir, Opcode::Readdirplus] {
+        let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
+        assert_ne!(client.call(opcode as u32, ssh.nodeid, list.as_slice()).errno(), 0);
+    }
+}
+
+/// Requests with extreme numbers each get an answer (no panic, no hang),
+/// and open directories count against the handle cap as files do.
+#[test]
+fn extreme_requests_are_answered_and_directory_handles_are_capped() {
+    let dir = share_dir();
+    let mut client = budget_client(&[share("/ws", dir.as_path())], 2, 4);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let hello = client.lookup_node(ws, "hello.txt").nodeid;
+    let sub = client.lookup_node(ws, "sub").nodeid;
+    let fh = client.open(Opcode::Open, hello, libc::O_RDONLY).obj::<OpenOut>().fh;
+    let dfh = client.open(Opcode::Opendir, sub, libc::O_RDONLY | libc::O_DIRECTORY).obj::<OpenOut>().fh;
+    let reads = [
+        (Opcode::Read, hello, fh, u64::MAX, 4096),
+        (Opcode::Read, hello, fh, 1 << 62, u32::MAX),
+        (Opcode::Read, hello, 0, u64::MAX, 4096),
+        (Opcode::Read, hello, dfh, 0, 4096),
+        (Opcode::Read, sub, 0, 0, 4096),
+        (Opcode::Readdir, sub, dfh, u64::MAX, 4096),
+        (Opcode::Readdirplus, sub, dfh, i64::MAX as u64, 4096),
+        (Opcode::Readdir, sub, fh, 0, 4096),
+        (Opcode::Readdir, sub, dfh, 0, 0),
+    ];
+    for (opcode, node, fh, offset, size) in reads {
+        let read = ReadIn { fh, offset, size, ..Default::default() };
+        let reply = client.call(opcode as u32, node, read.as_slice());
+        assert!(reply.used as usize >= HEADER, "{opcode:?} fh {fh} offset {offset:#x} size {size:#x} unanswered");
+    }
+    for count in [0, 1, u64::MAX] {
+        let forget = fuse_backend_rs::abi::fuse_abi::ForgetIn { nlookup: count };
+        client.call(Opcode::Forget as u32, ROOT_ID, forget.as_slice());
+        client.call(Opcode::Forget as u32, ws, forget.as_slice());
+    }
+    assert_eq!(client.lookup_node(ROOT_ID, "ws").nodeid, ws, "the share root outlives any forget");
+    let sub = client.lookup_node(ws, "sub").nodeid;
+    let mut opened = 1;
+    let capped = loop {
+        let reply = client.open(Opcode::Opendir, sub, libc::O_RDONLY | libc::O_DIRECTORY);
+        if reply.errno() != 0 {
+            break reply.errno();
+        }
+        opened += 1;
+        assert!(opened <= 4, "more directories open than the cap");
+    };
+    assert_eq!(capped, libc::ENFILE);
+}
