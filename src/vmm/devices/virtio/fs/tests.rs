@@ -1834,3 +1834,57 @@ fn extreme_requests_are_answered_and_directory_handles_are_capped() {
     };
     assert_eq!(capped, libc::ENFILE);
 }
+
+// FINDING: a listing allocates a buffer of the size the guest names (up to
+// 4 GiB), which the server allows whenever the reply chain is that long; a
+// chain of descriptors that alias the same guest pages is as long as the
+// guest likes. Where the host cannot commit that much (strict overcommit,
+// a small host, an address-space limit, modelled here by RLIMIT_AS in a
+// child process) the allocation fails and the VMM aborts: no catch_unwind
+// stops an allocation failure.
+#[test]
+fn a_listing_of_any_size_the_guest_names_leaves_the_vmm_running() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let fh = client.open(Opcode::Opendir, ws, libc::O_RDONLY | libc::O_DIRECTORY).obj::<OpenOut>().fh;
+    // 250 writable descriptors over the same 4 MiB: a 1000 MiB reply buffer.
+    let alias = (RESP_ADDR, len32(MEM_SIZE - RESP_ADDR as usize), true);
+    let size = 250 * alias.1;
+    let list = ReadIn { fh, size, ..Default::default() };
+    let (unique, len) = client.write_request(Opcode::Readdir as u32, ws, list.as_slice());
+    let mut descs = vec![(REQ_ADDR, len, false)];
+    descs.extend(std::iter::repeat_n(alias, 250));
+
+    // SAFETY: the child only serves one request and leaves with _exit; the
+    // parent only waits for it.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        // Room for anything a listing of three names needs, not for 1000 MiB.
+        let limit = (kib << 10) + (256 << 20);
+        let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+        // SAFETY: setrlimit only reads `rlimit`.
+        unsafe { libc::setrlimit(libc::RLIMIT_AS, &rlimit) };
+        let used = client.run(&descs);
+        let reply = client.read_reply(unique, used);
+        let code = i32::from(reply.used as usize >= HEADER);
+        // SAFETY: _exit ends the child without running the parent's
+        // destructors or test harness.
+        unsafe { libc::_exit(1 - code) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid only writes `status`.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the VMM died serving a listing of {size} bytes: wait status {status:#x} (signal {})",
+        if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { 0 }
+    );
+}
