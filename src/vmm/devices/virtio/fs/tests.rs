@@ -1888,3 +1888,39 @@ fn a_listing_of_any_size_the_guest_names_leaves_the_vmm_running() {
         if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { 0 }
     );
 }
+
+/// The host's access time of `path`, in seconds.
+fn atime(path: &Path) -> i64 {
+    std::fs::metadata(path).unwrap().atime()
+}
+
+/// Sets the host's access time of `path` to a day and more ago, old enough
+/// for a relatime mount to update it on the next read.
+fn age_atime(path: &Path) {
+    let old = std::fs::FileTimes::new().set_accessed(std::time::UNIX_EPOCH + Duration::from_secs(1_000_000));
+    std::fs::File::open(path).unwrap().set_times(old).unwrap();
+}
+
+// FINDING (low): reading a file or listing a directory of a read-only
+// share updates its access time on the host (relatime updates an atime
+// more than a day old): the guest changes host metadata. Files and
+// directories are opened without O_NOATIME.
+#[test]
+fn reading_a_read_only_share_leaves_host_access_times_alone() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    let mut client = Client::started_without_opens(new_fs("host", &[share("/ws", root)]).unwrap().server);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let hello = client.lookup_node(ws, "hello.txt").nodeid;
+    let sub = client.lookup_node(ws, "sub").nodeid;
+    age_atime(&root.join("hello.txt"));
+    age_atime(&root.join("sub"));
+    let before = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
+
+    assert_eq!(client.read(hello, 0, 0, 4096).ok(), CONTENT);
+    let fh = client.open(Opcode::Opendir, sub, libc::O_RDONLY | libc::O_DIRECTORY).obj::<OpenOut>().fh;
+    let list = ReadIn { fh, size: 4096, ..Default::default() };
+    assert_eq!(dirent_names(client.call(Opcode::Readdir as u32, sub, list.as_slice()).ok()), ["inner.txt"]);
+    let after = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
+    assert_eq!(after, before, "host access times (file, directory) changed by guest reads");
+}
