@@ -1924,3 +1924,17 @@ fn reading_a_read_only_share_leaves_host_access_times_alone() {
     let after = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
     assert_eq!(after, before, "host access times (file, directory) changed by guest reads");
 }
+
+// FINDING (low): the Vfs's own directory above the shares computes the next
+// offset as `offset + 1`, which overflows at u64::MAX: a panic in a debug
+// build (caught, the request goes back unanswered), a wrap in a release one.
+#[test]
+fn a_listing_above_the_shares_at_the_last_offset_is_answered() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/usr", dir.as_path())]);
+    for opcode in [Opcode::Readdir, Opcode::Readdirplus] {
+        let list = ReadIn { fh: 0, offset: u64::MAX, size: 4096, ..Default::default() };
+        let reply = client.call(opcode as u32, ROOT_ID, list.as_slice());
+        assert!(reply.used as usize >= HEADER, "{opcode:?} at offset u64::MAX went unanswered");
+    }
+}
