@@ -1757,7 +1757,8 @@ fn a_secret_is_not_reached_by_a_borrowed_handle_a_seek_or_its_attributes() {
     assert_ne!(client.read(key.nodeid, 0, 0, 4096).errno(), 0);
 
     for (fh, whence) in [(0, libc::SEEK_DATA), (0, libc::SEEK_HOLE), (0, libc::SEEK_END), (open.fh, libc::SEEK_END)] {
-        let seek = fuse_backend_rs::abi::fuse_abi::LseekIn { fh, offset: 0, whence: whence as u32, padding: 0 };
+        let seek =
+            fuse_backend_rs::abi::fuse_abi::LseekIn { fh, offset: 0, whence: whence.cast_unsigned(), padding: 0 };
         let reply = client.call(Opcode::Lseek as u32, key.nodeid, seek.as_slice());
         assert_ne!(reply.errno(), 0, "lseek fh {fh} whence {whence}: {reply:?}");
     }
@@ -1849,7 +1850,7 @@ fn a_listing_of_any_size_the_guest_names_leaves_the_vmm_running() {
     let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
     let fh = client.open(Opcode::Opendir, ws, libc::O_RDONLY | libc::O_DIRECTORY).obj::<OpenOut>().fh;
     // 250 writable descriptors over the same 4 MiB: a 1000 MiB reply buffer.
-    let alias = (RESP_ADDR, len32(MEM_SIZE - RESP_ADDR as usize), true);
+    let alias = (RESP_ADDR, len32(MEM_SIZE) - len32(usize::try_from(RESP_ADDR).unwrap()), true);
     let size = 250 * alias.1;
     let list = ReadIn { fh, size, ..Default::default() };
     let (unique, len) = client.write_request(Opcode::Readdir as u32, ws, list.as_slice());
