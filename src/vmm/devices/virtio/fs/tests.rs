@@ -1999,3 +1999,45 @@ fn every_served_opcode_on_any_node_id_is_answered() {
     }
     assert_eq!(client.read(hello, 0, 0, 4096).ok(), CONTENT, "the device still serves");
 }
+
+/// A hard link to a secret in another share of the same host filesystem is
+/// refused; a guest that unmounts and mounts again (FUSE_DESTROY, INIT) to
+/// shed its handles finds the old ones gone, the cap whole again, and the
+/// secret still closed.
+#[test]
+fn a_secret_stays_closed_across_shares_and_remounts_and_handles_stay_capped() {
+    let parent = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
+    let (etc, usr) = (parent.as_path().join("etc"), parent.as_path().join("usr"));
+    std::fs::create_dir_all(etc.join("ssh")).unwrap();
+    std::fs::create_dir_all(&usr).unwrap();
+    std::fs::write(etc.join("ssh/host_key"), b"HOST-PRIVATE-KEY").unwrap();
+    std::fs::hard_link(etc.join("ssh/host_key"), usr.join("innocent")).unwrap();
+    for i in 0..5 {
+        std::fs::write(usr.join(format!("f{i}")), format!("file {i}")).unwrap();
+    }
+    let secrets = Secrets::at(&[etc.join("ssh/host_key")]);
+    let budget = super::bounded::FdBudget { inodes: 2, handles: 4 };
+    let guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    let fs = Fs::within("host", &[share("/etc", &etc), share("/usr", &usr)], &secrets, budget).unwrap();
+    let mut client = Client::started(fs.server);
+    for round in 0..2 {
+        let usr_node = client.lookup_node(ROOT_ID, "usr").nodeid;
+        let innocent = client.lookup_node(usr_node, "innocent").nodeid;
+        assert_eq!(client.open(Opcode::Open, innocent, libc::O_RDONLY).errno(), libc::EACCES, "round {round}");
+        assert_eq!(client.read(innocent, 0, 0, 4096).errno(), libc::EACCES, "round {round}");
+        let mut held = Vec::new();
+        for i in 0..4 {
+            let node = client.lookup_node(usr_node, &format!("f{i}")).nodeid;
+            held.push((node, client.open(Opcode::Open, node, libc::O_RDONLY).obj::<OpenOut>().fh));
+        }
+        let fifth = client.lookup_node(usr_node, "f4").nodeid;
+        assert_eq!(client.open(Opcode::Open, fifth, libc::O_RDONLY).errno(), libc::ENFILE, "round {round}");
+        let destroy = client.call(Opcode::Destroy as u32, 0, &[]);
+        assert_eq!(destroy.errno(), 0);
+        assert_eq!(client.call(Opcode::Init as u32, 0, init_in().as_slice()).errno(), 0);
+        for (node, fh) in held {
+            assert_ne!(client.read(node, fh, 0, 4096).errno(), 0, "a handle from before the remount");
+        }
+    }
+    drop(guard);
+}
