@@ -2041,3 +2041,38 @@ fn a_secret_stays_closed_across_shares_and_remounts_and_handles_stay_capped() {
     }
     drop(guard);
 }
+
+// FINDING (low): a FIFO (or device node) in a share is opened on the host
+// before its kind is checked, although the node's kind is known from its
+// lookup: the open reaches the host (a writer blocked on the FIFO wakes and
+// then meets a closed pipe; a device's open runs its driver). The guest
+// gets ENXIO only afterwards. Here inotify sees the open.
+#[test]
+fn a_fifo_in_a_share_is_never_opened_on_the_host() {
+    let dir = share_dir();
+    let fifo = dir.as_path().join("fifo");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `path` is NUL-terminated; mkfifo only reads it.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+    let mut client = Client::started_without_opens(new_fs("host", &[share("/ws", dir.as_path())]).unwrap().server);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let node = client.lookup_node(ws, "fifo");
+    assert_eq!(node.attr.mode & libc::S_IFMT, libc::S_IFIFO);
+
+    // SAFETY: inotify_init1 returns a new descriptor or -1.
+    let inotify = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    assert!(inotify >= 0);
+    // SAFETY: `inotify` was just opened and nothing else owns it.
+    let inotify = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(inotify) };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&inotify);
+    // SAFETY: `path` is NUL-terminated; the watch lives with `inotify`.
+    assert!(unsafe { libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_OPEN) } >= 0);
+
+    assert_eq!(client.read(node.nodeid, 0, 0, 4096).errno(), libc::ENXIO);
+    let open = client.open(Opcode::Open, node.nodeid, libc::O_RDONLY);
+    assert_ne!(open.errno(), 0);
+    let mut events = [0u8; 4096];
+    // SAFETY: the kernel writes at most `events.len()` bytes into `events`.
+    let n = unsafe { libc::read(fd, events.as_mut_ptr().cast(), events.len()) };
+    assert!(n < 0, "the host FIFO was opened for the guest ({n} bytes of inotify events)");
+}
