@@ -4,7 +4,9 @@
 # filesystem and exports, the host stages and summarises) on a session that
 # has written 10,000 files, then one that has written a 1 GiB file. The
 # guest's writers are paused for the export part of it (the filesystem is
-# frozen while the overlay is walked and sent).
+# frozen while the overlay is walked and sent): a probe in the guest appends
+# a timestamp to a workspace file every 50 ms meanwhile, and its longest gap
+# is printed (`writers paused`) beside its median gap (the probe's own pace).
 #
 # Runs where a standard guest boots: here on hardware KVM, or in the rig:
 #   benches/live.sh [RUNS]          # here (needs hardware KVM)
@@ -14,12 +16,19 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ "${1:-}" == --rig ]]; then
     shift
-    exec "$here/tests/rig/run-in-l1.sh" env ${STOCKADE_BIN:+STOCKADE_BIN="$STOCKADE_BIN"} \
+    exec "$here/tests/rig/run-in-l1.sh" env LIVE_BENCH_IN_RIG=1 ${STOCKADE_BIN:+STOCKADE_BIN="$STOCKADE_BIN"} \
         ${STOCKADE_KERNEL:+STOCKADE_KERNEL="$STOCKADE_KERNEL"} "$here/benches/live.sh" "$@"
 fi
 runs=${1:-3}
 bin=${STOCKADE_BIN:-$here/target/x86_64-unknown-linux-gnu/release/stockade}
 kernel=${STOCKADE_KERNEL:-$("$here/guest-kernel/build.sh" 2>/dev/null | tail -n1)}
+memory=2G
+if [[ -n "${LIVE_BENCH_IN_RIG:-}" ]]; then
+    # The rig's /tmp is a tmpfs of half its 4 GiB: it holds the scratch disk
+    # and the staged checkpoint, 1 GiB each; a smaller guest leaves memory.
+    mount -o remount,size=3G /tmp
+    memory=1G
+fi
 work=$(mktemp -d)
 trap 'exec 3>&- 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 export STOCKADE_DATA_DIR="$work/data"
@@ -32,8 +41,11 @@ measure() {
     local name=$1 body=$2 ws="$work/ws-$1"
     mkdir -p "$ws" && cd "$ws"
     mkfifo ctl
-    "$bin" run --cpus 1 --memory 2G --disk 4G --kernel "$kernel" --apply none -- \
-        sh -c "$body; echo written; read go" <ctl >guest.out 2>guest.err &
+    local probe='while :; do date +%s%N >> .probe; sleep 0.05; done'
+    local gaps="awk 'NR > 1 { print (\$1 - p) / 1e6 } { p = \$1 }' .probe | sort -n | awk '{ g[NR] = \$1 }
+        END { printf \"writers paused: longest gap %.0f ms (median gap %.0f ms)\\n\", g[NR], g[int((NR + 1) / 2)] }'"
+    "$bin" run --cpus 1 --memory "$memory" --disk 4G --kernel "$kernel" --apply none -- \
+        sh -c "$body; ($probe) & p=\$!; echo written; read go; kill \$p; $gaps" <ctl >guest.out 2>guest.err &
     exec 3>ctl
     for _ in $(seq 3000); do grep -q written guest.out 2>/dev/null && break; sleep 0.2; done
     for i in $(seq "$runs"); do
@@ -47,6 +59,7 @@ measure() {
     echo go >&3
     exec 3>&-
     wait
+    printf '%-22s %s\n' "$name" "$(grep -m1 'writers paused' guest.out || echo 'writers paused: ?')"
     cd "$work"
 }
 

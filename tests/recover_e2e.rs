@@ -155,27 +155,33 @@ grep -q 'stockade recover ' err.txt && echo "told=how to recover"
 
 /// Measure: how long `stockade recover` takes for a kept scratch disk
 /// holding a 1 GiB file (the supervisor killed after the guest wrote it).
-/// Prints the number (`--nocapture`); a recovery still going after ten
+/// Prints the number (`--nocapture`); a recovery still going after six
 /// minutes is stopped, with what the VMM's threads and the VM were doing.
-/// Run by hand (`--ignored`): in the rig a 1 GiB recovery has stalled once,
-/// cause not yet found, and a measurement must not fail the suite.
+/// Run by hand (`--ignored`): a measurement must not fail the suite, and in
+/// the rig a 1 GiB recovery has not yet passed: once its export stopped
+/// after about 90 MiB with the host's stream at its end and the guest idle
+/// (not the disk margin: 860 MiB were free), once the recovery VM ended
+/// within seconds. The logs and any OOM kill are printed for the next try.
 #[test]
-#[ignore = "measurement; the 1 GiB recovery stall in the rig is still being investigated"]
+#[ignore = "measurement; the 1 GiB recovery in the rig does not complete yet (see above)"]
 fn recovery_time_of_a_1gib_scratch_disk() {
     let Some(rig) = rig::require("recovery_time_of_a_1gib_scratch_disk") else { return };
     let out = rig.sh(
         &script(&format!(
             "{PRELUDE}{}",
-            r##"$S run -- sh -c "yes 0123456789abcdef | head -c 1073741824 > big.bin; sync; echo ready; exec sleep 100000" > out.txt 2> err.txt &
+            r##"# The rig's /tmp (a tmpfs of half its 4 GiB) holds the kept disk and the
+# staged copy: room for both.
+mount -o remount,size=3G /tmp
+$S run -- sh -c "yes 0123456789abcdef | head -c 1073741824 > big.bin; sync; echo ready; exec sleep 100000" > out.txt 2> err.txt &
 pid=$!
 i=0; until grep -q ready out.txt || [ $i -ge 800 ]; do sleep 1; i=$((i+1)); done
 kill -9 $pid; wait $pid
 s=$(ls -d "$HOME"/.local/share/stockade/sessions/*/)
 echo "disk_used=$(du -k "$s/scratch.img" | cut -f1)"
 start=$(date +%s.%N)
-$S recover 2> recover.err &
+RUST_LOG=info,stockade::vmm::devices::virtio::vsock=debug $S recover 2> recover.err &
 rp=$!
-i=0; while kill -0 $rp 2>/dev/null && [ $i -lt 600 ]; do sleep 1; i=$((i+1)); done
+i=0; while kill -0 $rp 2>/dev/null && [ $i -lt 360 ]; do sleep 1; i=$((i+1)); done
 if kill -0 $rp 2>/dev/null; then
   echo "recover=stalled"
   for p in $(pgrep -f ' vmm --config') $rp; do
@@ -189,6 +195,9 @@ fi
 wait $rp; echo "recover=$?"
 echo "recover_seconds=$(awk "BEGIN { print $(date +%s.%N) - $start }")"
 tail -c 2000 recover.err >&2
+echo "--- recover-kernel.log" >&2; tail -n 30 "$s/recover-kernel.log" >&2
+echo "--- recover-vmm.log" >&2; tail -n 30 "$s/recover-vmm.log" >&2
+dmesg | grep -i -E 'oom|killed process|segfault' >&2
 $S diff --stat 2>&1 | grep -c big.bin | sed 's/^/diff=/'
 "##
         )),

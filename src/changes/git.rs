@@ -24,6 +24,7 @@ use std::process::{Command, Output, Stdio};
 use thiserror::Error;
 
 use super::ChangesError;
+use super::review::{OtherTree, TreeFile};
 use super::store::Store;
 use crate::protocol::change_set::entry::{Base, Entry, Kind, SymlinkTarget};
 use crate::protocol::change_set::path::RelPath;
@@ -333,37 +334,36 @@ impl Repo {
         Ok(tree)
     }
 
-    /// The symlinks of `commit`'s tree within the workspace, as entries
-    /// making them (what the tree a branch is built on links where).
-    pub fn symlinks(&self, commit: &str) -> Result<Vec<Entry>, GitError> {
-        let links: Vec<(RelPath, String)> = self
+    /// `commit`'s tree within the workspace, read for the review of what
+    /// a branch built on it holds (see [`CommitTree`]).
+    pub fn tree_at(&self, commit: &str) -> Result<CommitTree<'_>, GitError> {
+        let files: BTreeMap<RelPath, Item> = self
             .tree(Some(commit))?
             .into_iter()
-            .filter(|(_, item)| item.mode == SYMLINK)
             .filter_map(|(path, item)| {
                 let rel = RelPath::new(path.strip_prefix(&self.prefix[..])?.to_vec()).ok()?;
-                Some((rel, item.oid))
+                Some((rel, item))
             })
             .collect();
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        let input: Vec<u8> = links.iter().flat_map(|(_, oid)| format!("{oid}\n").into_bytes()).collect();
-        let out = self.run(&["cat-file", "--batch"], None, Some(&input))?;
-        let bad = || GitError::Failed { what: "cat-file".into(), detail: "unexpected output".into() };
-        let mut rest = &out[..];
+        let links: Vec<(&RelPath, &Item)> = files.iter().filter(|(_, item)| item.mode == SYMLINK).collect();
         let mut entries = Vec::new();
-        for (path, _) in links {
-            let newline = rest.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
-            let header = std::str::from_utf8(&rest[..newline]).map_err(|_| bad())?;
-            let size: usize = header.rsplit(' ').next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
-            let body = rest.get(newline + 1..newline + 1 + size).ok_or_else(bad)?;
-            rest = rest.get(newline + 2 + size..).unwrap_or_default();
-            if let Ok(target) = SymlinkTarget::new(body.to_vec()) {
-                entries.push(Entry { path, kind: Kind::Symlink { target }, base: Base::Absent });
+        if !links.is_empty() {
+            let input: Vec<u8> = links.iter().flat_map(|(_, item)| format!("{}\n", item.oid).into_bytes()).collect();
+            let out = self.run(&["cat-file", "--batch"], None, Some(&input))?;
+            let bad = || GitError::Failed { what: "cat-file".into(), detail: "unexpected output".into() };
+            let mut rest = &out[..];
+            for (path, _) in links {
+                let newline = rest.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
+                let header = std::str::from_utf8(&rest[..newline]).map_err(|_| bad())?;
+                let size: usize = header.rsplit(' ').next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+                let body = rest.get(newline + 1..newline + 1 + size).ok_or_else(bad)?;
+                rest = rest.get(newline + 2 + size..).unwrap_or_default();
+                if let Ok(target) = SymlinkTarget::new(body.to_vec()) {
+                    entries.push(Entry { path: path.clone(), kind: Kind::Symlink { target }, base: Base::Absent });
+                }
             }
         }
-        Ok(entries)
+        Ok(CommitTree { repo: self, files, links: entries })
     }
 
     /// Writes the staged blobs and symlink targets of `entries` as git
@@ -598,6 +598,48 @@ impl Repo {
         self.update_ref("HEAD", &landed.commit, head, "stockade apply --commit")?;
         self.run(&["update-index", "-z", "--index-info"], None, Some(&delta))?;
         Ok(landed)
+    }
+}
+
+/// A commit's tree within the workspace, as the review of a branch built
+/// on it reads it: its symlinks, and its files by path, read from git's
+/// objects (never checked out).
+pub struct CommitTree<'r> {
+    repo: &'r Repo,
+    files: BTreeMap<RelPath, Item>,
+    links: Vec<Entry>,
+}
+
+impl OtherTree for CommitTree<'_> {
+    fn symlinks(&self) -> &[Entry] {
+        &self.links
+    }
+
+    fn files_named(&self, name: &[u8]) -> Vec<RelPath> {
+        let regular = |item: &Item| item.mode & 0o170000 == 0o100000;
+        self.files.iter().filter(|(p, item)| p.file_name() == name && regular(item)).map(|(p, _)| p.clone()).collect()
+    }
+
+    fn names(&self, dir: &RelPath) -> Vec<Vec<u8>> {
+        self.files
+            .keys()
+            .filter(|p| p.parent().is_some_and(|parent| parent == *dir))
+            .map(|p| p.file_name().to_vec())
+            .collect()
+    }
+
+    fn read(&self, path: &RelPath, limit: u64) -> TreeFile {
+        let Some(item) = self.files.get(path) else { return TreeFile::Absent };
+        if item.mode & 0o170000 != 0o100000 {
+            return TreeFile::Unreadable;
+        }
+        match self.repo.run(&["cat-file", "blob", &item.oid], None, None) {
+            Ok(mut bytes) => {
+                bytes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                TreeFile::Text(bytes)
+            }
+            Err(_) => TreeFile::Unreadable,
+        }
     }
 }
 

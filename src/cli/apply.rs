@@ -123,11 +123,14 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     };
     let mut sensitive = sensitive_paths(&target.store, &target.workspace, &selection, &code)
         .with_context(|| format!("cannot review the staged changes of session {}", target.id))?;
-    if args.branch.is_some() {
+    if args.branch.is_some()
+        && let Some((repo, base)) = land::branch_base_of(&target)?
+    {
         // A branch is built on the base commit, not the working tree: its
-        // symlinks decide what runs code there too.
-        let links = land::branch_links(&target)?;
-        let on_base = sensitive_paths_among(&target.store, &target.workspace, &selection, &code, &links)
+        // symlinks, `.envrc`, virtualenvs and `.pth` files decide what runs
+        // code there too.
+        let tree = repo.tree_at(&base)?;
+        let on_base = sensitive_paths_among(&target.store, &target.workspace, &selection, &code, Some(&tree))
             .with_context(|| format!("cannot review the staged changes of session {}", target.id))?;
         for (path, why) in on_base {
             if !sensitive.iter().any(|(p, _)| *p == path) {

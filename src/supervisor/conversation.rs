@@ -307,7 +307,7 @@ impl<'a> Relay<'a> {
                 super::reached("command ended");
                 let _ = send(writer, &HostMsg::Finish);
                 if let Some(receiver) = self.receiver.take() {
-                    receiver.abandon();
+                    let _ = receiver.abandon();
                 }
                 return Ok(Some(Conversation::Ended { report, staged: self.staged.take() }));
             }
@@ -345,10 +345,10 @@ impl<'a> Relay<'a> {
         };
         self.staged = Some(match outcome {
             ExportOutcome::Sent { stream, .. } => receiver.finish(stream).inspect(|_| self.settle_landed()),
-            ExportOutcome::Failed { message } => {
-                receiver.abandon();
-                Err(anyhow::anyhow!("the guest could not export its changes: {message}"))
-            }
+            ExportOutcome::Failed { message } => match receiver.abandon() {
+                Some(cause) => Err(cause.context(format!("the guest's export stopped ({message})"))),
+                None => Err(anyhow::anyhow!("the guest could not export its changes: {message}")),
+            },
         });
     }
 }

@@ -246,18 +246,18 @@ impl Checkpoints {
         {
             let mut w = self.guest.writer.lock().unwrap_or_else(|p| p.into_inner());
             if let Err(e) = write_frame(&mut *w, &HostMsg::Checkpoint { id }) {
-                receiver.abandon();
+                let _ = receiver.abandon();
                 return Err(anyhow!("cannot ask the guest for a checkpoint: {e}"));
             }
         }
         let report = match self.wait_for(id) {
             Ok(ExportOutcome::Sent { stream, .. }) => receiver.finish(stream)?,
-            Ok(ExportOutcome::Failed { message }) => {
-                receiver.abandon();
-                bail!("the guest could not export a checkpoint: {message}");
-            }
+            Ok(ExportOutcome::Failed { message }) => match receiver.abandon() {
+                Some(cause) => return Err(cause.context(format!("the guest's checkpoint stopped ({message})"))),
+                None => bail!("the guest could not export a checkpoint: {message}"),
+            },
             Err(e) => {
-                receiver.abandon();
+                let _ = receiver.abandon();
                 return Err(e);
             }
         };

@@ -58,8 +58,14 @@ pub enum Verdict {
 /// A token-bearing change connection, being staged or spooled.
 enum Job {
     /// The first: staged as it streams; `vouched` is set once its digest
-    /// matched the init's.
-    Live { handle: JoinHandle<anyhow::Result<StageReport>>, stream: UnixStream, vouched: Arc<AtomicBool> },
+    /// matched the init's, `failed` once staging stopped on its own (the
+    /// stream is then closed).
+    Live {
+        handle: JoinHandle<anyhow::Result<StageReport>>,
+        stream: UnixStream,
+        vouched: Arc<AtomicBool>,
+        failed: Arc<AtomicBool>,
+    },
     /// A later one: kept in an unnamed file until the verdict.
     Spooled { handle: JoinHandle<io::Result<(File, StreamDigest)>>, stream: UnixStream },
 }
@@ -131,18 +137,32 @@ pub fn receive_as(
         };
         let job = if nth == 0 {
             let Some(verdict_rx) = verdict_rx.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
+            let Ok(closer) = stream.try_clone() else {
+                return tracing::warn!("cannot duplicate a change connection; it was not received");
+            };
             let gate = DigestGate::new(stream, verdict_rx, reports.clone());
             let vouched = gate.vouched.clone();
+            let failed = Arc::new(AtomicBool::new(false));
+            let failing = failed.clone();
             let store = staging.clone();
             let done = wake_tx.clone();
             std::thread::Builder::new()
                 .name("changes".into())
                 .spawn(move || {
                     let staged = stage(gate, &store, shown);
+                    if staged.is_err() {
+                        // Staging stopped before the stream did (the disk
+                        // margin, a bound, a bad stream): close it, so that
+                        // the init's export fails and it says so, rather
+                        // than the init blocking on a stream no one reads
+                        // and the host waiting for its word.
+                        failing.store(true, Ordering::SeqCst);
+                        let _ = closer.shutdown(std::net::Shutdown::Both);
+                    }
                     let _ = done.send(());
                     staged
                 })
-                .map(|handle| Job::Live { handle, stream: watch, vouched })
+                .map(|handle| Job::Live { handle, stream: watch, vouched, failed })
         } else {
             reports.report(Channel::Changes.second());
             if nth > MAX_SPOOLED {
@@ -281,7 +301,7 @@ impl Receiver {
                     Job::Spooled { .. } => spooled.push(job),
                 }
             }
-            if let Some(Job::Live { handle, stream, vouched }) = live.take() {
+            if let Some(Job::Live { handle, stream, vouched, failed: stopped }) = live.take() {
                 if handle.is_finished() {
                     match join_live(handle) {
                         Ok(report) => return self.stopping(spooled, Ok(report)),
@@ -293,7 +313,7 @@ impl Receiver {
                         }
                     }
                 } else {
-                    live = Some(Job::Live { handle, stream, vouched });
+                    live = Some(Job::Live { handle, stream, vouched, failed: stopped });
                 }
             }
             let mut waiting = Vec::new();
@@ -358,10 +378,23 @@ impl Receiver {
 
     /// The init could not export, or never said: nothing is staged. A
     /// stream being received ends with an error, and stays unstaged.
-    pub fn abandon(self) {
+    /// Returns why staging had stopped on the host's side, if it had: the
+    /// init's export then failed because its stream was closed, and this
+    /// is the cause to show (a full disk, say).
+    pub fn abandon(self) -> Option<anyhow::Error> {
+        let jobs: Vec<Job> = self.started.try_iter().collect();
+        // Looked at before the verdict and the stop below, which fail it too.
+        let stopped =
+            jobs.iter().position(|job| matches!(job, Job::Live { failed, .. } if failed.load(Ordering::SeqCst)));
         let _ = self.verdict.send(Verdict::Failed);
-        self.stop_all(&self.started.try_iter().collect::<Vec<_>>());
+        self.stop_all(&jobs);
         let _ = std::fs::remove_file(&self.path);
+        let job = jobs.into_iter().nth(stopped?)?;
+        match job {
+            // Set just before its stream was closed: the thread is ending.
+            Job::Live { handle, .. } => join_live(handle).err(),
+            Job::Spooled { .. } => None,
+        }
     }
 }
 

@@ -261,8 +261,34 @@ fn an_abandoned_export_stages_nothing() {
     let _init = rig.send_open(rig.token.as_bytes(), &real);
     let jobs = wait_taken(&rig, 1);
     let receiver = put_back(&mut rig, Vec::new());
-    receiver.abandon();
+    assert!(receiver.abandon().is_none(), "staging was stopped by the abandon, not before");
     let Some(Job::Live { handle, .. }) = jobs.into_iter().next() else { panic!("the first job is staged live") };
     assert!(handle.join().unwrap().is_err());
+    assert!(!rig.store.is_staged());
+}
+
+/// Staging that stops before the stream ends (here a stream that is no
+/// change set; in life the disk margin or a bound) closes the connection:
+/// the init's export then fails and it says so, instead of the init
+/// blocking on a stream no one reads while the host waits for its word
+/// (how a 1 GiB recovery onto a too-small disk sat idle). The host's
+/// cause comes back from `abandon`.
+#[test]
+fn staging_that_stops_early_closes_the_stream_and_names_why() {
+    let mut rig = rig();
+    let mut conn = UnixStream::connect(&rig.path).unwrap();
+    conn.write_all(rig.token.as_bytes()).unwrap();
+    let (done, written) = mpsc::channel();
+    std::thread::spawn(move || {
+        let junk = vec![0xa5u8; 1 << 20];
+        let result = (0..256).try_for_each(|_| conn.write_all(&junk));
+        let _ = done.send(result);
+    });
+    // A guard against hanging, not a measure: the writer is refused at once.
+    let result = written.recv_timeout(Duration::from_secs(120)).expect("the guest's writes block: nothing reads them");
+    assert!(result.is_err(), "256 MiB of junk was taken whole");
+    let receiver = rig.receiver.take().unwrap();
+    let why = format!("{:#}", receiver.abandon().expect("the host's reason"));
+    assert!(why.contains("not a stockade change set"), "{why}");
     assert!(!rig.store.is_staged());
 }

@@ -444,6 +444,31 @@ struct Alias {
     link: RelPath,
 }
 
+/// A file of another tree, as far as the review reads it.
+pub enum TreeFile {
+    Absent,
+    /// Its bytes, up to the limit asked.
+    Text(Vec<u8>),
+    /// Not a plain file (a symlink), or it cannot be read.
+    Unreadable,
+}
+
+/// A tree the change set lands on other than the working tree (the base
+/// commit of `apply --branch`). What decides there which files run code
+/// (its `.envrc` and what that loads, its `pyvenv.cfg` files, the `.pth`
+/// files of its site directories, its symlinks) is judged with the
+/// working tree's.
+pub trait OtherTree {
+    /// Its symlinks, as entries making them (for [`Classifier::learn`]).
+    fn symlinks(&self) -> &[Entry];
+    /// Its regular files named `name`, anywhere.
+    fn files_named(&self, name: &[u8]) -> Vec<RelPath>;
+    /// The names directly in its directory `dir`.
+    fn names(&self, dir: &RelPath) -> Vec<Vec<u8>>;
+    /// The file at `path`, up to `limit` bytes.
+    fn read(&self, path: &RelPath, limit: u64) -> TreeFile;
+}
+
 /// Classifies paths of one workspace.
 pub struct Classifier<'h> {
     host: &'h Host,
@@ -473,6 +498,8 @@ pub struct Classifier<'h> {
     agent_settings: bool,
     /// Per site directory: the modules its host `.pth` files import.
     pth_imports: HashMap<Vec<u8>, Rc<HashSet<Vec<u8>>>>,
+    /// Another tree the change set lands on, judged with the host's.
+    other: Option<&'h dyn OtherTree>,
 }
 
 impl<'h> Classifier<'h> {
@@ -496,7 +523,20 @@ impl<'h> Classifier<'h> {
             venvs: HashMap::new(),
             agent_settings: false,
             pth_imports: HashMap::new(),
+            other: None,
         }
+    }
+
+    /// Judges also with `tree`, the tree the change set lands on when it
+    /// is not the working tree: what its `.envrc` loads, its virtualenvs,
+    /// the modules its `.pth` files import.
+    pub fn with_other(mut self, tree: &'h dyn OtherTree, workspace: &Path) -> Classifier<'h> {
+        self.envrc.merge(envrc_of(workspace, |path| tree.read(path, ENVRC_BYTES)));
+        for cfg in tree.files_named(b"pyvenv.cfg") {
+            self.venv_marks.insert(cfg.as_bytes().to_vec());
+        }
+        self.other = Some(tree);
+        self
     }
 
     /// Judges every file as an agent's settings (a session staged for the
@@ -803,6 +843,15 @@ impl<'h> Classifier<'h> {
                     modules.extend(pth_imports(&String::from_utf8_lossy(&text)));
                 }
             }
+            if let Some(other) = self.other {
+                let pths = other.names(&dir).into_iter().filter(|n| n.ends_with(b".pth"));
+                for name in pths.take(MAX_PTH_FILES) {
+                    let Ok(file) = dir.join(&name) else { continue };
+                    if let TreeFile::Text(text) = other.read(&file, MAX_PTH_BYTES) {
+                        modules.extend(pth_imports(&String::from_utf8_lossy(&text)));
+                    }
+                }
+            }
         }
         let modules = Rc::new(modules);
         self.pth_imports.insert(site.to_vec(), modules.clone());
@@ -1104,10 +1153,25 @@ fn host_git_config(host: &Host, workspace: &Path) -> (Option<RelPath>, Vec<RelPa
 /// Files of one environment read at most (the `.envrc` and what it loads).
 pub const MAX_ENVRC_FILES: usize = 16;
 
-/// What the host's `.envrc` at the workspace root loads, with what the
-/// files it sources or loads put on `PATH`. A file that is not a plain
-/// file (a symlink) cannot be read, so `PATH` is unknown.
+/// How much of one file of an environment is read.
+const ENVRC_BYTES: u64 = 1 << 20;
+
+/// What the host's `.envrc` at the workspace root loads.
 fn host_envrc(host: &Host, workspace: &Path) -> Envrc {
+    envrc_of(workspace, |path| match host.state(path) {
+        HostState::Absent => TreeFile::Absent,
+        HostState::File { .. } => match host.read(path, ENVRC_BYTES) {
+            Ok(Some(text)) => TreeFile::Text(text),
+            _ => TreeFile::Unreadable,
+        },
+        _ => TreeFile::Unreadable,
+    })
+}
+
+/// What the `.envrc` at the root of a tree (files read by `read`) loads,
+/// with what the files it sources or loads put on `PATH`. A file that is
+/// not a plain file (a symlink) cannot be read, so `PATH` is unknown.
+fn envrc_of(workspace: &Path, read: impl Fn(&RelPath) -> TreeFile) -> Envrc {
     let mut envrc = Envrc::default();
     let mut queue = vec![b".envrc".to_vec()];
     let mut seen = HashSet::new();
@@ -1116,14 +1180,10 @@ fn host_envrc(host: &Host, workspace: &Path) -> Envrc {
             continue;
         }
         let Ok(path) = RelPath::new(file) else { continue };
-        let text = match host.state(&path) {
-            HostState::Absent => continue,
-            HostState::File { .. } => host.read(&path, 1 << 20).ok().flatten(),
-            _ => None,
-        };
-        let part = match text {
-            Some(text) => Envrc::parse(&String::from_utf8_lossy(&text), workspace),
-            None => Envrc { unknown_path: true, ..Envrc::default() },
+        let part = match read(&path) {
+            TreeFile::Absent => continue,
+            TreeFile::Text(text) => Envrc::parse(&String::from_utf8_lossy(&text), workspace),
+            TreeFile::Unreadable => Envrc { unknown_path: true, ..Envrc::default() },
         };
         queue.extend(part.loaded.iter().cloned());
         envrc.merge(part);

@@ -45,7 +45,7 @@ use crate::protocol::change_set::RelPath;
 use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
 use crate::util::color::ColorChoice;
 
-pub use classify::check_pattern;
+pub use classify::{OtherTree, TreeFile, check_pattern};
 pub use diff::Format;
 pub use host::Host;
 pub use pager::{Pager, Target};
@@ -317,25 +317,26 @@ pub fn sensitive_paths(
     selection: &Selection,
     code: &CodeChoice,
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
-    sensitive_paths_among(store, workspace, selection, code, &[])
+    sensitive_paths_among(store, workspace, selection, code, None)
 }
 
-/// As [`sensitive_paths`], judged also with `links` around the change set:
-/// symlinks of the tree the changes land on other than the working tree
-/// (the base commit of `apply --branch`), each where no staged change is.
+/// As [`sensitive_paths`], judged also with `other`: the tree the changes
+/// land on when it is not the working tree (the base commit of `apply
+/// --branch`). Its symlinks count where no staged change is.
 pub fn sensitive_paths_among(
     store: &Store,
     workspace: &Path,
     selection: &Selection,
     code: &CodeChoice,
-    links: &[Entry],
+    other: Option<&dyn OtherTree>,
 ) -> Result<Vec<(RelPath, &'static str)>, ChangesError> {
     let host = Host::open(workspace);
     let staged: Vec<StoredEntry> = store.entries()?.into_iter().filter(|e| e.state == EntryState::Staged).collect();
     let paths: HashSet<&RelPath> = staged.iter().map(|e| &e.entry.path).collect();
+    let links = other.map(|o| o.symlinks()).unwrap_or_default();
     let around = links.iter().filter(|l| !paths.contains(&l.path));
     let all = staged.iter().map(|e| &e.entry).chain(around);
-    let mut classifier = classifier_for(&host, workspace, store, all, false, &code.runs_code);
+    let mut classifier = classifier_for(&host, workspace, store, all, false, &code.runs_code, other);
     classifier = classifier.agent_settings(code.agent_settings);
     Ok(staged
         .into_iter()
@@ -355,11 +356,15 @@ fn classifier_for<'h, 'e, I>(
     staged: I,
     global_excludes: bool,
     runs_code: &[String],
+    other: Option<&'h dyn OtherTree>,
 ) -> classify::Classifier<'h>
 where
     I: IntoIterator<Item = &'e Entry> + Clone,
 {
     let mut classifier = classify::Classifier::new(host, workspace, global_excludes).with_patterns(runs_code);
+    if let Some(other) = other {
+        classifier = classifier.with_other(other, workspace);
+    }
     classifier.learn(staged.clone());
     // A staged `.envrc` and the staged files it loads, as they would be.
     let mut read = HashSet::new();

@@ -260,9 +260,16 @@ impl Summary {
         }
         let host = Host::open(workspace);
         let blocked = blocked_paths(store, workspace);
-        let mut classifier =
-            super::classifier_for(&host, workspace, store, staged.iter(), options.global_excludes, &options.runs_code)
-                .agent_settings(options.agent_settings);
+        let mut classifier = super::classifier_for(
+            &host,
+            workspace,
+            store,
+            staged.iter(),
+            options.global_excludes,
+            &options.runs_code,
+            None,
+        )
+        .agent_settings(options.agent_settings);
         let mut items: Vec<Item> = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
             let implied = matches!((&entry.kind, &entry.base), (Kind::Dir { .. }, Base::Absent))
