@@ -121,6 +121,8 @@ const OTHER_DEVICES: usize = 254;
 const OVERFLOW_SLOT: u64 = 255;
 /// Names a node keeps to be found again by (hard links).
 const MAX_NAMES: usize = 4;
+/// The most of a directory listing read at once, whatever the guest asks.
+const MAX_LISTING: usize = 1 << 20;
 /// Files kept open for reads that name no handle.
 const READERS: usize = 8;
 /// The handle of a read the guest sent without opening the file.
@@ -184,6 +186,8 @@ struct Node {
     dev: u64,
     ino: u64,
     is_dir: bool,
+    /// A regular file: the only kind of node opened for its content.
+    is_file: bool,
     /// Lookups the guest has not forgotten.
     lookups: u64,
     /// Names of nodes in this directory: they need it to be found again.
@@ -309,7 +313,15 @@ impl BoundedFs {
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT,
-            Node { names: Vec::new(), dev: st.st_dev, ino: st.st_ino, is_dir: true, lookups: 1, children: 0 },
+            Node {
+                names: Vec::new(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                is_dir: true,
+                is_file: false,
+                lookups: 1,
+                children: 0,
+            },
         );
         Ok(BoundedFs {
             root: Arc::new(root),
@@ -446,6 +458,11 @@ impl BoundedFs {
     /// still what it was.
     fn open_file(&self, state: &mut State, node: u64, directory: bool) -> io::Result<OwnedFd> {
         self.readable(state, node)?;
+        // A device, FIFO or socket on the host is not the guest's to open:
+        // its kind is known from the lookup, before any open reaches it.
+        if !directory && !state.nodes.get(&node).is_some_and(|n| n.is_file) {
+            return Err(err(libc::ENXIO));
+        }
         let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
         if node == ROOT {
             return open_at(state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind);
@@ -578,7 +595,8 @@ impl BoundedFs {
             return Ok(());
         }
         let handle = self.handle(handle)?;
-        let mut buf = vec![0u8; size as usize];
+        // The guest names the size; a page or a few is what Linux asks.
+        let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
         let read = {
             let _listing = handle.listing.lock().unwrap_or_else(|p| p.into_inner());
             let fd = handle.file.as_raw_fd();
@@ -714,6 +732,9 @@ impl FileSystem for BoundedFs {
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         let mut state = self.state();
         match state.nodes.get(&parent) {
+            // Nothing in a secret directory is found, so nothing beneath it
+            // is a node to read.
+            Some(n) if n.is_dir && self.secrets.holds(n.dev, n.ino) => return Err(err(libc::EACCES)),
             Some(n) if n.is_dir => {}
             Some(_) => return Err(err(libc::ENOTDIR)),
             None => return Err(err(libc::ESTALE)),
@@ -732,6 +753,7 @@ impl FileSystem for BoundedFs {
                 dev: st.st_dev,
                 ino: st.st_ino,
                 is_dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+                is_file: st.st_mode & libc::S_IFMT == libc::S_IFREG,
                 lookups: 1,
                 children: 0,
             },

@@ -396,6 +396,11 @@ impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
+        // Nothing lies past the last offset; the Vfs's own directory above
+        // the shares would compute one beyond it.
+        if offset == u64::MAX {
+            return Ok(());
+        }
         self.inner.readdir(ctx, inode, handle, size, offset, add_entry)
     }
 
@@ -408,6 +413,11 @@ impl<F: FileSystem> FileSystem for ReadOnlyFs<F> {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
+        // Nothing lies past the last offset; the Vfs's own directory above
+        // the shares would compute one beyond it.
+        if offset == u64::MAX {
+            return Ok(());
+        }
         self.inner.readdirplus(ctx, inode, handle, size, offset, add_entry)
     }
 
