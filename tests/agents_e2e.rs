@@ -7,7 +7,7 @@
 
 use crate::network_e2e::test_certificate;
 use crate::rig;
-use crate::run_e2e::script;
+use crate::run_e2e::{LEAKS, script};
 use std::time::Duration;
 
 /// Two or three guests per script, one of them compiling a crate or
@@ -19,19 +19,6 @@ fn node_version() -> String {
     let out = std::process::Command::new("node").arg("--version").output().expect("node is installed by tests/run.sh");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
-
-/// Guest shell (no single quotes: it goes inside `sh -c '...'`): `leaks
-/// PATTERN` names the files holding PATTERN among every process's
-/// environment and command line and all the guest could write to or be
-/// handed ($HOME, /tmp, /run, /etc), less the read-only host shares mounted
-/// there (home toolchains): the guest cannot put anything in them, and
-/// reading their gigabytes takes the better part of an hour on the rig's
-/// software CPU.
-const LEAKS: &str = r#"leaks() {
-                     ro=; while read -r _ mnt _ opts _; do case ",$opts," in *,ro,*) ro="$ro -o -path $mnt";; esac; done < /proc/mounts
-                     find "$HOME" /tmp /run /etc \( -path /nonexistent $ro \) -prune -o -type f -print 2>/dev/null |
-                         xargs grep -ls "$1" /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null
-                 }"#;
 
 /// Where tests/agents/install.sh installed the CLIs, or why there is none.
 fn agent_clis(test: &str) -> Option<String> {
@@ -141,7 +128,7 @@ fn claude_code_edits_with_the_key_on_the_host_and_its_hooks_stay_in_the_sandbox(
                  claude -p "Create hello.txt" --permission-mode acceptEdits < /dev/null; echo "agent=$?"
                  echo "guest-key=$ANTHROPIC_API_KEY"
                  {LEAKS}
-                 echo "found=[$(leaks sk-ant-api03-rea[l])]"'
+                 echo "found=[$(leaks sk-ant-api03-rea[l] /proc/[0-9]*/cmdline)]"'
              echo "run=$?"
              test -e hello.txt && echo leaked || echo not-applied
              $S diff --stat 2>&1 | grep -c hello.txt
@@ -198,7 +185,7 @@ fn codex_edits_with_the_key_on_the_host() {
                      -c analytics.enabled=false -c check_for_update_on_startup=false --disable plugins \
                      "Create hello.txt" < /dev/null > codex.out 2>&1; echo "agent=$?"
                  {LEAKS}
-                 echo "found=[$(leaks sk-proj-rea[l])]"'
+                 echo "found=[$(leaks sk-proj-rea[l] /proc/[0-9]*/cmdline)]"'
              echo "run=$?"
              test -e hello.txt && echo leaked || echo not-applied
              $S diff --stat 2>&1 | grep -c hello.txt
@@ -237,7 +224,7 @@ TOML
                  claude -p "Create hello.txt" --permission-mode acceptEdits < /dev/null; echo "agent=$?"
                  grep -o stockade-signin- "$CLAUDE_CONFIG_DIR/.credentials.json" | wc -l
                  {LEAKS}
-                 echo "found=[$(leaks "real-acces[s]\|real-refres[h]")]"'
+                 echo "found=[$(leaks "real-acces[s]\|real-refres[h]" /proc/[0-9]*/cmdline)]"'
              echo "run=$?"
              grep -q '"authorization": "Bearer sk-ant-oat01-real-access"' "$ws.api.log" && echo token-upstream
              rm -rf "$cfg""#,

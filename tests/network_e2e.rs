@@ -3,7 +3,7 @@
 //! registries through the rig's user-mode network.
 
 use crate::rig;
-use crate::run_e2e::{T, script};
+use crate::run_e2e::{LEAKS, T, script};
 
 #[test]
 fn only_allowed_hosts_are_reachable() {
@@ -67,20 +67,22 @@ fn npm_install_works_through_the_proxy() {
 #[test]
 fn a_credential_never_enters_the_guest() {
     let Some(rig) = rig::require("a_credential_never_enters_the_guest") else { return };
+    // The secret goes into the guest's command line (not searched) as the
+    // pattern to look for everywhere else.
     let out = rig.sh(
-        &script(
-            "cat > secret.toml <<'TOML'
+        &script(&format!(
+            r#"cat > secret.toml <<'TOML'
 [[credential]]
-host = \"api.example.org\"
-header = \"authorization\"
-value = { env = \"STOCKADE_TEST_SECRET\" }
-format = \"Bearer {}\"
+host = "api.example.org"
+header = "authorization"
+value = {{ env = "STOCKADE_TEST_SECRET" }}
+format = "Bearer {{}}"
 TOML
-             export STOCKADE_TEST_SECRET=\"sekrit-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')\"
-             $S run --policy ./secret.toml -e STOCKADE_TEST_SECRET -- sh -c \"
-                 echo guest-sees=\\$STOCKADE_TEST_SECRET
-                 grep -rs $STOCKADE_TEST_SECRET /proc/*/environ /run /tmp \\$HOME | wc -l\"",
-        ),
+             export STOCKADE_TEST_SECRET="sekrit-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
+             $S run --policy ./secret.toml -e STOCKADE_TEST_SECRET -- sh -c '{LEAKS}
+                 echo guest-sees=$STOCKADE_TEST_SECRET
+                 leaks '"$STOCKADE_TEST_SECRET"' | wc -l'"#
+        )),
         T,
     );
     // A fresh random value: a fixed word turns up in shared toolchains' docs.

@@ -16,6 +16,20 @@ pub(crate) fn script(body: &str) -> String {
     format!("set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{DIAGNOSE}\n{body}\n", bin = stockade_bin())
 }
 
+/// Guest shell (no single quotes: it goes inside `sh -c '...'`): `leaks
+/// PATTERN [FILE...]` names the files holding PATTERN among every process's
+/// environment, the FILEs, and all the guest could write to or be handed
+/// ($HOME, /tmp, /run, /etc), less the read-only host shares mounted there
+/// (home toolchains): the guest cannot put anything in them, and reading
+/// their gigabytes takes the better part of an hour on the rig's software
+/// CPU.
+pub(crate) const LEAKS: &str = r#"leaks() {
+                     pattern=$1; shift
+                     ro=; while read -r _ mnt _ opts _; do case ",$opts," in *,ro,*) ro="$ro -o -path $mnt";; esac; done < /proc/mounts
+                     find "$HOME" /tmp /run /etc \( -path /nonexistent $ro \) -prune -o -type f -print 2>/dev/null |
+                         xargs grep -ls "$pattern" /proc/[0-9]*/environ "$@" 2>/dev/null
+                 }"#;
+
 const DIAGNOSE: &str = r#"diagnose() {
   for s in "$HOME"/.local/share/stockade/sessions/*/; do
     grep -q '"status": 125' "$s/run.json" 2>/dev/null || continue
