@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::changes::review::{self, ApplyMode, Console, Pager, Painter, Summary, SummaryOptions};
 use crate::changes::work::{Work, measure};
 use crate::changes::{ApplyOptions, Selection, Store, apply, tree_digest_at};
 use crate::guest::export::{Markers, export};
 use crate::protocol::change_set::{Limits, Writer};
+use crate::review::{self, ApplyMode, Console, Pager, Painter, Summary, SummaryOptions};
 
 const FILES: usize = 10_000;
 

@@ -18,6 +18,7 @@ mod policy;
 mod progress;
 mod protocol;
 mod proxy;
+mod review;
 mod supervisor;
 mod util;
 mod vmm;

@@ -1,6 +1,7 @@
 //! The import graph of `src/`: no cycle between top-level modules, `util`
-//! at the bottom importing nothing of ours, and no two files of one folder
-//! importing each other unless the pair is listed below with its reason.
+//! at the bottom importing nothing of ours, the layers below kept apart,
+//! and no two files of one folder importing each other unless the pair is
+//! listed below with its reason.
 //!
 //! The graph is read from the source text: every `crate::` path (including
 //! each item of a `crate::{a, b::c}` group) names the top-level module it
@@ -10,6 +11,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+
+/// Top-level modules that must not import another, even where no cycle
+/// would follow (in tests too), each with why.
+const APART: &[(&str, &str, &str)] = &[(
+    "changes",
+    "review",
+    "changes/ is the one module that writes the user's workspace and is audited alone; the review interface sits \
+     on top of it",
+)];
 
 /// Two files of one folder that import each other, each with why it stays.
 /// The same reason is written next to the import in the code.
@@ -261,6 +271,24 @@ fn util_imports_nothing_of_ours() {
     let graph = top_level_graph();
     let imports = graph.get("util").cloned().unwrap_or_default();
     assert!(imports.is_empty(), "util must stay at the bottom, but imports {imports:?}");
+}
+
+#[test]
+fn layers_stay_apart() {
+    let graph = top_level_graph();
+    let crossings: Vec<String> = APART
+        .iter()
+        .filter_map(|(from, to, why)| {
+            let files = graph.get(*from)?.get(*to)?;
+            let files: Vec<&str> = files.iter().map(String::as_str).collect();
+            Some(format!("  {from} imports {to} (in {}), but {why}", files.join(", ")))
+        })
+        .collect();
+    assert!(
+        crossings.is_empty(),
+        "a module reaches into a layer it must not:\n{}\nmove the piece both need into the lower one",
+        crossings.join("\n")
+    );
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::process::{Command, Output, Stdio};
 use thiserror::Error;
 
 use super::ChangesError;
-use super::review::{OtherTree, TreeFile};
+use super::other_tree::{OtherTree, TreeFile};
 use super::store::Store;
 use crate::protocol::change_set::entry::{Base, Entry, Kind, SymlinkTarget};
 use crate::protocol::change_set::path::RelPath;
@@ -792,7 +792,7 @@ fn gitlink_above(tree: &BTreeMap<Vec<u8>, Item>, path: &[u8]) -> Option<Vec<u8>>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::review::testutil::{Set, git, have_git, write};
+    use crate::changes::testutil::{Set, git, have_git, write};
 
     fn repo(dir: &Path) {
         git(dir, &["init", "-q"]);

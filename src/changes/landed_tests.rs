@@ -5,8 +5,8 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
-use crate::changes::review::testutil::Set;
 use crate::changes::seen::Seen;
+use crate::changes::testutil::Set;
 use crate::changes::{ApplyOptions, apply};
 use crate::util::digest::Sha256;
 

@@ -15,22 +15,32 @@
 //! The change set's vocabulary (paths, entries) and its stream format are
 //! the guest's contract with the host, in `protocol::change_set`.
 //!
+//! The review of staged changes (`crate::review`) sits on top of this
+//! module: it reads the store, the workspace (through [`Host`]) and the
+//! base commit of a branch (an [`OtherTree`]), and lands what the user
+//! chose through [`apply_with_progress`]; nothing here imports it.
+//!
 //! Modules: `validate` (set rules), `selection`, `store` (session
 //! change store), `seen`, `tree` (directory digests), `dirfd`
-//! (symlink-safe fd-relative operations), `conflict`, `journal`, `apply`,
-//! `git` (staged changes as a commit: `apply --branch`, `--commit`).
+//! (symlink-safe fd-relative operations), `host` (reading the workspace
+//! through `dirfd`), `conflict`, `journal`, `apply`, `landed`, `git`
+//! (staged changes as a commit: `apply --branch`, `--commit`),
+//! `other_tree` (a commit's tree as the review reads it).
 #![forbid(unsafe_code)]
 
 mod apply;
 mod conflict;
 mod dirfd;
 pub mod git;
+mod host;
 mod journal;
 pub mod landed;
-pub mod review;
+mod other_tree;
 mod seen;
 mod selection;
 mod store;
+#[cfg(test)]
+pub(crate) mod testutil;
 mod tree;
 mod validate;
 
@@ -41,7 +51,9 @@ use thiserror::Error;
 
 use crate::protocol::change_set::WireError;
 
-pub use apply::{ApplyOptions, apply_with_progress};
+pub use apply::{ApplyOptions, ApplyReport, apply_with_progress, check};
+pub use host::{Host, HostState};
+pub use other_tree::{OtherTree, TreeFile};
 pub use selection::Selection;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub(crate) use store::{Space, write_atomically};
@@ -49,7 +61,7 @@ pub use tree::digest_at as tree_digest_at;
 pub use validate::SetError;
 // Used by tests elsewhere in the crate only.
 #[cfg(test)]
-pub use apply::{apply, check};
+pub use apply::apply;
 #[cfg(test)]
 pub(crate) use dirfd::work;
 

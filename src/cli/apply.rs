@@ -8,13 +8,13 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::changes::landed::Landed;
-use crate::changes::review::{
-    CodeChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, sensitive_paths_among,
-    write_apply_report, write_held_back, write_hint,
-};
 use crate::changes::{ApplyOptions, Selection, apply_with_progress};
 use crate::progress::Meter;
 use crate::protocol::change_set::RelPath;
+use crate::review::{
+    CodeChoice, Painter, Role, change_counts, implied_dirs, plural, sensitive_paths, sensitive_paths_among,
+    write_apply_report, write_held_back, write_hint,
+};
 
 use super::Global;
 use land::{Landing, git_head};
@@ -208,7 +208,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::changes::review::testutil::{Set, write};
+    use crate::changes::testutil::{Set, write};
     use crate::cli::sessions::fixture::*;
 
     #[test]

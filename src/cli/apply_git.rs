@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use crate::changes::git::{self, GitError, LeftOut, Repo};
-use crate::changes::review::{Painter, Role, implied_dirs, plural, write_held_back};
 use crate::changes::{Selection, StoredEntry};
 use crate::protocol::change_set::{Entry, EntryState, RelPath};
+use crate::review::{Painter, Role, implied_dirs, plural, write_held_back};
 
 use super::sessions::{Here, Target};
 
@@ -264,7 +264,7 @@ mod tests {
     use super::super::{ApplyArgs, execute};
     use super::*;
     use crate::changes::Store;
-    use crate::changes::review::testutil::{Set, git, have_git, write};
+    use crate::changes::testutil::{Set, git, have_git, write};
     use crate::cli::sessions::fixture::*;
     use crate::supervisor::session::sessions_dir;
 

@@ -39,10 +39,10 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::changes::Store;
-use crate::changes::review::{ApplyMode, CodeChoice, Summary, SummaryOptions, change_counts, include_code_command};
 use crate::protocol::audit::Decision;
 use crate::protocol::exit::EXIT_STOCKADE;
 use crate::proxy::audit;
+use crate::review::{ApplyMode, CodeChoice, Summary, SummaryOptions, change_counts, include_code_command};
 use crate::supervisor::Finished;
 use crate::supervisor::session::RunRecord;
 
@@ -297,7 +297,7 @@ pub fn write(summary: &RunSummary, path: Option<&Path>) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::review::testutil::{Set, write as write_file};
+    use crate::changes::testutil::{Set, write as write_file};
     use crate::cli::sessions::fixture::{fixture, session};
     use crate::supervisor::session::sessions_dir;
 

@@ -8,9 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use crate::changes::review::{
-    Format, Host, Pager, Painter, RenderOptions, Role, Summary, SummaryOptions, Target, View, plural,
-};
+use crate::changes::Host;
+use crate::review::{Format, Pager, Painter, RenderOptions, Role, Summary, SummaryOptions, Target, View, plural};
 
 use super::Global;
 use super::sessions::{self, Here};
@@ -157,7 +156,7 @@ fn quiet_pipe<T: Default>(result: io::Result<T>) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::review::testutil::{Set, write};
+    use crate::changes::testutil::{Set, write};
     use crate::cli::sessions::fixture::*;
     use crate::util::color::ColorChoice;
 

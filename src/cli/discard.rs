@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::changes::review::{change_counts, plural};
+use crate::review::{change_counts, plural};
 use crate::supervisor::session;
 
 use super::Global;
@@ -81,7 +81,7 @@ fn refuse_if_running(target: &sessions::Target) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::review::testutil::Set;
+    use crate::changes::testutil::Set;
     use crate::cli::sessions::fixture::*;
 
     #[test]

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::changes::review::{self, ApplyMode, CodeChoice};
+use crate::review::{self, ApplyMode, CodeChoice};
 use crate::supervisor::recover::{self, RecoverConfig};
 use crate::supervisor::session::{self, SessionInfo};
 

@@ -8,8 +8,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::changes::review::{ApplyMode, CodeChoice};
 use crate::protocol::publish::Published;
+use crate::review::{ApplyMode, CodeChoice};
 use crate::supervisor::{self, RunConfig, TOOL_VARS};
 
 use super::settings::{Flags, Settings};

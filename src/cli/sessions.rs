@@ -13,10 +13,10 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde::Serialize;
 
-use crate::changes::review::Painter;
 use crate::changes::{Counts, Selection, SetState, Store};
 use crate::paths::Dirs;
 use crate::protocol::change_set::RelPath;
+use crate::review::Painter;
 use crate::supervisor::retention::{self, Retention, RetentionError};
 use crate::supervisor::session::{self, SessionInfo};
 use crate::util::color::ColorChoice;
@@ -281,7 +281,7 @@ fn change_state(dir: &Path) -> (&'static str, Counts) {
         return ("none", Counts::default());
     }
     let Ok(store) = Store::open(dir) else { return ("unreadable", Counts::default()) };
-    let counts = crate::changes::review::change_counts(&store);
+    let counts = crate::review::change_counts(&store);
     if store.dir().join("journal").exists() {
         return ("apply interrupted", counts.unwrap_or_default());
     }
@@ -298,7 +298,7 @@ fn change_state(dir: &Path) -> (&'static str, Counts) {
 }
 
 fn write_table(out: &mut dyn Write, rows: &[Row], width: usize, p: Painter) -> io::Result<()> {
-    use crate::changes::review::Role;
+    use crate::review::Role;
     let header = format!("{:<20}  {:>12}  {:>4}  {:>7}  {:<16}  COMMAND", "ID", "AGE", "EXIT", "CHANGES", "STATE");
     writeln!(out, "{}", p.paint(Role::Heading, header))?;
     // ID, age, exit, changes and state columns with their gaps.
@@ -655,7 +655,7 @@ pub(super) mod fixture {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::review::testutil::{Set, write};
+    use crate::changes::testutil::{Set, write};
 
     #[test]
     fn tells_session_ids_from_paths() {

@@ -21,7 +21,7 @@
 //! ```
 //!
 //! `runs_code` adds gitignore-style patterns to the built-in list of files
-//! that run code by themselves (`changes::review::FLAGGED`): such files are
+//! that run code by themselves (`review::FLAGGED`): such files are
 //! flagged in the review and held back from `--apply all`. It can only add;
 //! nothing built in can be un-flagged, and there is no setting for
 //! `--include-code`, which must be said each time.
@@ -46,9 +46,9 @@ use std::path::PathBuf;
 use thiserror::Error;
 use toml::{Spanned, Value};
 
-use crate::changes::review::ApplyMode;
 use crate::policy::{Policy, PolicyError, line_column};
 use crate::protocol::limits::MAX_VCPUS;
+use crate::review::ApplyMode;
 use crate::supervisor::retention::{self, Retention};
 use crate::util::color::ColorChoice;
 
@@ -582,7 +582,7 @@ fn patterns(value: &Value) -> Result<Vec<String>, Refusal> {
         .map(|item| {
             let pattern =
                 item.as_str().ok_or_else(|| Refusal::new("must list patterns as strings", Some("[\"tools/*.sh\"]")))?;
-            crate::changes::review::check_pattern(pattern).map_err(Refusal::Item)?;
+            crate::review::check_pattern(pattern).map_err(Refusal::Item)?;
             Ok(pattern.to_string())
         })
         .collect()

@@ -9,9 +9,10 @@ use std::time::Duration;
 use super::conversation::{Conversation, Ended};
 use super::prepare::{Held, Host, Recorded};
 use super::{Finished, RunConfig, agent_state, deadline, home_tools, outcome, session, vm};
-use crate::changes::{self, review::ApplyMode};
+use crate::changes;
 use crate::protocol::ExitReport;
 use crate::protocol::exit::EXIT_STOCKADE;
+use crate::review::{self, ApplyMode};
 
 /// After the command ends, how long the VMM gets to power off by itself.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -219,8 +220,7 @@ impl Epilogue<'_> {
         match staged {
             Some(Ok(_)) => {
                 let (store, workspace) = (&self.recorded.store, &self.host.workspace);
-                if let Err(e) = changes::review::after_run(store, workspace, id, self.apply, config.color, &config.code)
-                {
+                if let Err(e) = review::after_run(store, workspace, id, self.apply, config.color, &config.code) {
                     eprintln!("stockade: error: {e:#}; the changes stay staged: see `stockade diff {id}`");
                 }
             }
@@ -275,8 +275,8 @@ fn offer_agent_settings(state: &agent_state::Prepared, epilogue: &Epilogue<'_>) 
         _ => ApplyMode::None,
     };
     let config = epilogue.config;
-    let code = changes::review::CodeChoice { agent_settings: true, ..config.code.clone() };
-    changes::review::after_run(&store, home, &session.id, mode, config.color, &code)?;
+    let code = review::CodeChoice { agent_settings: true, ..config.code.clone() };
+    review::after_run(&store, home, &session.id, mode, config.color, &code)?;
     Ok(())
 }
 

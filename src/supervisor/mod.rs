@@ -53,7 +53,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::changes;
+use crate::review;
 
 pub use home_tools::TOOL_VARS;
 pub use root::find_workspace;
@@ -72,9 +72,9 @@ pub struct RunConfig {
     /// What each agent's state directory may come to hold.
     pub agent_state_bytes: u64,
     /// What happens to the guest's workspace changes after the command.
-    pub apply: changes::review::ApplyMode,
+    pub apply: review::ApplyMode,
     /// `--include-code` and the user's `runs_code` patterns.
-    pub code: changes::review::CodeChoice,
+    pub code: review::CodeChoice,
     /// Colour for the review on stderr.
     pub color: crate::util::color::ColorChoice,
     /// What the guest may reach on the network, and the credentials the

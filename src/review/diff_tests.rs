@@ -7,12 +7,13 @@ use std::path::Path;
 use std::process::Command;
 
 use super::*;
-use crate::changes::review::content::FileData;
-use crate::changes::review::host::Host;
-use crate::changes::review::summary::Summary;
-use crate::changes::review::testutil::{fx, options, p, stage_difference, write};
-use crate::changes::review::view::View;
+use crate::changes::Host;
+use crate::changes::testutil::{fx, p, stage_difference, write};
 use crate::protocol::change_set::entry::Mode;
+use crate::review::content::FileData;
+use crate::review::summary::Summary;
+use crate::review::testutil::options;
+use crate::review::view::View;
 
 fn file(bytes: &[u8], mode: u32) -> Side {
     Side::File(FileData { mode: Mode::from_raw(mode), size: bytes.len() as u64, bytes: Some(bytes.to_vec()) })
@@ -179,7 +180,7 @@ fn tree(dir: &Path) -> Vec<(String, String)> {
 /// guest's tree.
 #[test]
 fn patches_apply_with_git_and_give_the_guests_tree() {
-    if !crate::changes::review::testutil::have_git() {
+    if !crate::changes::testutil::have_git() {
         return;
     }
     let f = fx();

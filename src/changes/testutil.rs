@@ -14,8 +14,6 @@ use crate::protocol::change_set::path::RelPath;
 use crate::protocol::change_set::stream::{Limits, Writer};
 use crate::util::digest::Sha256;
 
-use super::summary::SummaryOptions;
-
 pub fn p(s: &str) -> RelPath {
     RelPath::new(s.as_bytes()).unwrap()
 }
@@ -39,11 +37,6 @@ pub fn write(path: &Path, content: &[u8]) {
         fs::create_dir_all(parent).unwrap();
     }
     fs::write(path, content).unwrap();
-}
-
-/// Summary options that ignore this machine's global git excludes.
-pub fn options() -> SummaryOptions {
-    SummaryOptions { global_excludes: false, ..SummaryOptions::default() }
 }
 
 /// What the host holds at `path`, as a guest exporting now would record it.

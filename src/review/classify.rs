@@ -85,11 +85,11 @@ use std::sync::OnceLock;
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
+use crate::changes::{Host, HostState, OtherTree, TreeFile};
 use crate::protocol::change_set::entry::{Base, Entry, Kind, Mode};
 use crate::protocol::change_set::path::RelPath;
 
 use super::direnv::Envrc;
-use super::host::{Host, HostState};
 
 /// Why a path runs code by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -442,31 +442,6 @@ struct Alias {
     /// The directory it resolves to (empty: the workspace root).
     dir: Vec<u8>,
     link: RelPath,
-}
-
-/// A file of another tree, as far as the review reads it.
-pub enum TreeFile {
-    Absent,
-    /// Its bytes, up to the limit asked.
-    Text(Vec<u8>),
-    /// Not a plain file (a symlink), or it cannot be read.
-    Unreadable,
-}
-
-/// A tree the change set lands on other than the working tree (the base
-/// commit of `apply --branch`). What decides there which files run code
-/// (its `.envrc` and what that loads, its `pyvenv.cfg` files, the `.pth`
-/// files of its site directories, its symlinks) is judged with the
-/// working tree's.
-pub trait OtherTree {
-    /// Its symlinks, as entries making them (for [`Classifier::learn`]).
-    fn symlinks(&self) -> &[Entry];
-    /// Its regular files named `name`, anywhere.
-    fn files_named(&self, name: &[u8]) -> Vec<RelPath>;
-    /// The names directly in its directory `dir`.
-    fn names(&self, dir: &RelPath) -> Vec<Vec<u8>>;
-    /// The file at `path`, up to `limit` bytes.
-    fn read(&self, path: &RelPath, limit: u64) -> TreeFile;
 }
 
 /// Classifies paths of one workspace.

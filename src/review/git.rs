@@ -12,12 +12,12 @@ use std::io::Read;
 
 use flate2::read::ZlibDecoder;
 
-use crate::changes::store::Store;
+use crate::changes::Store;
 use crate::protocol::change_set::entry::{Entry, Kind};
 use crate::protocol::change_set::path::RelPath;
 use crate::util::text::display_bytes;
 
-use super::host::Host;
+use crate::changes::Host;
 
 /// Commits followed from a moved ref before giving up.
 const MAX_WALK: usize = 200;

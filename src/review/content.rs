@@ -4,11 +4,11 @@
 
 use std::io::Read;
 
-use crate::changes::store::Store;
+use crate::changes::Store;
 use crate::protocol::change_set::entry::{Entry, Kind, Mode};
 use crate::util::digest::Sha256;
 
-use super::host::{Host, HostState};
+use crate::changes::{Host, HostState};
 
 /// Files larger than this are not diffed on the terminal (size and hash only).
 pub const DISPLAY_LIMIT: u64 = 8 << 20;

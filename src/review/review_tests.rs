@@ -3,7 +3,8 @@
 use std::fs;
 
 use super::*;
-use crate::changes::review::testutil::{Fx, Set, fx, options, write};
+use crate::changes::testutil::{Fx, Set, fx, write};
+use crate::review::testutil::options;
 
 const ID: &str = "20250301-101500-abcd";
 
@@ -332,7 +333,7 @@ fn an_empty_change_set_says_nothing_without_a_terminal() {
 #[test]
 #[ignore = "builds a demo session for manual use"]
 fn review_demo() {
-    use crate::changes::review::testutil::{git, stage_difference};
+    use crate::changes::testutil::{git, stage_difference};
     use std::os::unix::fs::{PermissionsExt, symlink};
     let Some(root) = std::env::var_os("STOCKADE_REVIEW_DEMO").map(std::path::PathBuf::from) else { return };
     let _ = fs::remove_dir_all(&root);
@@ -386,7 +387,7 @@ fn review_demo() {
 /// The workspace work (directory resolutions, stats, names listed) of the
 /// review and apply of one 8-entry change, in a workspace with `dirs` more
 /// directories of 20 files beside it, ignored and not.
-fn work_of_a_small_change(dirs: usize) -> crate::changes::dirfd::work::Work {
+fn work_of_a_small_change(dirs: usize) -> crate::changes::work::Work {
     let f = fx();
     write(&f.ws.join(".gitignore"), b"node_modules/\n*.log\n");
     for d in 0..dirs {
@@ -408,7 +409,7 @@ fn work_of_a_small_change(dirs: usize) -> crate::changes::dirfd::work::Work {
         .file("tools/run.sh", b"#!/bin/sh\n", 0o755)
         .file(".envrc", b"use nix\n", 0o644)
         .stage(&f.store);
-    let ((outcome, out), work) = crate::changes::dirfd::work::measure(|| run_with(&f, ApplyMode::All, true, None));
+    let ((outcome, out), work) = crate::changes::work::measure(|| run_with(&f, ApplyMode::All, true, None));
     assert_eq!(outcome.decision, Decision::AppliedAll, "{out}");
     assert_eq!(fs::read(f.ws.join("node_modules/keep/index.js")).unwrap(), b"new\n");
     work

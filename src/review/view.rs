@@ -10,16 +10,16 @@
 use std::collections::HashSet;
 use std::io::{self, Write};
 
-use crate::changes::store::Store;
+use crate::changes::Store;
 use crate::protocol::change_set::entry::Kind;
 use crate::protocol::change_set::path::RelPath;
 
 use super::classify::Place;
 use super::content::{self, DISPLAY_LIMIT, FileData, Side};
 use super::diff::{Change, Format, write_change};
-use super::host::{Host, HostState};
 use super::style::Role;
 use super::summary::{GroupKey, Item, Summary, plural};
+use crate::changes::{Host, HostState};
 
 /// Largest file content put in a patch.
 const PATCH_LIMIT: u64 = 1 << 30;

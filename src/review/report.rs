@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::changes::apply::ApplyReport;
+use crate::changes::ApplyReport;
 use crate::protocol::change_set::path::RelPath;
 
 use super::style::{Painter, Role};

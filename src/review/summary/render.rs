@@ -5,13 +5,13 @@
 use std::io::{self, Write};
 
 use super::{Group, GroupKey, Item, Lines, Status, Summary};
-use crate::changes::review::content::human_size;
-use crate::changes::review::diff::LineStat;
-use crate::changes::review::git::{GitActivity, GitEvent, short_id, short_ref};
-use crate::changes::review::style::{Painter, Role};
 use crate::protocol::change_set::SymlinkTarget;
 use crate::protocol::change_set::entry::{Base, Kind, Mode};
 use crate::protocol::change_set::path::RelPath;
+use crate::review::content::human_size;
+use crate::review::diff::LineStat;
+use crate::review::git::{GitActivity, GitEvent, short_id, short_ref};
+use crate::review::style::{Painter, Role};
 use crate::util::text::display_bytes;
 
 /// How much of the summary to show.

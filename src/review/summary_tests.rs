@@ -5,9 +5,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 use super::*;
-use crate::changes::review::git::GitEvent;
-use crate::changes::review::style::Painter;
-use crate::changes::review::testutil::{Fx, Set, fx, git, have_git, options, p, stage_difference, write};
+use crate::changes::testutil::{Fx, Set, fx, git, have_git, p, stage_difference, write};
+use crate::review::git::GitEvent;
+use crate::review::style::Painter;
+use crate::review::testutil::options;
 
 fn summary(f: &Fx) -> Summary {
     Summary::build(&f.store, &f.ws, &options()).unwrap()

@@ -2,10 +2,14 @@
 //! run, and the pieces `stockade diff`, `apply`, `discard` and `sessions`
 //! are built from.
 //!
+//! It sits on top of `changes`, the write path: it reads the staged store
+//! and the workspace (`changes::Host`) and lands what the user chose only
+//! through `changes::apply_with_progress`; it writes nothing of the
+//! workspace itself.
+//!
 //! Modules: `classify` (git internals, ignored trees, execution-sensitive
-//! paths), `git` (commits and refs from a staged `.git/`), `host` (reading
-//! the workspace without following symlinks), `content` (the two sides of a
-//! change), `diff` (one change as a terminal diff or a git patch), `view`
+//! paths), `git` (commits and refs from a staged `.git/`), `content` (the
+//! two sides of a change), `diff` (one change as a terminal diff or a git patch), `view`
 //! (many changes), `summary` (groups, counts, the summary text), `json`
 //! (the summary for scripts), `prompt`
 //! (the questions), `pager`, `report` (after an apply), `style` (colour).
@@ -18,7 +22,6 @@ mod content;
 mod diff;
 mod direnv;
 mod git;
-mod host;
 mod json;
 mod pager;
 mod prompt;
@@ -36,18 +39,17 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use super::ChangesError;
-use super::apply::{ApplyOptions, ApplyReport, apply_with_progress};
-use super::selection::Selection;
-use super::store::{Counts, Store, StoredEntry};
+use crate::changes::{
+    ApplyOptions, ApplyReport, ChangesError, Counts, Host, OtherTree, Selection, Store, StoredEntry,
+    apply_with_progress,
+};
 use crate::progress::{Meter, Progress};
 use crate::protocol::change_set::RelPath;
 use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
 use crate::util::color::ColorChoice;
 
-pub use classify::{OtherTree, TreeFile, check_pattern};
+pub use classify::check_pattern;
 pub use diff::Format;
-pub use host::Host;
 pub use pager::{Pager, Target};
 #[cfg(test)]
 pub use prompt::LineAnswers;

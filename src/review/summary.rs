@@ -13,9 +13,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::changes::ChangesError;
-use crate::changes::apply::{ApplyOptions, check};
-use crate::changes::selection::Selection;
-use crate::changes::store::{Counts, StageReport, Store};
+use crate::changes::Selection;
+use crate::changes::{ApplyOptions, check};
+use crate::changes::{Counts, StageReport, Store};
 use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
 use crate::protocol::change_set::path::RelPath;
 
@@ -23,8 +23,8 @@ use super::classify::{Danger, Place, became_executable, points_outside};
 use super::content;
 use super::diff::{LineStat, line_stat};
 use super::git::GitActivity;
-use super::host::Host;
 use super::style::Role;
+use crate::changes::Host;
 
 /// Files larger than this are not line-counted in the summary.
 const COUNT_LIMIT: u64 = 1 << 20;
