@@ -19,6 +19,7 @@ mod progress;
 mod protocol;
 mod proxy;
 mod review;
+mod session;
 mod supervisor;
 mod util;
 mod vmm;

@@ -266,7 +266,7 @@ mod tests {
     use crate::changes::Store;
     use crate::changes::testutil::{Set, git, have_git, write};
     use crate::cli::sessions::fixture::*;
-    use crate::supervisor::session::sessions_dir;
+    use crate::session::sessions_dir;
 
     const ID: &str = "20250301-101500-aaaa";
 

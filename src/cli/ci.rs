@@ -43,8 +43,8 @@ use crate::protocol::audit::Decision;
 use crate::protocol::exit::EXIT_STOCKADE;
 use crate::proxy::audit;
 use crate::review::{ApplyMode, CodeChoice, Summary, SummaryOptions, change_counts, include_code_command};
+use crate::session::RunRecord;
 use crate::supervisor::Finished;
-use crate::supervisor::session::RunRecord;
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -299,7 +299,7 @@ mod tests {
     use super::*;
     use crate::changes::testutil::{Set, write as write_file};
     use crate::cli::sessions::fixture::{fixture, session};
-    use crate::supervisor::session::sessions_dir;
+    use crate::session::sessions_dir;
 
     const ID: &str = "20250301-101500-aaaa";
 

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::review::{change_counts, plural};
-use crate::supervisor::session;
+use crate::session;
 
 use super::Global;
 use super::sessions::{self, Here};
@@ -110,8 +110,8 @@ mod tests {
         let f = fixture();
         let id = "20250301-101500-aaaa";
         session(&f, id, |ws, store| Set::new(ws).file("b.txt", b"b\n", 0o644).stage(store));
-        let dir = crate::supervisor::session::sessions_dir(&f.data).join(id);
-        let running = crate::supervisor::session::Session::resume(&dir, id, std::time::SystemTime::now()).unwrap();
+        let dir = crate::session::sessions_dir(&f.data).join(id);
+        let running = crate::session::Session::resume(&dir, id, std::time::SystemTime::now()).unwrap();
         for argv in [&[][..], &[id, "b.txt"][..]] {
             let (code, out, _) = run_in(&f, &f.ws, parse::<DiscardArgs>(argv), execute);
             let err = format!("{:#}", code.unwrap_err());

@@ -9,8 +9,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::review::{self, ApplyMode, CodeChoice};
+use crate::session::{self, SessionInfo};
 use crate::supervisor::recover::{self, RecoverConfig};
-use crate::supervisor::session::{self, SessionInfo};
 
 use super::Global;
 use super::sessions::Here;

@@ -17,8 +17,8 @@ use crate::changes::{Counts, Selection, SetState, Store};
 use crate::paths::Dirs;
 use crate::protocol::change_set::RelPath;
 use crate::review::Painter;
-use crate::supervisor::retention::{self, Retention, RetentionError};
-use crate::supervisor::session::{self, SessionInfo};
+use crate::session::retention::{self, Retention, RetentionError};
+use crate::session::{self, SessionInfo};
 use crate::util::color::ColorChoice;
 use crate::util::text::human_bytes;
 
@@ -559,7 +559,7 @@ pub(super) mod fixture {
 
     use super::Here;
     use crate::changes::Store;
-    use crate::supervisor::session::{RunRecord, sessions_dir};
+    use crate::session::{RunRecord, sessions_dir};
     use crate::util::color::ColorChoice;
 
     pub struct Fixture {

@@ -49,7 +49,7 @@ use toml::{Spanned, Value};
 use crate::policy::{Policy, PolicyError, line_column};
 use crate::protocol::limits::MAX_VCPUS;
 use crate::review::ApplyMode;
-use crate::supervisor::retention::{self, Retention};
+use crate::session::retention::{self, Retention};
 use crate::util::color::ColorChoice;
 
 /// The config file's name in the config directory.

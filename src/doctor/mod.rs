@@ -12,7 +12,7 @@ use crate::host::kernel::{self, GuestKernel, KernelError, KernelIdentity};
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
 use crate::jail;
 use crate::paths::Dirs;
-use crate::supervisor::{retention, session};
+use crate::session::{self, retention};
 use crate::util::space;
 use crate::util::text::human_bytes;
 use crate::vmm::devices::virtio::fs::{self, bounded::FdBudget};

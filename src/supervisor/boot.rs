@@ -6,11 +6,12 @@
 use anyhow::Context;
 
 use super::prepare::{self, Channels, GuestStart, Held, Host, Recorded};
-use super::{RunConfig, admission, scratch, session, terminal, vm};
+use super::{RunConfig, admission, scratch, terminal, vm};
 use crate::host::templates;
 use crate::protocol::auth::Token;
 use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{RunSpec, WindowSize};
+use crate::session;
 
 /// The command for the guest, and what must be done before it is sent.
 pub struct Command {

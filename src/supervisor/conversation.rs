@@ -12,13 +12,14 @@ use anyhow::{Context, bail};
 
 use super::boot::{Booted, Command};
 use super::prepare::Channels;
-use super::{RunConfig, admission, deadline, live, session, signals, staging, terminal, vm};
+use super::{RunConfig, admission, deadline, live, signals, staging, terminal, vm};
 use crate::changes;
 use crate::protocol::auth::Token;
 use crate::protocol::template::{HostClock, SEED_LEN};
 use crate::protocol::{
     CheckpointOutcome, ExitReport, ExportOutcome, FrameError, GuestMsg, HostMsg, read_frame, write_frame,
 };
+use crate::session;
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
 /// the software-CPU test rig needs the margin.

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use super::conversation::{Conversation, Ended};
 use super::prepare::{Held, Host, Recorded};
-use super::{Finished, RunConfig, agent_state, deadline, home_tools, outcome, session, vm};
+use super::{Finished, RunConfig, agent_state, deadline, home_tools, outcome, vm};
 use crate::changes;
 use crate::protocol::ExitReport;
 use crate::protocol::exit::EXIT_STOCKADE;
 use crate::review::{self, ApplyMode};
+use crate::session;
 
 /// After the command ends, how long the VMM gets to power off by itself.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use super::network::{Egress, GuestSide};
-use super::{RunConfig, admission, agent_state, home_tools, publish, root, scratch, session, staging, vm};
+use super::{RunConfig, admission, agent_state, home_tools, publish, root, scratch, staging, vm};
 use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
@@ -25,6 +25,7 @@ use crate::paths::Dirs;
 use crate::policy::MountMode;
 use crate::protocol::auth::Token;
 use crate::protocol::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
+use crate::session;
 
 /// The host and the invocation, checked before anything is created.
 pub struct Host {

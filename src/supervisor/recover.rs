@@ -15,12 +15,13 @@ use anyhow::{Context, bail};
 use super::boot::{Booted, Command};
 use super::conversation::{self, Conversation};
 use super::prepare::{self, Channels};
-use super::{root, scratch, session, signals, vm};
+use super::{root, scratch, signals, vm};
 use crate::changes;
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
 use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{ExitReport, RootEntry, RunSpec};
+use crate::session;
 
 /// How the recovery VM is given to run.
 #[derive(Debug, Clone)]

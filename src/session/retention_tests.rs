@@ -3,7 +3,7 @@ use std::path::Path;
 use super::*;
 use crate::changes::Selection;
 use crate::changes::testutil::Set;
-use crate::supervisor::session::{Session, sessions_dir};
+use crate::session::{Session, sessions_dir};
 
 const DAY: Duration = Duration::from_secs(86_400);
 

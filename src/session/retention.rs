@@ -24,8 +24,8 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::session::{self, RunRecord};
 use crate::changes::{SetState, Store};
+use crate::session::{self, RunRecord};
 
 /// Finished sessions with nothing staged kept by default.
 pub const DEFAULT_KEEP: u32 = 100;

@@ -4,6 +4,8 @@
 //! changes (`changes/`). Ids start with the start time (`YYYYMMDD-HHMMSS-`),
 //! so they sort by age and a prefix names a day or a minute.
 
+pub mod retention;
+
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
