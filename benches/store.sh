@@ -13,5 +13,5 @@ dir=${1:-${TMPDIR:-/tmp}}
 cd "$here"
 nice cargo test --release --bin stockade --no-run >/dev/null 2>&1
 echo "== $dir ($(stat -f -c %T "$dir"))"
-STOCKADE_BENCH_DIR=$dir nice cargo test --release --bin stockade supervisor::retention::tests::bench_ \
+STOCKADE_BENCH_DIR=$dir nice cargo test --release --bin stockade session::retention::tests::bench_ \
     -- --ignored --nocapture --test-threads=1 2>/dev/null | grep -vE '^(running|test |ok$|$)|test result'

@@ -31,12 +31,6 @@ const FOLDER_CYCLES: &[(&str, &str, &str, &str)] = &[
         "channel",
         "the control loop runs the checkpoints the host asks for; an export reports on its connection",
     ),
-    (
-        "supervisor",
-        "identity",
-        "root",
-        "root describes the guest user that identity writes the account files for; supervisor/ is regrouped later",
-    ),
 ];
 
 fn src_dir() -> PathBuf {

@@ -12,7 +12,7 @@ use super::settings::Settings;
 use crate::host::templates;
 use crate::paths::Dirs;
 use crate::proxy::packages::store;
-use crate::supervisor::scratch;
+use crate::supervisor::guest_view::scratch;
 use crate::util::text::human_bytes;
 
 /// Show or clear the package cache and the VM templates

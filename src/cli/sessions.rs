@@ -425,12 +425,14 @@ pub fn resolve(data: &Path, given: Option<&str>, cwd: &Path) -> anyhow::Result<T
 /// When the target session is running, asks it for a checkpoint of its
 /// changes so far and points `target` at it: what `diff` and `apply` read
 /// then, held until the returned guard goes.
-pub fn checkpoint_if_running(target: &mut Target) -> anyhow::Result<Option<crate::supervisor::live::Reading>> {
+pub fn checkpoint_if_running(
+    target: &mut Target,
+) -> anyhow::Result<Option<crate::supervisor::channels::live::Reading>> {
     let Some(dir) = target.store.dir().parent().map(Path::to_path_buf) else { return Ok(None) };
     if !session::is_running(&dir) {
         return Ok(None);
     }
-    let reading = crate::supervisor::live::ask(&dir)
+    let reading = crate::supervisor::channels::live::ask(&dir)
         .with_context(|| format!("session {} is running, but its changes so far cannot be read", target.id))?;
     if let Some(reading) = &reading {
         target.store = reading.store.clone();

@@ -24,27 +24,22 @@
 //!    stops, the scratch disk goes (unless it alone holds unstaged changes)
 //!    and the changes are reviewed; then the exit status and the run record
 //!    are decided in one place.
+//!
+//! Folders by job: `stages/` holds those four stages and what they use
+//! while the command runs (terminal, signals, deadline, exit status);
+//! `guest_view/` builds what the guest is given to see (root layout,
+//! identity, home toolchains, agents' state, scratch disk); `channels/`
+//! holds the host's ends of the run's other channels (admission, published
+//! ports, the change port, network, `live.sock`). `vm` (the VMM child
+//! process and its vsock listeners) serves all three, and `recover` is the
+//! other flow: it boots a VM on an interrupted session's kept disk. The
+//! session store itself is `crate::session`.
 #![forbid(unsafe_code)]
 
-mod admission;
-mod agent_state;
-mod boot;
-mod conversation;
-mod deadline;
-mod finish;
-mod home_tools;
-mod identity;
-pub mod live;
-mod network;
-mod outcome;
-mod prepare;
-mod publish;
+pub mod channels;
+pub mod guest_view;
 pub mod recover;
-mod root;
-pub mod scratch;
-mod signals;
-mod staging;
-mod terminal;
+mod stages;
 mod vm;
 
 use std::path::PathBuf;
@@ -52,9 +47,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::review;
+use stages::{boot, conversation, finish, prepare, signals};
 
-pub use home_tools::TOOL_VARS;
-pub use root::find_workspace;
+pub use guest_view::home_tools::TOOL_VARS;
+pub use guest_view::root::find_workspace;
 
 /// A validated `stockade run`.
 #[derive(Debug, Clone)]

@@ -12,16 +12,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use super::boot::{Booted, Command};
-use super::conversation::{self, Conversation};
-use super::prepare::{self, Channels};
-use super::{root, scratch, signals, vm};
+use super::vm;
 use crate::changes;
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
 use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{ExitReport, RootEntry, RunSpec};
 use crate::session;
+use crate::supervisor::guest_view::{root, scratch};
+use crate::supervisor::stages::boot::{Booted, Command};
+use crate::supervisor::stages::conversation::{self, Conversation};
+use crate::supervisor::stages::prepare::{self, Channels};
+use crate::supervisor::stages::signals;
 
 /// How the recovery VM is given to run.
 #[derive(Debug, Clone)]

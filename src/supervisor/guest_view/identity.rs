@@ -4,9 +4,43 @@
 //! user who runs the command, and nobody.
 
 use std::io::Read;
+use std::path::PathBuf;
 
-// A cycle with root, which describes the guest user these account files are for; supervisor/ is regrouped later.
-use super::root::User;
+/// Who runs the command in the guest.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+    pub name: String,
+    pub group: String,
+    pub shell: String,
+}
+
+impl User {
+    /// The user running stockade, as the host's account database has them.
+    pub fn current() -> User {
+        let uid = nix::unistd::getuid();
+        let gid = nix::unistd::getgid();
+        let account = nix::unistd::User::from_uid(uid).ok().flatten();
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .or_else(|| account.as_ref().map(|a| a.dir.clone()))
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let name = account
+            .as_ref()
+            .map(|a| a.name.clone())
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| format!("user{uid}"));
+        let shell = account
+            .as_ref()
+            .map(|a| a.shell.to_string_lossy().into_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "/bin/sh".into());
+        let group = nix::unistd::Group::from_gid(gid).ok().flatten().map(|g| g.name).unwrap_or_else(|| name.clone());
+        User { uid: uid.as_raw(), gid: gid.as_raw(), home, name, group, shell }
+    }
+}
 
 pub const HOSTNAME: &str = "stockade";
 

@@ -8,12 +8,15 @@ use std::time::Duration;
 
 use super::conversation::{Conversation, Ended};
 use super::prepare::{Held, Host, Recorded};
-use super::{Finished, RunConfig, agent_state, deadline, home_tools, outcome, vm};
+use super::{deadline, outcome};
 use crate::changes;
 use crate::protocol::ExitReport;
 use crate::protocol::exit::EXIT_STOCKADE;
 use crate::review::{self, ApplyMode};
 use crate::session;
+use crate::supervisor::guest_view::{agent_state, home_tools};
+use crate::supervisor::vm;
+use crate::supervisor::{Finished, RunConfig};
 
 /// After the command ends, how long the VMM gets to power off by itself.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -44,7 +47,7 @@ impl Finish<'_> {
         // If the thread cannot start, dropping the VMM kills it.
         let reaper = if matches!(ended.result, Ok(Conversation::Ended { .. })) {
             vmm.stop();
-            super::reached("VMM stopped");
+            crate::supervisor::reached("VMM stopped");
             None
         } else {
             Some(reap(vmm))
@@ -58,7 +61,9 @@ impl Finish<'_> {
         // A guest that exported its changes and then went silent is not
         // interrupted: its change set is staged whole, and the disk spent.
         let kept = ended.unstaged()
-            || (ended.interrupted() && super::scratch::was_mounted(scratch.path()) && !recorded.store.is_staged());
+            || (ended.interrupted()
+                && crate::supervisor::guest_view::scratch::was_mounted(scratch.path())
+                && !recorded.store.is_staged());
         if kept {
             scratch.keep();
         } else {
@@ -75,7 +80,7 @@ impl Finish<'_> {
                 );
             }
         }
-        super::reached("network stopped");
+        crate::supervisor::reached("network stopped");
         for warning in published.warnings() {
             eprintln!("stockade: warning: {warning}");
         }
@@ -94,7 +99,7 @@ impl Finish<'_> {
             let _ = reaper.join();
         }
         outcome.record(&mut recorded, &tampered);
-        super::reached("run recorded");
+        crate::supervisor::reached("run recorded");
         Finished {
             status: outcome.status,
             session_id: recorded.session.id.clone(),
@@ -108,7 +113,7 @@ impl Finish<'_> {
 fn reap(mut vmm: vm::VmProcess) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("vmm-reaper".into()).spawn(move || {
         vmm.finish(SHUTDOWN_GRACE);
-        super::reached("VMM exited");
+        crate::supervisor::reached("VMM exited");
     })
 }
 

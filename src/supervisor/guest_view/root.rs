@@ -9,14 +9,16 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+// The user this layout is for is described in identity, beside their account files.
 use super::identity;
-use super::network::GuestSide;
+pub use super::identity::User;
 use crate::protocol::RootEntry;
 use crate::protocol::vm_config::{IMAGE_DISK, SCRATCH_DISK, ShareConfig};
 use crate::proxy::GuestTrust;
+use crate::supervisor::channels::network::GuestSide;
 
 /// The definition of the host-mode root (see the file for what each part is).
-const HOST_ROOT: &str = include_str!("../../rootfs/host.toml");
+const HOST_ROOT: &str = include_str!("../../../rootfs/host.toml");
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,42 +81,6 @@ pub enum System {
     Host,
     /// A root image (`run --image`), read-only under a writable overlay.
     Image,
-}
-
-/// Who runs the command in the guest.
-#[derive(Debug, Clone)]
-pub struct User {
-    pub uid: u32,
-    pub gid: u32,
-    pub home: PathBuf,
-    pub name: String,
-    pub group: String,
-    pub shell: String,
-}
-
-impl User {
-    /// The user running stockade, as the host's account database has them.
-    pub fn current() -> User {
-        let uid = nix::unistd::getuid();
-        let gid = nix::unistd::getgid();
-        let account = nix::unistd::User::from_uid(uid).ok().flatten();
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .or_else(|| account.as_ref().map(|a| a.dir.clone()))
-            .unwrap_or_else(|| PathBuf::from("/"));
-        let name = account
-            .as_ref()
-            .map(|a| a.name.clone())
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| format!("user{uid}"));
-        let shell = account
-            .as_ref()
-            .map(|a| a.shell.to_string_lossy().into_owned())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "/bin/sh".into());
-        let group = nix::unistd::Group::from_gid(gid).ok().flatten().map(|g| g.name).unwrap_or_else(|| name.clone());
-        User { uid: uid.as_raw(), gid: gid.as_raw(), home, name, group, shell }
-    }
 }
 
 /// The workspace: the git root above `cwd`, or `cwd` itself.

@@ -10,13 +10,13 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, bail};
 
-use super::vm;
 use crate::policy::Policy;
 use crate::protocol::audit::AUDIT_FILE;
 use crate::protocol::transparent::GATEWAY_IP;
 use crate::protocol::{AGENT_PORT, DNS_PORT, GUEST_AGENT_SOCKET, PROXY_PORT, TRANSPARENT_PORT};
 use crate::proxy::packages::CacheConfig;
 use crate::proxy::{GuestTrust, Proxy, ProxyConfig};
+use crate::supervisor::vm;
 
 /// The guest forwarder's address (see guest::net).
 const PROXY_URL: &str = "http://127.0.0.1:3128";

@@ -6,12 +6,16 @@
 use anyhow::Context;
 
 use super::prepare::{self, Channels, GuestStart, Held, Host, Recorded};
-use super::{RunConfig, admission, scratch, terminal, vm};
+use super::terminal;
 use crate::host::templates;
 use crate::protocol::auth::Token;
 use crate::protocol::vm_config::VmConfig;
 use crate::protocol::{RunSpec, WindowSize};
 use crate::session;
+use crate::supervisor::RunConfig;
+use crate::supervisor::channels::admission;
+use crate::supervisor::guest_view::scratch;
+use crate::supervisor::vm;
 
 /// The command for the guest, and what must be done before it is sent.
 pub struct Command {
@@ -56,9 +60,9 @@ impl Booted {
             on_refused,
         )?;
         tracing::info!("session {} in {}", session.id, session.dir.display());
-        super::reached("VMM started");
+        crate::supervisor::reached("VMM started");
         let completed = prepare::complete(&mut layout, config, host, held)?;
-        super::reached("egress proxy up");
+        crate::supervisor::reached("egress proxy up");
         let spec = RunSpec {
             root: layout.root,
             env: completed.env,

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::boot::{Booted, Command};
+use super::deadline;
 use super::prepare::Channels;
-use super::{RunConfig, admission, deadline, live, signals, staging, terminal, vm};
+use super::{signals, terminal};
 use crate::changes;
 use crate::protocol::auth::Token;
 use crate::protocol::template::{HostClock, SEED_LEN};
@@ -20,6 +21,9 @@ use crate::protocol::{
     CheckpointOutcome, ExitReport, ExportOutcome, FrameError, GuestMsg, HostMsg, read_frame, write_frame,
 };
 use crate::session;
+use crate::supervisor::RunConfig;
+use crate::supervisor::channels::{admission, live, staging};
+use crate::supervisor::vm;
 
 /// How long the guest may take to boot and call in. Seconds on real KVM;
 /// the software-CPU test rig needs the margin.
@@ -106,13 +110,13 @@ fn converse(
         return Ok(Conversation::VmEnded);
     };
     command.formatting.wait()?;
-    super::reached("scratch disk ready");
+    crate::supervisor::reached("scratch disk ready");
     let mut spec = command.spec;
     let recovering = spec.recover;
     spec.clock = Some(HostClock::now());
     spec.seed = host_seed()?;
     send(&talk.writer, &HostMsg::Run(spec))?;
-    super::reached("command sent");
+    crate::supervisor::reached("command sent");
     // Clients of published ports are asked for only once the init has the
     // command (and so the token it dials back with).
     let _published = match publish {
@@ -199,7 +203,7 @@ fn call_in(
     match read_frame::<GuestMsg>(&mut reader) {
         Ok(GuestMsg::Ready { kernel }) => {
             tracing::info!("guest {kernel} ready after {:.0?}", started.elapsed());
-            super::reached("guest ready");
+            crate::supervisor::reached("guest ready");
         }
         Ok(other) => bail!("the guest said {other:?} before it was ready"),
         Err(_) => return Ok(None),
@@ -305,7 +309,7 @@ impl<'a> Relay<'a> {
             }
             GuestMsg::Changes(outcome) => self.changes(outcome),
             GuestMsg::Exit(report) => {
-                super::reached("command ended");
+                crate::supervisor::reached("command ended");
                 let _ = send(writer, &HostMsg::Finish);
                 if let Some(receiver) = self.receiver.take() {
                     let _ = receiver.abandon();

@@ -16,8 +16,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use super::network::{Egress, GuestSide};
-use super::{RunConfig, admission, agent_state, home_tools, publish, root, scratch, staging, vm};
 use crate::changes;
 use crate::host::kernel;
 use crate::host::kvm::{self, DeviceAccess, KvmKind};
@@ -26,6 +24,11 @@ use crate::policy::MountMode;
 use crate::protocol::auth::Token;
 use crate::protocol::{CHANGES_PORT, CONTROL_PORT, PUBLISH_PORT, STDIN_PORT};
 use crate::session;
+use crate::supervisor::RunConfig;
+use crate::supervisor::channels::network::{Egress, GuestSide};
+use crate::supervisor::channels::{admission, publish, staging};
+use crate::supervisor::guest_view::{agent_state, home_tools, root, scratch};
+use crate::supervisor::vm;
 
 /// The host and the invocation, checked before anything is created.
 pub struct Host {
@@ -43,7 +46,7 @@ impl Host {
     pub fn check(config: &RunConfig) -> anyhow::Result<Host> {
         let dirs = Dirs::resolve()?;
         let kernel = check_kvm(&dirs, config.kernel.as_deref())?;
-        super::reached("KVM checked");
+        crate::supervisor::reached("KVM checked");
         if config.jail {
             if let Err(why) = crate::jail::check_available() {
                 bail!(
@@ -55,7 +58,7 @@ impl Host {
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
         let user = root::User::current();
         let workspace = root::find_workspace(&cwd, &user.home)?;
-        super::reached("workspace found");
+        crate::supervisor::reached("workspace found");
         let image = config.image.as_deref().map(|name| crate::image::find(&dirs.cache, name)).transpose()?;
         let system = if image.is_some() { root::System::Image } else { root::System::Host };
         Ok(Host { dirs, kernel, cwd, user, workspace, image: image.map(|i| i.path), system })
@@ -63,7 +66,7 @@ impl Host {
 }
 
 /// Refuses early, with the fix, when this host cannot run the VM.
-pub(super) fn check_kvm(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(in crate::supervisor) fn check_kvm(dirs: &Dirs, explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     match kvm::check_device() {
         DeviceAccess::Usable => {}
         DeviceAccess::Missing => bail!(
@@ -178,7 +181,7 @@ pub struct Channels {
 }
 
 impl Channels {
-    pub(super) fn open(
+    pub(in crate::supervisor) fn open(
         vsock_base: &Path,
         store: &changes::Store,
         published: Option<publish::Bound>,
@@ -242,7 +245,7 @@ impl Prepared {
         // anything is created.
         let published = publish::bind(&config.publish)?;
         let recorded = Recorded::create(config, host)?;
-        super::reached("session created");
+        crate::supervisor::reached("session created");
         let seen = recorded.store.start_seen()?;
         let package_cache = (config.package_cache_bytes > 0)
             .then(|| CacheConfig { dir: host.dirs.packages(), limit: config.package_cache_bytes });
@@ -254,7 +257,7 @@ impl Prepared {
             &recorded.vsock_base(),
         )?;
         let (scratch, formatting) = Scratch::create(&recorded.session, config.disk_bytes, &host.dirs.cache)?;
-        super::reached("egress proxy and scratch disk started");
+        crate::supervisor::reached("egress proxy and scratch disk started");
         let published_seen = published.seen.clone();
         let published = (!published.is_empty()).then_some(published);
         let (channels, sockets) = Channels::open(&recorded.vsock_base(), &recorded.store, published)?;
@@ -266,7 +269,7 @@ impl Prepared {
             agents.push(state);
         }
         let layout = lay_out(config, host, seen, &agents)?;
-        super::reached("root laid out");
+        crate::supervisor::reached("root laid out");
         let tampering = channels.tampering.clone();
         Ok(Prepared {
             recorded,

@@ -25,11 +25,12 @@ use anyhow::{Context, anyhow, bail};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use super::{admission, staging, vm};
+use super::{admission, staging};
 use crate::changes::Store;
 use crate::changes::landed::{CHECKPOINT_DIR, Landed};
 use crate::protocol::auth::Token;
 use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, HostMsg, write_frame};
+use crate::supervisor::vm;
 
 /// The socket in the session directory.
 pub const SOCKET: &str = "live.sock";
