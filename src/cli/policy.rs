@@ -191,7 +191,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
 fn learn(session: Option<&str>, output: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
     use crate::policy::learn::Lessons;
     let sessions = Dirs::resolve()?.data.join("sessions");
-    let dir = super::log::find_session(&sessions, session)?;
+    let dir = crate::session::lookup::find_session(&sessions, session)?;
     let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let log = dir.join(crate::protocol::audit::AUDIT_FILE);
     let records = if log.exists() {

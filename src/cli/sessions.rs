@@ -406,7 +406,7 @@ pub fn resolve(data: &Path, given: Option<&str>, cwd: &Path) -> anyhow::Result<T
     let sessions = session::list(data)?;
     let info = match given {
         Some(id) => session::find(&sessions, id)?.clone(),
-        None => default_session(&sessions, cwd)?,
+        None => session::lookup::default_session(&sessions, cwd)?,
     };
     let agent_settings = info.record.as_ref().and_then(|r| r.agent_settings()).map(str::to_string);
     let workspace = info.workspace().with_context(|| {
@@ -438,45 +438,6 @@ pub fn checkpoint_if_running(
         target.store = reading.store.clone();
     }
     Ok(reading)
-}
-
-fn default_session(sessions: &[SessionInfo], cwd: &Path) -> anyhow::Result<SessionInfo> {
-    // A running session offers a checkpoint of its changes so far.
-    let staged = |s: &SessionInfo| {
-        session::is_running(&s.dir)
-            || (s.dir.join("changes").is_dir()
-                && Store::open(&s.dir).is_ok_and(|st| st.counts().is_ok_and(|c| c.staged > 0)))
-    };
-    let agent_of = |s: &SessionInfo| s.record.as_ref().and_then(|r| r.agent_settings().map(str::to_string));
-    let mut newest = None;
-    for s in sessions.iter().filter(|s| agent_of(s).is_none()) {
-        let here = s.workspace().is_some_and(|w| cwd.starts_with(w));
-        if (here || newest.is_none()) && staged(s) {
-            if here {
-                return Ok(s.clone());
-            }
-            newest = Some(s);
-        }
-    }
-    if let Some(s) = newest {
-        return Ok(s.clone());
-    }
-    if sessions.is_empty() {
-        bail!("there are no sessions yet; `stockade run` makes one");
-    }
-    if let Some(home) = sessions.iter().find(|s| agent_of(s).is_some() && staged(s)) {
-        let whose = match agent_of(home).as_deref() {
-            Some("") | None => "an agent's".to_string(),
-            Some(name) => format!("agent {name}'s"),
-        };
-        bail!(
-            "no session of this workspace has staged changes; session {id} holds {whose} settings for your home \
-             directory, which run code on the host and are applied only when named: review them with \
-             `stockade diff {id}`, apply them with `stockade apply {id}`",
-            id = home.id
-        );
-    }
-    bail!("no session has staged changes; `stockade sessions` lists the sessions")
 }
 
 /// Paths from the command line as workspace paths. Relative paths are

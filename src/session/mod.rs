@@ -4,6 +4,7 @@
 //! changes (`changes/`). Ids start with the start time (`YYYYMMDD-HHMMSS-`),
 //! so they sort by age and a prefix names a day or a minute.
 
+pub mod lookup;
 pub mod retention;
 
 use std::fs;
