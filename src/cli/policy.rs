@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use crate::paths::Dirs;
-use crate::policy::{self, Policy, presets};
+use crate::policy::{self, presets};
 use crate::proxy::standalone;
 
 /// List, show or check network policies
@@ -175,7 +175,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         PolicyCommand::Check { files } => {
             for file in files {
                 let policy = policy::load_file(&file)?;
-                println!("{}: ok ({})", file.display(), counts(&policy));
+                println!("{}: ok ({})", file.display(), policy.counts());
             }
         }
         PolicyCommand::Learn { session, output } => return learn(session.as_deref(), output.as_deref()),
@@ -286,18 +286,6 @@ fn source_text(name: &str) -> anyhow::Result<String> {
         }
     }
     std::fs::read_to_string(name).with_context(|| format!("cannot read the policy {name}"))
-}
-
-fn counts(policy: &Policy) -> String {
-    format!(
-        "{} allow, {} allow_private, {} deny, {} credential, {} signin, {} mount rules",
-        policy.allow.len(),
-        policy.allow_private.len(),
-        policy.deny.len() + policy.deny_paths.len(),
-        policy.credentials.len(),
-        policy.signins.len(),
-        policy.mounts.len()
-    )
 }
 
 #[cfg(test)]

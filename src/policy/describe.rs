@@ -1,6 +1,7 @@
 //! The merged policy for people (`stockade policy show`): a section per
 //! kind of rule, each rule in the one line its kind writes for itself
-//! ([`Describe`], implemented where each kind is defined).
+//! ([`Describe`], implemented where each kind is defined); and the count
+//! of its rules `stockade policy check` prints.
 
 use std::fmt::Write as _;
 
@@ -45,6 +46,20 @@ impl Policy {
         section(&mut out, "Agent state (kept by stockade, never written to the host's copy)", &self.agents);
         section(&mut out, "Variables passed", &self.env_pass);
         out
+    }
+
+    /// How many rules of the main kinds it holds, in one line (`stockade
+    /// policy check`).
+    pub fn counts(&self) -> String {
+        format!(
+            "{} allow, {} allow_private, {} deny, {} credential, {} signin, {} mount rules",
+            self.allow.len(),
+            self.allow_private.len(),
+            self.deny.len() + self.deny_paths.len(),
+            self.credentials.len(),
+            self.signins.len(),
+            self.mounts.len()
+        )
     }
 }
 
