@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use super::boot::{Booted, Command};
 use super::conversation::{self, Conversation};
 use super::prepare::{self, Channels};
-use super::{root, scratch, session, signals, vm};
+use super::{live, root, scratch, session, signals, vm};
 use crate::changes;
 use crate::paths::Dirs;
 use crate::protocol::auth::Token;
@@ -98,6 +98,9 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
     }
     let store = changes::Store::open(&session.dir)?;
     clear_stale_sockets(&session.dir);
+    // A checkpoint the killed supervisor kept is as big as the changes,
+    // and the recovery stages them whole on the same disk.
+    live::remove_checkpoints(&session.dir);
     let vsock_base = session.dir.join("v.sock");
     let (channels, sockets) = Channels::open(&vsock_base, &store, None)?;
     let user = root::User::current();
