@@ -2,7 +2,9 @@
 # What a checkpoint of a running session costs: the wall time of
 # `stockade diff --stat` (ask the supervisor, the guest freezes its scratch
 # filesystem and exports, the host stages and summarises) on a session that
-# has written 10,000 files, then one that has written a 1 GiB file. The
+# has written 10,000 files, then one that has written a 1 GiB file; then
+# what a recovery costs: the wall time of `stockade recover` of a session
+# killed (SIGKILL) after it wrote a 1 GiB file, a new session each run. The
 # guest's writers are paused for the export part of it (the filesystem is
 # frozen while the overlay is walked and sent): a probe in the guest appends
 # a timestamp to a workspace file every 50 ms meanwhile, and its longest gap
@@ -11,15 +13,18 @@
 # Runs where a standard guest boots: here on hardware KVM, or in the rig:
 #   benches/live.sh [RUNS]          # here (needs hardware KVM)
 #   benches/live.sh --rig [RUNS]    # inside a fresh rig L1
+# LIVE_BENCH=files|file|recover (or several, comma-separated) picks the
+# measurements; all by default. Each prints its runs, then p50 and p90.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ "${1:-}" == --rig ]]; then
     shift
-    exec "$here/tests/rig/run-in-l1.sh" env LIVE_BENCH_IN_RIG=1 ${STOCKADE_BIN:+STOCKADE_BIN="$STOCKADE_BIN"} \
+    exec "$here/tests/rig/run-in-l1.sh" env LIVE_BENCH_IN_RIG=1 ${LIVE_BENCH:+LIVE_BENCH="$LIVE_BENCH"} ${STOCKADE_BIN:+STOCKADE_BIN="$STOCKADE_BIN"} \
         ${STOCKADE_KERNEL:+STOCKADE_KERNEL="$STOCKADE_KERNEL"} "$here/benches/live.sh" "$@"
 fi
 runs=${1:-3}
+only=${LIVE_BENCH:-files,file,recover}
 bin=${STOCKADE_BIN:-$here/target/x86_64-unknown-linux-gnu/release/stockade}
 kernel=${STOCKADE_KERNEL:-$("$here/guest-kernel/build.sh" 2>/dev/null | tail -n1)}
 memory=2G
@@ -32,8 +37,19 @@ fi
 work=$(mktemp -d)
 trap 'exec 3>&- 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 export STOCKADE_DATA_DIR="$work/data"
+# The recovery VM's memory is the config's (a run's is its flag).
+export STOCKADE_CONFIG_DIR="$work/config"
+mkdir -p "$STOCKADE_CONFIG_DIR"
+echo "memory = \"$memory\"" >"$STOCKADE_CONFIG_DIR/config.toml"
 cp "$bin" "$work/stockade"
 bin=$work/stockade
+
+# percentiles NAME WHAT < seconds, one a line: prints p50 and p90 (nearest rank).
+percentiles() {
+    sort -n | awk -v name="$1" -v what="$2" '{ v[NR] = $1 }
+        END { if (NR == 0) exit; i50 = int(NR * 0.5 + 0.999); i90 = int(NR * 0.9 + 0.999)
+              printf "%-22s %s: p50 %.2f s, p90 %.2f s over %d runs\n", name, what, v[i50], v[i90], NR }'
+}
 
 # measure NAME GUEST-SCRIPT: runs GUEST-SCRIPT in a session that then waits
 # on its stdin, times `diff --stat` RUNS times, and lets the session end.
@@ -53,9 +69,11 @@ measure() {
         start=$(date +%s.%N)
         "$bin" diff --stat >"diff.$i" 2>&1 || { cat "diff.$i" >&2; exit 1; }
         end=$(date +%s.%N)
-        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" \
+        awk -v a="$start" -v b="$end" 'BEGIN { print b - a }' >>times
+        printf '%-22s run %d: diff --stat %6.2f s  (%s)\n' "$name" "$i" "$(tail -n1 times)" \
             "$(grep -m1 -o '[0-9,]* staged change[s]*' "diff.$i" || echo '?')"
     done
+    percentiles "$name" "diff --stat" <times
     echo go >&3
     exec 3>&-
     wait
@@ -63,5 +81,37 @@ measure() {
     cd "$work"
 }
 
-measure files-10000 'mkdir -p gen; i=0; while [ $i -lt 10000 ]; do echo $i > gen/f$i; i=$((i+1)); done'
-measure file-1GiB 'head -c 1073741824 /dev/urandom > big.bin'
+# recovery NAME GUEST-SCRIPT: RUNS times, a session runs GUEST-SCRIPT,
+# flushes it to its scratch disk and is killed with its supervisor; times
+# `stockade recover`, checks the staged change names big.bin, discards it.
+recovery() {
+    local name=$1 body=$2 ws="$work/ws-$1"
+    mkdir -p "$ws" && cd "$ws"
+    for i in $(seq "$runs"); do
+        "$bin" run --cpus 1 --memory "$memory" --disk 4G --kernel "$kernel" --apply none -- \
+            sh -c "$body; sync; echo written; exec sleep 100000" >guest.out 2>guest.err &
+        local pid=$! start end
+        for _ in $(seq 3000); do grep -q written guest.out 2>/dev/null && break; sleep 0.2; done
+        kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+        start=$(date +%s.%N)
+        "$bin" recover --kernel "$kernel" >"recover.$i" 2>&1 || { cat "recover.$i" >&2; exit 1; }
+        end=$(date +%s.%N)
+        "$bin" diff --stat 2>&1 | grep -q big.bin || { echo "recovery $i staged no big.bin" >&2; exit 1; }
+        "$bin" discard >/dev/null 2>&1 || true
+        awk -v a="$start" -v b="$end" 'BEGIN { print b - a }' >>times
+        printf '%-22s run %d: recover %6.2f s\n' "$name" "$i" "$(tail -n1 times)"
+    done
+    percentiles "$name" "recover" <times
+    cd "$work"
+}
+
+want() { [[ ",$only," == *",$1,"* ]]; }
+if want files; then
+    measure files-10000 'mkdir -p gen; i=0; while [ $i -lt 10000 ]; do echo $i > gen/f$i; i=$((i+1)); done'
+fi
+if want file; then
+    measure file-1GiB 'head -c 1073741824 /dev/urandom > big.bin'
+fi
+if want recover; then
+    recovery recover-1GiB 'head -c 1073741824 /dev/urandom > big.bin'
+fi

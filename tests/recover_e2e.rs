@@ -153,57 +153,88 @@ grep -q 'stockade recover ' err.txt && echo "told=how to recover"
     assert!(out.stdout.contains("told=how to recover"), "{out}");
 }
 
-/// Measure: how long `stockade recover` takes for a kept scratch disk
-/// holding a 1 GiB file (the supervisor killed after the guest wrote it).
-/// Prints the number (`--nocapture`); a recovery still going after six
-/// minutes is stopped, with what the VMM's threads and the VM were doing.
-/// Run by hand (`--ignored`): a measurement must not fail the suite, and in
-/// the rig a 1 GiB recovery has not yet passed: once its export stopped
-/// after about 90 MiB with the host's stream at its end and the guest idle
-/// (not the disk margin: 860 MiB were free), once the recovery VM ended
-/// within seconds. The logs and any OOM kill are printed for the next try.
+/// A command that writes a big file of random bytes, flushes it to the
+/// scratch disk, prints its digest and then a tick every second; `$1` is
+/// the size in bytes. Guest memory comes from `$STOCKADE_CONFIG_DIR`.
+const BIG: &str = r##"export STOCKADE_CONFIG_DIR="$ws.config"; mkdir -p "$STOCKADE_CONFIG_DIR"
+echo 'memory = "1G"' > "$STOCKADE_CONFIG_DIR/config.toml"
+big() {
+  $S run -- sh -c "head -c $1 /dev/urandom > big.bin; sync; echo sum=\$(sha256sum big.bin | cut -c1-64); echo ready
+    i=0; while :; do i=\$((i+1)); echo tick \$i; sleep 1; done" > out.txt 2> err.txt &
+  pid=$!
+  i=0; until grep -q ready out.txt || [ $i -ge 900 ]; do sleep 1; i=$((i+1)); done
+}
+# Times a checkpoint (`diff --stat` on the running session), then says
+# whether the command still ticks.
+checkpoint() {
+  start=$(date +%s.%N)
+  $S diff --stat > live.out 2> live.err; echo "live_diff=$?"
+  echo "checkpoint_seconds=$(awk "BEGIN { print $(date +%s.%N) - $start }")"
+  cat live.err >&2
+  grep -c big.bin live.out | sed 's/^/live_big=/'
+  before=$(grep -c tick out.txt); sleep 5
+  [ "$(grep -c tick out.txt)" -gt "$before" ] && echo "goes_on=yes"
+}
+# Kills the supervisor, waits for its VMM to go, times the recovery and
+# lands the file.
+recover_and_apply() {
+  kill -9 $pid; wait $pid
+  i=0; while pgrep -f ' vmm --config' > /dev/null && [ $i -lt 60 ]; do sleep 1; i=$((i+1)); done
+  start=$(date +%s.%N)
+  $S recover 2> recover.err; echo "recover=$?"
+  echo "recover_seconds=$(awk "BEGIN { print $(date +%s.%N) - $start }")"
+  tail -c 2000 recover.err >&2
+  $S diff --stat 2>&1 | grep -c big.bin | sed 's/^/diff=/'
+  $S apply > /dev/null 2>&1; echo "apply=$?"
+  [ "sum=$(sha256sum big.bin | cut -c1-64)" = "$(grep '^sum=' out.txt)" ] && echo "landed=the same bytes"
+}
+"##;
+
+fn check_big(out: &rig::Output) {
+    for line in ["live_diff=0", "live_big=1", "goes_on=yes", "recover=0", "diff=1", "apply=0", "landed=the same bytes"]
+    {
+        assert!(out.stdout.contains(line), "expected {line}\n{out}");
+    }
+}
+
+/// A large file survives a checkpoint of the running session (the command
+/// goes on), and then the supervisor's death: `recover` stages it whole and
+/// `apply` lands the same bytes. Ignored while it reproduces the open
+/// recovery stall: in the rig (07:06, 200 MiB) the checkpoint took 22 s and
+/// the command went on, then `recover` sat idle with its VM for 14 minutes
+/// (both at ~1% CPU; heartbeats kept the conversation alive, the export
+/// never ended), and a rig retry costs CI 15 minutes a try.
 #[test]
-#[ignore = "measurement; the 1 GiB recovery in the rig does not complete yet (see above)"]
+#[ignore = "reproduces the open 'recovery of a large file stalls' bug (see above)"]
+fn a_large_file_survives_a_checkpoint_and_a_recovery() {
+    let Some(rig) = rig::require("a_large_file_survives_a_checkpoint_and_a_recovery") else { return };
+    let out = rig.sh(&script(&format!("{PRELUDE}{BIG}{}", "big 209715200\ncheckpoint\nrecover_and_apply\n")), LONG);
+    check_big(&out);
+}
+
+/// Measure: a checkpoint of a running session whose change set holds a
+/// 1 GiB file (`diff --stat`), then `stockade recover` of its kept scratch
+/// disk once the supervisor is killed. Prints both times (`--nocapture`).
+/// Run by hand (`--ignored`): it takes about ten minutes in the rig, and a
+/// measurement must not fail the suite on time alone. Its recovery still
+/// stalls as the 200 MiB test's does (the 1 GiB checkpoint alone passed:
+/// 209 s, the command went on).
+#[test]
+#[ignore = "measurement; about ten minutes in the rig"]
 fn recovery_time_of_a_1gib_scratch_disk() {
     let Some(rig) = rig::require("recovery_time_of_a_1gib_scratch_disk") else { return };
+    // The rig's /tmp (a tmpfs of half its 4 GiB) holds the kept disk, the
+    // checkpoint and then the recovered copy: room for them.
     let out = rig.sh(
         &script(&format!(
-            "{PRELUDE}{}",
-            r##"# The rig's /tmp (a tmpfs of half its 4 GiB) holds the kept disk and the
-# staged copy: room for both.
-mount -o remount,size=3G /tmp
-$S run -- sh -c "yes 0123456789abcdef | head -c 1073741824 > big.bin; sync; echo ready; exec sleep 100000" > out.txt 2> err.txt &
-pid=$!
-i=0; until grep -q ready out.txt || [ $i -ge 800 ]; do sleep 1; i=$((i+1)); done
-kill -9 $pid; wait $pid
-s=$(ls -d "$HOME"/.local/share/stockade/sessions/*/)
-echo "disk_used=$(du -k "$s/scratch.img" | cut -f1)"
-start=$(date +%s.%N)
-RUST_LOG=info,stockade::vmm::devices::virtio::vsock=debug $S recover 2> recover.err &
-rp=$!
-i=0; while kill -0 $rp 2>/dev/null && [ $i -lt 360 ]; do sleep 1; i=$((i+1)); done
-if kill -0 $rp 2>/dev/null; then
-  echo "recover=stalled"
-  for p in $(pgrep -f ' vmm --config') $rp; do
-    for t in /proc/$p/task/*; do echo "pid $p task $(cat $t/comm) $(cat $t/stat | cut -d' ' -f3) $(cat $t/wchan)"; done
-  done >&2
-  echo "--- recover-kernel.log" >&2; tail -n 40 "$s/recover-kernel.log" >&2
-  echo "--- recover-vmm.log" >&2; tail -n 40 "$s/recover-vmm.log" >&2
-  ls -la "$s" "$s/changes" >&2; df -k "$s" >&2
-  kill -9 $rp
-fi
-wait $rp; echo "recover=$?"
-echo "recover_seconds=$(awk "BEGIN { print $(date +%s.%N) - $start }")"
-tail -c 2000 recover.err >&2
-echo "--- recover-kernel.log" >&2; tail -n 30 "$s/recover-kernel.log" >&2
-echo "--- recover-vmm.log" >&2; tail -n 30 "$s/recover-vmm.log" >&2
-dmesg | grep -i -E 'oom|killed process|segfault' >&2
-$S diff --stat 2>&1 | grep -c big.bin | sed 's/^/diff=/'
-"##
+            "{PRELUDE}{BIG}{}",
+            "mount -o remount,size=3G /tmp\nbig 1073741824\ncheckpoint\nrecover_and_apply\n"
         )),
-        LONG,
+        Duration::from_secs(1800),
     );
-    let line = out.stdout.lines().find(|l| l.starts_with("recover_seconds=")).unwrap_or("recover_seconds=?");
-    eprintln!("BENCH recovery of a kept scratch disk holding a 1 GiB file: {line}");
-    assert!(out.stdout.contains("recover=0") && out.stdout.contains("diff=1"), "{out}");
+    for what in ["checkpoint_seconds=", "recover_seconds="] {
+        let line = out.stdout.lines().find(|l| l.starts_with(what)).unwrap_or(what);
+        eprintln!("BENCH 1 GiB file: {line}");
+    }
+    check_big(&out);
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
+use super::channels::live;
 use super::vm;
 use crate::changes;
 use crate::paths::Dirs;
@@ -101,6 +102,9 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
     }
     let store = changes::Store::open(&session.dir)?;
     clear_stale_sockets(&session.dir);
+    // A checkpoint the killed supervisor kept is as big as the changes,
+    // and the recovery stages them whole on the same disk.
+    live::remove_checkpoints(&session.dir);
     let vsock_base = session.dir.join("v.sock");
     let (channels, sockets) = Channels::open(&vsock_base, &store, None)?;
     let user = root::User::current();

@@ -38,13 +38,21 @@ pub const SOCKET: &str = "live.sock";
 /// new checkpoint replaces it.
 const LOCK: &str = "checkpoint.lock";
 const NEXT: &str = "checkpoint.next";
-/// How long the guest may take to export a checkpoint before the asker is
-/// told it did not. A 1 GiB file takes seconds on KVM, far longer on the
-/// software-CPU test rig.
-pub const GUEST_WAIT: Duration = Duration::from_secs(300);
+/// How long a checkpoint's stream may bring nothing before the asker is told
+/// the guest did not export: the guest may also be silent a while before
+/// and between files (freezing flushes what was written, a changed big
+/// file's base is hashed before its content goes), far longer on the
+/// software-CPU test rig than on KVM.
+pub const GUEST_STALL: Duration = Duration::from_secs(300);
+/// The most a checkpoint may take however its stream progresses (a 1 GiB
+/// file took 209 s on the test rig): a guest trickling bytes cannot hold
+/// the checkpoints, or the asker, for longer.
+pub const GUEST_WAIT: Duration = Duration::from_secs(30 * 60);
 /// How long the asker waits in all: the guest's export, then the staging of
 /// the rest of its stream.
 pub const ASK_WAIT: Duration = Duration::from_secs(GUEST_WAIT.as_secs() + 120);
+/// How often a checkpoint in progress is looked at for progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// A connected client must say what it wants within this.
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
 
@@ -148,12 +156,18 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = fs::remove_file(self.session_dir.join(SOCKET));
-        // The final export supersedes the last checkpoint; keep it only
-        // while someone still reads it.
-        if let Ok(_lock) = lock(&self.session_dir, FlockArg::LockExclusiveNonblock) {
-            let _ = fs::remove_dir_all(self.session_dir.join(CHECKPOINT_DIR));
-            let _ = fs::remove_dir_all(self.session_dir.join(NEXT));
-        }
+        remove_checkpoints(&self.session_dir);
+    }
+}
+
+/// Removes the session's checkpoint stores, unless someone still reads
+/// them: the final export, or a recovery, supersedes them. A supervisor
+/// that was killed left them behind, as big as the change set, on the disk
+/// the recovery stages to.
+pub fn remove_checkpoints(session_dir: &Path) {
+    if let Ok(_lock) = lock(session_dir, FlockArg::LockExclusiveNonblock) {
+        let _ = fs::remove_dir_all(session_dir.join(CHECKPOINT_DIR));
+        let _ = fs::remove_dir_all(session_dir.join(NEXT));
     }
 }
 
@@ -251,7 +265,7 @@ impl Checkpoints {
                 return Err(anyhow!("cannot ask the guest for a checkpoint: {e}"));
             }
         }
-        let report = match self.wait_for(id) {
+        let report = match self.wait_for(id, &receiver) {
             Ok(ExportOutcome::Sent { stream, .. }) => receiver.finish(stream)?,
             Ok(ExportOutcome::Failed { message }) => match receiver.abandon() {
                 Some(cause) => return Err(cause.context(format!("the guest's checkpoint stopped ({message})"))),
@@ -275,18 +289,37 @@ impl Checkpoints {
         Ok(report.summary.entries)
     }
 
-    fn wait_for(&self, id: u64) -> anyhow::Result<ExportOutcome> {
-        let deadline = Instant::now() + GUEST_WAIT;
+    /// Waits for the init's answer while its stream progresses: at most
+    /// [`GUEST_STALL`] without a byte, [`GUEST_WAIT`] in all.
+    fn wait_for(&self, id: u64, receiver: &staging::Receiver) -> anyhow::Result<ExportOutcome> {
+        let started = Instant::now();
+        let (mut received, mut moved) = (receiver.received(), started);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.guest.answers.recv_timeout(left) {
+            match self.guest.answers.recv_timeout(PROGRESS_EVERY) {
                 Ok(answer) if answer.id == id => return Ok(answer.outcome),
                 // An answer to a request that timed out earlier.
                 Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    bail!("the guest did not export a checkpoint within {}s; the run goes on", GUEST_WAIT.as_secs())
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the command ended before the checkpoint"),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => bail!(
+                    "the run ended during the checkpoint (its command ended, or its VM stopped: then its scratch \
+                     disk is kept, and `stockade recover` stages its changes)"
+                ),
+            }
+            let now = Instant::now();
+            if receiver.received() != received {
+                (received, moved) = (receiver.received(), now);
+            }
+            if now.duration_since(moved) >= GUEST_STALL {
+                bail!(
+                    "the guest's checkpoint brought nothing for {}s ({received} bytes in); the run goes on",
+                    GUEST_STALL.as_secs()
+                );
+            }
+            if now.duration_since(started) >= GUEST_WAIT {
+                bail!(
+                    "the guest did not export a checkpoint within {} minutes ({received} bytes in); the run goes on",
+                    GUEST_WAIT.as_secs() / 60
+                );
             }
         }
     }

@@ -96,3 +96,30 @@ fn no_one_listening_means_not_running() {
     let tmp = tempfile::tempdir().unwrap();
     assert!(ask(tmp.path()).unwrap().is_none());
 }
+
+#[test]
+fn a_run_that_ends_during_a_checkpoint_says_its_disk_is_kept() {
+    let Fx { _tmp, dir, _server, guest, answers, token: _ } = fx();
+    // The conversation is over: nobody relays the init's answers any more.
+    drop(answers);
+    let err = ask(&dir).map(|_| ()).unwrap_err();
+    drop(guest);
+    let err = format!("{err:#}");
+    assert!(err.contains("the run ended during the checkpoint") && err.contains("stockade recover"), "{err}");
+}
+
+#[test]
+fn checkpoints_a_killed_supervisor_left_are_removed_unless_being_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for stale in [CHECKPOINT_DIR, NEXT] {
+        fs::create_dir_all(dir.join(stale).join("changes")).unwrap();
+        fs::write(dir.join(stale).join("changes/blob"), b"as big as the changes").unwrap();
+    }
+    let reading = lock(dir, FlockArg::LockShared).unwrap();
+    remove_checkpoints(dir);
+    assert!(dir.join(CHECKPOINT_DIR).exists(), "a checkpoint being read stays");
+    drop(reading);
+    remove_checkpoints(dir);
+    assert!(!dir.join(CHECKPOINT_DIR).exists() && !dir.join(NEXT).exists());
+}

@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -92,6 +92,8 @@ pub struct Receiver {
     path: PathBuf,
     store: Store,
     shown: Shown,
+    /// Bytes of the first change connection staged so far.
+    received: Arc<AtomicU64>,
     _listening: Listening,
 }
 
@@ -131,6 +133,8 @@ pub fn receive_as(
     let started_tx = Mutex::new(started_tx);
     let reports = tampering.clone();
     let staging = store.clone();
+    let received = Arc::new(AtomicU64::new(0));
+    let counting = received.clone();
     let listening = admission::admit_each(listener, Channel::Changes, token, tampering, move |stream, nth| {
         let Ok(watch) = stream.try_clone() else {
             return tracing::warn!("cannot duplicate a change connection; it was not received");
@@ -146,10 +150,11 @@ pub fn receive_as(
             let failing = failed.clone();
             let store = staging.clone();
             let done = wake_tx.clone();
+            let counting = counting.clone();
             std::thread::Builder::new()
                 .name("changes".into())
                 .spawn(move || {
-                    let staged = stage(gate, &store, shown);
+                    let staged = stage(gate, &store, shown, &counting);
                     if staged.is_err() {
                         // Staging stopped before the stream did (the disk
                         // margin, a bound, a bad stream): close it, so that
@@ -191,7 +196,7 @@ pub fn receive_as(
             Err(e) => tracing::warn!("cannot start receiving a change connection: {e}"),
         }
     })?;
-    Ok(Receiver { started, wake, verdict, path, store: store.clone(), shown, _listening: listening })
+    Ok(Receiver { started, wake, verdict, path, store: store.clone(), shown, received, _listening: listening })
 }
 
 /// A file in `dir` that no name points to, so it goes with its last
@@ -237,14 +242,14 @@ fn spool(mut stream: UnixStream, dir: &Path) -> io::Result<(File, StreamDigest)>
     Ok((file, hasher.finish()))
 }
 
-fn stage(input: impl Read, store: &Store, shown: Shown) -> anyhow::Result<StageReport> {
+fn stage(input: impl Read, store: &Store, shown: Shown, received: &AtomicU64) -> anyhow::Result<StageReport> {
     let started = Instant::now();
     let meter = (shown == Shown::Meter).then(|| {
         let mut meter = Meter::bytes("receiving the guest's changes");
         meter.start(None);
         meter
     });
-    let counted = Counted { inner: input, read: 0, meter };
+    let counted = Counted { inner: input, read: 0, meter, received };
     let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, counted), Limits::default())?;
     tracing::info!(
         "staged {} changes ({} bytes of content) in {:.0?}",
@@ -256,17 +261,20 @@ fn stage(input: impl Read, store: &Store, shown: Shown) -> anyhow::Result<StageR
 }
 
 /// The change stream, counted for the meter (which shows only when the
-/// change set is large enough to take a while).
-struct Counted<R> {
+/// change set is large enough to take a while) and for whoever watches the
+/// staging progress (`Receiver::received`).
+struct Counted<'a, R> {
     inner: R,
     read: u64,
     meter: Option<Meter>,
+    received: &'a AtomicU64,
 }
 
-impl<R: Read> Read for Counted<R> {
+impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.read += n as u64;
+        self.received.store(self.read, Ordering::Relaxed);
         if let Some(meter) = &mut self.meter {
             meter.set(self.read);
         }
@@ -275,6 +283,12 @@ impl<R: Read> Read for Counted<R> {
 }
 
 impl Receiver {
+    /// Bytes of the init's change connection staged so far: a long export
+    /// that still progresses is told from a stalled one by this.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
     /// The init has sent `stream`: stages the change connection that is
     /// exactly that, and only it.
     pub fn finish(self, stream: StreamDigest) -> anyhow::Result<StageReport> {
@@ -361,7 +375,8 @@ impl Receiver {
                 return Ok(report);
             }
         }
-        stage(file, &self.store, self.shown).context("the guest's workspace changes were not staged")
+        stage(file, &self.store, self.shown, &AtomicU64::new(0))
+            .context("the guest's workspace changes were not staged")
     }
 
     /// Ends the connections still open and returns `result`.
