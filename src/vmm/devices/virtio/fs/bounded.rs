@@ -7,11 +7,13 @@
 //! Here an inode is its parent inode, its name and the host identity
 //! (device, inode) it had when looked up. Directories get `O_PATH`
 //! descriptors when something beneath them is needed, kept in a
-//! least-recently-used cache of at most [`FdBudget::inodes`]; an evicted
-//! directory is opened again from its parent, one component at a time
-//! with `O_NOFOLLOW`, and each step must find the same device and inode or
-//! the answer is ESTALE: a name the host renamed or replaced is never taken
-//! for another file. Files are looked up and stat'ed through their parent
+//! least-recently-used cache of at most [`FdBudget::inodes`]. A directory
+//! is found from the root, one component at a time with `O_NOFOLLOW`, a
+//! cached descriptor standing for a step once its name still leads to it,
+//! and each step must find the same device and inode or the answer is
+//! ESTALE: a name the host renamed or replaced is never taken for another
+//! file, and a directory the host moved out of the share is not served
+//! from its new place. Files are looked up and stat'ed through their parent
 //! and hold no descriptor until the guest opens them; open handles are
 //! capped at [`FdBudget::handles`] (over all shares of a device), beyond
 //! which an open gets ENFILE and nothing else breaks.
@@ -355,36 +357,41 @@ impl BoundedFs {
         }
     }
 
-    /// An `O_PATH` descriptor of the directory `node`, from the cache or
-    /// opened again from its nearest cached ancestor.
+    /// An `O_PATH` descriptor of the directory `node`, found from the root
+    /// by first names. A step's cached descriptor serves once its name
+    /// still leads to it (one `fstatat`), others are opened again; a step
+    /// whose name leads elsewhere or nowhere is ESTALE. So a directory the
+    /// host moved (out of the share, maybe) is never served from where it
+    /// went, cached or not.
     fn dir_fd(&self, state: &mut State, node: u64) -> io::Result<Arc<OwnedFd>> {
-        if node == ROOT {
-            return Ok(Arc::clone(&self.root));
-        }
-        if let Some(fd) = state.cache.get(node) {
-            return Ok(fd);
-        }
-        // The nodes to open, nearest the root last.
-        let mut chain = vec![node];
-        let mut fd = loop {
-            let last = *chain.last().unwrap_or(&node);
-            let parent = first_parent(state, last)?;
-            if parent == ROOT {
-                break Arc::clone(&self.root);
-            }
-            if let Some(fd) = state.cache.get(parent) {
-                break fd;
-            }
+        // The nodes from `node` up to the root, the root left out.
+        let mut chain = Vec::new();
+        let mut at = node;
+        while at != ROOT {
             // First names never form a loop (see `add_name`); this is a guard.
             if chain.len() > state.nodes.len() {
                 return Err(err(libc::ELOOP));
             }
-            chain.push(parent);
-        };
+            chain.push(at);
+            at = first_parent(state, at)?;
+        }
+        let mut fd = Arc::clone(&self.root);
         for &step in chain.iter().rev() {
-            let node = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
-            let name = node.names.first().ok_or_else(|| err(libc::ESTALE))?.1.clone();
-            let (dev, ino) = (node.dev, node.ino);
+            let n = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
+            let (dev, ino) = (n.dev, n.ino);
+            let name = &n.names.first().ok_or_else(|| err(libc::ESTALE))?.1;
+            if state.cache.fds.contains_key(&step) {
+                let there = fstatat(fd.as_raw_fd(), name).map_err(stale_if_gone)?;
+                if (there.st_dev, there.st_ino) != (dev, ino) {
+                    state.cache.remove(step);
+                    return Err(err(libc::ESTALE));
+                }
+                if let Some(cached) = state.cache.get(step) {
+                    fd = cached;
+                    continue;
+                }
+            }
+            let name = name.clone();
             let opened =
                 open_at(state, fd.as_raw_fd(), &name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
             let st = fstat(opened.as_raw_fd())?;
@@ -433,11 +440,23 @@ impl BoundedFs {
     /// Refuses the content of a node the filesystem does not hold or that
     /// is one of the host's secrets.
     fn readable(&self, state: &State, node: u64) -> io::Result<()> {
-        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-        if self.secrets.holds(n.dev, n.ino) {
+        if self.is_secret(state, node)? {
             return Err(err(libc::EACCES));
         }
         Ok(())
+    }
+
+    /// Whether `node` is one of the host's secrets: by its identity, or by
+    /// any of its names (what the host put in a secret's place since the
+    /// start).
+    fn is_secret(&self, state: &State, node: u64) -> io::Result<bool> {
+        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        if self.secrets.holds(n.dev, n.ino) {
+            return Ok(true);
+        }
+        Ok(n.names
+            .iter()
+            .any(|(parent, name)| state.nodes.get(parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))))
     }
 
     /// Opens `node` for reading (a directory with O_DIRECTORY), checking
@@ -657,8 +676,11 @@ fn stale_if_gone(e: io::Error) -> io::Error {
 
 /// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)`; when the process is
 /// out of descriptors, half the cache is given back and it is tried again.
+/// What is opened for its content is opened with O_NOATIME where the host
+/// allows it (files the host user owns): the guest's reads leave the
+/// host's access times alone.
 fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    let once = || {
+    let once = |flags: i32| {
         // SAFETY: `name` is a NUL-terminated string; openat returns a new
         // descriptor that we own or -1.
         let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
@@ -669,10 +691,20 @@ fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         }
     };
-    match once() {
+    let attempt = |flags: i32| {
+        if flags & libc::O_PATH != 0 {
+            return once(flags);
+        }
+        match once(flags | libc::O_NOATIME) {
+            // Not the host user's file (nor CAP_FOWNER): read it as anyone would.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => once(flags),
+            other => other,
+        }
+    };
+    match attempt(flags) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
             state.cache.shrink();
-            once()
+            attempt(flags)
         }
         other => other,
     }
@@ -734,7 +766,7 @@ impl FileSystem for BoundedFs {
         match state.nodes.get(&parent) {
             // Nothing in a secret directory is found, so nothing beneath it
             // is a node to read.
-            Some(n) if n.is_dir && self.secrets.holds(n.dev, n.ino) => return Err(err(libc::EACCES)),
+            Some(n) if n.is_dir && self.is_secret(&state, parent)? => return Err(err(libc::EACCES)),
             Some(n) if n.is_dir => {}
             Some(_) => return Err(err(libc::ENOTDIR)),
             None => return Err(err(libc::ESTALE)),

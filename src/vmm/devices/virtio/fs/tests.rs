@@ -1664,13 +1664,11 @@ fn found(client: &mut Client, parent: u64, name: &str) -> Option<u64> {
     Some(reply.obj::<EntryOut>().nodeid).filter(|&node| node != 0)
 }
 
-// FINDING: a directory the host moves out of a share stays served through
-// its cached descriptor: the guest looks up and (unjailed) reads what is
-// now outside every share (here a file the host writes there afterwards).
-// The cached descriptor is never checked against the node's names, only a
-// re-open is.
+// Found by attack, now fixed: a directory the host moved out of a share
+// stayed served through its cached descriptor: the guest looked up and
+// (unjailed) read what is now outside every share (here a file the host
+// writes there afterwards).
 #[test]
-#[ignore = "open finding: a cached directory descriptor is not checked against its place in the share again; the VMM's Landlock rules still refuse the content"]
 fn a_directory_the_host_moves_out_of_a_share_serves_nothing_from_its_new_place() {
     let outer = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
     let root = outer.as_path().join("share");
@@ -1692,12 +1690,11 @@ fn a_directory_the_host_moves_out_of_a_share_serves_nothing_from_its_new_place()
     assert!(leaked.is_none(), "a file outside the share was found through a moved directory, and read: {leaked:?}");
 }
 
-// FINDING: a secret is its host identity taken when the VMM starts; the
-// host replacing the file (passwd rewrites /etc/shadow by rename,
-// ssh-keygen writes new host keys) gives it a new inode that is no secret,
-// and the guest reads it.
+// Found by attack, now fixed: a secret was its host identity taken when
+// the VMM starts; the host replacing the file (passwd rewrites /etc/shadow
+// by rename, ssh-keygen writes new host keys) gave it a new inode that was
+// no secret, and the guest read it.
 #[test]
-#[ignore = "open finding: secrets are host identities taken at start; a secret replaced by rename while the VM runs is not one"]
 fn a_secret_the_host_replaces_stays_unreadable() {
     let dir = share_dir();
     let root = dir.as_path();
@@ -1909,12 +1906,10 @@ fn age_atime(path: &Path) {
     std::fs::File::open(path).unwrap().set_times(old).unwrap();
 }
 
-// FINDING (low): reading a file or listing a directory of a read-only
-// share updates its access time on the host (relatime updates an atime
-// more than a day old): the guest changes host metadata. Files and
-// directories are opened without O_NOATIME.
+// Found by attack, now fixed: reading a file or listing a directory of a
+// read-only share updated its access time on the host (relatime updates an
+// atime more than a day old): the guest changed host metadata.
 #[test]
-#[ignore = "open finding (low): files are opened without O_NOATIME"]
 fn reading_a_read_only_share_leaves_host_access_times_alone() {
     let dir = share_dir();
     let root = dir.as_path();
