@@ -428,6 +428,7 @@ fn init_negotiates_a_read_only_friendly_session() {
     assert!(!flags.contains(FsOptions::ZERO_MESSAGE_OPEN));
     assert!(!flags.contains(FsOptions::HANDLE_KILLPRIV_V2));
     assert!(flags.contains(FsOptions::DO_READDIRPLUS));
+    assert!(!flags.contains(FsOptions::READDIRPLUS_AUTO), "every page of a listing has its attributes");
 }
 
 #[test]
