@@ -19,13 +19,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The host identities (device, inode) and places of the secrets.
+/// A host file's or directory's identity: (device, inode).
+type Identity = (u64, u64);
+
+/// The host identities and places of the secrets.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
-    ids: Arc<HashSet<(u64, u64)>>,
-    /// The names of secrets in a directory, by the directory's (device,
-    /// inode).
-    places: Arc<HashMap<(u64, u64), Vec<Vec<u8>>>>,
+    ids: Arc<HashSet<Identity>>,
+    /// The names of secrets in a directory, by the directory's identity.
+    places: Arc<HashMap<Identity, Vec<Vec<u8>>>>,
 }
 
 impl Secrets {
@@ -55,7 +57,7 @@ impl Secrets {
 
 /// The directory identity and name `path` leads to, symlinks followed
 /// (those of the directory even when the file itself does not exist).
-fn place(path: &Path) -> Option<((u64, u64), Vec<u8>)> {
+fn place(path: &Path) -> Option<(Identity, Vec<u8>)> {
     let resolved = std::fs::canonicalize(path).ok().or_else(|| {
         let parent = std::fs::canonicalize(path.parent()?).ok()?;
         Some(parent.join(path.file_name()?))
