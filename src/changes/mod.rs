@@ -22,6 +22,8 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+#[cfg(test)]
+mod attack_tests;
 mod conflict;
 mod dirfd;
 pub mod git;
