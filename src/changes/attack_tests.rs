@@ -205,3 +205,38 @@ fn an_interrupted_apply_of_a_running_session_is_completed_by_the_next_one() {
     assert_eq!(fs::read(ws.join("d/9")).unwrap(), b"new 9");
     assert!(temps(&ws).is_empty(), "left in the workspace: {:?}", temps(&ws));
 }
+
+/// `--commit` moves `HEAD`, then updates git's index for the committed
+/// paths. When the index cannot be written (a `.git/index.lock` left by a
+/// crashed git, an editor's git running at that moment, or planted by the
+/// repository), it fails after `HEAD` moved: the index still holds the old
+/// content of those paths, so it now stages the commit's reversal, and a
+/// plain `git commit` quietly undoes the guest's changes.
+#[test]
+#[ignore = "finding: apply --commit leaves HEAD moved and the index staging its reversal when the index is locked"]
+fn a_commit_whose_index_cannot_be_updated_leaves_head_where_it_was() {
+    if !have_git() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    let base = repo(&ws);
+    let store = Store::open(&tmp.path().join("session")).unwrap();
+    Set::new(&ws).file("README", b"changed by the guest\n", 0o644).stage(&store);
+    let entries = entries(&store);
+    let chosen: Vec<&Entry> = entries.iter().collect();
+    // What the plain apply before the commit wrote.
+    write(&ws.join("README"), b"changed by the guest\n");
+    write(&ws.join(".git/index.lock"), b"");
+
+    let repo = Repo::open(&ws).unwrap();
+    let result = repo.commit_on_head(&store, Some(&base), &chosen, "m\n");
+    fs::remove_file(ws.join(".git/index.lock")).unwrap();
+    let head = git(&ws, &["rev-parse", "HEAD"]).trim().to_string();
+    let staged = git(&ws, &["diff", "--cached", "--stat"]);
+    if result.is_err() {
+        assert_eq!(head, base, "HEAD moved although the commit failed; the index now stages: {staged}");
+    }
+    assert!(staged.trim().is_empty(), "the index stages a change the user never made: {staged}");
+}
