@@ -85,3 +85,62 @@ fn apply_on_a_running_session_lands_only_what_diff_showed() {
     let landed = text(&f.ws.join("a.txt"));
     assert!(!landed.contains("evil.example"), "apply wrote content `stockade diff` never showed: {landed:?} ({err})");
 }
+
+/// Records `head` as the commit session `id` started from, as a run does.
+fn started_from(f: &Fixture, id: &str, head: &str) {
+    let path = sessions_dir(&f.data).join(id).join("run.json");
+    let mut record: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    record["git_head"] = head.into();
+    fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+}
+
+/// A hostile repository's base commit holds `.cargo` as a symlink whose
+/// blob is `ci/cargo` followed by a NUL and junk. git checks it out as a
+/// link to `ci/cargo` (the NUL ends the target), but the review of a
+/// branch reads the base commit's symlinks with the change set's rules
+/// and drops a target holding a NUL, so the guest's cargo config written
+/// below `ci/cargo` is not held back from the branch.
+#[test]
+#[ignore = "finding: a base-commit symlink whose blob holds a NUL is not judged by apply --branch"]
+fn code_reached_through_a_base_commit_symlink_with_a_nul_is_held_back_from_a_branch() {
+    use std::process::ExitCode;
+
+    use crate::changes::review::testutil::{Set, git, have_git, write};
+
+    if !have_git() {
+        return;
+    }
+    let f = fixture();
+    git(&f.ws, &["init", "-q"]);
+    git(&f.ws, &["config", "user.name", "Test"]);
+    git(&f.ws, &["config", "user.email", "test@example.com"]);
+    write(&f.ws.join("ci/cargo/README"), b"shared cargo settings\n");
+    git(&f.ws, &["add", "-A"]);
+    let blob = {
+        let mut child = std::process::Command::new("git")
+            .args(["hash-object", "-w", "--stdin"])
+            .current_dir(&f.ws)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"ci/cargo\0junk").unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap().trim().to_string()
+    };
+    git(&f.ws, &["update-index", "--add", "--cacheinfo", &format!("120000,{blob},.cargo")]);
+    git(&f.ws, &["commit", "-q", "-m", "base"]);
+    let base = git(&f.ws, &["rev-parse", "HEAD"]).trim().to_string();
+    session(&f, ID, |ws, store| {
+        Set::new(ws).file("ci/cargo/config.toml", b"[build]\nrustc-wrapper = \"/tmp/evil\"\n", 0o644).stage(store)
+    });
+    started_from(&f, ID, &base);
+    // The user is on a branch without the link meanwhile.
+    git(&f.ws, &["switch", "-q", "-c", "other"]);
+    git(&f.ws, &["rm", "-q", "--cached", ".cargo"]);
+    git(&f.ws, &["commit", "-q", "-m", "no .cargo"]);
+
+    let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&["--branch", "agent"]), apply);
+    assert_eq!(git(&f.ws, &["branch", "--list", "agent"]), "", "the branch holds the guest's cargo config: {out}");
+    assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+}
