@@ -66,7 +66,6 @@ fn a_dangling_symbolic_ref_does_not_send_the_branch_elsewhere() {
 /// `core.protectNTFS` is on; the repository's config turns it off, and the
 /// names some file systems read as `.git` go into the branch.
 #[test]
-#[ignore = "finding: the repository's core.protectNTFS=false lets GIT~1/ paths into a branch"]
 fn the_repository_cannot_switch_off_gits_refusal_of_names_that_stand_for_dot_git() {
     if !have_git() {
         return;

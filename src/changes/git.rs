@@ -46,6 +46,11 @@ const SAFE_CONFIG: &[&str] = &[
     "submodule.recurse=false",
     "commit.gpgSign=false",
     "core.untrackedCache=false",
+    // The index refuses names that some file systems read as `.git`
+    // (`GIT~1`, `.git.`, `.g\u200cit`) only while these are on; a
+    // repository must not switch them off.
+    "core.protectNTFS=true",
+    "core.protectHFS=true",
 ];
 
 /// `GIT_*` variables kept from the user's environment: who commits.
@@ -667,6 +672,36 @@ fn in_git_dir(path: &RelPath) -> bool {
     path.as_bytes().split(|&b| b == b'/').any(|c| c.eq_ignore_ascii_case(b".git"))
 }
 
+/// Whether a component of `path` is a name that NTFS or HFS+ reads as
+/// `.git`: git refuses them in its index with `core.protectNTFS` and
+/// `core.protectHFS`, which [`SAFE_CONFIG`] forces on; they are refused
+/// here too, by name, whatever git does.
+fn stands_for_git_dir(path: &RelPath) -> bool {
+    path.as_bytes().split(|&b| b == b'/').any(|c| ntfs_dot_git(c) || hfs_dot_git(c))
+}
+
+/// `.git` with trailing dots or spaces, with an alternate data stream
+/// (`.git::$INDEX_ALLOCATION`), or the short name `GIT~1`.
+fn ntfs_dot_git(name: &[u8]) -> bool {
+    let name = match name.iter().position(|&b| b == b':') {
+        Some(colon) => &name[..colon],
+        None => name,
+    };
+    let end = name.iter().rposition(|&b| b != b'.' && b != b' ').map_or(0, |i| i + 1);
+    let name = &name[..end];
+    name.eq_ignore_ascii_case(b".git") || name.eq_ignore_ascii_case(b"git~1")
+}
+
+/// `.git` with characters HFS+ ignores (zero-width joiners, direction
+/// marks, the byte-order mark) spread in it.
+fn hfs_dot_git(name: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(name) else { return false };
+    let ignorable =
+        |c: char| matches!(c, '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}');
+    let folded: String = text.chars().filter(|c| !ignorable(*c)).collect();
+    folded.len() != text.len() && folded.eq_ignore_ascii_case(".git")
+}
+
 struct Plan {
     base: BTreeMap<Vec<u8>, Item>,
     tree: BTreeMap<Vec<u8>, Item>,
@@ -706,6 +741,10 @@ fn plan(
     for e in entries {
         if in_git_dir(&e.path) {
             left.push((e.path.clone(), LeftOut::GitDir));
+            continue;
+        }
+        if stands_for_git_dir(&e.path) {
+            left.push((e.path.clone(), LeftOut::Refused));
             continue;
         }
         let full = [prefix, e.path.as_bytes()].concat();
@@ -798,6 +837,19 @@ mod tests {
         git(dir, &["init", "-q"]);
         git(dir, &["config", "user.name", "Test"]);
         git(dir, &["config", "user.email", "test@example.com"]);
+    }
+
+    #[test]
+    fn names_that_stand_for_dot_git_are_refused() {
+        let p = |s: &str| RelPath::new(s).unwrap();
+        for name in
+            ["GIT~1/config", "a/git~1", ".git./hooks/x", ".GIT ./x", ".git::$INDEX_ALLOCATION/x", ".g\u{200c}it/x"]
+        {
+            assert!(stands_for_git_dir(&p(name)), "{name}");
+        }
+        for name in ["git~2/x", ".github/x", ".gitignore", "git/x", "a.git/x", "...", ".g\u{200c}itx"] {
+            assert!(!stands_for_git_dir(&p(name)), "{name}");
+        }
     }
 
     #[test]
