@@ -80,6 +80,11 @@ pub enum GitError {
     )]
     Exists { name: String, at: String },
     #[error(
+        "refs/heads/{name} already exists as a symbolic ref to {to}; nothing was written. Choose another NAME, \
+         or remove it first with `git symbolic-ref --delete refs/heads/{name}`"
+    )]
+    ExistsSymbolic { name: String, to: String },
+    #[error(
         "the session started from commit {0}, which is not in the repository any more; \
          apply without --branch, or make the branch with `git branch` and apply there"
     )]
@@ -300,6 +305,13 @@ impl Repo {
             return Err(bad());
         }
         let reference = format!("refs/heads/{name}");
+        // A symbolic ref, even one pointing nowhere, is taken: the branch
+        // would land on whatever it names.
+        let out = self.output(&["symbolic-ref", "-q", &reference], None, None)?;
+        if out.status.success() {
+            let to = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            return Err(GitError::ExistsSymbolic { name: name.to_string(), to });
+        }
         let out = self.output(&["rev-parse", "-q", "--verify", &reference], None, None)?;
         if out.status.success() {
             let at = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -520,6 +532,21 @@ impl Repo {
         Ok(())
     }
 
+    /// Makes the new branch `reference` at `commit`, only if no ref of that
+    /// name exists, and never through a symbolic ref planted there since
+    /// [`Repo::new_branch`] looked.
+    fn create_ref(&self, reference: &str, commit: &str, reason: &str) -> Result<(), GitError> {
+        let zero = self.object_format_zero()?;
+        let out = self.output(&["symbolic-ref", "-q", reference], None, None)?;
+        if out.status.success() {
+            let name = reference.strip_prefix("refs/heads/").unwrap_or(reference).to_string();
+            let to = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            return Err(GitError::ExistsSymbolic { name, to });
+        }
+        self.run(&["update-ref", "--no-deref", "-m", reason, reference, commit, &zero], None, None)?;
+        Ok(())
+    }
+
     fn object_format_zero(&self) -> Result<String, GitError> {
         let format = self.run_line(&["rev-parse", "--show-object-format"])?;
         Ok("0".repeat(if format == "sha256" { 64 } else { 40 }))
@@ -583,7 +610,7 @@ impl Repo {
     ) -> Result<Landed, GitError> {
         let index = store.dir().join("git-index.tmp");
         let (landed, _) = self.commit(store, &index, parent, entries, message)?;
-        self.update_ref(reference, &landed.commit, None, "stockade apply --branch")?;
+        self.create_ref(reference, &landed.commit, "stockade apply --branch")?;
         Ok(landed)
     }
 
