@@ -211,7 +211,6 @@ fn an_interrupted_apply_of_a_running_session_is_completed_by_the_next_one() {
 /// content of those paths, so it now stages the commit's reversal, and a
 /// plain `git commit` quietly undoes the guest's changes.
 #[test]
-#[ignore = "finding: apply --commit leaves HEAD moved and the index staging its reversal when the index is locked"]
 fn a_commit_whose_index_cannot_be_updated_leaves_head_where_it_was() {
     if !have_git() {
         return;

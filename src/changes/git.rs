@@ -93,6 +93,16 @@ pub enum GitError {
     /// left out, or a new empty directory): no commit is made.
     #[error("none of the chosen changes would change what the commit holds, so no commit was made")]
     NothingToCommit { left: Vec<(RelPath, LeftOut)> },
+    #[error(
+        "git's index could not be updated ({detail}); nothing was committed and HEAD did not move. If no other \
+         git is running, remove .git/index.lock; then commit the applied paths with `git add` and `git commit`"
+    )]
+    IndexNotUpdated { detail: String },
+    #[error(
+        "HEAD could not be moved to the new commit ({detail}); nothing was committed, and git's index now stages \
+         the applied paths: review them with `git diff --cached` and commit them with `git commit`"
+    )]
+    HeadNotMoved { detail: String },
     #[error("git {what} failed: {detail}")]
     Failed { what: String, detail: String },
     #[error(transparent)]
@@ -627,8 +637,20 @@ impl Repo {
     ) -> Result<Landed, GitError> {
         let index = store.dir().join("git-index.tmp");
         let (landed, delta) = self.commit(store, &index, head, entries, message)?;
-        self.update_ref("HEAD", &landed.commit, head, "stockade apply --commit")?;
-        self.run(&["update-index", "-z", "--index-info"], None, Some(&delta))?;
+        // The index first: it takes git's `index.lock` or fails with HEAD
+        // untouched. HEAD moved first would leave the index, when it cannot
+        // be written, staging the commit's reversal.
+        let out = self.output(&["update-index", "-z", "--index-info"], None, Some(&delta))?;
+        if !out.status.success() {
+            return Err(GitError::IndexNotUpdated { detail: stderr_line(&out) });
+        }
+        if let Err(e) = self.update_ref("HEAD", &landed.commit, head, "stockade apply --commit") {
+            let detail = match e {
+                GitError::Failed { detail, .. } => detail,
+                other => other.to_string(),
+            };
+            return Err(GitError::HeadNotMoved { detail });
+        }
         Ok(landed)
     }
 }
