@@ -385,6 +385,9 @@ impl Repo {
                 let size: usize = header.rsplit(' ').next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
                 let body = rest.get(newline + 1..newline + 1 + size).ok_or_else(bad)?;
                 rest = rest.get(newline + 2 + size..).unwrap_or_default();
+                // git checks a link out with its blob up to the first NUL
+                // as the target (`symlink(2)` reads a C string).
+                let body = body.split(|&b| b == 0).next().unwrap_or_default();
                 if let Ok(target) = SymlinkTarget::new(body.to_vec()) {
                     entries.push(Entry { path: path.clone(), kind: Kind::Symlink { target }, base: Base::Absent });
                 }

@@ -101,7 +101,6 @@ fn started_from(f: &Fixture, id: &str, head: &str) {
 /// and drops a target holding a NUL, so the guest's cargo config written
 /// below `ci/cargo` is not held back from the branch.
 #[test]
-#[ignore = "finding: a base-commit symlink whose blob holds a NUL is not judged by apply --branch"]
 fn code_reached_through_a_base_commit_symlink_with_a_nul_is_held_back_from_a_branch() {
     use std::process::ExitCode;
 
