@@ -150,7 +150,6 @@ fn code_reached_through_a_base_commit_symlink_with_a_nul_is_held_back_from_a_bra
 /// `bin/`-like directories, so the guest's `mytools/git` is applied by a
 /// plain `stockade apply` and shadows git at the next `cd`.
 #[test]
-#[ignore = "finding: what a symlinked .envrc puts on PATH is not held back"]
 fn what_a_symlinked_envrc_puts_on_path_is_held_back() {
     use std::process::ExitCode;
 

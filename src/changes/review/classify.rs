@@ -1164,13 +1164,19 @@ fn host_envrc(host: &Host, workspace: &Path) -> Envrc {
             Ok(Some(text)) => TreeFile::Text(text),
             _ => TreeFile::Unreadable,
         },
+        // direnv follows a symlinked `.envrc` (or a file it loads), inside
+        // the workspace or out of it: so does this read, and only this one.
+        HostState::Symlink { .. } | HostState::Unreachable(_) => match host.read_following(path, ENVRC_BYTES) {
+            Ok(Some(text)) => TreeFile::Text(text),
+            _ => TreeFile::Unreadable,
+        },
         _ => TreeFile::Unreadable,
     })
 }
 
 /// What the `.envrc` at the root of a tree (files read by `read`) loads,
-/// with what the files it sources or loads put on `PATH`. A file that is
-/// not a plain file (a symlink) cannot be read, so `PATH` is unknown.
+/// with what the files it sources or loads put on `PATH`. A file that
+/// cannot be read leaves `PATH` unknown.
 fn envrc_of(workspace: &Path, read: impl Fn(&RelPath) -> TreeFile) -> Envrc {
     let mut envrc = Envrc::default();
     let mut queue = vec![b".envrc".to_vec()];
