@@ -170,10 +170,7 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     })?;
     if live.is_some() {
         // Later checkpoints and the final export carry these again.
-        let entries = target.store.entries()?;
-        let done: std::collections::HashSet<&RelPath> = report.applied.iter().chain(&report.already).collect();
-        let landed = entries.iter().filter(|e| done.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
-        Landed::record(&target.store, &target.workspace, landed)
+        Landed::record(&target.store, &target.workspace, &report)
             .with_context(|| format!("cannot record what was applied from the running session {}", target.id))?;
     }
 
