@@ -170,7 +170,6 @@ fn temps(dir: &Path) -> Vec<std::path::PathBuf> {
 /// never completed: its temp files (guest content, half written) stay in
 /// the workspace for good.
 #[test]
-#[ignore = "finding: an interrupted apply of a running session loses its journal with the next checkpoint"]
 fn an_interrupted_apply_of_a_running_session_is_completed_by_the_next_one() {
     use super::apply::{ApplyOptions, apply, apply_with_hook};
     use super::journal;

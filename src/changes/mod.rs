@@ -43,7 +43,7 @@ use thiserror::Error;
 
 use crate::protocol::change_set::WireError;
 
-pub use apply::{ApplyOptions, apply_with_progress};
+pub use apply::{ApplyOptions, apply_with_progress, complete_interrupted};
 pub use selection::Selection;
 pub use store::{Counts, SetState, StageReport, Store, StoredEntry};
 pub(crate) use store::{Space, write_atomically};

@@ -4,7 +4,8 @@
 //! exports the overlay's changes made so far on `CHECKPOINT_PORT`, through
 //! the same token check, digest gate, bounds and validation as the final
 //! export, into `<session>/checkpoint.next`, which then replaces
-//! `<session>/checkpoint` (the store `diff` and `apply` read). What earlier
+//! `<session>/checkpoint` (the store `diff` and `apply` read), once an
+//! interrupted apply of the one it replaces is completed. What earlier
 //! applies landed is settled in it (see `changes::landed`).
 //!
 //! Nothing here writes to the terminal, which the command may own. A guest
@@ -150,6 +151,10 @@ impl Drop for Server {
         // The final export supersedes the last checkpoint; keep it only
         // while someone still reads it.
         if let Ok(_lock) = lock(&self.session_dir, FlockArg::LockExclusiveNonblock) {
+            if let Err(e) = complete_pending_apply(&self.session_dir) {
+                tracing::warn!("keeping the last checkpoint: {e:#}");
+                return;
+            }
             let _ = fs::remove_dir_all(self.session_dir.join(CHECKPOINT_DIR));
             let _ = fs::remove_dir_all(self.session_dir.join(NEXT));
         }
@@ -186,6 +191,26 @@ pub fn serve(session_dir: &Path, guest: Guest) -> anyhow::Result<Server> {
     Ok(Server { stop, session_dir: session_dir.to_path_buf() })
 }
 
+/// Completes an apply of the current checkpoint that was interrupted, and
+/// records what it landed, before the store is replaced or removed: its
+/// journal lives there, and only it can finish the apply (and remove its
+/// temp files from the workspace). The checkpoint lock is held.
+fn complete_pending_apply(session_dir: &Path) -> anyhow::Result<()> {
+    if !session_dir.join(CHECKPOINT_DIR).is_dir() {
+        return Ok(());
+    }
+    let store = checkpoint_store(session_dir)?;
+    let Some((workspace, report)) = crate::changes::complete_interrupted(&store)
+        .context("an interrupted apply of the last checkpoint cannot be completed")?
+    else {
+        return Ok(());
+    };
+    tracing::info!(applied = report.applied.len(), "completed an interrupted apply of the last checkpoint");
+    Landed::record(&store, &workspace, &report)
+        .context("cannot record what the interrupted apply of the last checkpoint landed")?;
+    Ok(())
+}
+
 struct Checkpoints {
     session_dir: PathBuf,
     guest: Guest,
@@ -215,6 +240,7 @@ impl Checkpoints {
     /// Makes a checkpoint; returns its entries.
     fn checkpoint(&mut self) -> anyhow::Result<u64> {
         let _replacing = lock(&self.session_dir, FlockArg::LockExclusiveNonblock)?;
+        complete_pending_apply(&self.session_dir)?;
         let next_dir = self.session_dir.join(NEXT);
         if next_dir.exists() {
             fs::remove_dir_all(&next_dir).with_context(|| format!("cannot remove {}", next_dir.display()))?;
