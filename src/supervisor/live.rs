@@ -38,6 +38,10 @@ pub const SOCKET: &str = "live.sock";
 /// new checkpoint replaces it.
 const LOCK: &str = "checkpoint.lock";
 const NEXT: &str = "checkpoint.next";
+/// In the checkpoint directory once `stockade diff` showed it: `apply`
+/// then lands it rather than a fresh checkpoint the user never saw. A new
+/// checkpoint replaces the directory, and the mark with it.
+const SHOWN: &str = "shown";
 /// How long the guest may take to export a checkpoint before the asker is
 /// told it did not. A 1 GiB file takes seconds on KVM, far longer on the
 /// software-CPU test rig.
@@ -76,6 +80,25 @@ pub fn checkpoint_store(session_dir: &Path) -> anyhow::Result<Store> {
 pub struct Reading {
     pub store: Store,
     _lock: Flock<File>,
+}
+
+impl Reading {
+    /// Marks this checkpoint as shown to the user (see [`shown`]).
+    pub fn mark_shown(&self) -> anyhow::Result<()> {
+        let dir = self.store.dir().parent().context("the checkpoint store has no directory")?;
+        let path = dir.join(SHOWN);
+        fs::write(&path, b"").with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+/// The checkpoint of the session in `session_dir` that `stockade diff`
+/// showed, held, while no newer one replaced it; `None` otherwise.
+pub fn shown(session_dir: &Path) -> anyhow::Result<Option<Reading>> {
+    let lock = lock(session_dir, FlockArg::LockShared)?;
+    if !session_dir.join(CHECKPOINT_DIR).join(SHOWN).exists() {
+        return Ok(None);
+    }
+    Ok(Some(Reading { store: checkpoint_store(session_dir)?, _lock: lock }))
 }
 
 /// Asks the supervisor running the session in `session_dir` for a
