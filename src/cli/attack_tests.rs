@@ -85,6 +85,28 @@ fn apply_on_a_running_session_lands_only_what_diff_showed() {
     assert!(!landed.contains("evil.example"), "apply wrote content `stockade diff` never showed: {landed:?} ({err})");
 }
 
+/// Without a `diff` of the latest checkpoint, `apply` asks for a fresh one;
+/// after one, it lands what that `diff` showed, asking the guest nothing.
+#[test]
+fn apply_asks_for_a_checkpoint_only_when_diff_showed_none_since() {
+    let f = fixture();
+    let _run = running(&f, &[b"one\n", b"two\n"]);
+
+    let (code, _, err) = run_in(&f, &f.ws, parse::<ApplyArgs>(&[ID]), apply);
+    code.unwrap();
+    assert_eq!(text(&f.ws.join("a.txt")), "one\n", "{err}");
+    assert!(err.contains("applying its changes so far"), "{err}");
+
+    let (code, shown, _) = run_in(&f, &f.ws, parse::<DiffArgs>(&["--patch", ID]), diff);
+    code.unwrap();
+    assert!(shown.contains("+two"), "{shown}");
+    // The guest answers no third checkpoint: asking for one would fail.
+    let (code, _, err) = run_in(&f, &f.ws, parse::<ApplyArgs>(&[ID]), apply);
+    code.unwrap();
+    assert_eq!(text(&f.ws.join("a.txt")), "two\n", "{err}");
+    assert!(err.contains("applying the changes `stockade diff` showed"), "{err}");
+}
+
 /// Records `head` as the commit session `id` started from, as a run does.
 fn started_from(f: &Fixture, id: &str, head: &str) {
     let path = sessions_dir(&f.data).join(id).join("run.json");
