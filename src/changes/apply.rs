@@ -23,11 +23,11 @@
 //! (it was checked before; its intermediate state is ours), and the rest are
 //! checked and executed as usual.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::ChangesError;
@@ -41,7 +41,7 @@ use super::store::{self, Store, StoredEntry};
 use super::validate::compiled_python;
 use crate::progress::Progress;
 use crate::protocol::change_set::entry::{Base, Entry, EntryState, Kind};
-use crate::protocol::change_set::path::{RelPath, escape};
+use crate::protocol::change_set::path::{RelPath, escape, unescape};
 
 /// What to apply.
 #[derive(Debug, Clone, Default)]
@@ -156,6 +156,24 @@ impl ApplyReport {
     pub fn skipped(&self) -> usize {
         self.conflicts.len() + self.refused.len() + self.failed.len()
     }
+
+    /// What this apply (and the interrupted one it completed first) landed:
+    /// true where it wrote the path, false where the host held the new
+    /// state already.
+    pub fn landings(&self) -> HashMap<RelPath, bool> {
+        let mut wrote = HashMap::new();
+        let mut next = Some(self);
+        while let Some(report) = next {
+            for path in &report.already {
+                wrote.entry(path.clone()).or_insert(false);
+            }
+            for path in &report.applied {
+                wrote.insert(path.clone(), true);
+            }
+            next = report.recovered.as_deref();
+        }
+        wrote
+    }
 }
 
 /// Reports what `apply` would do with these options; writes nothing.
@@ -188,6 +206,21 @@ pub fn apply_with_progress(
 pub fn recover(store: &Store, workspace: &Path) -> Result<Option<ApplyReport>, ChangesError> {
     let _lock = store.lock()?;
     recover_locked(store, workspace)
+}
+
+/// Completes an interrupted apply of `store`, if it has one, in the
+/// workspace its journal names; that workspace and what was applied.
+/// Before anything replaces a store (a running session's next checkpoint):
+/// its journal, and with it the way to finish the apply, goes with it.
+pub fn complete_interrupted(store: &Store) -> Result<Option<(PathBuf, ApplyReport)>, ChangesError> {
+    let _lock = store.lock()?;
+    let Some(interrupted) = journal::load(store.dir())? else { return Ok(None) };
+    let workspace = unescape(&interrupted.plan.workspace).map_err(|e| ChangesError::Corrupt {
+        path: journal::journal_path(store.dir()),
+        detail: format!("workspace: {e}"),
+    })?;
+    let workspace = PathBuf::from(std::ffi::OsString::from_vec(workspace));
+    Ok(recover_locked(store, &workspace)?.map(|report| (workspace, report)))
 }
 
 /// `apply`, calling `before_write` after each operation's checks and right

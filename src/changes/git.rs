@@ -46,6 +46,11 @@ const SAFE_CONFIG: &[&str] = &[
     "submodule.recurse=false",
     "commit.gpgSign=false",
     "core.untrackedCache=false",
+    // The index refuses names that some file systems read as `.git`
+    // (`GIT~1`, `.git.`, `.g\u200cit`) only while these are on; a
+    // repository must not switch them off.
+    "core.protectNTFS=true",
+    "core.protectHFS=true",
 ];
 
 /// `GIT_*` variables kept from the user's environment: who commits.
@@ -75,6 +80,11 @@ pub enum GitError {
     )]
     Exists { name: String, at: String },
     #[error(
+        "refs/heads/{name} already exists as a symbolic ref to {to}; nothing was written. Choose another NAME, \
+         or remove it first with `git symbolic-ref --delete refs/heads/{name}`"
+    )]
+    ExistsSymbolic { name: String, to: String },
+    #[error(
         "the session started from commit {0}, which is not in the repository any more; \
          apply without --branch, or make the branch with `git branch` and apply there"
     )]
@@ -83,6 +93,16 @@ pub enum GitError {
     /// left out, or a new empty directory): no commit is made.
     #[error("none of the chosen changes would change what the commit holds, so no commit was made")]
     NothingToCommit { left: Vec<(RelPath, LeftOut)> },
+    #[error(
+        "git's index could not be updated ({detail}); nothing was committed and HEAD did not move. If no other \
+         git is running, remove .git/index.lock; then commit the applied paths with `git add` and `git commit`"
+    )]
+    IndexNotUpdated { detail: String },
+    #[error(
+        "HEAD could not be moved to the new commit ({detail}); nothing was committed, and git's index now stages \
+         the applied paths: review them with `git diff --cached` and commit them with `git commit`"
+    )]
+    HeadNotMoved { detail: String },
     #[error("git {what} failed: {detail}")]
     Failed { what: String, detail: String },
     #[error(transparent)]
@@ -295,6 +315,13 @@ impl Repo {
             return Err(bad());
         }
         let reference = format!("refs/heads/{name}");
+        // A symbolic ref, even one pointing nowhere, is taken: the branch
+        // would land on whatever it names.
+        let out = self.output(&["symbolic-ref", "-q", &reference], None, None)?;
+        if out.status.success() {
+            let to = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            return Err(GitError::ExistsSymbolic { name: name.to_string(), to });
+        }
         let out = self.output(&["rev-parse", "-q", "--verify", &reference], None, None)?;
         if out.status.success() {
             let at = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -358,6 +385,9 @@ impl Repo {
                 let size: usize = header.rsplit(' ').next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
                 let body = rest.get(newline + 1..newline + 1 + size).ok_or_else(bad)?;
                 rest = rest.get(newline + 2 + size..).unwrap_or_default();
+                // git checks a link out with its blob up to the first NUL
+                // as the target (`symlink(2)` reads a C string).
+                let body = body.split(|&b| b == 0).next().unwrap_or_default();
                 if let Ok(target) = SymlinkTarget::new(body.to_vec()) {
                     entries.push(Entry { path: path.clone(), kind: Kind::Symlink { target }, base: Base::Absent });
                 }
@@ -515,6 +545,21 @@ impl Repo {
         Ok(())
     }
 
+    /// Makes the new branch `reference` at `commit`, only if no ref of that
+    /// name exists, and never through a symbolic ref planted there since
+    /// [`Repo::new_branch`] looked.
+    fn create_ref(&self, reference: &str, commit: &str, reason: &str) -> Result<(), GitError> {
+        let zero = self.object_format_zero()?;
+        let out = self.output(&["symbolic-ref", "-q", reference], None, None)?;
+        if out.status.success() {
+            let name = reference.strip_prefix("refs/heads/").unwrap_or(reference).to_string();
+            let to = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            return Err(GitError::ExistsSymbolic { name, to });
+        }
+        self.run(&["update-ref", "--no-deref", "-m", reason, reference, commit, &zero], None, None)?;
+        Ok(())
+    }
+
     fn object_format_zero(&self) -> Result<String, GitError> {
         let format = self.run_line(&["rev-parse", "--show-object-format"])?;
         Ok("0".repeat(if format == "sha256" { 64 } else { 40 }))
@@ -578,7 +623,7 @@ impl Repo {
     ) -> Result<Landed, GitError> {
         let index = store.dir().join("git-index.tmp");
         let (landed, _) = self.commit(store, &index, parent, entries, message)?;
-        self.update_ref(reference, &landed.commit, None, "stockade apply --branch")?;
+        self.create_ref(reference, &landed.commit, "stockade apply --branch")?;
         Ok(landed)
     }
 
@@ -595,8 +640,20 @@ impl Repo {
     ) -> Result<Landed, GitError> {
         let index = store.dir().join("git-index.tmp");
         let (landed, delta) = self.commit(store, &index, head, entries, message)?;
-        self.update_ref("HEAD", &landed.commit, head, "stockade apply --commit")?;
-        self.run(&["update-index", "-z", "--index-info"], None, Some(&delta))?;
+        // The index first: it takes git's `index.lock` or fails with HEAD
+        // untouched. HEAD moved first would leave the index, when it cannot
+        // be written, staging the commit's reversal.
+        let out = self.output(&["update-index", "-z", "--index-info"], None, Some(&delta))?;
+        if !out.status.success() {
+            return Err(GitError::IndexNotUpdated { detail: stderr_line(&out) });
+        }
+        if let Err(e) = self.update_ref("HEAD", &landed.commit, head, "stockade apply --commit") {
+            let detail = match e {
+                GitError::Failed { detail, .. } => detail,
+                other => other.to_string(),
+            };
+            return Err(GitError::HeadNotMoved { detail });
+        }
         Ok(landed)
     }
 }
@@ -667,6 +724,36 @@ fn in_git_dir(path: &RelPath) -> bool {
     path.as_bytes().split(|&b| b == b'/').any(|c| c.eq_ignore_ascii_case(b".git"))
 }
 
+/// Whether a component of `path` is a name that NTFS or HFS+ reads as
+/// `.git`: git refuses them in its index with `core.protectNTFS` and
+/// `core.protectHFS`, which [`SAFE_CONFIG`] forces on; they are refused
+/// here too, by name, whatever git does.
+fn stands_for_git_dir(path: &RelPath) -> bool {
+    path.as_bytes().split(|&b| b == b'/').any(|c| ntfs_dot_git(c) || hfs_dot_git(c))
+}
+
+/// `.git` with trailing dots or spaces, with an alternate data stream
+/// (`.git::$INDEX_ALLOCATION`), or the short name `GIT~1`.
+fn ntfs_dot_git(name: &[u8]) -> bool {
+    let name = match name.iter().position(|&b| b == b':') {
+        Some(colon) => &name[..colon],
+        None => name,
+    };
+    let end = name.iter().rposition(|&b| b != b'.' && b != b' ').map_or(0, |i| i + 1);
+    let name = &name[..end];
+    name.eq_ignore_ascii_case(b".git") || name.eq_ignore_ascii_case(b"git~1")
+}
+
+/// `.git` with characters HFS+ ignores (zero-width joiners, direction
+/// marks, the byte-order mark) spread in it.
+fn hfs_dot_git(name: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(name) else { return false };
+    let ignorable =
+        |c: char| matches!(c, '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}');
+    let folded: String = text.chars().filter(|c| !ignorable(*c)).collect();
+    folded.len() != text.len() && folded.eq_ignore_ascii_case(".git")
+}
+
 struct Plan {
     base: BTreeMap<Vec<u8>, Item>,
     tree: BTreeMap<Vec<u8>, Item>,
@@ -706,6 +793,10 @@ fn plan(
     for e in entries {
         if in_git_dir(&e.path) {
             left.push((e.path.clone(), LeftOut::GitDir));
+            continue;
+        }
+        if stands_for_git_dir(&e.path) {
+            left.push((e.path.clone(), LeftOut::Refused));
             continue;
         }
         let full = [prefix, e.path.as_bytes()].concat();
@@ -798,6 +889,19 @@ mod tests {
         git(dir, &["init", "-q"]);
         git(dir, &["config", "user.name", "Test"]);
         git(dir, &["config", "user.email", "test@example.com"]);
+    }
+
+    #[test]
+    fn names_that_stand_for_dot_git_are_refused() {
+        let p = |s: &str| RelPath::new(s).unwrap();
+        for name in
+            ["GIT~1/config", "a/git~1", ".git./hooks/x", ".GIT ./x", ".git::$INDEX_ALLOCATION/x", ".g\u{200c}it/x"]
+        {
+            assert!(stands_for_git_dir(&p(name)), "{name}");
+        }
+        for name in ["git~2/x", ".github/x", ".gitignore", "git/x", "a.git/x", "...", ".g\u{200c}itx"] {
+            assert!(!stands_for_git_dir(&p(name)), "{name}");
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! A workspace that is gone (moved, deleted) reads as empty.
 
 use std::io::{self, Read};
-use std::path::Path;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 
 use crate::changes::dirfd::{self, FileType, Root};
 use crate::protocol::change_set::entry::Mode;
@@ -31,6 +32,7 @@ pub enum HostState {
 
 pub struct Host {
     root: Option<Root>,
+    workspace: PathBuf,
 }
 
 impl Host {
@@ -42,7 +44,7 @@ impl Host {
                 None
             }
         };
-        Host { root }
+        Host { root, workspace: workspace.to_path_buf() }
     }
 
     pub fn state(&self, path: &RelPath) -> HostState {
@@ -82,6 +84,33 @@ impl Host {
         let Ok(dir) = root.parent_of(path) else { return Ok(None) };
         // Refuses a symlink or special file swapped in since the stat.
         let file = dirfd::open_file(&dir, path.file_name())?;
+        let mut content = Vec::new();
+        file.take(limit).read_to_end(&mut content)?;
+        Ok(Some(content))
+    }
+
+    /// The content of the regular file `path` names, at most `limit` bytes,
+    /// following symlinks (inside or outside the workspace) the way a
+    /// program reading it does: for files read only to judge what they make
+    /// other programs do, like a symlinked `.envrc` that direnv follows.
+    /// `None` when no regular file is there.
+    pub fn read_following(&self, path: &RelPath, limit: u64) -> io::Result<Option<Vec<u8>>> {
+        if self.root.is_none() {
+            return Ok(None);
+        }
+        // Non-blocking, so that a FIFO at the end of the link cannot stall the review.
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(self.workspace.join(path.as_path()))
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !file.metadata()?.is_file() {
+            return Ok(None);
+        }
         let mut content = Vec::new();
         file.take(limit).read_to_end(&mut content)?;
         Ok(Some(content))
@@ -153,6 +182,23 @@ mod tests {
         assert_eq!(host.read(&p("file-link"), 100).unwrap(), None);
         assert_eq!(host.state(&p("file-link")), HostState::Symlink { target: b"/etc/hostname".to_vec() });
         assert_eq!(host.state(&p("missing/x")), HostState::Absent);
+    }
+
+    #[test]
+    fn read_following_follows_links_out_of_the_workspace_but_never_blocks_on_a_fifo() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        fs::create_dir(&ws).unwrap();
+        fs::write(tmp.path().join("shared-envrc"), b"PATH_add tools\n").unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("shared-envrc"), ws.join(".envrc")).unwrap();
+        nix::unistd::mkfifo(&tmp.path().join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("fifo"), ws.join("pipe")).unwrap();
+        std::os::unix::fs::symlink("missing", ws.join("dangling")).unwrap();
+        let host = Host::open(&ws);
+        assert_eq!(host.read_following(&p(".envrc"), 100).unwrap(), Some(b"PATH_add tools\n".to_vec()));
+        assert_eq!(host.read_following(&p(".envrc"), 4).unwrap(), Some(b"PATH".to_vec()));
+        assert_eq!(host.read_following(&p("pipe"), 100).unwrap(), None);
+        assert_eq!(host.read_following(&p("dangling"), 100).unwrap(), None);
     }
 
     #[test]

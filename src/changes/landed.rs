@@ -11,6 +11,11 @@
 //! as ever: the record holds the host's whole state after the landing (a
 //! file's content even when only its mode landed), and a directory's record
 //! covers what is below it only when all of that landed too.
+//!
+//! Only what the apply wrote is a base. A change the host held already
+//! (the guest copied the user's own edit, or file, made after it first saw
+//! it) is recorded so that it is not offered again, but it licenses nothing:
+//! the guest's later change there is judged against what it first saw.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -41,6 +46,14 @@ struct Line {
     kind: Kind,
     /// What the host held at the path right after it landed.
     host: Base,
+    /// The apply wrote it (else the host held it already). Lines written
+    /// before this field was kept are of writes.
+    #[serde(default = "wrote")]
+    wrote: bool,
+}
+
+fn wrote() -> bool {
+    true
 }
 
 /// One path's landing.
@@ -51,6 +64,9 @@ struct Record {
     /// is below only when all of it landed too (else nothing below is
     /// covered: the record never licenses removing it).
     host: Base,
+    /// Whether the apply wrote it: only then is it a base later changes
+    /// build on.
+    wrote: bool,
 }
 
 /// The states that landed, by path.
@@ -100,30 +116,45 @@ impl Landed {
         let mut landed = Landed::default();
         for line in BufReader::new(file).lines() {
             let line = line.map_err(ChangesError::io("read", &path))?;
-            if let Ok(Line { path, kind, host }) = serde_json::from_str::<Line>(&line) {
-                landed.paths.insert(path, Record { kind, host });
+            if let Ok(Line { path, kind, host, wrote }) = serde_json::from_str::<Line>(&line) {
+                landed.paths.insert(path, Record { kind, host, wrote });
             }
         }
         Ok(landed)
     }
 
+    /// Records what an apply of `store` did in `workspace`: each path it
+    /// landed, true where it wrote it, false where the host held it already
+    /// (settled later, but licensing nothing); see [`ApplyReport::landings`].
+    ///
+    /// [`ApplyReport::landings`]: super::ApplyReport::landings
+    pub fn record(store: &Store, workspace: &Path, wrote: &HashMap<RelPath, bool>) -> Result<(), ChangesError> {
+        if wrote.is_empty() {
+            return Ok(());
+        }
+        let entries = store.entries()?;
+        let landed = entries.iter().filter_map(|e| Some((&e.entry.path, &e.entry.kind, *wrote.get(&e.entry.path)?)));
+        Landed::record_states(store, workspace, landed)
+    }
+
     /// Appends what landed in `workspace` (and flushes it to disk before
     /// returning), each path with the host's state read back right after
-    /// the apply. A path whose host state is not what the change made (the
-    /// host moved on meanwhile) is not recorded: it licenses nothing.
-    /// Directories that landed earlier above these paths are recorded anew,
-    /// so their digest includes what landed in them now.
-    pub fn record<'a>(
+    /// the apply and whether the apply wrote it. A path whose host state is
+    /// not what the change made (the host moved on meanwhile) is not
+    /// recorded: it licenses nothing. Directories that landed earlier above
+    /// these paths are recorded anew, so their digest includes what landed
+    /// in them now.
+    fn record_states<'a>(
         store: &Store,
         workspace: &Path,
-        landed: impl Iterator<Item = (&'a RelPath, &'a Kind)>,
+        landed: impl Iterator<Item = (&'a RelPath, &'a Kind, bool)>,
     ) -> Result<(), ChangesError> {
         let root = Root::open(workspace).map_err(ChangesError::io("open the workspace", workspace))?;
         let mut all = Landed::load(store)?;
         let mut fresh = HashSet::new();
-        for (path, kind) in landed {
+        for (path, kind, wrote) in landed {
             if let Some(host) = landed_state(&root, path, kind) {
-                all.paths.insert(path.clone(), Record { kind: kind.clone(), host });
+                all.paths.insert(path.clone(), Record { kind: kind.clone(), host, wrote });
                 fresh.insert(path.clone());
             }
         }
@@ -149,7 +180,8 @@ impl Landed {
         let path = Landed::path_for(store);
         let mut text = Vec::new();
         for (path, record) in all.paths.iter().filter(|(p, _)| written.contains(p)) {
-            let line = Line { path: path.clone(), kind: record.kind.clone(), host: record.host.clone() };
+            let line =
+                Line { path: path.clone(), kind: record.kind.clone(), host: record.host.clone(), wrote: record.wrote };
             serde_json::to_writer(&mut text, &line)
                 .map_err(|e| ChangesError::io("encode", Path::new(FILE_NAME))(io::Error::other(e)))?;
             text.push(b'\n');
@@ -202,7 +234,7 @@ impl Landed {
                 answer = false;
                 break;
             };
-            let Some(record) = self.paths.get(&path) else {
+            let Some(record) = self.paths.get(&path).filter(|r| r.wrote) else {
                 answer = false;
                 break;
             };
@@ -230,7 +262,7 @@ impl Landed {
     /// that removes what is below it, everything below (which must all have
     /// landed, unchanged since).
     pub fn holds<D: AsFd>(&self, host: &HostPath<'_, D>, path: &RelPath, kind: &Kind) -> bool {
-        let Some(record) = self.paths.get(path) else { return false };
+        let Some(record) = self.paths.get(path).filter(|r| r.wrote) else { return false };
         let state = match &record.host {
             Base::Dir { tree: None, .. } if removes_below(kind) && host.file_type() == Some(FileType::Dir) => {
                 return false;

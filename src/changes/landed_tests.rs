@@ -39,10 +39,7 @@ fn fx(files: &[(&str, &[u8])]) -> Fx {
 /// `stockade apply` on a running session does.
 fn apply_live(store: &Store, ws: &Path) -> Vec<String> {
     let report = apply(store, ws, &ApplyOptions::all()).unwrap();
-    let entries = store.entries().unwrap();
-    let landed =
-        entries.iter().filter(|e| report.applied.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
-    Landed::record(store, ws, landed).unwrap();
+    Landed::record(store, ws, &report.landings()).unwrap();
     report.applied.iter().map(ToString::to_string).collect()
 }
 
@@ -89,6 +86,30 @@ fn a_host_edit_after_the_landing_is_still_a_conflict() {
 }
 
 #[test]
+fn a_change_the_host_held_already_is_not_offered_again_but_licenses_nothing() {
+    let f = fx(&[("a.txt", b"v0\n")]);
+    // The user's edit after the guest saw the file; the guest copies it.
+    fs::write(f.ws.join("a.txt"), b"the user's edit\n").unwrap();
+    Set::new(&f.ws).file("a.txt", b"the user's edit\n", 0o644).stage(&f.checkpoint);
+    assert!(apply_live(&f.checkpoint, &f.ws).is_empty(), "nothing was written");
+
+    // Carried again unchanged: settled, not offered.
+    Set::new(&f.ws).file("a.txt", b"the user's edit\n", 0o644).stage(&f.session);
+    assert_eq!(Landed::load(&f.session).unwrap().settle(&f.session).unwrap(), 1);
+    assert!(staged(&f.session).is_empty());
+    // Changed since, it is no base: judged against what the guest first saw.
+    let landed = Landed::load(&f.checkpoint).unwrap();
+    let path = RelPath::new(b"a.txt").unwrap();
+    let root = Root::open(&f.ws).unwrap();
+    let dir = root.parent_of(&path).unwrap();
+    let stat = dirfd::stat_at(&dir, b"a.txt").unwrap();
+    let host = HostPath { dir: &dir, name: b"a.txt", stat };
+    let kind =
+        Kind::File { mode: crate::protocol::change_set::Mode::from_raw(0o644), size: 3, sha256: Sha256::of(b"v2\n") };
+    assert!(!landed.holds(&host, &path, &kind), "a change the apply did not write is no base");
+}
+
+#[test]
 fn the_last_landing_of_a_path_wins_and_a_cut_line_is_ignored() {
     let f = fx(&[]);
     let path = RelPath::new(b"a.txt").unwrap();
@@ -102,9 +123,9 @@ fn the_last_landing_of_a_path_wins_and_a_cut_line_is_ignored() {
         fs::set_permissions(f.ws.join("a.txt"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     };
     land(b"1");
-    Landed::record(&f.session, &f.ws, [(&path, &kind(b"1"))].into_iter()).unwrap();
+    Landed::record_states(&f.session, &f.ws, [(&path, &kind(b"1"), true)].into_iter()).unwrap();
     land(b"2");
-    Landed::record(&f.checkpoint, &f.ws, [(&path, &kind(b"2"))].into_iter()).unwrap();
+    Landed::record_states(&f.checkpoint, &f.ws, [(&path, &kind(b"2"), true)].into_iter()).unwrap();
     let mut file = fs::OpenOptions::new().append(true).open(Landed::path_for(&f.session)).unwrap();
     std::io::Write::write_all(&mut file, b"{\"path\":\"a.t").unwrap();
     let landed = Landed::load(&f.session).unwrap();

@@ -29,6 +29,8 @@
 #![forbid(unsafe_code)]
 
 mod apply;
+#[cfg(test)]
+mod attack_tests;
 mod conflict;
 mod dirfd;
 pub mod git;
@@ -41,6 +43,12 @@ mod selection;
 mod store;
 #[cfg(test)]
 pub(crate) mod testutil;
+/// What tests above the write path reach of its insides.
+#[cfg(test)]
+pub(crate) mod test_access {
+    pub(crate) use super::apply::{apply, apply_with_hook};
+    pub(crate) use super::journal::load as interrupted_journal;
+}
 mod tree;
 mod validate;
 
@@ -51,7 +59,7 @@ use thiserror::Error;
 
 use crate::protocol::change_set::WireError;
 
-pub use apply::{ApplyOptions, ApplyReport, apply_with_progress, check};
+pub use apply::{ApplyOptions, ApplyReport, apply_with_progress, check, complete_interrupted};
 pub use host::{Host, HostState};
 pub use other_tree::{OtherTree, TreeFile};
 pub use selection::Selection;

@@ -38,9 +38,11 @@ use super::sessions::{self, Here};
 /// is a conflict: it is listed and left staged unless named with --force.
 /// An apply that was interrupted is completed first.
 ///
-/// On a running session (the default in its workspace) this applies its
-/// changes so far while the command goes on; later they are neither
-/// offered again nor conflicts, unless the host file was edited since.
+/// On a running session (the default in its workspace) this applies, while
+/// the command goes on, the changes `stockade diff` showed last (without
+/// such a diff of its latest checkpoint: its changes so far); later they
+/// are neither offered again nor conflicts, unless the host file was
+/// edited since.
 ///
 /// Exits 0 when everything chosen was applied, 1 when conflicts, refused
 /// changes or held-back files were left staged, 125 on errors.
@@ -100,13 +102,20 @@ pub fn run(mut args: ApplyArgs, global: Global) -> anyhow::Result<ExitCode> {
 pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
     let (session, paths) = sessions::split_positionals(args.session, args.paths);
     let mut target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
-    let live = sessions::checkpoint_if_running(&mut target)?;
-    if live.is_some() {
-        writeln!(
+    let live = sessions::reviewed_checkpoint_if_running(&mut target)?;
+    match &live {
+        Some((_, true)) => writeln!(
+            here.err,
+            "stockade: session {} is running; applying the changes `stockade diff` showed (its newer ones: \
+             `stockade diff` again) while the command goes on",
+            target.id
+        )?,
+        Some((_, false)) => writeln!(
             here.err,
             "stockade: session {} is running; applying its changes so far while the command goes on",
             target.id
-        )?;
+        )?,
+        None => {}
     }
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
     let named: Vec<RelPath> = paths.clone().unwrap_or_default();
@@ -170,10 +179,7 @@ pub(super) fn execute(args: ApplyArgs, here: &mut Here<'_>) -> anyhow::Result<Ex
     })?;
     if live.is_some() {
         // Later checkpoints and the final export carry these again.
-        let entries = target.store.entries()?;
-        let done: std::collections::HashSet<&RelPath> = report.applied.iter().chain(&report.already).collect();
-        let landed = entries.iter().filter(|e| done.contains(&e.entry.path)).map(|e| (&e.entry.path, &e.entry.kind));
-        Landed::record(&target.store, &target.workspace, landed)
+        Landed::record(&target.store, &target.workspace, &report.landings())
             .with_context(|| format!("cannot record what was applied from the running session {}", target.id))?;
     }
 

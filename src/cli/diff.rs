@@ -66,15 +66,29 @@ pub fn run(mut args: DiffArgs, global: Global) -> anyhow::Result<ExitCode> {
     Here::with_process(global, |here| execute(args, here))
 }
 
-pub(super) fn execute(args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
-    let (session, paths) = sessions::split_positionals(args.session, args.paths);
+pub(super) fn execute(mut args: DiffArgs, here: &mut Here<'_>) -> anyhow::Result<ExitCode> {
+    let (session, paths) = sessions::split_positionals(args.session.take(), std::mem::take(&mut args.paths));
     let mut target = sessions::resolve(&here.data, session.as_deref(), &here.cwd)?;
     let live = sessions::checkpoint_if_running(&mut target)?;
     if live.is_some() {
         writeln!(here.err, "stockade: session {} is running; these are its changes so far", target.id)?;
     }
+    let code = show(&args, paths, &target, here)?;
+    // `apply` lands this checkpoint now, not a fresh one the user never saw.
+    if let Some(reading) = &live {
+        reading.mark_shown().with_context(|| format!("cannot mark what was shown of session {}", target.id))?;
+    }
+    Ok(code)
+}
+
+fn show(
+    args: &DiffArgs,
+    paths: Vec<PathBuf>,
+    target: &sessions::Target,
+    here: &mut Here<'_>,
+) -> anyhow::Result<ExitCode> {
     let paths = sessions::workspace_paths(&paths, &here.cwd, &target.workspace, "PATH")?;
-    let selection = sessions::selection_of(&target, paths.clone(), "PATH")?;
+    let selection = sessions::selection_of(target, paths.clone(), "PATH")?;
     let expand = paths.is_some();
     let options = SummaryOptions {
         selection,

@@ -22,6 +22,9 @@ mod settings;
 mod shell;
 mod vmm;
 
+#[cfg(test)]
+mod attack_tests;
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -440,6 +440,26 @@ pub fn checkpoint_if_running(
     Ok(reading)
 }
 
+/// For `apply`: when the target session is running, the checkpoint
+/// `stockade diff` showed last while it is still the latest (what the user
+/// reviewed, not what the guest changed since), else a fresh one as
+/// [`checkpoint_if_running`] makes; and whether it is the one shown.
+pub fn reviewed_checkpoint_if_running(
+    target: &mut Target,
+) -> anyhow::Result<Option<(crate::supervisor::channels::live::Reading, bool)>> {
+    let Some(dir) = target.store.dir().parent().map(Path::to_path_buf) else { return Ok(None) };
+    if !session::is_running(&dir) {
+        return Ok(None);
+    }
+    let shown = crate::supervisor::channels::live::shown(&dir)
+        .with_context(|| format!("session {} is running, but its last checkpoint cannot be read", target.id))?;
+    if let Some(reading) = shown {
+        target.store = reading.store.clone();
+        return Ok(Some((reading, true)));
+    }
+    Ok(checkpoint_if_running(target)?.map(|reading| (reading, false)))
+}
+
 /// Paths from the command line as workspace paths. Relative paths are
 /// relative to the current directory when it is inside the workspace, else
 /// to the workspace root. The workspace itself selects everything (`None`).

@@ -4,7 +4,8 @@
 //! exports the overlay's changes made so far on `CHECKPOINT_PORT`, through
 //! the same token check, digest gate, bounds and validation as the final
 //! export, into `<session>/checkpoint.next`, which then replaces
-//! `<session>/checkpoint` (the store `diff` and `apply` read). What earlier
+//! `<session>/checkpoint` (the store `diff` and `apply` read), once an
+//! interrupted apply of the one it replaces is completed. What earlier
 //! applies landed is settled in it (see `changes::landed`).
 //!
 //! Nothing here writes to the terminal, which the command may own. A guest
@@ -48,6 +49,10 @@ pub const GUEST_STALL: Duration = Duration::from_secs(300);
 /// file took 209 s on the test rig): a guest trickling bytes cannot hold
 /// the checkpoints, or the asker, for longer.
 pub const GUEST_WAIT: Duration = Duration::from_secs(30 * 60);
+/// In the checkpoint directory once `stockade diff` showed it: `apply`
+/// then lands it rather than a fresh checkpoint the user never saw. A new
+/// checkpoint replaces the directory, and the mark with it.
+const SHOWN: &str = "shown";
 /// How long the asker waits in all: the guest's export, then the staging of
 /// the rest of its stream.
 pub const ASK_WAIT: Duration = Duration::from_secs(GUEST_WAIT.as_secs() + 120);
@@ -84,6 +89,25 @@ pub fn checkpoint_store(session_dir: &Path) -> anyhow::Result<Store> {
 pub struct Reading {
     pub store: Store,
     _lock: Flock<File>,
+}
+
+impl Reading {
+    /// Marks this checkpoint as shown to the user (see [`shown`]).
+    pub fn mark_shown(&self) -> anyhow::Result<()> {
+        let dir = self.store.dir().parent().context("the checkpoint store has no directory")?;
+        let path = dir.join(SHOWN);
+        fs::write(&path, b"").with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+/// The checkpoint of the session in `session_dir` that `stockade diff`
+/// showed, held, while no newer one replaced it; `None` otherwise.
+pub fn shown(session_dir: &Path) -> anyhow::Result<Option<Reading>> {
+    let lock = lock(session_dir, FlockArg::LockShared)?;
+    if !session_dir.join(CHECKPOINT_DIR).join(SHOWN).exists() {
+        return Ok(None);
+    }
+    Ok(Some(Reading { store: checkpoint_store(session_dir)?, _lock: lock }))
 }
 
 /// Asks the supervisor running the session in `session_dir` for a
@@ -166,6 +190,12 @@ impl Drop for Server {
 /// the recovery stages to.
 pub fn remove_checkpoints(session_dir: &Path) {
     if let Ok(_lock) = lock(session_dir, FlockArg::LockExclusiveNonblock) {
+        // An apply of the checkpoint cut short is finished first: its
+        // journal lives in the store about to go.
+        if let Err(e) = complete_pending_apply(session_dir) {
+            tracing::warn!("keeping the last checkpoint: {e:#}");
+            return;
+        }
         let _ = fs::remove_dir_all(session_dir.join(CHECKPOINT_DIR));
         let _ = fs::remove_dir_all(session_dir.join(NEXT));
     }
@@ -201,6 +231,26 @@ pub fn serve(session_dir: &Path, guest: Guest) -> anyhow::Result<Server> {
     Ok(Server { stop, session_dir: session_dir.to_path_buf() })
 }
 
+/// Completes an apply of the current checkpoint that was interrupted, and
+/// records what it landed, before the store is replaced or removed: its
+/// journal lives there, and only it can finish the apply (and remove its
+/// temp files from the workspace). The checkpoint lock is held.
+fn complete_pending_apply(session_dir: &Path) -> anyhow::Result<()> {
+    if !session_dir.join(CHECKPOINT_DIR).is_dir() {
+        return Ok(());
+    }
+    let store = checkpoint_store(session_dir)?;
+    let Some((workspace, report)) = crate::changes::complete_interrupted(&store)
+        .context("an interrupted apply of the last checkpoint cannot be completed")?
+    else {
+        return Ok(());
+    };
+    tracing::info!(applied = report.applied.len(), "completed an interrupted apply of the last checkpoint");
+    Landed::record(&store, &workspace, &report.landings())
+        .context("cannot record what the interrupted apply of the last checkpoint landed")?;
+    Ok(())
+}
+
 struct Checkpoints {
     session_dir: PathBuf,
     guest: Guest,
@@ -230,6 +280,7 @@ impl Checkpoints {
     /// Makes a checkpoint; returns its entries.
     fn checkpoint(&mut self) -> anyhow::Result<u64> {
         let _replacing = lock(&self.session_dir, FlockArg::LockExclusiveNonblock)?;
+        complete_pending_apply(&self.session_dir)?;
         let next_dir = self.session_dir.join(NEXT);
         if next_dir.exists() {
             fs::remove_dir_all(&next_dir).with_context(|| format!("cannot remove {}", next_dir.display()))?;

@@ -6,6 +6,8 @@
 
 pub(super) mod admission;
 pub mod live;
+#[cfg(test)]
+mod live_attack_tests;
 pub(super) mod network;
 pub(super) mod publish;
 pub(super) mod staging;
