@@ -48,7 +48,7 @@
 //!    in `.direnv/`, and what the workspace's `.envrc` (see [`Envrc`]; the
 //!    host's, a staged one, and the files they load) puts on `PATH`,
 //!    sources, or builds with nix. When it may change `PATH` in a way not
-//!    understood, every new executable (or symlink) is flagged.
+//!    understood, every new executable in a bin-like directory is flagged.
 //!
 //! Rules 3 and 5 apply inside trees git ignores too: those are collapsed in
 //! the summary, so a flagged file there would otherwise go unseen.
@@ -292,6 +292,10 @@ pub const FLAGGED: &[(&str, Danger)] = &[
     (".env.*", Danger::EnvFile),
 ];
 
+/// Directory names a program is looked up in, flagged when the host's
+/// `.envrc` may change `PATH` in a way it could not read.
+const BIN_LIKE: &[&[u8]] = &[b"bin", b".bin", b"sbin", b"scripts", b"script", b"tools"];
+
 /// Names in a git directory that are its own history, not behaviour.
 const GIT_HARMLESS: &[&[u8]] = &[
     b"index",
@@ -443,13 +447,10 @@ struct Alias {
 /// Classifies paths of one workspace.
 pub struct Classifier<'h> {
     host: &'h Host,
-    /// The host's `core.hooksPath` directories inside the workspace (each
-    /// value any of its config files sets).
-    hooks_path: Vec<RelPath>,
+    /// The host's `core.hooksPath` inside the workspace, if set.
+    hooks_path: Option<RelPath>,
     /// Files the host's git config runs or includes.
     config_files: Vec<RelPath>,
-    /// Files the host's hooks are symlinks to: git runs them as hooks.
-    hook_targets: Vec<RelPath>,
     user: Option<Patterns>,
     ignores: Ignores<'h>,
     /// Per directory: whether a name pattern flags it (and all below).
@@ -480,12 +481,11 @@ impl<'h> Classifier<'h> {
     /// `global_excludes`: also use the user's global git excludes file
     /// (tests turn it off, so the machine's settings do not leak in).
     pub fn new(host: &'h Host, workspace: &Path, global_excludes: bool) -> Classifier<'h> {
-        let GitConfig { hooks_path, files: config_files, hook_targets } = host_git_config(host, workspace);
+        let (hooks_path, config_files) = host_git_config(host, workspace);
         Classifier {
             host,
             hooks_path,
             config_files,
-            hook_targets,
             user: None,
             ignores: Ignores::new(host, global_excludes),
             dir_verdicts: HashMap::new(),
@@ -622,7 +622,7 @@ impl<'h> Classifier<'h> {
         {
             return true;
         }
-        let named = self.hooks_path.iter().chain(&self.config_files).chain(&self.hook_targets);
+        let named = self.hooks_path.iter().chain(&self.config_files);
         if named.into_iter().any(|target| target.starts_with(path) || path.starts_with(target)) {
             return true;
         }
@@ -714,8 +714,9 @@ impl<'h> Classifier<'h> {
             }
             return git_internal_danger(&path.as_bytes()[git_dir.as_bytes().len() + 1..]);
         }
-        if self.hooks_path.iter().any(|hooks| path.starts_with(hooks) && path != hooks)
-            || self.hook_targets.contains(path)
+        if let Some(hooks) = &self.hooks_path
+            && path.starts_with(hooks)
+            && path != hooks
         {
             return Some(Danger::GitHook);
         }
@@ -769,8 +770,7 @@ impl<'h> Classifier<'h> {
             Kind::File { mode, .. } | Kind::Mode { mode } => executable(*mode),
             _ => false,
         };
-        // `PATH` not understood may name any directory.
-        if self.envrc.unknown_path && runnable {
+        if self.envrc.unknown_path && runnable && BIN_LIKE.contains(&parent_name) {
             return Some(Danger::OnPath);
         }
         None
@@ -1085,48 +1085,15 @@ pub fn points_outside(path: &RelPath, target: &[u8]) -> bool {
     false
 }
 
-/// What the host's git config points at inside the workspace.
-struct GitConfig {
-    /// `core.hooksPath` directories.
-    hooks_path: Vec<RelPath>,
-    /// Files it includes (`include.path`, `includeIf.*.path`) or runs (a
-    /// program of `core.fsmonitor`, a filter, diff or merge driver, ...).
-    files: Vec<RelPath>,
-    /// What the hooks that are symlinks point to (`ln -s
-    /// ../../scripts/pre-commit .git/hooks/`): git runs it as the hook.
-    hook_targets: Vec<RelPath>,
-}
-
-/// Config files of one repository read at most (`.git/config` and what it
-/// includes, followed).
-const MAX_CONFIG_FILES: usize = 16;
-/// Hooks looked at per hooks directory.
-const MAX_HOOKS: usize = 256;
-
-/// Settings whose value git runs as a command line, by section (of any
-/// subsection) and key.
-const PROGRAM_KEYS: &[(&str, &str)] = &[
-    ("core", "fsmonitor"),
-    ("core", "sshcommand"),
-    ("core", "editor"),
-    ("core", "pager"),
-    ("core", "askpass"),
-    ("filter", "clean"),
-    ("filter", "smudge"),
-    ("filter", "process"),
-    ("diff", "textconv"),
-    ("diff", "command"),
-    ("diff", "external"),
-    ("merge", "driver"),
-    ("sequence", "editor"),
-    ("gpg", "program"),
-    ("credential", "helper"),
-];
-
-/// What the host's `.git/config`, and the config files it includes inside
-/// the workspace, point at there.
-fn host_git_config(host: &Host, workspace: &Path) -> GitConfig {
-    let mut config = GitConfig { hooks_path: Vec::new(), files: Vec::new(), hook_targets: Vec::new() };
+/// What the host's `.git/config` points at inside the workspace: the
+/// `core.hooksPath` directory, and the files it includes or runs
+/// (`include.path`, `includeIf.*.path`, a `core.fsmonitor` program).
+fn host_git_config(host: &Host, workspace: &Path) -> (Option<RelPath>, Vec<RelPath>) {
+    let Some(config) = RelPath::new(&b".git/config"[..]).ok().and_then(|c| host.read(&c, 1 << 20).ok().flatten())
+    else {
+        return (None, Vec::new());
+    };
+    let text = String::from_utf8_lossy(&config);
     let inside = |value: &str| -> Option<PathBuf> {
         let path = PathBuf::from(value);
         if path.is_absolute() { path.strip_prefix(workspace).ok().map(Path::to_path_buf) } else { Some(path) }
@@ -1139,66 +1106,23 @@ fn host_git_config(host: &Host, workspace: &Path) -> GitConfig {
         let dir = resolve(&RelPath::new(base).ok()?, text.as_bytes())?;
         RelPath::new(dir).ok()
     };
-    let Ok(first) = RelPath::new(&b".git/config"[..]) else { return config };
-    let mut queue = vec![first];
-    let mut read = HashSet::new();
-    while let Some(file) = queue.pop() {
-        if read.len() >= MAX_CONFIG_FILES || !read.insert(file.clone()) {
-            continue;
-        }
-        let Some(bytes) = host.read(&file, 1 << 20).ok().flatten() else { continue };
-        let text = String::from_utf8_lossy(&bytes);
-        // Every value counts: which one git ends with depends on where
-        // each include sits.
-        for value in git_config_values(&text, "core", "hookspath") {
-            config.hooks_path.extend(inside(&value).and_then(|p| normal(p, AT_ROOT)));
-        }
-        for section in ["include", "includeif"] {
-            for value in git_config_values(&text, section, "path") {
-                // Relative includes are relative to the including file.
-                let base: &[u8] = if Path::new(&value).is_absolute() { AT_ROOT } else { file.as_bytes() };
-                if let Some(included) = inside(&value).and_then(|p| normal(p, base)) {
-                    config.files.push(included.clone());
-                    queue.push(included);
-                }
-            }
-        }
-        if let Some(program) = git_config_values(&text, "core", "fsmonitor").pop()
-            && !matches!(
-                program.to_ascii_lowercase().as_str(),
-                "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0"
-            )
-            && let Some(first) = program.split_whitespace().next()
-        {
-            config.files.extend(inside(first).and_then(|p| normal(p, AT_ROOT)));
-        }
-        // A command line's words that name a file in the workspace
-        // (`./tools/strip.sh`, `sh scripts/textconv`): run from the root.
-        for (section, key) in PROGRAM_KEYS {
-            for value in git_config_values(&text, section, key) {
-                let words = value.split_whitespace().map(|w| w.trim_start_matches('!').trim_matches(['\'', '"']));
-                for word in words.filter(|w| w.contains('/') && !w.starts_with('-')) {
-                    config.files.extend(inside(word).and_then(|p| normal(p, AT_ROOT)));
-                }
-            }
+    let hooks =
+        git_config_values(&text, "core", "hookspath").pop().and_then(|v| inside(&v)).and_then(|p| normal(p, AT_ROOT));
+    let mut files = Vec::new();
+    for section in ["include", "includeif"] {
+        for value in git_config_values(&text, section, "path") {
+            // Relative includes are relative to the including file.
+            let base: &[u8] = if Path::new(&value).is_absolute() { AT_ROOT } else { b".git/config" };
+            files.extend(inside(&value).and_then(|p| normal(p, base)));
         }
     }
-    let hook_dirs: Vec<RelPath> =
-        RelPath::new(&b".git/hooks"[..]).ok().into_iter().chain(config.hooks_path.iter().cloned()).collect();
-    for dir in hook_dirs {
-        for name in host.names(&dir, MAX_HOOKS) {
-            let Ok(hook) = dir.join(&name) else { continue };
-            let HostState::Symlink { target } = host.state(&hook) else { continue };
-            let to = match Path::new(OsStr::from_bytes(&target)) {
-                absolute if absolute.is_absolute() => {
-                    absolute.strip_prefix(workspace).ok().and_then(|p| RelPath::new(p.as_os_str().as_bytes()).ok())
-                }
-                _ => resolve(&hook, &target).and_then(|p| RelPath::new(p).ok()),
-            };
-            config.hook_targets.extend(to);
-        }
+    if let Some(program) = git_config_values(&text, "core", "fsmonitor").pop()
+        && !matches!(program.to_ascii_lowercase().as_str(), "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0")
+        && let Some(first) = program.split_whitespace().next()
+    {
+        files.extend(inside(first).and_then(|p| normal(p, AT_ROOT)));
     }
-    config
+    (hooks, files)
 }
 
 /// Files of one environment read at most (the `.envrc` and what it loads).
@@ -1858,13 +1782,13 @@ mod tests {
         let expected = [on_path, on_path, on_path, None, direnv, direnv, direnv, direnv, None, None, on_path, on_path];
         assert_eq!(judged, expected, "what the files it loads put on PATH counts too");
 
-        // One it cannot read: every new executable, wherever it is.
+        // One it cannot read: every new executable of a bin-like directory.
         fs::write(tmp.path().join(".envrc"), "eval \"$(tool env)\"\n").unwrap();
         let set = [file("scripts/x", 0o755), file("scripts/x.txt", 0o644), file("src/x", 0o755), file("bin/y", 0o700)];
         let judged: Vec<Option<Danger>> =
             judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
-        assert_eq!(judged, [on_path, None, on_path, on_path]);
-        // Nor one that is a symlink to nothing.
+        assert_eq!(judged, [on_path, None, None, on_path]);
+        // Nor one that is a symlink.
         fs::remove_file(tmp.path().join(".envrc")).unwrap();
         std::os::unix::fs::symlink("elsewhere", tmp.path().join(".envrc")).unwrap();
         assert_eq!(judge_all(tmp.path(), &[], &[file("tools/z", 0o755)])[0], Some((Danger::OnPath, None)));
