@@ -258,7 +258,6 @@ fn hooks_under_a_hooks_path_set_by_an_included_config_are_held_back() {
 /// executables only in `bin/`-like directories, so `mytools/git` lands.
 /// When `PATH` is not understood, any new executable may be on it.
 #[test]
-#[ignore = "finding: an .envrc PATH the review cannot read flags only bin-like directories"]
 fn an_envrc_path_not_understood_holds_back_every_new_executable() {
     use std::process::ExitCode;
 

@@ -48,7 +48,8 @@
 //!    in `.direnv/`, and what the workspace's `.envrc` (see [`Envrc`]; the
 //!    host's, a staged one, and the files they load) puts on `PATH`,
 //!    sources, or builds with nix. When it may change `PATH` in a way not
-//!    understood, every new executable in a bin-like directory is flagged.
+//!    understood, every new or changed executable (and symlink) is flagged,
+//!    anywhere: any directory may be on `PATH`.
 //!
 //! Rules 3 and 5 apply inside trees git ignores too: those are collapsed in
 //! the summary, so a flagged file there would otherwise go unseen.
@@ -120,6 +121,8 @@ pub enum Danger {
     Virtualenv,
     /// In a directory the workspace's `.envrc` puts on `PATH`.
     OnPath,
+    /// A program, and the `.envrc` changes `PATH` in a way not understood.
+    MaybeOnPath,
     /// A dotenv file: variables tools load by themselves.
     EnvFile,
     /// A file of an agent's own settings, offered for the home directory.
@@ -148,6 +151,9 @@ impl Danger {
             Danger::PythonStartup => "runs at every Python start in its environment (.pth, sitecustomize)",
             Danger::Virtualenv => "virtualenv script or setting: activating it runs it or puts it first on PATH",
             Danger::OnPath => "on PATH in this directory (direnv): runs in place of the command of its name",
+            Danger::MaybeOnPath => {
+                "a program, and .envrc changes PATH in a way stockade cannot read: it may run in place of a command"
+            }
             Danger::EnvFile => "environment file: direnv, docker compose, editors load it (PATH, LD_PRELOAD, ...)",
             Danger::AgentSettings => {
                 "coding agent settings for your home directory: instructions, commands, skills and hooks steer or \
@@ -795,8 +801,10 @@ impl<'h> Classifier<'h> {
             Kind::File { mode, .. } | Kind::Mode { mode } => executable(*mode),
             _ => false,
         };
-        if self.envrc.unknown_path && runnable && BIN_LIKE.contains(&parent_name) {
-            return Some(Danger::OnPath);
+        // What the `.envrc` puts on `PATH` is not known: any program may be
+        // on it.
+        if self.envrc.unknown_path && runnable {
+            return Some(if BIN_LIKE.contains(&parent_name) { Danger::OnPath } else { Danger::MaybeOnPath });
         }
         None
     }
@@ -1801,12 +1809,12 @@ mod tests {
         let expected = [on_path, on_path, on_path, None, direnv, direnv, direnv, direnv, None, None, on_path, on_path];
         assert_eq!(judged, expected, "what the files it loads put on PATH counts too");
 
-        // One it cannot read: every new executable of a bin-like directory.
+        // One it cannot read: every new executable, wherever it is.
         fs::write(tmp.path().join(".envrc"), "eval \"$(tool env)\"\n").unwrap();
         let set = [file("scripts/x", 0o755), file("scripts/x.txt", 0o644), file("src/x", 0o755), file("bin/y", 0o700)];
         let judged: Vec<Option<Danger>> =
             judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
-        assert_eq!(judged, [on_path, None, None, on_path]);
+        assert_eq!(judged, [on_path, None, Some(Danger::MaybeOnPath), on_path]);
         // Nor one that is a symlink.
         fs::remove_file(tmp.path().join(".envrc")).unwrap();
         std::os::unix::fs::symlink("elsewhere", tmp.path().join(".envrc")).unwrap();
