@@ -203,7 +203,6 @@ fn a_script_a_git_hook_links_to_is_held_back() {
 /// (`git status` and `git add` run it): the guest's change to the script
 /// runs code by itself, and must be held back.
 #[test]
-#[ignore = "finding: a script the repository's git config runs as a filter driver is applied unflagged"]
 fn a_script_the_git_config_runs_as_a_filter_is_held_back() {
     use std::process::ExitCode;
 
@@ -231,7 +230,6 @@ fn a_script_the_git_config_runs_as_a_filter_is_held_back() {
 /// it must be held back. Only `.git/config` itself is read for the hooks
 /// path.
 #[test]
-#[ignore = "finding: a hooks path set in an included git config file is not followed"]
 fn hooks_under_a_hooks_path_set_by_an_included_config_are_held_back() {
     use std::process::ExitCode;
 

@@ -28,9 +28,13 @@
 //!    their own. A `.git` that is a file or a symlink (it points git at
 //!    another repository) is flagged, and so is **any symlink inside a git
 //!    directory**, whatever its name.
-//! 2. **The host's git config**: files under its `core.hooksPath`, the files
-//!    its `include.path`/`includeIf.*.path` name and the program its
-//!    `core.fsmonitor` names, when they lie in the workspace.
+//! 2. **The host's git config** (`.git/config`, the user's and the
+//!    system's, and every file they include, whatever the `includeIf`
+//!    condition; see [`GitRuns`]): files under any `core.hooksPath` it
+//!    sets, the files it includes, and the files its settings run as
+//!    commands (filter, diff and merge drivers, `!` aliases, editors,
+//!    pagers, `core.sshCommand`, `core.fsmonitor`, credential helpers,
+//!    `gpg.program`, ...), when they lie in the workspace.
 //! 3. **Names**: the patterns in [`FLAGGED`] (gitignore syntax: a pattern
 //!    without a slash matches a name at any depth, a trailing `/` a
 //!    directory and everything below it, `**/` any directories), and the
@@ -79,7 +83,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::OnceLock;
 
@@ -90,6 +94,7 @@ use crate::protocol::change_set::entry::{Base, Entry, Kind, Mode};
 use crate::protocol::change_set::path::RelPath;
 
 use super::direnv::Envrc;
+use super::gitconfig::GitRuns;
 use super::host::{Host, HostState};
 
 /// Why a path runs code by itself.
@@ -97,6 +102,8 @@ use super::host::{Host, HostState};
 pub enum Danger {
     GitHook,
     GitConfig,
+    /// A program the host's git config runs (filter, alias, editor, ...).
+    GitProgram,
     GitLink,
     /// Other git internals that change what git does or shows.
     GitInternal,
@@ -135,6 +142,9 @@ impl Danger {
         match self {
             Danger::GitHook => "git hook: runs on git commands",
             Danger::GitConfig => "git config: can make git run programs",
+            Danger::GitProgram => {
+                "run by git as your git config says (filter, diff driver, alias, editor, credential helper, ...)"
+            }
             Danger::GitLink => "a .git file or symlink: points git at another repository",
             Danger::GitInternal => "git internals: change what git does or shows",
             Danger::GitSymlink => "symlink inside a git directory: git reads and writes through it",
@@ -478,10 +488,12 @@ pub trait OtherTree {
 /// Classifies paths of one workspace.
 pub struct Classifier<'h> {
     host: &'h Host,
-    /// The host's `core.hooksPath` inside the workspace, if set.
-    hooks_path: Option<RelPath>,
-    /// Files the host's git config runs or includes.
+    /// The host's `core.hooksPath` directories inside the workspace.
+    hooks_paths: Vec<RelPath>,
+    /// Files the host's git config includes.
     config_files: Vec<RelPath>,
+    /// Files the host's git config runs as commands.
+    config_programs: Vec<RelPath>,
     user: Option<Patterns>,
     ignores: Ignores<'h>,
     /// Per directory: whether a name pattern flags it (and all below).
@@ -512,11 +524,12 @@ impl<'h> Classifier<'h> {
     /// `global_excludes`: also use the user's global git excludes file
     /// (tests turn it off, so the machine's settings do not leak in).
     pub fn new(host: &'h Host, workspace: &Path, global_excludes: bool) -> Classifier<'h> {
-        let (hooks_path, config_files) = host_git_config(host, workspace);
+        let runs = GitRuns::read(host, workspace);
         Classifier {
             host,
-            hooks_path,
-            config_files,
+            hooks_paths: runs.hooks_paths,
+            config_files: runs.includes,
+            config_programs: runs.programs,
             user: None,
             ignores: Ignores::new(host, global_excludes),
             dir_verdicts: HashMap::new(),
@@ -619,7 +632,7 @@ impl<'h> Classifier<'h> {
         for extra in HOST_PROBES {
             probes.push(extra.to_vec());
         }
-        probes.extend(self.hooks_path.iter().map(|p| p.as_bytes().to_vec()));
+        probes.extend(self.hooks_paths.iter().map(|p| p.as_bytes().to_vec()));
         for probe in probes {
             if seen_near_root.contains(&probe) {
                 continue;
@@ -653,7 +666,7 @@ impl<'h> Classifier<'h> {
         {
             return true;
         }
-        let named = self.hooks_path.iter().chain(&self.config_files);
+        let named = self.hooks_paths.iter().chain(&self.config_files).chain(&self.config_programs);
         if named.into_iter().any(|target| target.starts_with(path) || path.starts_with(target)) {
             return true;
         }
@@ -745,14 +758,14 @@ impl<'h> Classifier<'h> {
             }
             return git_internal_danger(&path.as_bytes()[git_dir.as_bytes().len() + 1..]);
         }
-        if let Some(hooks) = &self.hooks_path
-            && path.starts_with(hooks)
-            && path != hooks
-        {
+        if self.hooks_paths.iter().any(|hooks| path.starts_with(hooks) && path != hooks) {
             return Some(Danger::GitHook);
         }
         if self.config_files.contains(path) {
             return Some(Danger::GitConfig);
+        }
+        if self.config_programs.contains(path) {
+            return Some(Danger::GitProgram);
         }
         if let Some(danger) = self.in_bare_repo(path, symlink) {
             return Some(danger);
@@ -1118,46 +1131,6 @@ pub fn points_outside(path: &RelPath, target: &[u8]) -> bool {
     false
 }
 
-/// What the host's `.git/config` points at inside the workspace: the
-/// `core.hooksPath` directory, and the files it includes or runs
-/// (`include.path`, `includeIf.*.path`, a `core.fsmonitor` program).
-fn host_git_config(host: &Host, workspace: &Path) -> (Option<RelPath>, Vec<RelPath>) {
-    let Some(config) = RelPath::new(&b".git/config"[..]).ok().and_then(|c| host.read(&c, 1 << 20).ok().flatten())
-    else {
-        return (None, Vec::new());
-    };
-    let text = String::from_utf8_lossy(&config);
-    let inside = |value: &str| -> Option<PathBuf> {
-        let path = PathBuf::from(value);
-        if path.is_absolute() { path.strip_prefix(workspace).ok().map(Path::to_path_buf) } else { Some(path) }
-    };
-    let normal = |path: PathBuf, base: &[u8]| -> Option<RelPath> {
-        let text = path.to_str()?;
-        if text.starts_with('~') {
-            return None;
-        }
-        let dir = resolve(&RelPath::new(base).ok()?, text.as_bytes())?;
-        RelPath::new(dir).ok()
-    };
-    let hooks =
-        git_config_values(&text, "core", "hookspath").pop().and_then(|v| inside(&v)).and_then(|p| normal(p, AT_ROOT));
-    let mut files = Vec::new();
-    for section in ["include", "includeif"] {
-        for value in git_config_values(&text, section, "path") {
-            // Relative includes are relative to the including file.
-            let base: &[u8] = if Path::new(&value).is_absolute() { AT_ROOT } else { b".git/config" };
-            files.extend(inside(&value).and_then(|p| normal(p, base)));
-        }
-    }
-    if let Some(program) = git_config_values(&text, "core", "fsmonitor").pop()
-        && !matches!(program.to_ascii_lowercase().as_str(), "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0")
-        && let Some(first) = program.split_whitespace().next()
-    {
-        files.extend(inside(first).and_then(|p| normal(p, AT_ROOT)));
-    }
-    (hooks, files)
-}
-
 /// Files of one environment read at most (the `.envrc` and what it loads).
 pub const MAX_ENVRC_FILES: usize = 16;
 
@@ -1248,33 +1221,6 @@ fn pth_imports(text: &str) -> HashSet<Vec<u8>> {
         }
     }
     modules
-}
-
-/// A top-level name: `resolve` from it is relative to the workspace root.
-const AT_ROOT: &[u8] = b"-";
-
-/// Every value of `section.key` in git config text, in order
-/// (case-insensitive names, no includes, subsections of any name).
-fn git_config_values(text: &str, section: &str, key: &str) -> Vec<String> {
-    let mut current = String::new();
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(rest) = line.strip_prefix('[') {
-            current = rest.split([']', ' ', '"', '\t']).next().unwrap_or("").to_ascii_lowercase();
-            continue;
-        }
-        if current != section {
-            continue;
-        }
-        if let Some((k, v)) = line.split_once('=')
-            && k.trim().eq_ignore_ascii_case(key)
-        {
-            let v = v.split([';', '#']).next().unwrap_or("").trim().trim_matches('"');
-            found.push(v.to_string());
-        }
-    }
-    found
 }
 
 /// Gitignore rules read from the host, per directory, on demand. Every
@@ -1698,7 +1644,45 @@ mod tests {
         let set = [file("shared.gitconfig", 0o644), file("more.gitconfig", 0o644), file("tools/fsmon", 0o755)];
         let judged: Vec<Option<Danger>> =
             judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
-        assert_eq!(judged, [Some(Danger::GitConfig); 3]);
+        assert_eq!(judged, [Some(Danger::GitConfig), Some(Danger::GitConfig), Some(Danger::GitProgram)]);
+    }
+
+    /// Programs named by settings git runs as commands, in `.git/config`
+    /// and in the files it includes (whatever their condition), and the
+    /// hooks path an included file sets.
+    #[test]
+    fn what_the_host_config_and_its_includes_run_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join(".git")).unwrap();
+        fs::write(
+            tmp.path().join(".git/config"),
+            "[filter \"lfs2\"]\n\tclean = ./tools/clean.sh %f\n[includeIf \"onbranch:main\"]\n\tpath = ../.gitconfig\n\
+             [alias]\n\tst = status\n\tfix = !sh scripts/fix.sh\n[diff \"nb\"]\n\ttextconv = python3 nbconv.py\n",
+        )
+        .unwrap();
+        fs::write(
+            tmp.path().join(".gitconfig"),
+            "[core]\n\thooksPath = .githooks\n\teditor = ./dev/edit\n[credential]\n\thelper = !tools/cred\n",
+        )
+        .unwrap();
+        let set = [
+            file("tools/clean.sh", 0o755),
+            file("scripts/fix.sh", 0o644),
+            file("nbconv.py", 0o644),
+            file("dev/edit", 0o755),
+            file("tools/cred", 0o755),
+            file(".githooks/pre-push", 0o755),
+            file(".gitconfig", 0o644),
+            file("status", 0o644),
+            file("tools/other.sh", 0o755),
+        ];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        let program = Some(Danger::GitProgram);
+        assert_eq!(
+            judged,
+            [program, program, program, program, program, Some(Danger::GitHook), Some(Danger::GitConfig), None, None]
+        );
     }
 
     #[test]
@@ -1934,13 +1918,6 @@ mod tests {
         assert_eq!(places, [false, true, false, true, false]);
         // node_modules is ignored by the root's rules: nothing below it is read.
         assert_eq!(c.ignore_files_probed(), ["", "lib7", "lib9", "lib9/deep", "lib9/deep/er"]);
-    }
-
-    #[test]
-    fn reads_core_hooks_path() {
-        let text = "[user]\n name = x\n[core]\n  HooksPath = \".githooks\" ; comment\n";
-        assert_eq!(git_config_values(text, "core", "hookspath"), [".githooks"]);
-        assert!(git_config_values("[core]\n", "core", "hookspath").is_empty());
     }
 
     /// Attack: Python imports `sitecustomize` (and `usercustomize`) under

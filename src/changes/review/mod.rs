@@ -18,6 +18,7 @@ mod content;
 mod diff;
 mod direnv;
 mod git;
+mod gitconfig;
 mod host;
 mod json;
 mod pager;
