@@ -176,7 +176,6 @@ fn what_a_symlinked_envrc_puts_on_path_is_held_back() {
 /// projects' setup scripts do): git runs the script at the next commit,
 /// so the guest's change to it runs code by itself, and must be held back.
 #[test]
-#[ignore = "finding: a script a hook symlink in .git/hooks points to is applied unflagged"]
 fn a_script_a_git_hook_links_to_is_held_back() {
     use std::process::ExitCode;
 

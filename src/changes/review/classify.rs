@@ -34,7 +34,9 @@
 //!    sets, the files it includes, and the files its settings run as
 //!    commands (filter, diff and merge drivers, `!` aliases, editors,
 //!    pagers, `core.sshCommand`, `core.fsmonitor`, credential helpers,
-//!    `gpg.program`, ...), when they lie in the workspace.
+//!    `gpg.program`, ...), when they lie in the workspace. And what a hook
+//!    that is a symlink on the host points to, in the workspace: git runs
+//!    it at the hook's event.
 //! 3. **Names**: the patterns in [`FLAGGED`] (gitignore syntax: a pattern
 //!    without a slash matches a name at any depth, a trailing `/` a
 //!    directory and everything below it, `**/` any directories), and the
@@ -494,6 +496,8 @@ pub struct Classifier<'h> {
     config_files: Vec<RelPath>,
     /// Files the host's git config runs as commands.
     config_programs: Vec<RelPath>,
+    /// What the host's hooks that are symlinks point to, each with its hook.
+    hook_targets: HashMap<Vec<u8>, RelPath>,
     user: Option<Patterns>,
     ignores: Ignores<'h>,
     /// Per directory: whether a name pattern flags it (and all below).
@@ -525,11 +529,13 @@ impl<'h> Classifier<'h> {
     /// (tests turn it off, so the machine's settings do not leak in).
     pub fn new(host: &'h Host, workspace: &Path, global_excludes: bool) -> Classifier<'h> {
         let runs = GitRuns::read(host, workspace);
+        let hook_targets = hook_targets(host, workspace, &runs.hooks_paths);
         Classifier {
             host,
             hooks_paths: runs.hooks_paths,
             config_files: runs.includes,
             config_programs: runs.programs,
+            hook_targets,
             user: None,
             ignores: Ignores::new(host, global_excludes),
             dir_verdicts: HashMap::new(),
@@ -717,6 +723,9 @@ impl<'h> Classifier<'h> {
         }
         if symlink && self.is_location(&entry.path) {
             return Some((Danger::SymlinkedLocation, None));
+        }
+        if let Some(hook) = self.hook_targets.get(entry.path.as_bytes()) {
+            return Some((Danger::Reached, Some(hook.clone())));
         }
         if let Some(reached) = self.reached(entry) {
             return Some(reached);
@@ -1131,6 +1140,42 @@ pub fn points_outside(path: &RelPath, target: &[u8]) -> bool {
     false
 }
 
+/// Hooks (of `.git/hooks` and the hooks paths) that are symlinks on the
+/// host: the workspace files they point to (through further symlinks
+/// too), each with its hook. git runs the file a hook links to.
+fn hook_targets(host: &Host, workspace: &Path, hooks_paths: &[RelPath]) -> HashMap<Vec<u8>, RelPath> {
+    let mut targets = HashMap::new();
+    let git_hooks = RelPath::new(&b".git/hooks"[..]).ok();
+    for dir in git_hooks.iter().chain(hooks_paths) {
+        for name in host.names(dir, MAX_HOOKS) {
+            let Ok(hook) = dir.join(&name) else { continue };
+            let mut at = hook.clone();
+            for _ in 0..MAX_LINK_HOPS {
+                let HostState::Symlink { target } = host.state(&at) else { break };
+                let Some(next) = link_in_workspace(&at, &target, workspace) else { break };
+                targets.insert(next.as_bytes().to_vec(), hook.clone());
+                at = next;
+            }
+        }
+    }
+    targets
+}
+
+/// Hooks listed in one hooks directory at most.
+const MAX_HOOKS: usize = 1024;
+/// Symlinks followed from one hook.
+const MAX_LINK_HOPS: usize = 8;
+
+/// The workspace path a symlink at `link` leads to, an absolute target
+/// inside the workspace included.
+fn link_in_workspace(link: &RelPath, target: &[u8], workspace: &Path) -> Option<RelPath> {
+    let relative = match Path::new(OsStr::from_bytes(target)).strip_prefix(workspace) {
+        Ok(rest) => resolve(&RelPath::new(AT_ROOT).ok()?, rest.as_os_str().as_bytes())?,
+        Err(_) => resolve(link, target)?,
+    };
+    RelPath::new(relative).ok()
+}
+
 /// Files of one environment read at most (the `.envrc` and what it loads).
 pub const MAX_ENVRC_FILES: usize = 16;
 
@@ -1222,6 +1267,9 @@ fn pth_imports(text: &str) -> HashSet<Vec<u8>> {
     }
     modules
 }
+
+/// A top-level name: `resolve` from it is relative to the workspace root.
+const AT_ROOT: &[u8] = b"-";
 
 /// Gitignore rules read from the host, per directory, on demand. Every
 /// directory is judged once, from its parent's verdict, so a deep path
@@ -1682,6 +1730,35 @@ mod tests {
         assert_eq!(
             judged,
             [program, program, program, program, program, Some(Danger::GitHook), Some(Danger::GitConfig), None, None]
+        );
+    }
+
+    /// A hook on the host that is a symlink into the project (`ln -s
+    /// ../../scripts/pre-commit .git/hooks/pre-commit`), directly or
+    /// through another symlink, or by an absolute path: git runs the file
+    /// it points to.
+    #[test]
+    fn what_a_hook_symlink_points_to_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        fs::create_dir_all(ws.join("scripts")).unwrap();
+        std::os::unix::fs::symlink("../../scripts/pre-commit", ws.join(".git/hooks/pre-commit")).unwrap();
+        std::os::unix::fs::symlink("real-push", ws.join("scripts/pre-push")).unwrap();
+        std::os::unix::fs::symlink("../../scripts/pre-push", ws.join(".git/hooks/pre-push")).unwrap();
+        std::os::unix::fs::symlink(ws.join("scripts/merge"), ws.join(".git/hooks/post-merge")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/true", ws.join(".git/hooks/post-checkout")).unwrap();
+        let set = [
+            file("scripts/pre-commit", 0o755),
+            file("scripts/real-push", 0o755),
+            file("scripts/merge", 0o755),
+            file("scripts/other", 0o755),
+        ];
+        let judged = judge_all(ws, &[], &set);
+        let via = |hook: &str| Some((Danger::Reached, Some(hook.to_string())));
+        assert_eq!(
+            judged,
+            [via(".git/hooks/pre-commit"), via(".git/hooks/pre-push"), via(".git/hooks/post-merge"), None]
         );
     }
 
