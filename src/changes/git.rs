@@ -13,13 +13,17 @@
 //! could start a program overridden on its command line; see
 //! [`Repo::command`]. Content is hashed as staged (`--no-filters`: no
 //! clean filter, no line-ending conversion) and commits are not signed
-//! (`commit-tree` signs only with `-S`).
+//! (`commit-tree` signs only with `-S`). A file the repository names may be
+//! a FIFO that git would wait on for ever: its `core.excludesFile` is
+//! replaced by the user's own, and every git command is stopped after a
+//! deadline (an include that is a FIFO blocks any command).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -85,6 +89,13 @@ pub enum GitError {
     NothingToCommit { left: Vec<(RelPath, LeftOut)> },
     #[error("git {what} failed: {detail}")]
     Failed { what: String, detail: String },
+    #[error(
+        "git {what} did not finish within {} s and was stopped; the repository's config may name a FIFO or \
+         device that git waits on (an include.path, core.excludesFile or core.attributesFile in {}/.git/config): \
+         fix that setting, or apply without --branch and --commit",
+        deadline.as_secs(), workspace.display()
+    )]
+    TimedOut { what: String, deadline: Duration, workspace: PathBuf },
     #[error(transparent)]
     Changes(#[from] ChangesError),
 }
@@ -156,7 +167,18 @@ pub struct Repo {
     /// writes the user's index and checks an entry that may have changed
     /// within the same second.
     filters: Vec<String>,
+    /// The user's own excludes file, which git is given in place of
+    /// whatever the repository's config names (a FIFO there would block
+    /// it).
+    excludes: PathBuf,
+    /// How long one git command may take before it is stopped.
+    deadline: Duration,
 }
+
+/// How long one git command may take. Plumbing on a repository ends in
+/// seconds; a command still running after this waits on something the
+/// repository named (a FIFO as an include) and would wait for ever.
+const GIT_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The commit the workspace's repository has checked out, for the run
 /// record (`None` outside a repository, on an unborn branch, or when git
@@ -167,7 +189,18 @@ pub fn head_of(workspace: &Path) -> Option<String> {
 
 impl Repo {
     pub fn open(workspace: &Path) -> Result<Repo, GitError> {
-        let repo = Repo { workspace: workspace.to_path_buf(), prefix: Vec::new(), filters: Vec::new() };
+        Repo::open_within(workspace, GIT_DEADLINE)
+    }
+
+    /// `open`, each git command stopped after `deadline`.
+    fn open_within(workspace: &Path, deadline: Duration) -> Result<Repo, GitError> {
+        let repo = Repo {
+            workspace: workspace.to_path_buf(),
+            prefix: Vec::new(),
+            filters: Vec::new(),
+            excludes: PathBuf::new(),
+            deadline,
+        };
         let out = repo.output(&["rev-parse", "--is-bare-repository", "--show-prefix"], None, None)?;
         if !out.status.success() {
             return Err(GitError::NotARepo { workspace: workspace.to_path_buf(), detail: stderr_line(&out) });
@@ -192,7 +225,24 @@ impl Repo {
             .collect();
         filters.sort();
         filters.dedup();
-        Ok(Repo { prefix, filters, ..repo })
+        let excludes = repo.users_excludes()?;
+        Ok(Repo { prefix, filters, excludes, ..repo })
+    }
+
+    /// The excludes file of the user's own config (`--global`, read
+    /// outside any repository), or git's default for it.
+    fn users_excludes(&self) -> Result<PathBuf, GitError> {
+        let mut cmd = self.command(None);
+        cmd.current_dir("/").args(["config", "--global", "--path", "--get", "core.excludesFile"]);
+        let out = self.output_of(cmd, None)?;
+        let value = String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string();
+        if out.status.success() && !value.is_empty() {
+            return Ok(PathBuf::from(value));
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+        let config =
+            std::env::var_os("XDG_CONFIG_HOME").filter(|x| !x.is_empty()).map_or(home.join(".config"), PathBuf::from);
+        Ok(config.join("git/ignore"))
     }
 
     /// git, safe in a hostile repository: in the workspace, with the
@@ -229,6 +279,13 @@ impl Repo {
                 count += 1;
             }
         }
+        // The repository's own core.excludesFile may name a FIFO, on which
+        // `check-ignore` and `read-tree` block: the user's own one counts.
+        if !self.excludes.as_os_str().is_empty() {
+            cmd.env(format!("GIT_CONFIG_KEY_{count}"), "core.excludesFile");
+            cmd.env(format!("GIT_CONFIG_VALUE_{count}"), &self.excludes);
+            count += 1;
+        }
         cmd.env("GIT_CONFIG_COUNT", count.to_string());
         cmd
     }
@@ -242,8 +299,10 @@ impl Repo {
     fn output_of(&self, mut cmd: Command, input: Option<&[u8]>) -> Result<Output, GitError> {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
+        let what = subcommand(&cmd);
         let mut child = cmd.spawn().map_err(GitError::Spawn)?;
-        // Written from a thread: git may answer before it has read it all.
+        // Written and read from threads: git may answer before it has read
+        // it all, and the wait below must be able to give up.
         let writer = match (input, child.stdin.take()) {
             (Some(bytes), Some(mut stdin)) => {
                 let bytes = bytes.to_vec();
@@ -251,12 +310,36 @@ impl Repo {
             }
             _ => None,
         };
-        let out = child.wait_with_output().map_err(GitError::Spawn)?;
+        let stdout = child.stdout.take().map(|out| std::thread::spawn(move || read_all(out, u64::MAX)));
+        let stderr = child.stderr.take().map(|err| std::thread::spawn(move || read_all(err, u64::MAX)));
+        let status = self.wait(&mut child, what);
         if let Some(writer) = writer {
             // A broken pipe shows as git's own failure below.
             let _ = writer.join();
         }
-        Ok(out)
+        let collect =
+            |reader: Option<std::thread::JoinHandle<Vec<u8>>>| reader.and_then(|r| r.join().ok()).unwrap_or_default();
+        let (stdout, stderr) = (collect(stdout), collect(stderr));
+        Ok(Output { status: status?, stdout, stderr })
+    }
+
+    /// Waits for `child`, stopping it after the deadline.
+    fn wait(&self, child: &mut Child, what: String) -> Result<ExitStatus, GitError> {
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            if let Some(status) = child.try_wait().map_err(GitError::Spawn)? {
+                return Ok(status);
+            }
+            if start.elapsed() >= self.deadline {
+                // Not reaped yet, so the id is still this child's.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(GitError::TimedOut { what, deadline: self.deadline, workspace: self.workspace.clone() });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
     }
 
     /// Runs git; its stdout when it succeeds.
@@ -655,6 +738,27 @@ fn symlink_key(path: &RelPath) -> Vec<u8> {
     [b"symlink:", path.as_bytes()].concat()
 }
 
+/// At most `limit` bytes of a pipe; the pipe is closed after.
+fn read_all(pipe: impl Read, limit: u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    // What was read before an error is what there is.
+    let _ = pipe.take(limit).read_to_end(&mut bytes);
+    bytes
+}
+
+/// The git subcommand a command runs (after its `-c` options), for messages.
+fn subcommand(cmd: &Command) -> String {
+    let mut args = cmd.get_args();
+    while let Some(arg) = args.next() {
+        if arg == "-c" {
+            args.next();
+            continue;
+        }
+        return arg.to_string_lossy().into_owned();
+    }
+    String::new()
+}
+
 fn stderr_line(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stderr);
     let text = text.trim();
@@ -815,6 +919,67 @@ mod tests {
         let head = git(tmp.path(), &["rev-parse", "HEAD"]).trim().to_string();
         std::fs::create_dir(tmp.path().join("sub")).unwrap();
         assert_eq!(head_of(&tmp.path().join("sub")), Some(head));
+    }
+
+    /// A repository with a base commit, a staged new file, and a FIFO at
+    /// `fifo` for its config to name.
+    fn fifo_repo(tmp: &Path) -> (PathBuf, String, Store, PathBuf) {
+        let ws = tmp.join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        repo(&ws);
+        write(&ws.join("a"), b"a\n");
+        git(&ws, &["add", "a"]);
+        git(&ws, &["commit", "-q", "-m", "base"]);
+        let base = git(&ws, &["rev-parse", "HEAD"]).trim().to_string();
+        let store = Store::open(&tmp.join("session")).unwrap();
+        Set::new(&ws).file("new.txt", b"n\n", 0o644).stage(&store);
+        let fifo = tmp.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        (ws, base, store, fifo)
+    }
+
+    /// Runs `f` on a thread; panics if it has not returned after a
+    /// minute: it blocks for good (this is no speed limit).
+    fn returns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("git blocked on a FIFO the repository names")
+    }
+
+    /// Attack: a hostile repository's `core.excludesFile` names a FIFO, on
+    /// which `git check-ignore` (run by `apply --branch` for new paths)
+    /// blocks forever. The user's own excludes file counts instead.
+    #[test]
+    fn an_excludes_file_the_repository_points_at_a_fifo_does_not_block_a_branch() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, base, store, fifo) = fifo_repo(tmp.path());
+        git(&ws, &["config", "core.excludesFile", fifo.to_str().unwrap()]);
+        let landed = returns(move || {
+            let entries: Vec<Entry> = store.entries().unwrap().into_iter().map(|e| e.entry).collect();
+            let chosen: Vec<&Entry> = entries.iter().collect();
+            let repo = Repo::open(&ws).unwrap();
+            repo.branch(&store, "refs/heads/b", Some(&base), &chosen, "m\n").map(|l| l.committed.len())
+        });
+        assert_eq!(landed.unwrap(), 1);
+    }
+
+    /// Attack: a config file the repository includes is a FIFO, which
+    /// blocks every git command: each is given a deadline, and fails
+    /// clearly after it.
+    #[test]
+    fn an_include_that_is_a_fifo_makes_git_fail_not_block() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, _, _, fifo) = fifo_repo(tmp.path());
+        git(&ws, &["config", "include.path", fifo.to_str().unwrap()]);
+        let opened = returns(move || Repo::open_within(&ws, std::time::Duration::from_secs(1)).map(|_| ()));
+        let err = opened.unwrap_err().to_string();
+        assert!(err.contains("did not finish") && err.contains("FIFO"), "{err}");
     }
 
     #[test]
