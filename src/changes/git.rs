@@ -342,6 +342,23 @@ impl Repo {
         }
     }
 
+    /// The first `limit` bytes of the blob `oid`. git's output is read
+    /// only as far as that (git then stops on the closed pipe), so a small
+    /// object that inflates to gigabytes costs no memory.
+    fn blob_head(&self, oid: &str, limit: u64) -> Result<Vec<u8>, GitError> {
+        let mut cmd = self.command(None);
+        cmd.args(["cat-file", "blob", oid]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = cmd.spawn().map_err(GitError::Spawn)?;
+        let reader = child.stdout.take().map(|out| std::thread::spawn(move || read_all(out, limit)));
+        let status = self.wait(&mut child, "cat-file".into());
+        let bytes = reader.and_then(|r| r.join().ok()).unwrap_or_default();
+        let full = u64::try_from(bytes.len()).unwrap_or(u64::MAX) >= limit;
+        match status? {
+            status if status.success() || full => Ok(bytes),
+            status => Err(GitError::Failed { what: "cat-file".into(), detail: format!("git {status}") }),
+        }
+    }
+
     /// Runs git; its stdout when it succeeds.
     fn run(&self, args: &[&str], index: Option<&Path>, input: Option<&[u8]>) -> Result<Vec<u8>, GitError> {
         let out = self.output(args, index, input)?;
@@ -716,11 +733,8 @@ impl OtherTree for CommitTree<'_> {
         if item.mode & 0o170000 != 0o100000 {
             return TreeFile::Unreadable;
         }
-        match self.repo.run(&["cat-file", "blob", &item.oid], None, None) {
-            Ok(mut bytes) => {
-                bytes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-                TreeFile::Text(bytes)
-            }
+        match self.repo.blob_head(&item.oid, limit) {
+            Ok(bytes) => TreeFile::Text(bytes),
             Err(_) => TreeFile::Unreadable,
         }
     }
@@ -980,6 +994,28 @@ mod tests {
         let opened = returns(move || Repo::open_within(&ws, std::time::Duration::from_secs(1)).map(|_| ()));
         let err = opened.unwrap_err().to_string();
         assert!(err.contains("did not finish") && err.contains("FIFO"), "{err}");
+    }
+
+    /// A base-commit file is read only as far as asked: a blob of a few
+    /// kilobytes that inflates to many megabytes costs no more.
+    #[test]
+    fn a_base_commit_file_is_read_only_as_far_as_the_limit() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        repo(ws);
+        write(&ws.join(".envrc"), &vec![b'#'; 64 << 20]);
+        git(ws, &["add", ".envrc"]);
+        git(ws, &["commit", "-q", "-m", "big"]);
+        let head = git(ws, &["rev-parse", "HEAD"]).trim().to_string();
+        let repo = Repo::open(ws).unwrap();
+        let tree = repo.tree_at(&head).unwrap();
+        let path = RelPath::new(&b".envrc"[..]).unwrap();
+        let TreeFile::Text(bytes) = tree.read(&path, 1000) else { panic!("not read") };
+        assert_eq!(bytes.len(), 1000);
+        assert!(matches!(tree.read(&RelPath::new(&b"nothing"[..]).unwrap(), 10), TreeFile::Absent));
     }
 
     #[test]
