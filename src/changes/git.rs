@@ -239,10 +239,14 @@ impl Repo {
         if out.status.success() && !value.is_empty() {
             return Ok(PathBuf::from(value));
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        let config =
-            std::env::var_os("XDG_CONFIG_HOME").filter(|x| !x.is_empty()).map_or(home.join(".config"), PathBuf::from);
-        Ok(config.join("git/ignore"))
+        let dir = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Ok(match (dir("XDG_CONFIG_HOME"), dir("HOME")) {
+            (Some(config), _) => config.join("git/ignore"),
+            (None, Some(home)) => home.join(".config/git/ignore"),
+            // git has none then; a relative default would name a file of the
+            // repository's.
+            (None, None) => PathBuf::from("/dev/null"),
+        })
     }
 
     /// git, safe in a hostile repository: in the workspace, with the
