@@ -13,13 +13,17 @@
 //! could start a program overridden on its command line; see
 //! [`Repo::command`]. Content is hashed as staged (`--no-filters`: no
 //! clean filter, no line-ending conversion) and commits are not signed
-//! (`commit-tree` signs only with `-S`).
+//! (`commit-tree` signs only with `-S`). A file the repository names may be
+//! a FIFO that git would wait on for ever: its `core.excludesFile` is
+//! replaced by the user's own, and every git command is stopped after a
+//! deadline (an include that is a FIFO blocks any command).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -105,6 +109,13 @@ pub enum GitError {
     HeadNotMoved { detail: String },
     #[error("git {what} failed: {detail}")]
     Failed { what: String, detail: String },
+    #[error(
+        "git {what} did not finish within {} s and was stopped; the repository's config may name a FIFO or \
+         device that git waits on (an include.path, core.excludesFile or core.attributesFile in {}/.git/config): \
+         fix that setting, or apply without --branch and --commit",
+        deadline.as_secs(), workspace.display()
+    )]
+    TimedOut { what: String, deadline: Duration, workspace: PathBuf },
     #[error(transparent)]
     Changes(#[from] ChangesError),
 }
@@ -176,7 +187,18 @@ pub struct Repo {
     /// writes the user's index and checks an entry that may have changed
     /// within the same second.
     filters: Vec<String>,
+    /// The user's own excludes file, which git is given in place of
+    /// whatever the repository's config names (a FIFO there would block
+    /// it).
+    excludes: PathBuf,
+    /// How long one git command may take before it is stopped.
+    deadline: Duration,
 }
+
+/// How long one git command may take. Plumbing on a repository ends in
+/// seconds; a command still running after this waits on something the
+/// repository named (a FIFO as an include) and would wait for ever.
+const GIT_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The commit the workspace's repository has checked out, for the run
 /// record (`None` outside a repository, on an unborn branch, or when git
@@ -187,7 +209,18 @@ pub fn head_of(workspace: &Path) -> Option<String> {
 
 impl Repo {
     pub fn open(workspace: &Path) -> Result<Repo, GitError> {
-        let repo = Repo { workspace: workspace.to_path_buf(), prefix: Vec::new(), filters: Vec::new() };
+        Repo::open_within(workspace, GIT_DEADLINE)
+    }
+
+    /// `open`, each git command stopped after `deadline`.
+    fn open_within(workspace: &Path, deadline: Duration) -> Result<Repo, GitError> {
+        let repo = Repo {
+            workspace: workspace.to_path_buf(),
+            prefix: Vec::new(),
+            filters: Vec::new(),
+            excludes: PathBuf::new(),
+            deadline,
+        };
         let out = repo.output(&["rev-parse", "--is-bare-repository", "--show-prefix"], None, None)?;
         if !out.status.success() {
             return Err(GitError::NotARepo { workspace: workspace.to_path_buf(), detail: stderr_line(&out) });
@@ -212,7 +245,28 @@ impl Repo {
             .collect();
         filters.sort();
         filters.dedup();
-        Ok(Repo { prefix, filters, ..repo })
+        let excludes = repo.users_excludes()?;
+        Ok(Repo { prefix, filters, excludes, ..repo })
+    }
+
+    /// The excludes file of the user's own config (`--global`, read
+    /// outside any repository), or git's default for it.
+    fn users_excludes(&self) -> Result<PathBuf, GitError> {
+        let mut cmd = self.command(None);
+        cmd.current_dir("/").args(["config", "--global", "--path", "--get", "core.excludesFile"]);
+        let out = self.output_of(cmd, None)?;
+        let value = String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string();
+        if out.status.success() && !value.is_empty() {
+            return Ok(PathBuf::from(value));
+        }
+        let dir = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Ok(match (dir("XDG_CONFIG_HOME"), dir("HOME")) {
+            (Some(config), _) => config.join("git/ignore"),
+            (None, Some(home)) => home.join(".config/git/ignore"),
+            // git has none then; a relative default would name a file of the
+            // repository's.
+            (None, None) => PathBuf::from("/dev/null"),
+        })
     }
 
     /// git, safe in a hostile repository: in the workspace, with the
@@ -249,6 +303,13 @@ impl Repo {
                 count += 1;
             }
         }
+        // The repository's own core.excludesFile may name a FIFO, on which
+        // `check-ignore` and `read-tree` block: the user's own one counts.
+        if !self.excludes.as_os_str().is_empty() {
+            cmd.env(format!("GIT_CONFIG_KEY_{count}"), "core.excludesFile");
+            cmd.env(format!("GIT_CONFIG_VALUE_{count}"), &self.excludes);
+            count += 1;
+        }
         cmd.env("GIT_CONFIG_COUNT", count.to_string());
         cmd
     }
@@ -262,8 +323,10 @@ impl Repo {
     fn output_of(&self, mut cmd: Command, input: Option<&[u8]>) -> Result<Output, GitError> {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
+        let what = subcommand(&cmd);
         let mut child = cmd.spawn().map_err(GitError::Spawn)?;
-        // Written from a thread: git may answer before it has read it all.
+        // Written and read from threads: git may answer before it has read
+        // it all, and the wait below must be able to give up.
         let writer = match (input, child.stdin.take()) {
             (Some(bytes), Some(mut stdin)) => {
                 let bytes = bytes.to_vec();
@@ -271,12 +334,53 @@ impl Repo {
             }
             _ => None,
         };
-        let out = child.wait_with_output().map_err(GitError::Spawn)?;
+        let stdout = child.stdout.take().map(|out| std::thread::spawn(move || read_all(out, u64::MAX)));
+        let stderr = child.stderr.take().map(|err| std::thread::spawn(move || read_all(err, u64::MAX)));
+        let status = self.wait(&mut child, what);
         if let Some(writer) = writer {
             // A broken pipe shows as git's own failure below.
             let _ = writer.join();
         }
-        Ok(out)
+        let collect =
+            |reader: Option<std::thread::JoinHandle<Vec<u8>>>| reader.and_then(|r| r.join().ok()).unwrap_or_default();
+        let (stdout, stderr) = (collect(stdout), collect(stderr));
+        Ok(Output { status: status?, stdout, stderr })
+    }
+
+    /// Waits for `child`, stopping it after the deadline.
+    fn wait(&self, child: &mut Child, what: String) -> Result<ExitStatus, GitError> {
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            if let Some(status) = child.try_wait().map_err(GitError::Spawn)? {
+                return Ok(status);
+            }
+            if start.elapsed() >= self.deadline {
+                // Not reaped yet, so the id is still this child's.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(GitError::TimedOut { what, deadline: self.deadline, workspace: self.workspace.clone() });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// The first `limit` bytes of the blob `oid`. git's output is read
+    /// only as far as that (git then stops on the closed pipe), so a small
+    /// object that inflates to gigabytes costs no memory.
+    fn blob_head(&self, oid: &str, limit: u64) -> Result<Vec<u8>, GitError> {
+        let mut cmd = self.command(None);
+        cmd.args(["cat-file", "blob", oid]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = cmd.spawn().map_err(GitError::Spawn)?;
+        let reader = child.stdout.take().map(|out| std::thread::spawn(move || read_all(out, limit)));
+        let status = self.wait(&mut child, "cat-file".into());
+        let bytes = reader.and_then(|r| r.join().ok()).unwrap_or_default();
+        let full = u64::try_from(bytes.len()).unwrap_or(u64::MAX) >= limit;
+        match status? {
+            status if status.success() || full => Ok(bytes),
+            status => Err(GitError::Failed { what: "cat-file".into(), detail: format!("git {status}") }),
+        }
     }
 
     /// Runs git; its stdout when it succeeds.
@@ -690,11 +794,8 @@ impl OtherTree for CommitTree<'_> {
         if item.mode & 0o170000 != 0o100000 {
             return TreeFile::Unreadable;
         }
-        match self.repo.run(&["cat-file", "blob", &item.oid], None, None) {
-            Ok(mut bytes) => {
-                bytes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-                TreeFile::Text(bytes)
-            }
+        match self.repo.blob_head(&item.oid, limit) {
+            Ok(bytes) => TreeFile::Text(bytes),
             Err(_) => TreeFile::Unreadable,
         }
     }
@@ -710,6 +811,27 @@ pub fn apply_interrupted(store: &Store) -> bool {
 /// content hashes, which are 32 bytes).
 fn symlink_key(path: &RelPath) -> Vec<u8> {
     [b"symlink:", path.as_bytes()].concat()
+}
+
+/// At most `limit` bytes of a pipe; the pipe is closed after.
+fn read_all(pipe: impl Read, limit: u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    // What was read before an error is what there is.
+    let _ = pipe.take(limit).read_to_end(&mut bytes);
+    bytes
+}
+
+/// The git subcommand a command runs (after its `-c` options), for messages.
+fn subcommand(cmd: &Command) -> String {
+    let mut args = cmd.get_args();
+    while let Some(arg) = args.next() {
+        if arg == "-c" {
+            args.next();
+            continue;
+        }
+        return arg.to_string_lossy().into_owned();
+    }
+    String::new()
 }
 
 fn stderr_line(out: &Output) -> String {
@@ -919,6 +1041,89 @@ mod tests {
         let head = git(tmp.path(), &["rev-parse", "HEAD"]).trim().to_string();
         std::fs::create_dir(tmp.path().join("sub")).unwrap();
         assert_eq!(head_of(&tmp.path().join("sub")), Some(head));
+    }
+
+    /// A repository with a base commit, a staged new file, and a FIFO at
+    /// `fifo` for its config to name.
+    fn fifo_repo(tmp: &Path) -> (PathBuf, String, Store, PathBuf) {
+        let ws = tmp.join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        repo(&ws);
+        write(&ws.join("a"), b"a\n");
+        git(&ws, &["add", "a"]);
+        git(&ws, &["commit", "-q", "-m", "base"]);
+        let base = git(&ws, &["rev-parse", "HEAD"]).trim().to_string();
+        let store = Store::open(&tmp.join("session")).unwrap();
+        Set::new(&ws).file("new.txt", b"n\n", 0o644).stage(&store);
+        let fifo = tmp.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        (ws, base, store, fifo)
+    }
+
+    /// Runs `f` on a thread; panics if it has not returned after a
+    /// minute: it blocks for good (this is no speed limit).
+    fn returns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("git blocked on a FIFO the repository names")
+    }
+
+    /// Attack: a hostile repository's `core.excludesFile` names a FIFO, on
+    /// which `git check-ignore` (run by `apply --branch` for new paths)
+    /// blocks forever. The user's own excludes file counts instead.
+    #[test]
+    fn an_excludes_file_the_repository_points_at_a_fifo_does_not_block_a_branch() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, base, store, fifo) = fifo_repo(tmp.path());
+        git(&ws, &["config", "core.excludesFile", fifo.to_str().unwrap()]);
+        let landed = returns(move || {
+            let entries: Vec<Entry> = store.entries().unwrap().into_iter().map(|e| e.entry).collect();
+            let chosen: Vec<&Entry> = entries.iter().collect();
+            let repo = Repo::open(&ws).unwrap();
+            repo.branch(&store, "refs/heads/b", Some(&base), &chosen, "m\n").map(|l| l.committed.len())
+        });
+        assert_eq!(landed.unwrap(), 1);
+    }
+
+    /// Attack: a config file the repository includes is a FIFO, which
+    /// blocks every git command: each is given a deadline, and fails
+    /// clearly after it.
+    #[test]
+    fn an_include_that_is_a_fifo_makes_git_fail_not_block() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, _, _, fifo) = fifo_repo(tmp.path());
+        git(&ws, &["config", "include.path", fifo.to_str().unwrap()]);
+        let opened = returns(move || Repo::open_within(&ws, std::time::Duration::from_secs(1)).map(|_| ()));
+        let err = opened.unwrap_err().to_string();
+        assert!(err.contains("did not finish") && err.contains("FIFO"), "{err}");
+    }
+
+    /// A base-commit file is read only as far as asked: a blob of a few
+    /// kilobytes that inflates to many megabytes costs no more.
+    #[test]
+    fn a_base_commit_file_is_read_only_as_far_as_the_limit() {
+        if !have_git() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        repo(ws);
+        write(&ws.join(".envrc"), &vec![b'#'; 64 << 20]);
+        git(ws, &["add", ".envrc"]);
+        git(ws, &["commit", "-q", "-m", "big"]);
+        let head = git(ws, &["rev-parse", "HEAD"]).trim().to_string();
+        let repo = Repo::open(ws).unwrap();
+        let tree = repo.tree_at(&head).unwrap();
+        let path = RelPath::new(&b".envrc"[..]).unwrap();
+        let TreeFile::Text(bytes) = tree.read(&path, 1000) else { panic!("not read") };
+        assert_eq!(bytes.len(), 1000);
+        assert!(matches!(tree.read(&RelPath::new(&b"nothing"[..]).unwrap(), 10), TreeFile::Absent));
     }
 
     #[test]

@@ -195,7 +195,6 @@ fn what_a_symlinked_envrc_puts_on_path_is_held_back() {
 /// projects' setup scripts do): git runs the script at the next commit,
 /// so the guest's change to it runs code by itself, and must be held back.
 #[test]
-#[ignore = "finding: a script a hook symlink in .git/hooks points to is applied unflagged"]
 fn a_script_a_git_hook_links_to_is_held_back() {
     use std::process::ExitCode;
 
@@ -222,7 +221,6 @@ fn a_script_a_git_hook_links_to_is_held_back() {
 /// (`git status` and `git add` run it): the guest's change to the script
 /// runs code by itself, and must be held back.
 #[test]
-#[ignore = "finding: a script the repository's git config runs as a filter driver is applied unflagged"]
 fn a_script_the_git_config_runs_as_a_filter_is_held_back() {
     use std::process::ExitCode;
 
@@ -250,7 +248,6 @@ fn a_script_the_git_config_runs_as_a_filter_is_held_back() {
 /// it must be held back. Only `.git/config` itself is read for the hooks
 /// path.
 #[test]
-#[ignore = "finding: a hooks path set in an included git config file is not followed"]
 fn hooks_under_a_hooks_path_set_by_an_included_config_are_held_back() {
     use std::process::ExitCode;
 
@@ -277,7 +274,6 @@ fn hooks_under_a_hooks_path_set_by_an_included_config_are_held_back() {
 /// executables only in `bin/`-like directories, so `mytools/git` lands.
 /// When `PATH` is not understood, any new executable may be on it.
 #[test]
-#[ignore = "finding: an .envrc PATH the review cannot read flags only bin-like directories"]
 fn an_envrc_path_not_understood_holds_back_every_new_executable() {
     use std::process::ExitCode;
 

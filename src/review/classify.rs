@@ -28,9 +28,15 @@
 //!    their own. A `.git` that is a file or a symlink (it points git at
 //!    another repository) is flagged, and so is **any symlink inside a git
 //!    directory**, whatever its name.
-//! 2. **The host's git config**: files under its `core.hooksPath`, the files
-//!    its `include.path`/`includeIf.*.path` name and the program its
-//!    `core.fsmonitor` names, when they lie in the workspace.
+//! 2. **The host's git config** (`.git/config`, the user's and the
+//!    system's, and every file they include, whatever the `includeIf`
+//!    condition; see [`GitRuns`]): files under any `core.hooksPath` it
+//!    sets, the files it includes, and the files its settings run as
+//!    commands (filter, diff and merge drivers, `!` aliases, editors,
+//!    pagers, `core.sshCommand`, `core.fsmonitor`, credential helpers,
+//!    `gpg.program`, ...), when they lie in the workspace. And what a hook
+//!    that is a symlink on the host points to, in the workspace: git runs
+//!    it at the hook's event.
 //! 3. **Names**: the patterns in [`FLAGGED`] (gitignore syntax: a pattern
 //!    without a slash matches a name at any depth, a trailing `/` a
 //!    directory and everything below it, `**/` any directories), and the
@@ -48,7 +54,8 @@
 //!    in `.direnv/`, and what the workspace's `.envrc` (see [`Envrc`]; the
 //!    host's, a staged one, and the files they load) puts on `PATH`,
 //!    sources, or builds with nix. When it may change `PATH` in a way not
-//!    understood, every new executable in a bin-like directory is flagged.
+//!    understood, every new or changed executable (and symlink) is flagged,
+//!    anywhere: any directory may be on `PATH`.
 //!
 //! Rules 3 and 5 apply inside trees git ignores too: those are collapsed in
 //! the summary, so a flagged file there would otherwise go unseen.
@@ -78,7 +85,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::OnceLock;
 
@@ -90,12 +97,15 @@ use crate::protocol::change_set::entry::{Base, Entry, Kind, Mode};
 use crate::protocol::change_set::path::RelPath;
 
 use super::direnv::Envrc;
+use super::gitconfig::GitRuns;
 
 /// Why a path runs code by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Danger {
     GitHook,
     GitConfig,
+    /// A program the host's git config runs (filter, alias, editor, ...).
+    GitProgram,
     GitLink,
     /// Other git internals that change what git does or shows.
     GitInternal,
@@ -120,6 +130,8 @@ pub enum Danger {
     Virtualenv,
     /// In a directory the workspace's `.envrc` puts on `PATH`.
     OnPath,
+    /// A program, and the `.envrc` changes `PATH` in a way not understood.
+    MaybeOnPath,
     /// A dotenv file: variables tools load by themselves.
     EnvFile,
     /// A file of an agent's own settings, offered for the home directory.
@@ -132,6 +144,9 @@ impl Danger {
         match self {
             Danger::GitHook => "git hook: runs on git commands",
             Danger::GitConfig => "git config: can make git run programs",
+            Danger::GitProgram => {
+                "run by git as your git config says (filter, diff driver, alias, editor, credential helper, ...)"
+            }
             Danger::GitLink => "a .git file or symlink: points git at another repository",
             Danger::GitInternal => "git internals: change what git does or shows",
             Danger::GitSymlink => "symlink inside a git directory: git reads and writes through it",
@@ -148,6 +163,9 @@ impl Danger {
             Danger::PythonStartup => "runs at every Python start in its environment (.pth, sitecustomize)",
             Danger::Virtualenv => "virtualenv script or setting: activating it runs it or puts it first on PATH",
             Danger::OnPath => "on PATH in this directory (direnv): runs in place of the command of its name",
+            Danger::MaybeOnPath => {
+                "a program, and .envrc changes PATH in a way stockade cannot read: it may run in place of a command"
+            }
             Danger::EnvFile => "environment file: direnv, docker compose, editors load it (PATH, LD_PRELOAD, ...)",
             Danger::AgentSettings => {
                 "coding agent settings for your home directory: instructions, commands, skills and hooks steer or \
@@ -447,10 +465,14 @@ struct Alias {
 /// Classifies paths of one workspace.
 pub struct Classifier<'h> {
     host: &'h Host,
-    /// The host's `core.hooksPath` inside the workspace, if set.
-    hooks_path: Option<RelPath>,
-    /// Files the host's git config runs or includes.
+    /// The host's `core.hooksPath` directories inside the workspace.
+    hooks_paths: Vec<RelPath>,
+    /// Files the host's git config includes.
     config_files: Vec<RelPath>,
+    /// Files the host's git config runs as commands.
+    config_programs: Vec<RelPath>,
+    /// What the host's hooks that are symlinks point to, each with its hook.
+    hook_targets: HashMap<Vec<u8>, RelPath>,
     user: Option<Patterns>,
     ignores: Ignores<'h>,
     /// Per directory: whether a name pattern flags it (and all below).
@@ -481,11 +503,14 @@ impl<'h> Classifier<'h> {
     /// `global_excludes`: also use the user's global git excludes file
     /// (tests turn it off, so the machine's settings do not leak in).
     pub fn new(host: &'h Host, workspace: &Path, global_excludes: bool) -> Classifier<'h> {
-        let (hooks_path, config_files) = host_git_config(host, workspace);
+        let runs = GitRuns::read(host, workspace);
+        let hook_targets = hook_targets(host, workspace, &runs.hooks_paths);
         Classifier {
             host,
-            hooks_path,
-            config_files,
+            hooks_paths: runs.hooks_paths,
+            config_files: runs.includes,
+            config_programs: runs.programs,
+            hook_targets,
             user: None,
             ignores: Ignores::new(host, global_excludes),
             dir_verdicts: HashMap::new(),
@@ -588,7 +613,7 @@ impl<'h> Classifier<'h> {
         for extra in HOST_PROBES {
             probes.push(extra.to_vec());
         }
-        probes.extend(self.hooks_path.iter().map(|p| p.as_bytes().to_vec()));
+        probes.extend(self.hooks_paths.iter().map(|p| p.as_bytes().to_vec()));
         for probe in probes {
             if seen_near_root.contains(&probe) {
                 continue;
@@ -622,7 +647,7 @@ impl<'h> Classifier<'h> {
         {
             return true;
         }
-        let named = self.hooks_path.iter().chain(&self.config_files);
+        let named = self.hooks_paths.iter().chain(&self.config_files).chain(&self.config_programs);
         if named.into_iter().any(|target| target.starts_with(path) || path.starts_with(target)) {
             return true;
         }
@@ -674,6 +699,9 @@ impl<'h> Classifier<'h> {
         if symlink && self.is_location(&entry.path) {
             return Some((Danger::SymlinkedLocation, None));
         }
+        if let Some(hook) = self.hook_targets.get(entry.path.as_bytes()) {
+            return Some((Danger::Reached, Some(hook.clone())));
+        }
         if let Some(reached) = self.reached(entry) {
             return Some(reached);
         }
@@ -714,14 +742,14 @@ impl<'h> Classifier<'h> {
             }
             return git_internal_danger(&path.as_bytes()[git_dir.as_bytes().len() + 1..]);
         }
-        if let Some(hooks) = &self.hooks_path
-            && path.starts_with(hooks)
-            && path != hooks
-        {
+        if self.hooks_paths.iter().any(|hooks| path.starts_with(hooks) && path != hooks) {
             return Some(Danger::GitHook);
         }
         if self.config_files.contains(path) {
             return Some(Danger::GitConfig);
+        }
+        if self.config_programs.contains(path) {
+            return Some(Danger::GitProgram);
         }
         if let Some(danger) = self.in_bare_repo(path, symlink) {
             return Some(danger);
@@ -770,8 +798,10 @@ impl<'h> Classifier<'h> {
             Kind::File { mode, .. } | Kind::Mode { mode } => executable(*mode),
             _ => false,
         };
-        if self.envrc.unknown_path && runnable && BIN_LIKE.contains(&parent_name) {
-            return Some(Danger::OnPath);
+        // What the `.envrc` puts on `PATH` is not known: any program may be
+        // on it.
+        if self.envrc.unknown_path && runnable {
+            return Some(if BIN_LIKE.contains(&parent_name) { Danger::OnPath } else { Danger::MaybeOnPath });
         }
         None
     }
@@ -1085,44 +1115,40 @@ pub fn points_outside(path: &RelPath, target: &[u8]) -> bool {
     false
 }
 
-/// What the host's `.git/config` points at inside the workspace: the
-/// `core.hooksPath` directory, and the files it includes or runs
-/// (`include.path`, `includeIf.*.path`, a `core.fsmonitor` program).
-fn host_git_config(host: &Host, workspace: &Path) -> (Option<RelPath>, Vec<RelPath>) {
-    let Some(config) = RelPath::new(&b".git/config"[..]).ok().and_then(|c| host.read(&c, 1 << 20).ok().flatten())
-    else {
-        return (None, Vec::new());
-    };
-    let text = String::from_utf8_lossy(&config);
-    let inside = |value: &str| -> Option<PathBuf> {
-        let path = PathBuf::from(value);
-        if path.is_absolute() { path.strip_prefix(workspace).ok().map(Path::to_path_buf) } else { Some(path) }
-    };
-    let normal = |path: PathBuf, base: &[u8]| -> Option<RelPath> {
-        let text = path.to_str()?;
-        if text.starts_with('~') {
-            return None;
-        }
-        let dir = resolve(&RelPath::new(base).ok()?, text.as_bytes())?;
-        RelPath::new(dir).ok()
-    };
-    let hooks =
-        git_config_values(&text, "core", "hookspath").pop().and_then(|v| inside(&v)).and_then(|p| normal(p, AT_ROOT));
-    let mut files = Vec::new();
-    for section in ["include", "includeif"] {
-        for value in git_config_values(&text, section, "path") {
-            // Relative includes are relative to the including file.
-            let base: &[u8] = if Path::new(&value).is_absolute() { AT_ROOT } else { b".git/config" };
-            files.extend(inside(&value).and_then(|p| normal(p, base)));
+/// Hooks (of `.git/hooks` and the hooks paths) that are symlinks on the
+/// host: the workspace files they point to (through further symlinks
+/// too), each with its hook. git runs the file a hook links to.
+fn hook_targets(host: &Host, workspace: &Path, hooks_paths: &[RelPath]) -> HashMap<Vec<u8>, RelPath> {
+    let mut targets = HashMap::new();
+    let git_hooks = RelPath::new(&b".git/hooks"[..]).ok();
+    for dir in git_hooks.iter().chain(hooks_paths) {
+        for name in host.names(dir, MAX_HOOKS) {
+            let Ok(hook) = dir.join(&name) else { continue };
+            let mut at = hook.clone();
+            for _ in 0..MAX_LINK_HOPS {
+                let HostState::Symlink { target } = host.state(&at) else { break };
+                let Some(next) = link_in_workspace(&at, &target, workspace) else { break };
+                targets.insert(next.as_bytes().to_vec(), hook.clone());
+                at = next;
+            }
         }
     }
-    if let Some(program) = git_config_values(&text, "core", "fsmonitor").pop()
-        && !matches!(program.to_ascii_lowercase().as_str(), "true" | "false" | "yes" | "no" | "on" | "off" | "1" | "0")
-        && let Some(first) = program.split_whitespace().next()
-    {
-        files.extend(inside(first).and_then(|p| normal(p, AT_ROOT)));
-    }
-    (hooks, files)
+    targets
+}
+
+/// Hooks listed in one hooks directory at most.
+const MAX_HOOKS: usize = 1024;
+/// Symlinks followed from one hook.
+const MAX_LINK_HOPS: usize = 8;
+
+/// The workspace path a symlink at `link` leads to, an absolute target
+/// inside the workspace included.
+fn link_in_workspace(link: &RelPath, target: &[u8], workspace: &Path) -> Option<RelPath> {
+    let relative = match Path::new(OsStr::from_bytes(target)).strip_prefix(workspace) {
+        Ok(rest) => resolve(&RelPath::new(AT_ROOT).ok()?, rest.as_os_str().as_bytes())?,
+        Err(_) => resolve(link, target)?,
+    };
+    RelPath::new(relative).ok()
 }
 
 /// Files of one environment read at most (the `.envrc` and what it loads).
@@ -1225,30 +1251,6 @@ fn pth_imports(text: &str) -> HashSet<Vec<u8>> {
 
 /// A top-level name: `resolve` from it is relative to the workspace root.
 const AT_ROOT: &[u8] = b"-";
-
-/// Every value of `section.key` in git config text, in order
-/// (case-insensitive names, no includes, subsections of any name).
-fn git_config_values(text: &str, section: &str, key: &str) -> Vec<String> {
-    let mut current = String::new();
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(rest) = line.strip_prefix('[') {
-            current = rest.split([']', ' ', '"', '\t']).next().unwrap_or("").to_ascii_lowercase();
-            continue;
-        }
-        if current != section {
-            continue;
-        }
-        if let Some((k, v)) = line.split_once('=')
-            && k.trim().eq_ignore_ascii_case(key)
-        {
-            let v = v.split([';', '#']).next().unwrap_or("").trim().trim_matches('"');
-            found.push(v.to_string());
-        }
-    }
-    found
-}
 
 /// Gitignore rules read from the host, per directory, on demand. Every
 /// directory is judged once, from its parent's verdict, so a deep path
@@ -1671,7 +1673,74 @@ mod tests {
         let set = [file("shared.gitconfig", 0o644), file("more.gitconfig", 0o644), file("tools/fsmon", 0o755)];
         let judged: Vec<Option<Danger>> =
             judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
-        assert_eq!(judged, [Some(Danger::GitConfig); 3]);
+        assert_eq!(judged, [Some(Danger::GitConfig), Some(Danger::GitConfig), Some(Danger::GitProgram)]);
+    }
+
+    /// Programs named by settings git runs as commands, in `.git/config`
+    /// and in the files it includes (whatever their condition), and the
+    /// hooks path an included file sets.
+    #[test]
+    fn what_the_host_config_and_its_includes_run_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join(".git")).unwrap();
+        fs::write(
+            tmp.path().join(".git/config"),
+            "[filter \"lfs2\"]\n\tclean = ./tools/clean.sh %f\n[includeIf \"onbranch:main\"]\n\tpath = ../.gitconfig\n\
+             [alias]\n\tst = status\n\tfix = !sh scripts/fix.sh\n[diff \"nb\"]\n\ttextconv = python3 nbconv.py\n",
+        )
+        .unwrap();
+        fs::write(
+            tmp.path().join(".gitconfig"),
+            "[core]\n\thooksPath = .githooks\n\teditor = ./dev/edit\n[credential]\n\thelper = !tools/cred\n",
+        )
+        .unwrap();
+        let set = [
+            file("tools/clean.sh", 0o755),
+            file("scripts/fix.sh", 0o644),
+            file("nbconv.py", 0o644),
+            file("dev/edit", 0o755),
+            file("tools/cred", 0o755),
+            file(".githooks/pre-push", 0o755),
+            file(".gitconfig", 0o644),
+            file("status", 0o644),
+            file("tools/other.sh", 0o755),
+        ];
+        let judged: Vec<Option<Danger>> =
+            judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
+        let program = Some(Danger::GitProgram);
+        assert_eq!(
+            judged,
+            [program, program, program, program, program, Some(Danger::GitHook), Some(Danger::GitConfig), None, None]
+        );
+    }
+
+    /// A hook on the host that is a symlink into the project (`ln -s
+    /// ../../scripts/pre-commit .git/hooks/pre-commit`), directly or
+    /// through another symlink, or by an absolute path: git runs the file
+    /// it points to.
+    #[test]
+    fn what_a_hook_symlink_points_to_is_flagged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path();
+        fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        fs::create_dir_all(ws.join("scripts")).unwrap();
+        std::os::unix::fs::symlink("../../scripts/pre-commit", ws.join(".git/hooks/pre-commit")).unwrap();
+        std::os::unix::fs::symlink("real-push", ws.join("scripts/pre-push")).unwrap();
+        std::os::unix::fs::symlink("../../scripts/pre-push", ws.join(".git/hooks/pre-push")).unwrap();
+        std::os::unix::fs::symlink(ws.join("scripts/merge"), ws.join(".git/hooks/post-merge")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/true", ws.join(".git/hooks/post-checkout")).unwrap();
+        let set = [
+            file("scripts/pre-commit", 0o755),
+            file("scripts/real-push", 0o755),
+            file("scripts/merge", 0o755),
+            file("scripts/other", 0o755),
+        ];
+        let judged = judge_all(ws, &[], &set);
+        let via = |hook: &str| Some((Danger::Reached, Some(hook.to_string())));
+        assert_eq!(
+            judged,
+            [via(".git/hooks/pre-commit"), via(".git/hooks/pre-push"), via(".git/hooks/post-merge"), None]
+        );
     }
 
     #[test]
@@ -1782,12 +1851,12 @@ mod tests {
         let expected = [on_path, on_path, on_path, None, direnv, direnv, direnv, direnv, None, None, on_path, on_path];
         assert_eq!(judged, expected, "what the files it loads put on PATH counts too");
 
-        // One it cannot read: every new executable of a bin-like directory.
+        // One it cannot read: every new executable, wherever it is.
         fs::write(tmp.path().join(".envrc"), "eval \"$(tool env)\"\n").unwrap();
         let set = [file("scripts/x", 0o755), file("scripts/x.txt", 0o644), file("src/x", 0o755), file("bin/y", 0o700)];
         let judged: Vec<Option<Danger>> =
             judge_all(tmp.path(), &[], &set).into_iter().map(|j| j.map(|(d, _)| d)).collect();
-        assert_eq!(judged, [on_path, None, None, on_path]);
+        assert_eq!(judged, [on_path, None, Some(Danger::MaybeOnPath), on_path]);
         // Nor one that is a symlink.
         fs::remove_file(tmp.path().join(".envrc")).unwrap();
         std::os::unix::fs::symlink("elsewhere", tmp.path().join(".envrc")).unwrap();
@@ -1907,13 +1976,6 @@ mod tests {
         assert_eq!(places, [false, true, false, true, false]);
         // node_modules is ignored by the root's rules: nothing below it is read.
         assert_eq!(c.ignore_files_probed(), ["", "lib7", "lib9", "lib9/deep", "lib9/deep/er"]);
-    }
-
-    #[test]
-    fn reads_core_hooks_path() {
-        let text = "[user]\n name = x\n[core]\n  HooksPath = \".githooks\" ; comment\n";
-        assert_eq!(git_config_values(text, "core", "hookspath"), [".githooks"]);
-        assert!(git_config_values("[core]\n", "core", "hookspath").is_empty());
     }
 
     /// Attack: Python imports `sitecustomize` (and `usercustomize`) under

@@ -7,8 +7,7 @@
 //! The file is shell, so it is read conservatively: a line that may change
 //! `PATH` in a way not understood here (a variable, `eval`, a command's
 //! output, a file it cannot name) sets `unknown_path`, and the caller then
-//! flags every new executable in the workspace's bin-like directories
-//! instead. Files it sources or loads are read the same way by the caller.
+//! flags every new or changed executable in the workspace instead. Files it sources or loads are read the same way by the caller.
 
 use std::path::Path;
 

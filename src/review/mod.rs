@@ -22,6 +22,7 @@ mod content;
 mod diff;
 mod direnv;
 mod git;
+mod gitconfig;
 mod json;
 mod pager;
 mod prompt;

@@ -61,6 +61,14 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// A connected client must say what it wants within this.
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
 
+/// After the guest reports its checkpoint sent, how long the rest of its
+/// stream may take in all: a minute, and a second per 8 MiB it declared
+/// (it reports once it has written everything, so what is left is what
+/// the connection holds). A guest that trickles it for ever is cut off.
+fn stream_wait(bytes: u64) -> Duration {
+    Duration::from_secs(60 + bytes / (8 << 20))
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "ask", rename_all = "snake_case")]
 pub enum Request {
@@ -226,6 +234,12 @@ pub fn serve(session_dir: &Path, guest: Guest) -> anyhow::Result<Server> {
                     }
                 }
             }
+            // The run ended during a checkpoint, whose lock kept the
+            // server's drop from removing what it leaves.
+            if let Ok(_lock) = lock(&checkpoints.session_dir, FlockArg::LockExclusiveNonblock) {
+                let _ = fs::remove_dir_all(checkpoints.session_dir.join(CHECKPOINT_DIR));
+                let _ = fs::remove_dir_all(checkpoints.session_dir.join(NEXT));
+            }
         })
         .context("cannot start the live review thread")?;
     Ok(Server { stop, session_dir: session_dir.to_path_buf() })
@@ -286,6 +300,7 @@ impl Checkpoints {
             fs::remove_dir_all(&next_dir).with_context(|| format!("cannot remove {}", next_dir.display()))?;
         }
         let next = Store::open(&next_dir)?;
+        let _unfinished = Unfinished(&next_dir);
         // What the guest saw so far judges conflicts, as at the end. The
         // VMM appends to the run's record; a copy ending in a cut record
         // reads up to it.
@@ -317,7 +332,7 @@ impl Checkpoints {
             }
         }
         let report = match self.wait_for(id, &receiver) {
-            Ok(ExportOutcome::Sent { stream, .. }) => receiver.finish(stream)?,
+            Ok(ExportOutcome::Sent { stream, .. }) => receiver.finish_within(stream, stream_wait(stream.bytes))?,
             Ok(ExportOutcome::Failed { message }) => match receiver.abandon() {
                 Some(cause) => return Err(cause.context(format!("the guest's checkpoint stopped ({message})"))),
                 None => bail!("the guest could not export a checkpoint: {message}"),
@@ -372,6 +387,18 @@ impl Checkpoints {
                     GUEST_WAIT.as_secs() / 60
                 );
             }
+        }
+    }
+}
+
+/// `checkpoint.next` of a checkpoint that stopped before it replaced the
+/// last one (a refused, failed or cut-off export): removed when dropped.
+struct Unfinished<'a>(&'a Path);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = fs::remove_dir_all(self.0);
         }
     }
 }

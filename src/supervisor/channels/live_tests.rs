@@ -89,6 +89,7 @@ fn a_checkpoint_the_init_does_not_vouch_for_is_not_staged() {
     init.join().unwrap();
     assert!(format!("{err:#}").contains("no checkpoint of the running session"), "{err:#}");
     assert!(!f.dir.join(CHECKPOINT_DIR).join("changes/manifest").exists());
+    assert!(!f.dir.join(NEXT).exists(), "a checkpoint that stopped leaves nothing behind");
 }
 
 #[test]

@@ -292,8 +292,19 @@ impl Receiver {
     /// The init has sent `stream`: stages the change connection that is
     /// exactly that, and only it.
     pub fn finish(self, stream: StreamDigest) -> anyhow::Result<StageReport> {
+        self.finish_by(stream, None)
+    }
+
+    /// `finish`, giving up after `limit` in all: a checkpoint, which the
+    /// run goes on without, must not wait on a guest that trickles its
+    /// stream a byte at a time (each read within `STALL_WAIT`) for ever.
+    pub fn finish_within(self, stream: StreamDigest, limit: Duration) -> anyhow::Result<StageReport> {
+        self.finish_by(stream, Some(limit))
+    }
+
+    fn finish_by(self, stream: StreamDigest, limit: Option<Duration>) -> anyhow::Result<StageReport> {
         let _ = self.verdict.send(Verdict::Sent(stream));
-        let result = self.decide(stream);
+        let result = self.decide(stream, limit);
         let _ = std::fs::remove_file(&self.path);
         result
     }
@@ -302,7 +313,8 @@ impl Receiver {
     /// init's: the first, once its digest matched, or a spooled one whose
     /// digest matches (then the first is stopped). A forger that stalls its
     /// connection holds nothing up once the init's is in.
-    fn decide(&self, sent: StreamDigest) -> anyhow::Result<StageReport> {
+    fn decide(&self, sent: StreamDigest, limit: Option<Duration>) -> anyhow::Result<StageReport> {
+        let deadline = limit.map(|limit| Instant::now() + limit);
         let mut arrival = Instant::now() + ARRIVAL_WAIT;
         let mut live: Option<Job> = None;
         let mut spooled: Vec<Job> = Vec::new();
@@ -349,6 +361,25 @@ impl Receiver {
                 }
             }
             spooled = waiting;
+            if let (Some(deadline), Some(limit)) = (deadline, limit)
+                && Instant::now() >= deadline
+            {
+                let jobs: Vec<Job> = spooled.into_iter().chain(live).collect();
+                self.stop_all(&jobs);
+                // Its thread ends at its next read; it writes the store no
+                // more once joined, so the caller may remove it.
+                for job in jobs {
+                    if let Job::Live { handle, .. } = job {
+                        let _ = handle.join();
+                    }
+                }
+                return Err(anyhow!(
+                    "the guest's change stream ({} bytes) was not received within {}s of its export and was \
+                     stopped; nothing was staged",
+                    sent.bytes,
+                    limit.as_secs()
+                ));
+            }
             if live.is_none() && spooled.is_empty() && Instant::now() >= arrival {
                 return Err(failed.unwrap_or_else(|| {
                     anyhow!(

@@ -200,6 +200,33 @@ fn a_forger_with_the_token_ahead_of_the_init_does_not_make_the_inits_changes_van
     }
 }
 
+/// Attack on a checkpoint: the guest says it sent its stream, then sends
+/// the rest a byte at a time, each within the stall limit, for ever.
+/// `finish_within` gives up after its limit in all, and stages nothing.
+#[test]
+fn a_stream_trickled_for_ever_is_given_up_after_the_limit() {
+    let mut rig = rig();
+    let real = change_set("made-by-the-command.txt", b"real work\n");
+    let mut conn = UnixStream::connect(&rig.path).unwrap();
+    conn.write_all(rig.token.as_bytes()).unwrap();
+    conn.write_all(&real[..8]).unwrap();
+    let trickler = std::thread::spawn(move || {
+        for byte in real[8..].iter().cycle() {
+            std::thread::sleep(Duration::from_millis(100));
+            if conn.write_all(&[*byte]).is_err() {
+                return;
+            }
+        }
+    });
+    let receiver = rig.receiver.take().unwrap();
+    let err = receiver
+        .finish_within(digest_of(&change_set("made-by-the-command.txt", b"real work\n")), Duration::from_secs(1));
+    let err = format!("{:#}", err.unwrap_err());
+    assert!(err.contains("was not received within 1s"), "{err}");
+    assert!(!rig.store.is_staged(), "nothing is staged");
+    trickler.join().unwrap();
+}
+
 #[test]
 fn too_many_token_bearing_connections_are_refused_unread() {
     let rig = rig();
