@@ -6,8 +6,8 @@ use std::fs;
 use std::path::Path;
 
 use super::git::{LeftOut, Repo};
-use super::testutil::{Set, git, have_git, write};
 use super::store::Store;
+use super::testutil::{Set, git, have_git, write};
 use crate::protocol::change_set::Entry;
 
 /// A repository at `dir` with one commit; its id.

@@ -13,8 +13,8 @@ use super::sessions::fixture::*;
 use crate::protocol::auth::{DigestWriter, TOKEN_LEN, Token};
 use crate::protocol::change_set::{Base, RelPath, Writer};
 use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, HostMsg, read_frame};
-use crate::supervisor::channels::live;
 use crate::session::{Session, sessions_dir};
+use crate::supervisor::channels::live;
 
 const ID: &str = "20250301-101500-aaaa";
 

@@ -111,4 +111,3 @@ fn an_interrupted_apply_of_a_running_session_is_completed_by_the_next_one() {
     assert_eq!(fs::read(ws.join("d/9")).unwrap(), b"new 9");
     assert!(temps(&ws).is_empty(), "left in the workspace: {:?}", temps(&ws));
 }
-
