@@ -90,8 +90,12 @@ impl Here<'_> {
         let color = super::settings::color(global.color)?;
         let data = Dirs::resolve()?.data;
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
-        let (stdout, stderr) = (io::stdout(), io::stderr());
-        let (mut out, mut err) = (stdout.lock(), stderr.lock());
+        // Unlocked: each write takes the stream's lock. Held for the whole
+        // command, the locks block every other thread's writes, and that
+        // thread with them: `recover` stalled for good when its staging
+        // thread printed the meter's first line, the guest then waiting for
+        // vsock credit that only this thread's reads would give.
+        let (mut out, mut err) = (io::stdout(), io::stderr());
         let terminal = io::stdout().is_terminal();
         f(&mut Here { data, cwd, out: &mut out, err: &mut err, terminal, color })
     }
@@ -639,6 +643,28 @@ pub(super) mod fixture {
 mod tests {
     use super::*;
     use crate::changes::testutil::{Set, write};
+
+    /// `recover` runs inside `with_process` for minutes while its staging
+    /// thread shows a meter on stderr (and tracing writes there from any
+    /// thread): another thread must be able to write both streams
+    /// meanwhile, or it blocks, and with it whatever it was doing.
+    #[test]
+    fn other_threads_write_stdout_and_stderr_while_a_command_runs() {
+        let global = Global { verbose: 0, color: Some(ColorChoice::Never) };
+        Here::with_process(global, |_| {
+            let (wrote, written) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let taken = (io::stdout().lock(), io::stderr().lock());
+                drop(taken);
+                let _ = wrote.send(());
+            });
+            // A bound only so that a regression fails instead of hanging.
+            let free = written.recv_timeout(Duration::from_secs(30)).is_ok();
+            assert!(free, "stdout or stderr stayed locked while the command ran");
+            Ok(ExitCode::SUCCESS)
+        })
+        .unwrap();
+    }
 
     #[test]
     fn tells_session_ids_from_paths() {

@@ -7,6 +7,7 @@ use std::io::{self, ErrorKind, Read};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{self, MsgFlags};
@@ -22,6 +23,21 @@ use super::packet::{
 /// Forwarding this much since the guest last heard our fwd_cnt earns it an
 /// unsolicited credit update, so a sender waiting for credit resumes.
 const CREDIT_UPDATE_THRESHOLD: u32 = BUF_ALLOC / 2;
+
+/// A connection with data waiting that has moved nothing for this long is
+/// logged with its credit state: a stalled stream (a host reader that
+/// stopped, a credit update the guest never got) then names itself.
+pub(super) const STALL_REPORTED_AFTER: Duration = Duration::from_secs(10);
+
+/// A connection on which data waited and nothing moved (`Connection::stall`).
+pub(super) struct Stall {
+    /// Guest data waits for the host's reader: the host stopped reading,
+    /// which is never the guest's doing. Otherwise host data waits for a
+    /// guest that takes nothing.
+    pub host_reader: bool,
+    /// The connection's credit state, for the log.
+    pub state: String,
+}
 
 /// A connection's identity: the guest's port and the host port it dialled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,6 +87,12 @@ pub(super) struct Connection {
     response_pending: bool,
     credit_update_pending: bool,
     credit_request_pending: bool,
+
+    /// When bytes last moved either way, or the guest last consumed some.
+    moved: Instant,
+    /// A stall was logged, and the connection has not moved since: whether
+    /// it was the host's reader that stopped.
+    stall_reported: Option<bool>,
 }
 
 impl Connection {
@@ -100,6 +122,8 @@ impl Connection {
             response_pending: true,
             credit_update_pending: false,
             credit_request_pending: false,
+            moved: Instant::now(),
+            stall_reported: None,
         }
     }
 
@@ -117,6 +141,9 @@ impl Connection {
 
     /// Every guest packet carries its current buffer size and consumption.
     pub fn update_peer_credit(&mut self, buf_alloc: u32, fwd_cnt: u32) {
+        if fwd_cnt != self.peer_fwd_cnt {
+            self.note_progress();
+        }
         self.peer_buf_alloc = buf_alloc;
         self.peer_fwd_cnt = fwd_cnt;
         if self.peer_credit() > 0 {
@@ -139,6 +166,9 @@ impl Connection {
     pub fn push_guest_data(&mut self, data: &[u8]) -> Result<(), VsockError> {
         if self.guest_shut_send {
             return Err(VsockError::DataAfterShutdown);
+        }
+        if !data.is_empty() {
+            self.note_progress();
         }
         let buffered = self.pending_write.len();
         if buffered + data.len() > BUF_ALLOC as usize {
@@ -175,6 +205,9 @@ impl Connection {
     }
 
     fn forwarded(&mut self, n: usize) {
+        if n > 0 {
+            self.note_progress();
+        }
         self.fwd_cnt = self.fwd_cnt.wrapping_add(counter(n));
         if self.fwd_cnt.wrapping_sub(self.last_fwd_cnt_sent) >= CREDIT_UPDATE_THRESHOLD {
             self.credit_update_pending = true;
@@ -245,6 +278,7 @@ impl Connection {
                     self.host_eof = true;
                 }
                 Ok(n) => {
+                    self.note_progress();
                     self.tx_cnt = self.tx_cnt.wrapping_add(counter(n));
                     if self.peer_credit() == 0 {
                         // More may be waiting: ask the guest to tell us as
@@ -292,6 +326,57 @@ impl Connection {
             fwd_cnt: self.fwd_cnt,
             ..PacketHeader::default()
         }
+    }
+
+    fn note_progress(&mut self) {
+        let now = Instant::now();
+        if let Some(host_reader) = self.stall_reported.take() {
+            let idle = now.saturating_duration_since(self.moved);
+            let (key, fwd_cnt, tx_cnt) = (self.key, self.fwd_cnt, self.tx_cnt);
+            let what = "moves again after";
+            if host_reader {
+                tracing::warn!("virtio-vsock: {key:?} {what} {idle:.0?} (forwarded {fwd_cnt}, sent {tx_cnt})");
+            } else {
+                tracing::info!("virtio-vsock: {key:?} {what} {idle:.0?} (forwarded {fwd_cnt}, sent {tx_cnt})");
+            }
+        }
+        self.moved = now;
+    }
+
+    /// Data waits to move: guest bytes for the Unix peer, or the peer's
+    /// bytes for a guest without credit.
+    fn data_waiting(&self) -> bool {
+        self.has_pending_write() || (self.readable && !self.host_eof && !self.guest_shut_rcv && self.peer_credit() == 0)
+    }
+
+    /// Once per stall: the connection's state if data has waited without
+    /// anything moving for STALL_REPORTED_AFTER as of `now`.
+    pub fn stall(&mut self, now: Instant) -> Option<Stall> {
+        let idle = now.saturating_duration_since(self.moved);
+        if self.stall_reported.is_some() || !self.data_waiting() || idle < STALL_REPORTED_AFTER {
+            return None;
+        }
+        let host_reader = self.has_pending_write();
+        self.stall_reported = Some(host_reader);
+        let state = format!(
+            "{:?} moved nothing for {:.0?} with data waiting: guest to host: {} bytes wait for the host's reader \
+             (epoll {:?}), {} forwarded, the guest last told {} (credit update pending: {}); host to guest: {} sent, \
+             the guest consumed {} of a {} byte buffer (credit {}), stream readable: {}, credit request pending: {}",
+            self.key,
+            idle,
+            self.pending_write.len(),
+            self.interest,
+            self.fwd_cnt,
+            self.last_fwd_cnt_sent,
+            self.credit_update_pending,
+            self.tx_cnt,
+            self.peer_fwd_cnt,
+            self.peer_buf_alloc,
+            self.peer_credit(),
+            self.readable,
+            self.credit_request_pending,
+        );
+        Some(Stall { host_reader, state })
     }
 
     /// Registers in `epoll` for what the connection can act on now: reading

@@ -59,6 +59,7 @@ impl VirtioDevice for Vsock {
             return Err(ActivateError::QueueCount { got: queues.len(), want: NUM_QUEUES });
         }
         let muxer = self.muxer.take().ok_or_else(|| ActivateError::Backend("activated twice".into()))?;
-        worker::spawn(&THREAD, VsockHandler { mem, queues, interrupt, muxer })
+        let next_stall_check = std::time::Instant::now();
+        worker::spawn(&THREAD, VsockHandler { mem, queues, interrupt, muxer, next_stall_check })
     }
 }

@@ -2,6 +2,7 @@
 //! after any of them the muxer runs over the queues.
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
 
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::EpollEvent;
@@ -13,6 +14,8 @@ use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
 
 /// Epoll token of the muxer; the kicks use their queue index.
 const MUXER_TOKEN: u64 = NUM_QUEUES as u64;
+/// How often the worker looks for stalled connections (`Muxer::stalls`).
+const STALL_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// `queues` holds NUM_QUEUES queues.
 pub(super) struct VsockHandler {
@@ -20,6 +23,8 @@ pub(super) struct VsockHandler {
     pub queues: Vec<DeviceQueue>,
     pub interrupt: Interrupt,
     pub muxer: Muxer,
+    /// When to look for stalled connections next.
+    pub next_stall_check: Instant,
 }
 
 impl EventHandler for VsockHandler {
@@ -29,6 +34,11 @@ impl EventHandler for VsockHandler {
 
     fn sources(&self) -> Vec<(RawFd, u64)> {
         vec![(self.muxer.as_raw_fd(), MUXER_TOKEN)]
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        let left = self.next_stall_check.saturating_duration_since(Instant::now());
+        i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
     }
 
     fn handle(&mut self, ready: &[EpollEvent]) {
@@ -45,6 +55,20 @@ impl EventHandler for VsockHandler {
             }
         }
         service_queues(&self.mem, &mut self.queues, &self.interrupt, &mut self.muxer);
+        let now = Instant::now();
+        if now >= self.next_stall_check {
+            self.next_stall_check = now + STALL_CHECK_EVERY;
+            // The VMM's log is how a stalled transfer is told apart: a host
+            // reader that stopped (a warning: never the guest's doing), or
+            // a guest that takes nothing (its own business).
+            for stall in self.muxer.stalls(now) {
+                if stall.host_reader {
+                    tracing::warn!("virtio-vsock: {}", stall.state);
+                } else {
+                    tracing::info!("virtio-vsock: {}", stall.state);
+                }
+            }
+        }
     }
 }
 

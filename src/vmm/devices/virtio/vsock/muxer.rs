@@ -6,12 +6,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::Instant;
 
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 
-use super::connection::{ConnKey, Connection};
+use super::connection::{ConnKey, Connection, Stall};
 use super::error::VsockError;
 use super::packet::{
     HEADER_SIZE, HOST_CID, MAX_PKT_DATA, OP_CREDIT_REQUEST, OP_CREDIT_UPDATE, OP_REQUEST, OP_RST, OP_RW, OP_SHUTDOWN,
@@ -439,6 +440,24 @@ impl Muxer {
                 }
             }
         }
+    }
+}
+
+impl Muxer {
+    /// The connections (live or draining) on which data has waited, with
+    /// nothing moving, for `connection::STALL_REPORTED_AFTER` as of `now`:
+    /// each described once per stall, with what the muxer holds for the
+    /// guest.
+    pub fn stalls(&mut self, now: Instant) -> Vec<Stall> {
+        let mut found: Vec<Stall> = self.conns.values_mut().filter_map(|c| c.stall(now)).collect();
+        for conn in self.draining.values_mut() {
+            found.extend(conn.stall(now).map(|s| Stall { state: format!("{} (draining)", s.state), ..s }));
+        }
+        let (ready, control) = (self.rx_ready.len(), self.control.len());
+        for stall in &mut found {
+            stall.state.push_str(&format!("; {ready} connections and {control} replies wait for rx buffers"));
+        }
+        found
     }
 }
 

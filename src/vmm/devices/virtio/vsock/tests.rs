@@ -969,3 +969,152 @@ fn raise_fd_limit(want: u64) {
     // SAFETY: setrlimit reads the struct, which outlives the call.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
 }
+
+/// The guest's side of one connection's credit: what it has sent, and the
+/// host's buffer and consumption from the host's latest packet on it.
+struct GuestCredit {
+    port: u32,
+    sent: u32,
+    host_buf_alloc: u32,
+    host_fwd_cnt: u32,
+}
+
+impl GuestCredit {
+    /// As after the host's OP_RESPONSE.
+    fn new(port: u32) -> GuestCredit {
+        GuestCredit { port, sent: 0, host_buf_alloc: BUF_ALLOC, host_fwd_cnt: 0 }
+    }
+
+    fn credit(&self) -> u32 {
+        self.host_buf_alloc.saturating_sub(self.sent.wrapping_sub(self.host_fwd_cnt))
+    }
+
+    /// Takes in the host's packets, as Linux does: every header updates the
+    /// credit. The host must never reset the connection.
+    fn hear(&mut self, packets: &[Packet]) {
+        for (hdr, _) in packets.iter().filter(|(h, _)| h.src_port == self.port) {
+            assert_ne!(hdr.op, OP_RST, "the host reset a connection that kept to its credit");
+            self.host_buf_alloc = hdr.buf_alloc;
+            self.host_fwd_cnt = hdr.fwd_cnt;
+        }
+    }
+
+    /// Sends from `data[from..]` as much as the credit allows, in packets
+    /// as big as Linux makes them; returns how much.
+    fn send_what_fits(&mut self, g: &mut Guest<'_>, data: &[u8]) -> usize {
+        let start = self.sent as usize;
+        loop {
+            let at = self.sent as usize;
+            let n = (self.credit() as usize).min(MAX_PKT_DATA).min(data.len() - at);
+            if n == 0 {
+                return at - start;
+            }
+            g.send(g.header(OP_RW, self.port), &data[at..at + n]);
+            self.sent += u32::try_from(n).unwrap();
+        }
+    }
+}
+
+/// Reads what the (non-blocking) Unix peer has, without waiting.
+fn drain(peer: &mut UnixStream, into: &mut Vec<u8>) {
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        match peer.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => into.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) => panic!("peer read: {e}"),
+        }
+    }
+}
+
+/// A change set streamed to a host reader that keeps pausing (a store
+/// write that takes a while): whenever the reader goes on, the guest gets
+/// credit again, and every byte arrives in order.
+#[test]
+fn a_long_transfer_to_a_reader_that_pauses_never_stalls() {
+    let (dir, mem) = (TempDir::new(), guest_memory());
+    let listener = dir.listen(7);
+    let mut g = Guest::new(&mem, &dir);
+    let mut peer = g.connect(&listener, 7);
+    peer.set_nonblocking(true).unwrap();
+    let data: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| u8::try_from(i % 251).unwrap()).collect();
+    let mut credit = GuestCredit::new(7);
+    let mut got = Vec::with_capacity(data.len());
+    let (mut round, mut still) = (0u32, 0u32);
+    while got.len() < data.len() {
+        round += 1;
+        let before = (credit.sent, got.len());
+        credit.send_what_fits(&mut g, &data);
+        credit.hear(&g.recv());
+        // The reader pauses two rounds in three: the guest runs out of
+        // credit with its data held in the device.
+        if round % 3 == 0 {
+            drain(&mut peer, &mut got);
+        }
+        still = if (credit.sent, got.len()) == before { still + 1 } else { 0 };
+        assert!(
+            still < 10,
+            "stalled: the guest sent {} bytes with {} of credit left, the reader has {}",
+            credit.sent,
+            credit.credit(),
+            got.len()
+        );
+    }
+    assert!(got == data, "the bytes arrived changed or out of order");
+}
+
+/// A connection whose Unix reader stopped is reported once, with its
+/// credit state, after STALL_REPORTED_AFTER; so is one whose guest takes
+/// nothing; neither is while data moves.
+#[test]
+fn stalled_connections_are_reported_once_with_their_credit_state() {
+    let (dir, mem) = (TempDir::new(), guest_memory());
+    let listener = dir.listen(7);
+    let mut g = Guest::new(&mem, &dir);
+    let mut peer = g.connect(&listener, 7);
+    peer.set_nonblocking(true).unwrap();
+    let data = vec![7u8; 64 * 1024 * 1024];
+    let mut credit = GuestCredit::new(7);
+    // The guest sends until the reader's socket and the device's buffer are
+    // full and its credit is gone.
+    while credit.send_what_fits(&mut g, &data) > 0 {
+        credit.hear(&g.recv());
+    }
+    assert_eq!(credit.credit(), 0);
+    assert!(g.muxer.stalls(Instant::now()).is_empty(), "reported before it was idle long");
+    let later = Instant::now() + super::connection::STALL_REPORTED_AFTER + Duration::from_secs(1);
+    let stalls = g.muxer.stalls(later);
+    assert_eq!(stalls.len(), 1);
+    assert!(stalls[0].host_reader, "{}", stalls[0].state);
+    let waiting = format!("{BUF_ALLOC} bytes wait for the host's reader");
+    assert!(stalls[0].state.contains(&waiting), "{}", stalls[0].state);
+    assert!(g.muxer.stalls(later).is_empty(), "a stall is reported once");
+
+    // The reader goes on: the data moves and nothing waits any more.
+    let mut got = Vec::new();
+    for round in 0.. {
+        drain(&mut peer, &mut got);
+        if got.len() == credit.sent as usize {
+            break;
+        }
+        assert!(round < 1000, "the device keeps {} bytes", credit.sent as usize - got.len());
+        credit.hear(&g.recv());
+    }
+    credit.hear(&g.recv());
+    assert!(credit.credit() > 0);
+    let after = Instant::now() + super::connection::STALL_REPORTED_AFTER + Duration::from_secs(1);
+    assert!(g.muxer.stalls(after).is_empty(), "nothing waits once the reader took it all");
+
+    // The other way: the peer's data waits for a guest that consumes none.
+    g.auto_consume = false;
+    g.buf_alloc = 1000;
+    g.send(g.header(OP_CREDIT_UPDATE, 7), &[]);
+    peer.write_all(&[1u8; 10_000]).unwrap();
+    assert_eq!(rw_payload(&g.recv()).len(), 1000);
+    let after = Instant::now() + super::connection::STALL_REPORTED_AFTER + Duration::from_secs(1);
+    let stalls = g.muxer.stalls(after);
+    assert_eq!(stalls.len(), 1);
+    assert!(!stalls[0].host_reader, "{}", stalls[0].state);
+    assert!(stalls[0].state.contains("credit 0"), "{}", stalls[0].state);
+}
