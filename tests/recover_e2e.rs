@@ -199,13 +199,9 @@ fn check_big(out: &rig::Output) {
 
 /// A large file survives a checkpoint of the running session (the command
 /// goes on), and then the supervisor's death: `recover` stages it whole and
-/// `apply` lands the same bytes. Ignored while it reproduces the open
-/// recovery stall: in the rig (07:06, 200 MiB) the checkpoint took 22 s and
-/// the command went on, then `recover` sat idle with its VM for 14 minutes
-/// (both at ~1% CPU; heartbeats kept the conversation alive, the export
-/// never ended), and a rig retry costs CI 15 minutes a try.
+/// `apply` lands the same bytes. It once stalled: `recover` held the stderr
+/// lock while the staging thread's progress meter waited on it.
 #[test]
-#[ignore = "reproduces the open 'recovery of a large file stalls' bug (see above)"]
 fn a_large_file_survives_a_checkpoint_and_a_recovery() {
     let Some(rig) = rig::require("a_large_file_survives_a_checkpoint_and_a_recovery") else { return };
     let out = rig.sh(&script(&format!("{PRELUDE}{BIG}{}", "big 209715200\ncheckpoint\nrecover_and_apply\n")), LONG);
