@@ -2,19 +2,14 @@
 //! types: a hostile guest answers each checkpoint as it likes.
 
 use std::fs;
-use std::io::BufReader;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex, mpsc};
 
 use super::apply::{ApplyArgs, execute as apply};
 use super::diff::{DiffArgs, execute as diff};
 use super::sessions::fixture::*;
-use crate::protocol::auth::{DigestWriter, TOKEN_LEN, Token};
-use crate::protocol::change_set::{Base, RelPath, Writer};
-use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, HostMsg, read_frame};
+use crate::protocol::change_set::{Base, RelPath};
 use crate::session::{Session, sessions_dir};
-use crate::supervisor::channels::live;
+use crate::supervisor::channels::{fake_init, live};
 
 const ID: &str = "20250301-101500-aaaa";
 
@@ -31,33 +26,15 @@ fn running(f: &Fixture, answers: &'static [&'static [u8]]) -> Running {
     let dir = sessions_dir(&f.data).join(ID);
     // Holding the run lock is what makes a session read as running.
     let held = Session::resume(&dir, ID, std::time::SystemTime::now()).unwrap();
-    let (host, guest) = UnixStream::pair().unwrap();
-    let token = Token::from_bytes([7; TOKEN_LEN]);
-    let (answered, relayed) = mpsc::sync_channel(4);
-    let served = live::Guest {
-        writer: Arc::new(Mutex::new(host)),
-        token: token.clone(),
-        tampering: Default::default(),
-        answers: relayed,
-    };
-    let server = live::serve(&dir, served).unwrap();
-    let socket = crate::protocol::broker::socket_path(&dir.join("v.sock"), CHECKPOINT_PORT);
-    let init = std::thread::spawn(move || {
-        let mut requests = BufReader::new(guest);
-        for content in answers {
-            let Ok(HostMsg::Checkpoint { id }) = read_frame(&mut requests) else { return };
-            let mut conn = UnixStream::connect(&socket).unwrap();
-            token.present(&mut conn).unwrap();
-            let mut w = Writer::new(DigestWriter::new(conn)).unwrap();
+    let (server, init) = fake_init::serve(
+        &dir,
+        Box::new(|n, w| {
+            let Some(content) = answers.get(n) else { return false };
             let path = RelPath::new(b"a.txt").unwrap();
             w.file(&path, 0o644, content.len() as u64, &mut &content[..], &Base::Absent).unwrap();
-            let (out, summary) = w.finish().unwrap();
-            let (conn, stream) = out.finish();
-            conn.shutdown(std::net::Shutdown::Write).unwrap();
-            let outcome = ExportOutcome::Sent { entries: 1, files: 1, bytes: summary.bytes, skipped: 0, stream };
-            answered.send(CheckpointOutcome { id, outcome }).unwrap();
-        }
-    });
+            true
+        }),
+    );
     Running { _session: held, _server: server, _init: init }
 }
 

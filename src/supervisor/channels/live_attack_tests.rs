@@ -9,53 +9,23 @@ use super::live;
 /// A running session whose init answers every checkpoint with `d/0` to
 /// `d/9` holding `new N`; the session directory.
 fn running_session(tmp: &Path) -> (std::path::PathBuf, live::Server) {
-    use std::io::BufReader;
-    use std::os::unix::net::UnixStream;
-    use std::sync::{Arc, Mutex, mpsc};
-
-    use crate::protocol::auth::{DigestWriter, TOKEN_LEN, Token};
-    use crate::protocol::change_set::{Base, RelPath, Writer};
-    use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, HostMsg, read_frame};
+    use crate::protocol::change_set::{Base, RelPath};
 
     let dir = tmp.join("session");
     fs::create_dir(&dir).unwrap();
     crate::changes::Store::open(&dir).unwrap();
-    let (host, guest) = UnixStream::pair().unwrap();
-    let token = Token::from_bytes([7; TOKEN_LEN]);
-    let (answered, relayed) = mpsc::sync_channel(4);
-    let served = live::Guest {
-        writer: Arc::new(Mutex::new(host)),
-        token: token.clone(),
-        tampering: Default::default(),
-        answers: relayed,
-    };
-    let server = live::serve(&dir, served).unwrap();
-    let socket = crate::protocol::broker::socket_path(&dir.join("v.sock"), CHECKPOINT_PORT);
-    std::thread::spawn(move || {
-        let mut requests = BufReader::new(guest);
-        while let Ok(HostMsg::Checkpoint { id }) = read_frame(&mut requests) {
-            let mut conn = UnixStream::connect(&socket).unwrap();
-            token.present(&mut conn).unwrap();
-            let mut w = Writer::new(DigestWriter::new(conn)).unwrap();
+    let (server, _init) = super::fake_init::serve(
+        &dir,
+        Box::new(|_, w| {
             w.dir(&RelPath::new(b"d").unwrap(), 0o755, &Base::Absent).unwrap();
             for i in 0..10 {
                 let content = format!("new {i}");
                 let path = RelPath::new(format!("d/{i}")).unwrap();
                 w.file(&path, 0o644, content.len() as u64, &mut content.as_bytes(), &Base::Absent).unwrap();
             }
-            let (out, summary) = w.finish().unwrap();
-            let (conn, stream) = out.finish();
-            conn.shutdown(std::net::Shutdown::Write).unwrap();
-            let outcome = ExportOutcome::Sent {
-                entries: summary.entries,
-                files: summary.files,
-                bytes: summary.bytes,
-                skipped: 0,
-                stream,
-            };
-            let _ = answered.send(CheckpointOutcome { id, outcome });
-        }
-    });
+            true
+        }),
+    );
     (dir, server)
 }
 

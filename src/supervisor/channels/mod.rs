@@ -5,6 +5,8 @@
 //! ask a running session for a checkpoint (`live`).
 
 pub(super) mod admission;
+#[cfg(test)]
+pub(crate) mod fake_init;
 pub mod live;
 #[cfg(test)]
 mod live_attack_tests;
