@@ -1,6 +1,8 @@
 //! For tests: a thread playing the init of a running session, answering
 //! each checkpoint request with the change set a closure writes, through
-//! the real socket, token and gate.
+//! the real socket, token and gate; and the pieces of an init that talks
+//! to the conversation (a heartbeating control connection, the change
+//! connection).
 
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
@@ -11,7 +13,7 @@ use std::thread::JoinHandle;
 use super::live;
 use crate::protocol::auth::{DigestWriter, TOKEN_LEN, Token};
 use crate::protocol::change_set::Writer;
-use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, HostMsg, read_frame};
+use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, ExportOutcome, GuestMsg, HostMsg, read_frame, write_frame};
 
 /// What the fake init writes for its `n`-th checkpoint (from 0); `false`
 /// ends the init instead of answering.
@@ -57,4 +59,41 @@ pub fn serve(dir: &Path, mut export: Box<Export>) -> (live::Server, JoinHandle<(
         }
     });
     (server, init)
+}
+
+/// The init's control connection, heartbeating from a thread of its own
+/// every `every` as the real init does, until the host's end closes.
+pub struct Control {
+    writer: Arc<Mutex<UnixStream>>,
+}
+
+/// A fake init's control connection and the host's end of it.
+pub fn control(every: std::time::Duration) -> (Control, UnixStream) {
+    let (host, guest) = UnixStream::pair().unwrap();
+    let writer = Arc::new(Mutex::new(guest));
+    let beating = writer.clone();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(every);
+            let mut w = beating.lock().unwrap_or_else(|p| p.into_inner());
+            if write_frame(&mut *w, &GuestMsg::Heartbeat).is_err() {
+                return;
+            }
+        }
+    });
+    (Control { writer }, host)
+}
+
+impl Control {
+    /// Says `msg` to the host; false once the host's end is gone.
+    pub fn send(&self, msg: &GuestMsg) -> bool {
+        write_frame(&mut *self.writer.lock().unwrap_or_else(|p| p.into_inner()), msg).is_ok()
+    }
+}
+
+/// Opens a change connection on `socket` as the init does: the token first.
+pub fn connect_changes(socket: &Path, token: &Token) -> UnixStream {
+    let mut conn = UnixStream::connect(socket).unwrap();
+    token.present(&mut conn).unwrap();
+    conn
 }

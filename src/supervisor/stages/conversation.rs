@@ -142,7 +142,8 @@ fn converse(
     // Review while it runs is a convenience: without it the run goes on.
     let _live = live::serve(&session.dir, guest).inspect_err(|e| tracing::warn!("no review while it runs: {e:#}")).ok();
     let _stop_pump = StopOnDrop(StdinPump::spawn(stdin, token, tampering.clone())?);
-    let ended = Relay::new(session, receiver, tampering, answers).run(&mut talk, &watch.interrupts);
+    let ended =
+        Relay::new(session, receiver, tampering, answers).run(&mut talk.reader, &talk.writer, &watch.interrupts);
     if matches!(ended, Ok(Conversation::Unanswered)) {
         vmm.kill();
     }
@@ -258,7 +259,6 @@ struct Relay<'a> {
     receiver: Option<staging::Receiver>,
     staged: Option<anyhow::Result<changes::StageReport>>,
     tampering: admission::Tampering,
-    stdout: std::io::StdoutLock<'static>,
     /// False once our reader went away.
     stdout_open: bool,
     dockerd_log: DockerdLog,
@@ -278,16 +278,20 @@ impl<'a> Relay<'a> {
             receiver: Some(receiver),
             staged: None,
             tampering,
-            stdout: std::io::stdout().lock(),
             stdout_open: true,
             dockerd_log: DockerdLog::default(),
             checkpoints,
         }
     }
 
-    fn run(mut self, talk: &mut Talk, interrupts: &signals::Interrupts) -> anyhow::Result<Conversation> {
+    fn run(
+        mut self,
+        reader: &mut std::io::BufReader<UnixStream>,
+        writer: &Mutex<UnixStream>,
+        interrupts: &signals::Interrupts,
+    ) -> anyhow::Result<Conversation> {
         loop {
-            let msg = match read_frame::<GuestMsg>(&mut talk.reader) {
+            let msg = match read_frame::<GuestMsg>(reader) {
                 Ok(msg) => msg,
                 Err(_) if interrupts.stopped() => return Ok(Conversation::Stopped),
                 Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
@@ -295,7 +299,7 @@ impl<'a> Relay<'a> {
                 }
                 Err(_) => return Ok(Conversation::VmEnded),
             };
-            if let Some(end) = self.handle(msg, &talk.writer)? {
+            if let Some(end) = self.handle(msg, writer)? {
                 return Ok(end);
             }
         }
@@ -330,7 +334,10 @@ impl<'a> Relay<'a> {
         if !self.stdout_open {
             return Ok(());
         }
-        match self.stdout.write_all(data).and_then(|()| self.stdout.flush()) {
+        // Locked for this chunk only: anything else in the process that
+        // prints meanwhile (a meter, a warning) must not block for the run.
+        let mut stdout = std::io::stdout().lock();
+        match stdout.write_all(data).and_then(|()| stdout.flush()) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::BrokenPipe => {
                 // Our reader went away: the command gets SIGPIPE, as it
@@ -472,6 +479,10 @@ fn host_seed() -> anyhow::Result<Vec<u8>> {
         .context("cannot read host entropy for the guest from /dev/urandom")?;
     Ok(seed)
 }
+
+#[cfg(test)]
+#[path = "conversation_tests.rs"]
+mod tests;
 
 #[cfg(test)]
 mod dockerd_log_tests {
