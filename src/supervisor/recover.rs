@@ -154,6 +154,13 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
              session is still interrupted (`stockade recover {id}` tries again)",
             disk.display()
         ),
+        Ok(Conversation::Stalled { bound, received, .. }) => bail!(
+            "the recovery VM of session {id} stalled the export of the changes (nothing of it came for {}s, {received} \
+             bytes in) and was stopped; nothing was staged, its scratch disk stays in {} and the session is still \
+             interrupted (`stockade recover {id}` tries again); the kernel log is {kernel_log}",
+            bound.as_secs(),
+            disk.display()
+        ),
         Ok(Conversation::VmEnded | Conversation::Unanswered) => bail!(
             "the recovery VM of session {id} stopped before it exported the changes; its scratch disk stays; the \
              kernel log is {kernel_log}"

@@ -39,12 +39,6 @@ pub const SOCKET: &str = "live.sock";
 /// new checkpoint replaces it.
 const LOCK: &str = "checkpoint.lock";
 const NEXT: &str = "checkpoint.next";
-/// How long a checkpoint's stream may bring nothing before the asker is told
-/// the guest did not export: the guest may also be silent a while before
-/// and between files (freezing flushes what was written, a changed big
-/// file's base is hashed before its content goes), far longer on the
-/// software-CPU test rig than on KVM.
-pub const GUEST_STALL: Duration = Duration::from_secs(300);
 /// The most a checkpoint may take however its stream progresses (a 1 GiB
 /// file took 209 s on the test rig): a guest trickling bytes cannot hold
 /// the checkpoints, or the asker, for longer.
@@ -356,10 +350,10 @@ impl Checkpoints {
     }
 
     /// Waits for the init's answer while its stream progresses: at most
-    /// [`GUEST_STALL`] without a byte, [`GUEST_WAIT`] in all.
+    /// [`staging::EXPORT_STALL`] without a byte, [`GUEST_WAIT`] in all.
     fn wait_for(&self, id: u64, receiver: &staging::Receiver) -> anyhow::Result<ExportOutcome> {
         let started = Instant::now();
-        let (mut received, mut moved) = (receiver.received(), started);
+        let mut stall = staging::Stall::watch(staging::EXPORT_STALL);
         loop {
             match self.guest.answers.recv_timeout(PROGRESS_EVERY) {
                 Ok(answer) if answer.id == id => return Ok(answer.outcome),
@@ -371,20 +365,18 @@ impl Checkpoints {
                      disk is kept, and `stockade recover` stages its changes)"
                 ),
             }
-            let now = Instant::now();
-            if receiver.received() != received {
-                (received, moved) = (receiver.received(), now);
-            }
-            if now.duration_since(moved) >= GUEST_STALL {
+            if stall.stalled(receiver.received()) {
                 bail!(
-                    "the guest's checkpoint brought nothing for {}s ({received} bytes in); the run goes on",
-                    GUEST_STALL.as_secs()
+                    "the guest's checkpoint brought nothing for {}s ({} bytes in); the run goes on",
+                    stall.bound().as_secs(),
+                    stall.received()
                 );
             }
-            if now.duration_since(started) >= GUEST_WAIT {
+            if started.elapsed() >= GUEST_WAIT {
                 bail!(
-                    "the guest did not export a checkpoint within {} minutes ({received} bytes in); the run goes on",
-                    GUEST_WAIT.as_secs() / 60
+                    "the guest did not export a checkpoint within {} minutes ({} bytes in); the run goes on",
+                    GUEST_WAIT.as_secs() / 60,
+                    stall.received()
                 );
             }
         }

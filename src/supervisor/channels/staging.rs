@@ -47,6 +47,13 @@ const LATE_WAIT: Duration = Duration::from_secs(5);
 /// Token-bearing change connections spooled besides the first; further
 /// ones are refused unread. Each is bounded by the disk margin.
 const MAX_SPOOLED: usize = 4;
+/// How long a change stream under way (or due) may bring nothing before
+/// the guest counts as stalling it: the guest may be silent a while before
+/// and between files (freezing flushes what was written, a changed big
+/// file's base is hashed before its content goes), far longer on the
+/// software-CPU test rig than on KVM. A checkpoint then fails; the final
+/// export, or a recovery's, ends the run with the scratch disk kept.
+pub const EXPORT_STALL: Duration = Duration::from_secs(300);
 
 /// What the init said about its export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,9 +99,45 @@ pub struct Receiver {
     path: PathBuf,
     store: Store,
     shown: Shown,
-    /// Bytes of the first change connection staged so far.
+    /// Bytes of the token-bearing change connections received so far.
     received: Arc<AtomicU64>,
+    /// Set once a token-bearing change connection is being received.
+    connected: Arc<AtomicBool>,
     _listening: Listening,
+}
+
+/// Watches a change stream for progress: how long it has brought nothing.
+/// A slow stream that still moves is never stalled, however long it takes.
+pub struct Stall {
+    bound: Duration,
+    received: u64,
+    moved: Instant,
+}
+
+impl Stall {
+    /// Starts the clock now, as if a byte had just come.
+    pub fn watch(bound: Duration) -> Stall {
+        Stall { bound, received: 0, moved: Instant::now() }
+    }
+
+    /// Notes `received`, the bytes in so far; true once none came for the
+    /// bound.
+    pub fn stalled(&mut self, received: u64) -> bool {
+        let now = Instant::now();
+        if received != self.received {
+            (self.received, self.moved) = (received, now);
+        }
+        now.duration_since(self.moved) >= self.bound
+    }
+
+    /// The bytes in when last noted.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
 }
 
 /// Accepts the init's change stream on `listener` and stages it; refuses
@@ -135,6 +178,8 @@ pub fn receive_as(
     let staging = store.clone();
     let received = Arc::new(AtomicU64::new(0));
     let counting = received.clone();
+    let connected = Arc::new(AtomicBool::new(false));
+    let arrived = connected.clone();
     let listening = admission::admit_each(listener, Channel::Changes, token, tampering, move |stream, nth| {
         let Ok(watch) = stream.try_clone() else {
             return tracing::warn!("cannot duplicate a change connection; it was not received");
@@ -179,10 +224,11 @@ pub fn receive_as(
             }
             let dir = staging.dir().to_path_buf();
             let done = wake_tx.clone();
+            let counting = counting.clone();
             std::thread::Builder::new()
                 .name("changes-spool".into())
                 .spawn(move || {
-                    let spooled = spool(stream, &dir);
+                    let spooled = spool(stream, &dir, &counting);
                     let _ = done.send(());
                     spooled
                 })
@@ -191,12 +237,25 @@ pub fn receive_as(
         match job {
             Ok(job) => {
                 let _ = started_tx.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+                // After the job is handed on, so that an `abandon` that
+                // follows sees it and stops it.
+                arrived.store(true, Ordering::SeqCst);
                 let _ = wake_tx.send(());
             }
             Err(e) => tracing::warn!("cannot start receiving a change connection: {e}"),
         }
     })?;
-    Ok(Receiver { started, wake, verdict, path, store: store.clone(), shown, received, _listening: listening })
+    Ok(Receiver {
+        started,
+        wake,
+        verdict,
+        path,
+        store: store.clone(),
+        shown,
+        received,
+        connected,
+        _listening: listening,
+    })
 }
 
 /// A file in `dir` that no name points to, so it goes with its last
@@ -222,9 +281,10 @@ fn join_live(handle: JoinHandle<anyhow::Result<StageReport>>) -> anyhow::Result<
     staged.context("the guest's workspace changes were not staged")
 }
 
-/// Copies a change connection into an unnamed file in `dir`, hashing it,
-/// and stops before the disk margin, watched as staging watches it.
-fn spool(mut stream: UnixStream, dir: &Path) -> io::Result<(File, StreamDigest)> {
+/// Copies a change connection into an unnamed file in `dir`, hashing it
+/// and counting it into `received`, and stops before the disk margin,
+/// watched as staging watches it.
+fn spool(mut stream: UnixStream, dir: &Path, received: &AtomicU64) -> io::Result<(File, StreamDigest)> {
     let mut space = Space::new(dir, None).map_err(io::Error::other)?;
     let mut file = unnamed_file(dir)?;
     let mut hasher = StreamHasher::default();
@@ -235,6 +295,7 @@ fn spool(mut stream: UnixStream, dir: &Path) -> io::Result<(File, StreamDigest)>
             break;
         }
         space.charge(n as u64)?;
+        received.fetch_add(n as u64, Ordering::Relaxed);
         hasher.update(&buf[..n]);
         file.write_all(&buf[..n])?;
     }
@@ -262,7 +323,7 @@ fn stage(input: impl Read, store: &Store, shown: Shown, received: &AtomicU64) ->
 
 /// The change stream, counted for the meter (which shows only when the
 /// change set is large enough to take a while) and for whoever watches the
-/// staging progress (`Receiver::received`).
+/// streams' progress (`Receiver::received`, shared with spooled ones).
 struct Counted<'a, R> {
     inner: R,
     read: u64,
@@ -274,7 +335,7 @@ impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.read += n as u64;
-        self.received.store(self.read, Ordering::Relaxed);
+        self.received.fetch_add(n as u64, Ordering::Relaxed);
         if let Some(meter) = &mut self.meter {
             meter.set(self.read);
         }
@@ -283,10 +344,17 @@ impl<R: Read> Read for Counted<'_, R> {
 }
 
 impl Receiver {
-    /// Bytes of the init's change connection staged so far: a long export
-    /// that still progresses is told from a stalled one by this.
+    /// Bytes of the token-bearing change connections received so far (the
+    /// init's may be a spooled one): a long export that still progresses
+    /// is told from a stalled one by this (see [`Stall`]).
     pub fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
+    }
+
+    /// Whether a token-bearing change connection is being received: the
+    /// export is under way.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
     }
 
     /// The init has sent `stream`: stages the change connection that is

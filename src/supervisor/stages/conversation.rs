@@ -35,6 +35,15 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// test rig's software CPU, where a busy guest can be that slow.
 pub const GUEST_SILENCE: Duration = Duration::from_secs(60);
 
+/// How the relay watches the guest's export: once it is under way (or
+/// from the start when `due`: a recovery runs nothing else), a stream
+/// that brings nothing for `stall` ends the run (see [`Conversation::Stalled`]).
+#[derive(Debug, Clone, Copy)]
+struct ExportWatch {
+    stall: Duration,
+    due: bool,
+}
+
 pub enum Conversation {
     /// The command ended; with an overlay, the guest also sent its changes.
     Ended { report: ExitReport, staged: Option<anyhow::Result<changes::StageReport>> },
@@ -45,6 +54,11 @@ pub enum Conversation {
     /// The init said nothing for [`GUEST_SILENCE`]: the guest halted or
     /// hung, and its VM was killed.
     Unanswered,
+    /// The init went on answering, but its export, under way or due,
+    /// brought nothing for `bound` (`received` bytes in), or, once it was
+    /// `exported`, the command's end never followed: the guest stalled,
+    /// and its VM was killed.
+    Stalled { bound: Duration, received: u64, exported: bool },
 }
 
 /// How the conversation went, for `finish` to turn into an exit status.
@@ -142,9 +156,13 @@ fn converse(
     // Review while it runs is a convenience: without it the run goes on.
     let _live = live::serve(&session.dir, guest).inspect_err(|e| tracing::warn!("no review while it runs: {e:#}")).ok();
     let _stop_pump = StopOnDrop(StdinPump::spawn(stdin, token, tampering.clone())?);
-    let ended =
-        Relay::new(session, receiver, tampering, answers).run(&mut talk.reader, &talk.writer, &watch.interrupts);
-    if matches!(ended, Ok(Conversation::Unanswered)) {
+    let export = ExportWatch { stall: staging::EXPORT_STALL, due: recovering };
+    let ended = Relay::new(session, receiver, tampering, answers, export).run(
+        &mut talk.reader,
+        &talk.writer,
+        &watch.interrupts,
+    );
+    if matches!(ended, Ok(Conversation::Unanswered | Conversation::Stalled { .. })) {
         vmm.kill();
     }
     ended
@@ -264,6 +282,9 @@ struct Relay<'a> {
     dockerd_log: DockerdLog,
     /// Where the init's checkpoint answers go (`live`).
     checkpoints: mpsc::SyncSender<CheckpointOutcome>,
+    watch: ExportWatch,
+    /// The export's progress, once it is under way or due.
+    export: Option<staging::Stall>,
 }
 
 impl<'a> Relay<'a> {
@@ -272,6 +293,7 @@ impl<'a> Relay<'a> {
         receiver: staging::Receiver,
         tampering: admission::Tampering,
         checkpoints: mpsc::SyncSender<CheckpointOutcome>,
+        watch: ExportWatch,
     ) -> Self {
         Relay {
             session,
@@ -281,6 +303,8 @@ impl<'a> Relay<'a> {
             stdout_open: true,
             dockerd_log: DockerdLog::default(),
             checkpoints,
+            watch,
+            export: watch.due.then(|| staging::Stall::watch(watch.stall)),
         }
     }
 
@@ -302,7 +326,30 @@ impl<'a> Relay<'a> {
             if let Some(end) = self.handle(msg, writer)? {
                 return Ok(end);
             }
+            // Looked at with every message: the heartbeat brings one every
+            // two seconds, and a guest that sends none is `Unanswered`.
+            if let Some(stalled) = self.stalled() {
+                return Ok(stalled);
+            }
         }
+    }
+
+    /// Whether the export, under way or due, stalled (then it is stopped);
+    /// once the init reported it, the command's end is due.
+    fn stalled(&mut self) -> Option<Conversation> {
+        if self.export.is_none() && self.receiver.as_ref().is_some_and(staging::Receiver::connected) {
+            self.export = Some(staging::Stall::watch(self.watch.stall));
+        }
+        let stall = self.export.as_mut()?;
+        let received = self.receiver.as_ref().map_or(stall.received(), staging::Receiver::received);
+        if !stall.stalled(received) {
+            return None;
+        }
+        let exported = self.receiver.is_none();
+        if let Some(receiver) = self.receiver.take() {
+            let _ = receiver.abandon();
+        }
+        Some(Conversation::Stalled { bound: stall.bound(), received: stall.received(), exported })
     }
 
     fn handle(&mut self, msg: GuestMsg, writer: &Mutex<UnixStream>) -> anyhow::Result<Option<Conversation>> {
@@ -362,6 +409,8 @@ impl<'a> Relay<'a> {
                 None => Err(anyhow::anyhow!("the guest could not export its changes: {message}")),
             },
         });
+        // The init reports the command's end right after its export.
+        self.export = Some(staging::Stall::watch(self.watch.stall));
     }
 }
 

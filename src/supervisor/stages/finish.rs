@@ -151,6 +151,9 @@ impl Outcome {
             Ok(Conversation::Stopped) => (130, "stopped by the user".to_string()),
             Ok(Conversation::VmEnded) => (EXIT_STOCKADE, "the VM stopped before the command finished".to_string()),
             Ok(Conversation::Unanswered) => (EXIT_STOCKADE, unanswered_message()),
+            Ok(Conversation::Stalled { bound, received, exported }) => {
+                (EXIT_STOCKADE, stalled_message(*bound, *received, *exported))
+            }
             Err(e) => (EXIT_STOCKADE, format!("stockade failed: {e:#}")),
         };
         if ended.expired.get() {
@@ -162,6 +165,7 @@ impl Outcome {
             Ok(Conversation::Ended { report: ExitReport::SetupFailed { .. }, .. })
             | Ok(Conversation::VmEnded)
             | Ok(Conversation::Unanswered)
+            | Ok(Conversation::Stalled { .. })
             | Err(_) => Some(text.clone()),
             _ => None,
         };
@@ -200,6 +204,15 @@ impl Epilogue<'_> {
                 let log = self.recorded.session.kernel_log();
                 eprintln!("stockade: error: {}; the kernel log is {}", unanswered_message(), log.display());
             }
+            Ok(Conversation::Stalled { bound, received, exported }) => {
+                let log = self.recorded.session.kernel_log();
+                let message = stalled_message(*bound, *received, *exported);
+                eprintln!("stockade: error: {message}; the kernel log is {}", log.display());
+                if self.recorded.store.is_staged() {
+                    let id = &self.recorded.session.id;
+                    eprintln!("stockade: its changes were staged before it stalled: `stockade diff {id}` shows them");
+                }
+            }
             Err(e) => eprintln!("stockade: error: {e:#}"),
         }
     }
@@ -233,9 +246,9 @@ impl Epilogue<'_> {
             Some(Err(e)) => {
                 eprintln!("stockade: warning: {e:#}; the workspace was not changed");
                 eprintln!(
-                    "stockade: the guest's changes are kept, unstaged, in the scratch disk {} (ext4: \
-                     `sudo mount -o loop,ro` it to copy files out); `stockade sessions --prune \
-                     --include-staged` removes it",
+                    "stockade: the guest's changes are kept, unstaged, in the scratch disk {}; `stockade recover \
+                     {id}` stages them once the cause is fixed (or `sudo mount -o loop,ro` the ext4 image to copy \
+                     files out); `stockade sessions --prune --include-staged` removes it",
                     self.recorded.session.scratch_disk().display()
                 );
             }
@@ -295,6 +308,23 @@ fn unanswered_message() -> String {
     )
 }
 
+/// What a guest that stalled its export (see `Conversation::Stalled`) is
+/// told as.
+fn stalled_message(bound: Duration, received: u64, exported: bool) -> String {
+    let waited = deadline::describe(bound);
+    if exported {
+        format!(
+            "the guest exported its changes but did not report its command's end within {waited} while its init \
+             still answered, so its VM was stopped"
+        )
+    } else {
+        format!(
+            "the guest stalled the export of its changes (nothing of it came for {waited}, {received} bytes in, while \
+             its init still answered), so its VM was stopped"
+        )
+    }
+}
+
 /// What to tell the user when the VM ended without a report.
 fn vm_ended_message(session: &session::Session) -> String {
     let log = session.kernel_log();
@@ -334,6 +364,10 @@ mod tests {
         assert_eq!((stopped.status, stopped.failure), (130, None));
         let gone = Outcome::of(&ended(Ok(Conversation::VmEnded)), None);
         assert_eq!((gone.status, gone.failure.is_some()), (EXIT_STOCKADE, true));
+        let stalled = Conversation::Stalled { bound: Duration::from_secs(300), received: 7, exported: false };
+        let stalled = Outcome::of(&ended(Ok(stalled)), None);
+        assert_eq!((stalled.status, stalled.failure.is_some()), (EXIT_STOCKADE, true));
+        assert!(stalled.text.contains("nothing of it came for 300s"), "{}", stalled.text);
         let failed = Outcome::of(&ended(Err(anyhow::anyhow!("boom"))), None);
         assert_eq!((failed.status, failed.text.as_str()), (EXIT_STOCKADE, "stockade failed: boom"));
         assert!(failed.failure.is_some());
