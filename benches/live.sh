@@ -99,7 +99,8 @@ recovery() {
         # and the staged copy as well.
         head -c 1073741824 /dev/urandom >"$work/control.bin"
         t2=$(date +%s.%N)
-        cp "$work/control.bin" "$work/control.copy" && sync
+        cp "$work/control.bin" "$work/control.copy" || { df -h "$work"; du -sh "$STOCKADE_DATA_DIR"/sessions/*/* | sort -h | tail -n 8; exit 1; } >&2
+        sync
         t3=$(date +%s.%N)
         rm -f "$work/control.copy" "$work/control.bin"
         awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >>bare
@@ -110,7 +111,13 @@ recovery() {
         for _ in $(seq 3000); do grep -q written guest.out 2>/dev/null && break; sleep 0.2; done
         kill -9 "$pid"; wait "$pid" 2>/dev/null || true
         start=$(date +%s.%N)
-        "$bin" recover --kernel "$kernel" >"recover.$i" 2>&1 || { cat "recover.$i" >&2; exit 1; }
+        if ! "$bin" recover --kernel "$kernel" >"recover.$i" 2>&1; then
+            grep -v 'so far' "recover.$i" >&2
+            tail -n 30 "$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)recover-kernel.log" >&2
+            df -h "$work" >&2
+            du -sh "$STOCKADE_DATA_DIR"/sessions/*/* 2>/dev/null | sort -h | tail -n 8 >&2
+            exit 1
+        fi
         end=$(date +%s.%N)
         "$bin" diff --stat 2>&1 | grep -q big.bin || { echo "recovery $i staged no big.bin" >&2; exit 1; }
         "$bin" discard >/dev/null 2>&1 || true
