@@ -84,24 +84,53 @@ measure() {
 # recovery NAME GUEST-SCRIPT: RUNS times, a session runs GUEST-SCRIPT,
 # flushes it to its scratch disk and is killed with its supervisor; times
 # `stockade recover`, checks the staged change names big.bin, discards it.
+# Beside each, in the same boot, two controls: a bare `stockade run -- true`
+# (the boot and end a recovery also pays) and copying a file of the same
+# size on this host (`cp` and `sync`, what staging it costs at least).
 recovery() {
     local name=$1 body=$2 ws="$work/ws-$1"
     mkdir -p "$ws" && cd "$ws"
     for i in $(seq "$runs"); do
+        local t0 t1 t2 t3
+        t0=$(date +%s.%N)
+        "$bin" run --cpus 1 --memory "$memory" --kernel "$kernel" --apply none -- true >/dev/null 2>&1
+        t1=$(date +%s.%N)
+        # Made and removed each run: the rig's tmpfs holds the scratch disk
+        # and the staged copy as well.
+        head -c 1073741824 /dev/urandom >"$work/control.bin"
+        t2=$(date +%s.%N)
+        cp "$work/control.bin" "$work/control.copy" || { df -h "$work"; du -sh "$STOCKADE_DATA_DIR"/sessions/*/* | sort -h | tail -n 8; exit 1; } >&2
+        sync
+        t3=$(date +%s.%N)
+        rm -f "$work/control.copy" "$work/control.bin"
+        awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >>bare
+        awk -v a="$t2" -v b="$t3" 'BEGIN { print b - a }' >>copy
         "$bin" run --cpus 1 --memory "$memory" --disk 4G --kernel "$kernel" --apply none -- \
             sh -c "$body; sync; echo written; exec sleep 100000" >guest.out 2>guest.err &
         local pid=$! start end
         for _ in $(seq 3000); do grep -q written guest.out 2>/dev/null && break; sleep 0.2; done
         kill -9 "$pid"; wait "$pid" 2>/dev/null || true
         start=$(date +%s.%N)
-        "$bin" recover --kernel "$kernel" >"recover.$i" 2>&1 || { cat "recover.$i" >&2; exit 1; }
+        if ! "$bin" recover --kernel "$kernel" >"recover.$i" 2>&1; then
+            grep -v 'so far' "recover.$i" >&2
+            tail -n 30 "$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)recover-kernel.log" >&2
+            df -h "$work" >&2
+            du -sh "$STOCKADE_DATA_DIR"/sessions/*/* 2>/dev/null | sort -h | tail -n 8 >&2
+            exit 1
+        fi
         end=$(date +%s.%N)
         "$bin" diff --stat 2>&1 | grep -q big.bin || { echo "recovery $i staged no big.bin" >&2; exit 1; }
         "$bin" discard >/dev/null 2>&1 || true
         awk -v a="$start" -v b="$end" 'BEGIN { print b - a }' >>times
-        printf '%-22s run %d: recover %6.2f s\n' "$name" "$i" "$(tail -n1 times)"
+        printf '%-22s run %d: recover %6.2f s (bare run %.2f s, host copy %.2f s)\n' "$name" "$i" \
+            "$(tail -n1 times)" "$(tail -n1 bare)" "$(tail -n1 copy)"
     done
     percentiles "$name" "recover" <times
+    percentiles "$name" "bare run (control)" <bare
+    percentiles "$name" "host copy (control)" <copy
+    paste times bare copy | awk '{ r = ($1 - $2) / $3; print r }' | sort -n |
+        awk -v name="$name" '{ v[NR] = $1 } END { printf "%-22s recover minus a bare run, over a host copy: p50 %.1fx, p90 %.1fx\n",
+            name, v[int(NR * 0.5 + 0.999)], v[int(NR * 0.9 + 0.999)] }'
     cd "$work"
 }
 
