@@ -7,11 +7,13 @@
 //! Here an inode is its parent inode, its name and the host identity
 //! (device, inode) it had when looked up. Directories get `O_PATH`
 //! descriptors when something beneath them is needed, kept in a
-//! least-recently-used cache of at most [`FdBudget::inodes`]; an evicted
-//! directory is opened again from its parent, one component at a time
-//! with `O_NOFOLLOW`, and each step must find the same device and inode or
-//! the answer is ESTALE: a name the host renamed or replaced is never taken
-//! for another file. Files are looked up and stat'ed through their parent
+//! least-recently-used cache of at most [`FdBudget::inodes`]. A directory
+//! is found from the root, one component at a time with `O_NOFOLLOW`, a
+//! cached descriptor standing for a step once its name still leads to it,
+//! and each step must find the same device and inode or the answer is
+//! ESTALE: a name the host renamed or replaced is never taken for another
+//! file, and a directory the host moved out of the share is not served
+//! from its new place. Files are looked up and stat'ed through their parent
 //! and hold no descriptor until the guest opens them; open handles are
 //! capped at [`FdBudget::handles`] (over all shares of a device), beyond
 //! which an open gets ENFILE and nothing else breaks.
@@ -30,11 +32,12 @@
 //! device and inode, at every operation that reads content: open, read,
 //! opendir, readlink. A handle exists only for what was allowed to open.
 //!
-//! The guest reads files without opening them (the device's Vfs answers
-//! FUSE_OPEN with ENOSYS, so the guest stops sending opens and releases):
-//! such a read names no handle, and the file is opened here for it, kept
-//! among the last few [`READERS`] read so that the chunks of one big file
-//! cost one open.
+//! The guest reads files and lists directories without opening them (the
+//! device's Vfs answers FUSE_OPEN and FUSE_OPENDIR with ENOSYS, so the
+//! guest stops sending opens and releases): such a read or listing names
+//! no handle, and the file or directory is opened here for it, kept among
+//! the last few [`READERS`] read or [`LISTERS`] listed so that the chunks
+//! of one big file or the pages of one long listing cost one open.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -125,7 +128,11 @@ const MAX_NAMES: usize = 4;
 const MAX_LISTING: usize = 1 << 20;
 /// Files kept open for reads that name no handle.
 const READERS: usize = 8;
-/// The handle of a read the guest sent without opening the file.
+/// Directories kept open for listings that name no handle: a listing of
+/// many pages, and a walk's few directories at once.
+const LISTERS: usize = 8;
+/// The handle of a read or listing the guest sent without opening the
+/// file or directory.
 const NO_HANDLE: u64 = 0;
 
 /// Node ids from host identities (device, inode), one id per identity for
@@ -194,20 +201,20 @@ struct Node {
     children: u64,
 }
 
-/// Directory descriptors, least recently used evicted first.
-struct FdCache {
+/// Descriptors (or handles) by node, least recently used evicted first.
+struct FdCache<T = OwnedFd> {
     capacity: usize,
-    fds: HashMap<u64, (Arc<OwnedFd>, u64)>,
+    fds: HashMap<u64, (Arc<T>, u64)>,
     by_use: BTreeMap<u64, u64>,
     clock: u64,
 }
 
-impl FdCache {
+impl<T> FdCache<T> {
     fn new(capacity: usize) -> Self {
         FdCache { capacity: capacity.max(1), fds: HashMap::new(), by_use: BTreeMap::new(), clock: 0 }
     }
 
-    fn get(&mut self, node: u64) -> Option<Arc<OwnedFd>> {
+    fn get(&mut self, node: u64) -> Option<Arc<T>> {
         let (fd, used) = self.fds.get_mut(&node)?;
         self.by_use.remove(used);
         self.clock += 1;
@@ -216,7 +223,7 @@ impl FdCache {
         Some(Arc::clone(fd))
     }
 
-    fn insert(&mut self, node: u64, fd: Arc<OwnedFd>) {
+    fn insert(&mut self, node: u64, fd: Arc<T>) {
         self.remove(node);
         while self.fds.len() >= self.capacity {
             if !self.evict_one() {
@@ -270,6 +277,8 @@ struct State {
     cache: FdCache,
     /// Files opened for reads that name no handle, by node.
     readers: FdCache,
+    /// Directories opened for listings that name no handle, by node.
+    listers: FdCache<Handle>,
     handles: HashMap<u64, Arc<Handle>>,
     next_handle: u64,
 }
@@ -332,6 +341,7 @@ impl BoundedFs {
                 ids: NodeIds::new(st.st_dev),
                 cache: FdCache::new(cached),
                 readers: FdCache::new(READERS),
+                listers: FdCache::new(LISTERS),
                 handles: HashMap::new(),
                 next_handle: 1,
             }),
@@ -355,36 +365,41 @@ impl BoundedFs {
         }
     }
 
-    /// An `O_PATH` descriptor of the directory `node`, from the cache or
-    /// opened again from its nearest cached ancestor.
+    /// An `O_PATH` descriptor of the directory `node`, found from the root
+    /// by first names. A step's cached descriptor serves once its name
+    /// still leads to it (one `fstatat`), others are opened again; a step
+    /// whose name leads elsewhere or nowhere is ESTALE. So a directory the
+    /// host moved (out of the share, maybe) is never served from where it
+    /// went, cached or not.
     fn dir_fd(&self, state: &mut State, node: u64) -> io::Result<Arc<OwnedFd>> {
-        if node == ROOT {
-            return Ok(Arc::clone(&self.root));
-        }
-        if let Some(fd) = state.cache.get(node) {
-            return Ok(fd);
-        }
-        // The nodes to open, nearest the root last.
-        let mut chain = vec![node];
-        let mut fd = loop {
-            let last = *chain.last().unwrap_or(&node);
-            let parent = first_parent(state, last)?;
-            if parent == ROOT {
-                break Arc::clone(&self.root);
-            }
-            if let Some(fd) = state.cache.get(parent) {
-                break fd;
-            }
+        // The nodes from `node` up to the root, the root left out.
+        let mut chain = Vec::new();
+        let mut at = node;
+        while at != ROOT {
             // First names never form a loop (see `add_name`); this is a guard.
             if chain.len() > state.nodes.len() {
                 return Err(err(libc::ELOOP));
             }
-            chain.push(parent);
-        };
+            chain.push(at);
+            at = first_parent(state, at)?;
+        }
+        let mut fd = Arc::clone(&self.root);
         for &step in chain.iter().rev() {
-            let node = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
-            let name = node.names.first().ok_or_else(|| err(libc::ESTALE))?.1.clone();
-            let (dev, ino) = (node.dev, node.ino);
+            let n = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
+            let (dev, ino) = (n.dev, n.ino);
+            let name = &n.names.first().ok_or_else(|| err(libc::ESTALE))?.1;
+            if state.cache.fds.contains_key(&step) {
+                let there = fstatat(fd.as_raw_fd(), name).map_err(stale_if_gone)?;
+                if (there.st_dev, there.st_ino) != (dev, ino) {
+                    state.cache.remove(step);
+                    return Err(err(libc::ESTALE));
+                }
+                if let Some(cached) = state.cache.get(step) {
+                    fd = cached;
+                    continue;
+                }
+            }
+            let name = name.clone();
             let opened =
                 open_at(state, fd.as_raw_fd(), &name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
             let st = fstat(opened.as_raw_fd())?;
@@ -433,11 +448,23 @@ impl BoundedFs {
     /// Refuses the content of a node the filesystem does not hold or that
     /// is one of the host's secrets.
     fn readable(&self, state: &State, node: u64) -> io::Result<()> {
-        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-        if self.secrets.holds(n.dev, n.ino) {
+        if self.is_secret(state, node)? {
             return Err(err(libc::EACCES));
         }
         Ok(())
+    }
+
+    /// Whether `node` is one of the host's secrets: by its identity, or by
+    /// any of its names (what the host put in a secret's place since the
+    /// start).
+    fn is_secret(&self, state: &State, node: u64) -> io::Result<bool> {
+        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        if self.secrets.holds(n.dev, n.ino) {
+            return Ok(true);
+        }
+        Ok(n.names
+            .iter()
+            .any(|(parent, name)| state.nodes.get(parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))))
     }
 
     /// Opens `node` for reading (a directory with O_DIRECTORY), checking
@@ -490,6 +517,28 @@ impl BoundedFs {
         Ok(fd)
     }
 
+    /// The directory `node` open for a listing that names no handle; a
+    /// kept one serves while the directory is still where it was found.
+    fn lister(&self, node: u64) -> io::Result<Arc<Handle>> {
+        let mut state = self.state();
+        if !state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?.is_dir {
+            return Err(err(libc::ENOTDIR));
+        }
+        self.dir_fd(&mut state, node)?;
+        if let Some(handle) = state.listers.get(node) {
+            return Ok(handle);
+        }
+        let file = self.open_file(&mut state, node, true)?;
+        let handle = Arc::new(Handle { file: File::from(file), listing: Mutex::new(()) });
+        state.listers.insert(node, Arc::clone(&handle));
+        Ok(handle)
+    }
+
+    /// The handle a listing names, or the directory's own without one.
+    fn listing(&self, node: u64, handle: u64) -> io::Result<Arc<Handle>> {
+        if handle == NO_HANDLE { self.lister(node) } else { self.handle(handle) }
+    }
+
     fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
         let mut state = self.state();
         let file = self.open_file(&mut state, node, directory)?;
@@ -529,6 +578,7 @@ impl BoundedFs {
             let Some(gone) = state.nodes.remove(&node) else { continue };
             state.cache.remove(node);
             state.readers.remove(node);
+            state.listers.remove(node);
             for (parent, _) in gone.names {
                 if let Some(p) = state.nodes.get_mut(&parent) {
                     p.children = p.children.saturating_sub(1);
@@ -582,10 +632,12 @@ impl BoundedFs {
         }
     }
 
-    /// Reads up to `size` bytes of the listing of `handle` from `offset`,
-    /// and hands each entry but "." and ".." to `each` until it takes none.
+    /// Reads up to `size` bytes of the listing of `handle` (of `node`)
+    /// from `offset`, and hands each entry but "." and ".." to `each` until
+    /// it takes none.
     fn list(
         &self,
+        node: u64,
         handle: u64,
         size: u32,
         offset: u64,
@@ -594,7 +646,7 @@ impl BoundedFs {
         if size == 0 {
             return Ok(());
         }
-        let handle = self.handle(handle)?;
+        let handle = self.listing(node, handle)?;
         // The guest names the size; a page or a few is what Linux asks.
         let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
         let read = {
@@ -657,8 +709,11 @@ fn stale_if_gone(e: io::Error) -> io::Error {
 
 /// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)`; when the process is
 /// out of descriptors, half the cache is given back and it is tried again.
+/// What is opened for its content is opened with O_NOATIME where the host
+/// allows it (files the host user owns): the guest's reads leave the
+/// host's access times alone.
 fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    let once = || {
+    let once = |flags: i32| {
         // SAFETY: `name` is a NUL-terminated string; openat returns a new
         // descriptor that we own or -1.
         let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
@@ -669,10 +724,20 @@ fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         }
     };
-    match once() {
+    let attempt = |flags: i32| {
+        if flags & libc::O_PATH != 0 {
+            return once(flags);
+        }
+        match once(flags | libc::O_NOATIME) {
+            // Not the host user's file (nor CAP_FOWNER): read it as anyone would.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => once(flags),
+            other => other,
+        }
+    };
+    match attempt(flags) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
             state.cache.shrink();
-            once()
+            attempt(flags)
         }
         other => other,
     }
@@ -723,6 +788,7 @@ impl FileSystem for BoundedFs {
         self.open_handles.fetch_sub(closed, Ordering::AcqRel);
         state.cache.clear();
         state.readers.clear();
+        state.listers.clear();
         state.nodes.retain(|&id, _| id == ROOT);
         if let Some(root) = state.nodes.get_mut(&ROOT) {
             root.children = 0;
@@ -734,7 +800,7 @@ impl FileSystem for BoundedFs {
         match state.nodes.get(&parent) {
             // Nothing in a secret directory is found, so nothing beneath it
             // is a node to read.
-            Some(n) if n.is_dir && self.secrets.holds(n.dev, n.ino) => return Err(err(libc::EACCES)),
+            Some(n) if n.is_dir && self.is_secret(&state, parent)? => return Err(err(libc::EACCES)),
             Some(n) if n.is_dir => {}
             Some(_) => return Err(err(libc::ENOTDIR)),
             None => return Err(err(libc::ESTALE)),
@@ -879,13 +945,13 @@ impl FileSystem for BoundedFs {
     fn readdir(
         &self,
         _ctx: &Context,
-        _inode: u64,
+        inode: u64,
         handle: u64,
         size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(handle, size, offset, add_entry)
+        self.list(inode, handle, size, offset, add_entry)
     }
 
     fn readdirplus(
@@ -897,7 +963,7 @@ impl FileSystem for BoundedFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(handle, size, offset, &mut |mut dir_entry| {
+        self.list(inode, handle, size, offset, &mut |mut dir_entry| {
             let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
             let entry = match self.lookup(ctx, inode, &name) {
                 Ok(entry) => entry,
@@ -1050,6 +1116,49 @@ mod tests {
         fs.forget(&ctx, last, 1);
         assert!(!fs.state().readers.fds.contains_key(&last), "a forgotten file is closed");
         assert!(fs.read(&ctx, last, NO_HANDLE, &mut out, 4096, 0, None, 0).is_err());
+    }
+
+    /// Listings that name no handle keep at most a few directories open,
+    /// each listed from any offset, and let a forgotten directory go.
+    #[test]
+    fn listings_without_a_handle_keep_a_few_directories_open_at_most() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..3 * LISTERS {
+            std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
+            std::fs::write(dir.path().join(format!("d{i}/a")), b"").unwrap();
+            std::fs::write(dir.path().join(format!("d{i}/b")), b"").unwrap();
+        }
+        let fs = fs(dir.path(), &Secrets::default());
+        let ctx = Context::default();
+        let mut nodes = Vec::new();
+        for i in 0..3 * LISTERS {
+            let node = fs.lookup(&ctx, ROOT, &name(&format!("d{i}"))).unwrap().inode;
+            let mut listed = Vec::new();
+            let mut next = 0;
+            // One entry per call, each from where the last one ended.
+            loop {
+                let mut took = None;
+                fs.readdir(&ctx, node, NO_HANDLE, 4096, next, &mut |e| {
+                    if took.is_some() {
+                        return Ok(0);
+                    }
+                    took = Some((e.name.to_vec(), e.offset));
+                    Ok(1)
+                })
+                .unwrap();
+                let Some((entry, offset)) = took else { break };
+                listed.push(entry);
+                next = offset;
+            }
+            listed.sort();
+            assert_eq!(listed, [b"a".to_vec(), b"b".to_vec()]);
+            nodes.push(node);
+            assert!(fs.state().listers.fds.len() <= LISTERS);
+        }
+        let last = *nodes.last().unwrap();
+        assert!(fs.state().listers.fds.contains_key(&last));
+        fs.forget(&ctx, last, 1);
+        assert!(!fs.state().listers.fds.contains_key(&last), "a forgotten directory is closed");
     }
 
     /// A secret directory (here named through a symlink, which the secret
