@@ -32,12 +32,11 @@
 //! device and inode, at every operation that reads content: open, read,
 //! opendir, readlink. A handle exists only for what was allowed to open.
 //!
-//! The guest reads files and lists directories without opening them (the
-//! device's Vfs answers FUSE_OPEN and FUSE_OPENDIR with ENOSYS, so the
-//! guest stops sending opens and releases): such a read or listing names
-//! no handle, and the file or directory is opened here for it, kept among
-//! the last few [`READERS`] read or [`LISTERS`] listed so that the chunks
-//! of one big file or the pages of one long listing cost one open.
+//! The guest reads files without opening them (the device's Vfs answers
+//! FUSE_OPEN with ENOSYS, so the guest stops sending opens and releases):
+//! such a read names no handle, and the file is opened here for it, kept
+//! among the last few [`READERS`] read so that the chunks of one big file
+//! cost one open.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -128,11 +127,7 @@ const MAX_NAMES: usize = 4;
 const MAX_LISTING: usize = 1 << 20;
 /// Files kept open for reads that name no handle.
 const READERS: usize = 8;
-/// Directories kept open for listings that name no handle: a listing of
-/// many pages, and a walk's few directories at once.
-const LISTERS: usize = 8;
-/// The handle of a read or listing the guest sent without opening the
-/// file or directory.
+/// The handle of a read the guest sent without opening the file.
 const NO_HANDLE: u64 = 0;
 
 /// Node ids from host identities (device, inode), one id per identity for
@@ -201,20 +196,20 @@ struct Node {
     children: u64,
 }
 
-/// Descriptors (or handles) by node, least recently used evicted first.
-struct FdCache<T = OwnedFd> {
+/// Directory descriptors, least recently used evicted first.
+struct FdCache {
     capacity: usize,
-    fds: HashMap<u64, (Arc<T>, u64)>,
+    fds: HashMap<u64, (Arc<OwnedFd>, u64)>,
     by_use: BTreeMap<u64, u64>,
     clock: u64,
 }
 
-impl<T> FdCache<T> {
+impl FdCache {
     fn new(capacity: usize) -> Self {
         FdCache { capacity: capacity.max(1), fds: HashMap::new(), by_use: BTreeMap::new(), clock: 0 }
     }
 
-    fn get(&mut self, node: u64) -> Option<Arc<T>> {
+    fn get(&mut self, node: u64) -> Option<Arc<OwnedFd>> {
         let (fd, used) = self.fds.get_mut(&node)?;
         self.by_use.remove(used);
         self.clock += 1;
@@ -223,7 +218,7 @@ impl<T> FdCache<T> {
         Some(Arc::clone(fd))
     }
 
-    fn insert(&mut self, node: u64, fd: Arc<T>) {
+    fn insert(&mut self, node: u64, fd: Arc<OwnedFd>) {
         self.remove(node);
         while self.fds.len() >= self.capacity {
             if !self.evict_one() {
@@ -277,8 +272,6 @@ struct State {
     cache: FdCache,
     /// Files opened for reads that name no handle, by node.
     readers: FdCache,
-    /// Directories opened for listings that name no handle, by node.
-    listers: FdCache<Handle>,
     handles: HashMap<u64, Arc<Handle>>,
     next_handle: u64,
 }
@@ -341,7 +334,6 @@ impl BoundedFs {
                 ids: NodeIds::new(st.st_dev),
                 cache: FdCache::new(cached),
                 readers: FdCache::new(READERS),
-                listers: FdCache::new(LISTERS),
                 handles: HashMap::new(),
                 next_handle: 1,
             }),
@@ -517,28 +509,6 @@ impl BoundedFs {
         Ok(fd)
     }
 
-    /// The directory `node` open for a listing that names no handle; a
-    /// kept one serves while the directory is still where it was found.
-    fn lister(&self, node: u64) -> io::Result<Arc<Handle>> {
-        let mut state = self.state();
-        if !state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?.is_dir {
-            return Err(err(libc::ENOTDIR));
-        }
-        self.dir_fd(&mut state, node)?;
-        if let Some(handle) = state.listers.get(node) {
-            return Ok(handle);
-        }
-        let file = self.open_file(&mut state, node, true)?;
-        let handle = Arc::new(Handle { file: File::from(file), listing: Mutex::new(()) });
-        state.listers.insert(node, Arc::clone(&handle));
-        Ok(handle)
-    }
-
-    /// The handle a listing names, or the directory's own without one.
-    fn listing(&self, node: u64, handle: u64) -> io::Result<Arc<Handle>> {
-        if handle == NO_HANDLE { self.lister(node) } else { self.handle(handle) }
-    }
-
     fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
         let mut state = self.state();
         let file = self.open_file(&mut state, node, directory)?;
@@ -578,7 +548,6 @@ impl BoundedFs {
             let Some(gone) = state.nodes.remove(&node) else { continue };
             state.cache.remove(node);
             state.readers.remove(node);
-            state.listers.remove(node);
             for (parent, _) in gone.names {
                 if let Some(p) = state.nodes.get_mut(&parent) {
                     p.children = p.children.saturating_sub(1);
@@ -632,12 +601,10 @@ impl BoundedFs {
         }
     }
 
-    /// Reads up to `size` bytes of the listing of `handle` (of `node`)
-    /// from `offset`, and hands each entry but "." and ".." to `each` until
-    /// it takes none.
+    /// Reads up to `size` bytes of the listing of `handle` from `offset`,
+    /// and hands each entry but "." and ".." to `each` until it takes none.
     fn list(
         &self,
-        node: u64,
         handle: u64,
         size: u32,
         offset: u64,
@@ -646,7 +613,7 @@ impl BoundedFs {
         if size == 0 {
             return Ok(());
         }
-        let handle = self.listing(node, handle)?;
+        let handle = self.handle(handle)?;
         // The guest names the size; a page or a few is what Linux asks.
         let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
         let read = {
@@ -788,7 +755,6 @@ impl FileSystem for BoundedFs {
         self.open_handles.fetch_sub(closed, Ordering::AcqRel);
         state.cache.clear();
         state.readers.clear();
-        state.listers.clear();
         state.nodes.retain(|&id, _| id == ROOT);
         if let Some(root) = state.nodes.get_mut(&ROOT) {
             root.children = 0;
@@ -945,13 +911,13 @@ impl FileSystem for BoundedFs {
     fn readdir(
         &self,
         _ctx: &Context,
-        inode: u64,
+        _inode: u64,
         handle: u64,
         size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(inode, handle, size, offset, add_entry)
+        self.list(handle, size, offset, add_entry)
     }
 
     fn readdirplus(
@@ -963,7 +929,7 @@ impl FileSystem for BoundedFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(inode, handle, size, offset, &mut |mut dir_entry| {
+        self.list(handle, size, offset, &mut |mut dir_entry| {
             let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
             let entry = match self.lookup(ctx, inode, &name) {
                 Ok(entry) => entry,
@@ -1116,49 +1082,6 @@ mod tests {
         fs.forget(&ctx, last, 1);
         assert!(!fs.state().readers.fds.contains_key(&last), "a forgotten file is closed");
         assert!(fs.read(&ctx, last, NO_HANDLE, &mut out, 4096, 0, None, 0).is_err());
-    }
-
-    /// Listings that name no handle keep at most a few directories open,
-    /// each listed from any offset, and let a forgotten directory go.
-    #[test]
-    fn listings_without_a_handle_keep_a_few_directories_open_at_most() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..3 * LISTERS {
-            std::fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
-            std::fs::write(dir.path().join(format!("d{i}/a")), b"").unwrap();
-            std::fs::write(dir.path().join(format!("d{i}/b")), b"").unwrap();
-        }
-        let fs = fs(dir.path(), &Secrets::default());
-        let ctx = Context::default();
-        let mut nodes = Vec::new();
-        for i in 0..3 * LISTERS {
-            let node = fs.lookup(&ctx, ROOT, &name(&format!("d{i}"))).unwrap().inode;
-            let mut listed = Vec::new();
-            let mut next = 0;
-            // One entry per call, each from where the last one ended.
-            loop {
-                let mut took = None;
-                fs.readdir(&ctx, node, NO_HANDLE, 4096, next, &mut |e| {
-                    if took.is_some() {
-                        return Ok(0);
-                    }
-                    took = Some((e.name.to_vec(), e.offset));
-                    Ok(1)
-                })
-                .unwrap();
-                let Some((entry, offset)) = took else { break };
-                listed.push(entry);
-                next = offset;
-            }
-            listed.sort();
-            assert_eq!(listed, [b"a".to_vec(), b"b".to_vec()]);
-            nodes.push(node);
-            assert!(fs.state().listers.fds.len() <= LISTERS);
-        }
-        let last = *nodes.last().unwrap();
-        assert!(fs.state().listers.fds.contains_key(&last));
-        fs.forget(&ctx, last, 1);
-        assert!(!fs.state().listers.fds.contains_key(&last), "a forgotten directory is closed");
     }
 
     /// A secret directory (here named through a symlink, which the secret

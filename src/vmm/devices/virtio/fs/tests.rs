@@ -291,14 +291,13 @@ fn cat(parts: &[&[u8]]) -> Vec<u8> {
 /// FUSE_INIT from a kernel offering everything but reads without opens.
 fn init_in() -> InitIn {
     let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
-    let flags = flags & !(FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits();
+    let flags = flags & !FsOptions::ZERO_MESSAGE_OPEN.bits();
     InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() }
 }
 
 /// FUSE_INIT from a kernel offering everything, reads without opens too.
 fn init_in_without_opens() -> InitIn {
-    let flags = init_in().flags
-        | u32::try_from((FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits()).unwrap();
+    let flags = init_in().flags | u32::try_from(FsOptions::ZERO_MESSAGE_OPEN.bits()).unwrap();
     InitIn { flags, ..init_in() }
 }
 
@@ -1128,14 +1127,11 @@ fn read_only_shares_are_read_without_opens_and_still_refuse_the_secrets() {
     let sub = client.lookup_node(etc.nodeid, "sub");
     let linked = client.lookup_node(sub.nodeid, "linked");
     assert_eq!(client.read(linked.nodeid, 0, 0, 4096).errno(), libc::EACCES, "a hard link");
-    let opendir = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY);
-    assert_eq!(opendir.errno(), libc::ENOSYS, "directories are listed without opens too");
-    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
+    let dir_open: OpenOut = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
+    let list = ReadIn { fh: dir_open.fh, size: 4096, ..Default::default() };
     let listed = direntplus(client.call(Opcode::Readdirplus as u32, ssh.nodeid, list.as_slice()).ok());
     let (_, listed_key) = listed.iter().find(|(name, _)| name == "host_key").expect("the secret is listed");
     assert_eq!(client.read(listed_key.nodeid, 0, 0, 4096).errno(), libc::EACCES);
-    let file_listed = client.call(Opcode::Readdir as u32, hello.nodeid, list.as_slice());
-    assert_eq!(file_listed.errno(), libc::ENOTDIR, "a file is no listing");
     // A node the guest never looked up is no file to read.
     assert_ne!(client.read(hello.nodeid + 1_000_000, 0, 0, 4096).errno(), 0);
 }
@@ -1684,14 +1680,10 @@ fn a_directory_the_host_moves_out_of_a_share_serves_nothing_from_its_new_place()
     let d = client.lookup_node(ws, "d").nodeid;
     let x = client.lookup_node(d, "x.txt").nodeid;
     assert_eq!(read_without_handle(&mut client, x).as_deref(), Ok(&b"inside"[..]));
-    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
-    assert_eq!(dirent_names(client.call(Opcode::Readdir as u32, d, list.as_slice()).ok()), ["x.txt"]);
 
     // The host moves the directory out of the share and keeps using it.
     std::fs::rename(root.join("d"), outer.as_path().join("moved")).unwrap();
     std::fs::write(outer.as_path().join("moved/private.txt"), b"OUTSIDE THE SHARE").unwrap();
-    let listed = client.call(Opcode::Readdir as u32, d, list.as_slice());
-    assert_eq!(listed.errno(), libc::ESTALE, "the moved directory's kept listing is not served");
     let leaked = found(&mut client, d, "private.txt").map(|node| read_without_handle(&mut client, node));
     // Landlock (when the VMM is jailed) refuses the open of a file no longer
     // beneath a share, not the lookup: names, sizes, owners and times of
@@ -1739,8 +1731,7 @@ fn the_files_of_a_secret_directory_are_unreadable() {
     let etc = client.lookup_node(ROOT_ID, "etc");
     let private = client.lookup_node(etc.nodeid, "private");
     let keys = client.lookup_node(private.nodeid, "keys");
-    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
-    let listing = client.call(Opcode::Readdir as u32, keys.nodeid, list.as_slice());
+    let listing = client.open(Opcode::Opendir, keys.nodeid, libc::O_RDONLY | libc::O_DIRECTORY);
     assert_eq!(listing.errno(), libc::EACCES, "the secret directory is not listed");
     assert_eq!(client.lookup(keys.nodeid, "server.pem").errno(), libc::EACCES, "nothing in it is found to be read");
 }
@@ -1932,7 +1923,8 @@ fn reading_a_read_only_share_leaves_host_access_times_alone() {
     let before = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
 
     assert_eq!(client.read(hello, 0, 0, 4096).ok(), CONTENT);
-    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
+    let fh = client.open(Opcode::Opendir, sub, libc::O_RDONLY | libc::O_DIRECTORY).obj::<OpenOut>().fh;
+    let list = ReadIn { fh, size: 4096, ..Default::default() };
     assert_eq!(dirent_names(client.call(Opcode::Readdir as u32, sub, list.as_slice()).ok()), ["inner.txt"]);
     let after = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
     assert_eq!(after, before, "host access times (file, directory) changed by guest reads");
@@ -2081,8 +2073,6 @@ fn a_fifo_in_a_share_is_never_opened_on_the_host() {
     assert!(unsafe { libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_OPEN) } >= 0);
 
     assert_eq!(client.read(node.nodeid, 0, 0, 4096).errno(), libc::ENXIO);
-    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
-    assert_eq!(client.call(Opcode::Readdir as u32, node.nodeid, list.as_slice()).errno(), libc::ENOTDIR);
     let open = client.open(Opcode::Open, node.nodeid, libc::O_RDONLY);
     assert_ne!(open.errno(), 0);
     let mut events = [0u8; 4096];
