@@ -13,15 +13,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    AttrOut, Dirent, Direntplus, EntryOut, ForgetIn, FsOptions, GetattrIn, InHeader, InitIn, Opcode, OpenIn, OpenOut,
-    OutHeader, ROOT_ID, ReadIn,
+    Dirent, Direntplus, EntryOut, ForgetIn, FsOptions, GetattrIn, InHeader, InitIn, Opcode, OpenIn, OpenOut, OutHeader,
+    ROOT_ID, ReadIn,
 };
 use fuse_backend_rs::api::Vfs;
 use fuse_backend_rs::api::server::Server;
+use virtio_queue::Queue;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::tempdir::TempDir;
 
@@ -41,10 +41,9 @@ const RESP_ADDR: u64 = 0x40_0000;
 const RESP_LEN: u32 = 0x2_0000;
 const HEADER: usize = size_of::<OutHeader>();
 
-/// A reply as the guest reads it: the used length, the header, the body.
+/// A reply as the guest reads it: the header and the body.
 #[derive(Debug)]
 struct Reply {
-    used: u32,
     header: OutHeader,
     body: Vec<u8>,
 }
@@ -80,13 +79,22 @@ impl Guest {
     /// A guest of a read-only device serving `shares` within `budget`,
     /// past FUSE_INIT as Linux sends it (reads and listings without opens).
     fn of(shares: &[Share], secrets: &Secrets, budget: FdBudget) -> Guest {
+        Guest::init(shares, secrets, budget, true)
+    }
+
+    /// [`Guest::of`], a kernel that sends opens (`without_opens` false):
+    /// every open the guest asks for then reaches the filesystem.
+    fn init(shares: &[Share], secrets: &Secrets, budget: FdBudget, without_opens: bool) -> Guest {
         let fs = Fs::within("attack", shares, secrets, budget).unwrap();
         let mem: &'static GuestMemoryMmap =
             Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
         let mock = MockSplitQueue::create(mem, GuestAddress(0), QSIZE);
         let queue = mock.create_queue().unwrap();
         let mut guest = Guest { mem, mock, queue, next_desc: 0, used: 0, server: fs.server, unique: 0 };
-        let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+        let mut flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+        if !without_opens {
+            flags &= !(FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits();
+        }
         let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() };
         assert_eq!(guest.call(Opcode::Init as u32, 0, init.as_slice()).header.error, 0);
         guest
@@ -162,7 +170,7 @@ impl Guest {
         assert_eq!(header.len, used, "the used length is the reply length");
         body.resize(used as usize - HEADER, 0);
         self.mem.read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64)).unwrap();
-        Reply { used, header, body }
+        Reply { header, body }
     }
 
     /// A request that gets no reply (FORGET), offered as Linux offers it on
@@ -341,7 +349,6 @@ fn a_directory_replaced_on_the_host_is_served_anew_never_as_the_deleted_one() {
     let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
     let node = guest.walk("ws/d");
     assert_eq!(guest.names(node).unwrap(), ["old.txt"]);
-    guest.node(node, "old.txt");
 
     let old_ino = ino(&d);
     std::fs::remove_dir_all(&d).unwrap();
@@ -512,4 +519,174 @@ fn guest_root_cannot_read_the_hosts_identity_files() {
         }
     }
     assert_eq!(leaked, Vec::<&str>::new(), "host identity files read by the guest");
+}
+
+/// The directory-listing form of the last finding: a directory the guest
+/// listed (its descriptor kept for listings naming no handle) that the host
+/// then renames into a secret directory's place is still listed once the
+/// guest has looked the secret's name up, although every lookup in it is
+/// refused: the kept lister is checked against the node's place, never
+/// against the secrets. Correct: EACCES, as for any listing of a secret
+/// directory.
+#[test]
+#[ignore = "finding: a directory renamed into a secret directory's place is still listed through the kept lister"]
+fn a_directory_renamed_into_a_secret_directorys_place_is_not_listed() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    let secrets = Secrets::at(&[root.join("private")]);
+    std::fs::create_dir(root.join("staging")).unwrap();
+    std::fs::write(root.join("staging/id_ed25519"), b"KEY").unwrap();
+    let mut guest = Guest::of_share(root, &secrets);
+    let staging = guest.walk("ws/staging");
+    assert_eq!(guest.names(staging).unwrap(), ["id_ed25519"]);
+
+    std::fs::rename(root.join("staging"), root.join("private")).unwrap();
+    let private = guest.walk("ws/private");
+    assert_eq!(private, staging, "one host directory, one node");
+    assert_eq!(guest.lookup(private, b"id_ed25519").errno(), libc::EACCES, "nothing in it is found");
+    assert_eq!(guest.names(private), Err(libc::EACCES), "nor listed");
+}
+
+/// Host descriptors the device holds for the share at `root`, found by
+/// their links in /proc (other tests' descriptors name other directories).
+fn descriptors_under(root: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|target| target.starts_with(root))
+        .count()
+}
+
+/// A guest that walks a tree far bigger than the descriptor budget, lists
+/// every directory (READDIRPLUS and READDIR naming no handle), reads every
+/// file naming no handle, and opens every file and directory it can and
+/// never releases them holds no more host descriptors than the budget,
+/// the few kept readers and listers, and the root, whatever it does; opens
+/// past the cap get ENFILE and reads still work.
+#[test]
+fn a_guest_holds_no_more_host_descriptors_than_the_budget() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    for d in 0..40 {
+        std::fs::create_dir_all(root.join(format!("d{d}/e"))).unwrap();
+        for f in 0..3 {
+            std::fs::write(root.join(format!("d{d}/e/f{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    let budget = FdBudget { inodes: 16, handles: 16 };
+    let mut guest = Guest::init(&[share("/ws", root)], &Secrets::default(), budget, false);
+    let most = budget.inodes + budget.handles + 8 + 8 + 1;
+    let ws = guest.node(ROOT_ID, "ws");
+    let mut refused = 0;
+    for d in 0..40 {
+        let dnode = guest.node(ws, &format!("d{d}"));
+        let e = guest.node(dnode, "e");
+        for (name, entry) in guest.list_all(e).unwrap() {
+            assert_eq!(guest.read(entry.nodeid, 0, 64).ok(), format!("{d}/{}", &name[1..]).as_bytes());
+            for opcode in [Opcode::Open, Opcode::Opendir] {
+                let open = guest.open(opcode, entry.nodeid);
+                if open.header.error == 0 {
+                    let fh = open.obj::<OpenOut>().fh;
+                    assert!(
+                        guest.read_handle(entry.nodeid, fh, 0, 64).header.error == 0
+                            || opcode as u32 == Opcode::Opendir as u32
+                    );
+                } else if open.errno() == libc::ENFILE {
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(guest.names(dnode).unwrap(), ["e"]);
+        assert!(descriptors_under(root) <= most, "{} descriptors, at most {most}", descriptors_under(root));
+    }
+    assert!(refused > 0, "opens past the cap are refused");
+}
+
+/// FIFOs in a hostile repository never block the one worker thread: a
+/// read, listing, open or seek of one is answered, as is a read of a
+/// regular file the host replaced by a FIFO after the guest looked it up.
+#[test]
+fn a_fifo_never_blocks_the_worker() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    let mkfifo = |p: &Path| {
+        let name = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `name` is NUL-terminated.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    };
+    mkfifo(&root.join("pipe"));
+    std::fs::write(root.join("file"), b"plain").unwrap();
+    let mut guest = Guest::init(&[share("/ws", root)], &Secrets::default(), FdBudget { inodes: 8, handles: 8 }, false);
+    let pipe = guest.walk("ws/pipe");
+    assert_ne!(guest.read(pipe, 0, 4096).errno(), 0);
+    assert_ne!(guest.listing(pipe, 0).errno(), 0);
+    assert_ne!(guest.open(Opcode::Open, pipe).errno(), 0);
+    assert_ne!(guest.open(Opcode::Opendir, pipe).errno(), 0);
+    let seek = fuse_backend_rs::abi::fuse_abi::LseekIn { fh: 0, offset: 0, whence: libc::SEEK_DATA as u32, padding: 0 };
+    assert_ne!(guest.call(Opcode::Lseek as u32, pipe, seek.as_slice()).errno(), 0);
+
+    let file = guest.walk("ws/file");
+    std::fs::remove_file(root.join("file")).unwrap();
+    mkfifo(&root.join("file"));
+    assert_ne!(guest.read(file, 0, 4096).errno(), 0);
+    assert_ne!(guest.open(Opcode::Open, file).errno(), 0);
+}
+
+/// FORGET as Linux sends it on the hiprio queue (one device-readable
+/// descriptor, nothing to write) is served: the node goes.
+#[test]
+fn a_forget_without_room_for_a_reply_is_served() {
+    let dir = temp_dir();
+    std::fs::write(dir.as_path().join("f"), b"x").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let f = guest.walk("ws/f");
+    assert_eq!(guest.getattr(f).header.error, 0);
+    guest.send(Opcode::Forget as u32, f, ForgetIn { nlookup: 1 }.as_slice());
+    assert_eq!(guest.getattr(f).errno(), libc::ESTALE, "forgotten");
+}
+
+/// Extreme and crafted requests on every kind of node, naming no handle,
+/// a made-up handle or a guessed node id, are all answered (the guest
+/// never waits for ever) and leave the host's files as they were.
+#[test]
+fn crafted_requests_on_every_kind_of_node_are_answered() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::write(root.join("file"), b"content").unwrap();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+    let before: Vec<_> =
+        ["file", "dir", "link"].iter().map(|n| std::fs::symlink_metadata(root.join(n)).unwrap().mtime()).collect();
+    let mut guest = Guest::of_share(root, &Secrets::default());
+    let ws = guest.node(ROOT_ID, "ws");
+    let mut nodes = vec![ROOT_ID, ws, 0, u64::MAX, (1 << 56) | 2, (1 << 56) | (255 << 47), 2];
+    for n in ["file", "dir", "link"] {
+        nodes.push(guest.node(ws, n));
+    }
+    for &node in &nodes {
+        for (offset, size) in
+            [(0, 0), (u64::MAX, u32::MAX), (u64::MAX - 1, 4096), (i64::MAX as u64, 1), (1 << 63, 1 << 20)]
+        {
+            for fh in [0, 1, u64::MAX] {
+                let read = ReadIn { fh, offset, size, ..Default::default() };
+                for op in [Opcode::Read, Opcode::Readdir, Opcode::Readdirplus] {
+                    guest.call(op as u32, node, read.as_slice());
+                }
+                let seek = fuse_backend_rs::abi::fuse_abi::LseekIn { fh, offset, whence: size, padding: 0 };
+                guest.call(Opcode::Lseek as u32, node, seek.as_slice());
+            }
+        }
+        for name in [&b".."[..], b".", b"a/b", b"\xff\xfe", &[b'x'; 300], b"", b"link"] {
+            guest.lookup(node, name);
+        }
+        for op in
+            [Opcode::Getattr, Opcode::Readlink, Opcode::Statfs, Opcode::Access, Opcode::Getxattr, Opcode::Listxattr]
+        {
+            guest.call(op as u32, node, &[0u8; 24]);
+        }
+    }
+    let after: Vec<_> =
+        ["file", "dir", "link"].iter().map(|n| std::fs::symlink_metadata(root.join(n)).unwrap().mtime()).collect();
+    assert_eq!(before, after);
 }
