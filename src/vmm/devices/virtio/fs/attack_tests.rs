@@ -715,7 +715,9 @@ fn peak_rss() -> u64 {
 #[ignore = "finding: FUSE_IOCTL makes the VMM allocate and fill in_size bytes (up to 4 GiB) per request from aliased descriptors"]
 fn an_ioctl_with_a_huge_in_size_costs_the_host_no_memory() {
     const ALIASES: u32 = 32;
-    const IN_SIZE: u32 = ALIASES * (MEM_SIZE as u32);
+    const ALIAS_LEN: u32 = 0x80_0000;
+    const _: () = assert!(ALIAS_LEN as usize <= MEM_SIZE);
+    const IN_SIZE: u32 = ALIASES * ALIAS_LEN;
     let dir = temp_dir();
     let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
     let ioctl = fuse_backend_rs::abi::fuse_abi::IoctlIn {
@@ -728,7 +730,7 @@ fn an_ioctl_with_a_huge_in_size_costs_the_host_no_memory() {
     };
     let (_, len) = guest.write_request(Opcode::Ioctl as u32, ROOT_ID, ioctl.as_slice());
     let mut chain = vec![(REQ_ADDR, len, false)];
-    chain.extend((0..ALIASES).map(|_| (0, MEM_SIZE as u32, false)));
+    chain.extend((0..ALIASES).map(|_| (0, ALIAS_LEN, false)));
     chain.push((RESP_ADDR, RESP_LEN, true));
     std::fs::write("/proc/self/clear_refs", b"5").unwrap();
     let before = peak_rss();
@@ -737,4 +739,47 @@ fn an_ioctl_with_a_huge_in_size_costs_the_host_no_memory() {
     let header: OutHeader = guest.mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
     assert!(used as usize >= HEADER && header.error != 0, "answered with an error");
     assert!(grown < 64 << 20, "one request made the VMM hold {} MiB more", grown >> 20);
+}
+
+/// Secrets held against a guest that has not read them before: a secret
+/// the host replaces by rename, one created during the run where one is
+/// named, a hard link to one elsewhere in the share, a secret directory
+/// (not listed, nothing in it found, by READDIR or READDIRPLUS), and a
+/// guessed node id: none is read, whatever the request.
+#[test]
+fn secrets_the_guest_never_read_before_stay_closed() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::create_dir_all(root.join("ssh")).unwrap();
+    std::fs::create_dir_all(root.join("private")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"KEY-1").unwrap();
+    std::fs::write(root.join("private/token"), b"TOKEN").unwrap();
+    std::fs::hard_link(root.join("ssh/host_key"), root.join("linked")).unwrap();
+    let secrets = Secrets::at(&[root.join("ssh/host_key"), root.join("ssh/later_key"), root.join("private")]);
+    let mut guest = Guest::of_share(root, &secrets);
+    let ssh = guest.walk("ws/ssh");
+    let key = guest.node(ssh, "host_key");
+    let linked = guest.walk("ws/linked");
+    for node in [key, linked] {
+        assert_eq!(guest.read(node, 0, 4096).errno(), libc::EACCES);
+        let seek =
+            fuse_backend_rs::abi::fuse_abi::LseekIn { fh: 0, offset: 0, whence: libc::SEEK_DATA as u32, padding: 0 };
+        assert_ne!(guest.call(Opcode::Lseek as u32, node, seek.as_slice()).errno(), 0);
+    }
+    // Replaced by rename (a new identity at the secret's place), and a new
+    // secret created where one is named.
+    std::fs::write(root.join("ssh/.new"), b"KEY-2").unwrap();
+    std::fs::rename(root.join("ssh/.new"), root.join("ssh/host_key")).unwrap();
+    std::fs::write(root.join("ssh/later_key"), b"KEY-3").unwrap();
+    for name in ["host_key", "later_key"] {
+        let node = guest.node(ssh, name);
+        assert_eq!(guest.read(node, 0, 4096).errno(), libc::EACCES, "{name}");
+    }
+    let private = guest.walk("ws/private");
+    assert_eq!(guest.lookup(private, b"token").errno(), libc::EACCES);
+    assert_eq!(guest.names(private), Err(libc::EACCES));
+    assert_eq!(guest.listing(private, 0).errno(), libc::EACCES);
+    let token = ino(&root.join("private/token"));
+    assert_ne!(guest.read((1 << 56) | token, 0, 4096).errno(), 0, "a guessed node id is no node");
+    assert_eq!(guest.open(Opcode::Opendir, private).errno(), libc::ENOSYS);
 }
