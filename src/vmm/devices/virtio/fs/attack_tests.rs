@@ -783,3 +783,45 @@ fn secrets_the_guest_never_read_before_stay_closed() {
     assert_ne!(guest.read((1 << 56) | token, 0, 4096).errno(), 0, "a guessed node id is no node");
     assert_eq!(guest.open(Opcode::Opendir, private).errno(), libc::ENOSYS);
 }
+
+/// A big directory with names of every length (a repository crafted for
+/// it) listed page by page as Linux asks (READDIRPLUS, 4 KiB, from the
+/// last entry's offset), two listings interleaved on the one kept lister:
+/// every name comes exactly once, no page is empty before the end (which
+/// the guest would take for the end), and the listing ends.
+#[test]
+fn a_big_directory_lists_every_name_once_in_interleaved_pages() {
+    let dir = temp_dir();
+    let big = dir.as_path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    let mut want: Vec<String> = (0..3000).map(|i| format!("{i}-{}", "n".repeat(i % 240))).collect();
+    for name in &want {
+        std::fs::write(big.join(name), b"").unwrap();
+    }
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let node = guest.walk("ws/big");
+    let mut got = [Vec::new(), Vec::new()];
+    let mut offsets = [0u64, 0u64];
+    let mut done = [false, false];
+    let mut pages = 0;
+    while !(done[0] && done[1]) {
+        for i in 0..2 {
+            if done[i] {
+                continue;
+            }
+            pages += 1;
+            assert!(pages < 10_000, "the listing never ends");
+            let page = direntplus(guest.listing(node, offsets[i]).ok());
+            match page.last() {
+                None => done[i] = true,
+                Some(&(_, _, off)) => offsets[i] = off,
+            }
+            got[i].extend(page.into_iter().map(|(name, _, _)| name));
+        }
+    }
+    want.sort();
+    for mut names in got {
+        names.sort();
+        assert_eq!(names, want);
+    }
+}
