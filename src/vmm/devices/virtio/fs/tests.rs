@@ -1944,6 +1944,21 @@ fn a_listing_above_the_shares_at_the_last_offset_is_answered() {
     }
 }
 
+/// No share kind serves ioctls (the FUSE server would allocate the guest's
+/// `in_size` first), polls, BMAP or locks (none negotiated: the guest
+/// kernel keeps them): the gate answers them, for writable shares too.
+#[test]
+fn ioctl_poll_bmap_and_locks_are_refused_at_the_gate() {
+    assert_eq!(gate(Opcode::Ioctl as u32), Verdict::Refuse(libc::ENOTTY));
+    for op in [Opcode::Poll, Opcode::Bmap, Opcode::Getlk, Opcode::Setlk, Opcode::Setlkw] {
+        assert_eq!(gate(op as u32), Verdict::Refuse(libc::ENOSYS), "{op:?}");
+    }
+    let dir = share_dir();
+    let mut client = writable_client(&[share("/rw", dir.as_path())]);
+    assert_eq!(client.call(Opcode::Ioctl as u32, ROOT_ID, &[0u8; 64]).errno(), libc::ENOTTY);
+    assert_eq!(client.call(Opcode::Getlk as u32, ROOT_ID, &[0u8; 64]).errno(), libc::ENOSYS);
+}
+
 /// Every served opcode, on node ids of every kind (none, the root, another
 /// share's, one past the mounted shares, the largest) with handles and
 /// offsets at their extremes, gets an answer: nothing panics or hangs.
