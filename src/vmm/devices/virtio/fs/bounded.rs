@@ -262,6 +262,8 @@ impl FdCache {
 /// A file or directory the guest opened.
 struct Handle {
     file: File,
+    /// The node opened, whatever node a later request names with the handle.
+    node: u64,
     /// Serializes the seek and read of a directory listing.
     listing: Mutex<()>,
 }
@@ -482,26 +484,36 @@ impl BoundedFs {
         if !directory && !state.nodes.get(&node).is_some_and(|n| n.is_file) {
             return Err(err(libc::ENXIO));
         }
-        let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
+        let kind = if directory { libc::O_DIRECTORY } else { 0 };
         if node == ROOT {
             return open_at(state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind);
         }
-        let file = self.at_node(state, node, |state, dir, name| {
-            let file = open_at(state, dir, name, libc::O_RDONLY | kind)?;
-            let st = fstat(file.as_raw_fd())?;
-            Ok((file, st))
+        // Found as a bare reference first (O_PATH opens nothing: a FIFO's
+        // writer is not released, a device not woken), and opened for
+        // reading only once it is a regular file or a directory: what the
+        // host put in the node's place since the lookup may be anything.
+        let (path, st) = self.at_node(state, node, |state, dir, name| {
+            let path = open_at(state, dir, name, libc::O_PATH)?;
+            let st = fstat(path.as_raw_fd())?;
+            Ok(((path, st), st))
         })?;
-        // A device, FIFO or socket on the host is not the guest's to open.
-        if !directory && fstat(file.as_raw_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(err(libc::ENXIO));
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR if directory => reopen(state, &path, libc::O_RDONLY | kind),
+            libc::S_IFREG if !directory => reopen(state, &path, libc::O_RDONLY),
+            _ if directory => Err(err(libc::ENOTDIR)),
+            // A device, FIFO or socket on the host is not the guest's to open.
+            _ => Err(err(libc::ENXIO)),
         }
-        Ok(file)
     }
 
     /// The file `node` open for a read that names no handle.
     fn reader(&self, node: u64) -> io::Result<Arc<OwnedFd>> {
         let mut state = self.state();
         if let Some(fd) = state.readers.get(node) {
+            if let Err(e) = self.still_readable(&mut state, node) {
+                state.readers.remove(node);
+                return Err(e);
+            }
             return Ok(fd);
         }
         let fd = Arc::new(self.open_file(&mut state, node, false)?);
@@ -509,12 +521,20 @@ impl BoundedFs {
         Ok(fd)
     }
 
+    /// What an open of `node` checks, for a descriptor kept from an
+    /// earlier one: not a secret (by identity or by any name), and still
+    /// where it was found, its directory found from the root step by step.
+    fn still_readable(&self, state: &mut State, node: u64) -> io::Result<()> {
+        self.readable(state, node)?;
+        self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| ((), st)))
+    }
+
     fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
         let mut state = self.state();
         let file = self.open_file(&mut state, node, directory)?;
         let handle = state.next_handle;
         state.next_handle += 1;
-        state.handles.insert(handle, Arc::new(Handle { file: File::from(file), listing: Mutex::new(()) }));
+        state.handles.insert(handle, Arc::new(Handle { file: File::from(file), node, listing: Mutex::new(()) }));
         Ok(handle)
     }
 
@@ -554,6 +574,21 @@ impl BoundedFs {
                     work.push((parent, 0));
                 }
             }
+        }
+    }
+
+    /// Takes the kind of `node` from `st`, a fresh stat of it: a host inode
+    /// number freed and reused (`rm out; mkdir out`) is the same node id
+    /// for a file of another kind, which the guest kernel replaces as it
+    /// sees the new type. Descriptors kept for the old kind go.
+    fn refresh_kind(state: &mut State, node: u64, st: &stat64) {
+        let kind = st.st_mode & libc::S_IFMT;
+        let Some(n) = state.nodes.get_mut(&node) else { return };
+        let (is_dir, is_file) = (kind == libc::S_IFDIR, kind == libc::S_IFREG);
+        if (n.is_dir, n.is_file) != (is_dir, is_file) {
+            (n.is_dir, n.is_file) = (is_dir, is_file);
+            state.cache.remove(node);
+            state.readers.remove(node);
         }
     }
 
@@ -614,6 +649,9 @@ impl BoundedFs {
             return Ok(());
         }
         let handle = self.handle(handle)?;
+        // A directory the host renamed into a secret's place since it was
+        // opened is refused, as a lookup in it is.
+        self.readable(&self.state(), handle.node)?;
         // The guest names the size; a page or a few is what Linux asks.
         let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
         let read = {
@@ -680,10 +718,24 @@ fn stale_if_gone(e: io::Error) -> io::Error {
 /// allows it (files the host user owns): the guest's reads leave the
 /// host's access times alone.
 fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    open_following(state, dir, name, flags | libc::O_NOFOLLOW)
+}
+
+/// The `O_PATH` descriptor `path` opened again with `flags`, through its
+/// link in /proc/self/fd: the very file `path` stands for, whatever its
+/// name leads to now. (The jail's Landlock rules judge the file reached,
+/// which is in a share, and seccomp the flags, which are read-only.)
+fn reopen(state: &mut State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
+    let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
+    open_following(state, libc::AT_FDCWD, &link, flags)
+}
+
+/// [`open_at`] with symlinks followed (`flags` may forbid them).
+fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
     let once = |flags: i32| {
         // SAFETY: `name` is a NUL-terminated string; openat returns a new
         // descriptor that we own or -1.
-        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) };
         if fd < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -775,6 +827,7 @@ impl FileSystem for BoundedFs {
         let st = fstatat(dir.as_raw_fd(), name)?;
         let id = state.ids.id(st.st_dev, st.st_ino)?;
         if state.nodes.contains_key(&id) {
+            Self::refresh_kind(&mut state, id, &st);
             Self::add_name(&mut state, id, parent, name);
             return Ok(self.entry(id, st));
         }
