@@ -36,7 +36,15 @@
 //! FUSE_OPEN with ENOSYS, so the guest stops sending opens and releases):
 //! such a read names no handle, and the file is opened here for it, kept
 //! among the last few [`READERS`] read so that the chunks of one big file
-//! cost one open.
+//! cost one open. Each read through a kept file checks what an open does
+//! (not a secret, still where it was found); a listing page, that its
+//! directory is not a secret.
+//!
+//! What is opened for its content is found with `O_PATH` first and opened
+//! for reading (through /proc/self/fd) only once it is a regular file or a
+//! directory: a FIFO or device the host put in a node's place is never
+//! opened. A lookup takes the node's kind afresh, since a host inode
+//! number freed and reused may come back as another kind of file.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
