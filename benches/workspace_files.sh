@@ -160,7 +160,9 @@ done
 # What each row costs the workspace's file server: requests by opcode and
 # guest notifications (each a round trip, at least one VM exit), counted by
 # the VMM, one fresh run per row less a run that runs no row. The second git
-# status is left out: alone in a run it would be the first.
+# status is left out: alone in a run it would be the first. Forget and
+# BatchForget come from the guest's cache drop before the row, and nothing
+# waits for their answer.
 fs_counts() {
     local log
     log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
@@ -176,7 +178,7 @@ if ((count)); then
     echo "counting requests" >&2
     base=$(count_run none)
     printf '\n%-40s %s\n' "requests (less a bare run)" \
-        "total notifications Lookup Open Read Readdirplus Getattr Flush Release BatchForget"
+        "total notifications Lookup Getattr Open Release Opendir Releasedir Read Readdir Readdirplus Flush Getxattr Statfs Forget BatchForget"
 fi
 field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 + 0; f = 1 } END { if (!f) print 0 }'; }
 for name in "${order[@]}"; do
@@ -184,7 +186,7 @@ for name in "${order[@]}"; do
     [[ $name == *second* ]] && continue
     got=$(count_run "$name")
     line=
-    for k in total notifications Lookup Open Read Readdirplus Getattr Flush Release BatchForget; do
+    for k in total notifications Lookup Getattr Open Release Opendir Releasedir Read Readdir Readdirplus Flush Getxattr Statfs Forget BatchForget; do
         line+=" $(($(field "$got" "$k") - $(field "$base" "$k")))"
     done
     printf '%-40s%s\n' "$name" "$line"

@@ -15,6 +15,8 @@ fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
                  echo "guest-id=$(cat /etc/machine-id)"
                  echo "key=$(cat /etc/ssh/ssh_host_test_key 2>&1)"
                  echo "via-share=$(cat /.stockade/host/etc/ssh/ssh_host_test_key 2>&1)"
+                 echo "host-passwd=$(cat /.stockade/host/etc/passwd 2>&1 | head -c 60)"
+                 echo "host-machine-id=$(cat /.stockade/host/etc/machine-id 2>&1)"
                  echo "shadow=$(cat /etc/shadow 2>&1 | head -c 40)"
                  echo "me=$(id -un)"
                  echo "accounts=$(cut -d: -f1 /etc/passwd | tr "\n" " ")"
@@ -41,6 +43,12 @@ fn the_guest_has_its_own_identity_and_not_the_hosts_secrets() {
     assert!(!out.stdout.contains("HOST-PRIVATE-KEY"), "an ssh host key reached the guest\n{out}");
     assert!(field("via-share=").contains("Permission denied"), "the VMM refuses the secret itself\n{out}");
     assert!(!field("shadow=").contains("root:"), "/etc/shadow reached the guest\n{out}");
+    assert!(field("host-passwd=").contains("Permission denied"), "the host's own passwd is refused\n{out}");
+    let host_machine_id = field("host-machine-id=");
+    assert!(
+        host_machine_id.contains("Permission denied") || host_machine_id.contains("No such file"),
+        "the host's machine id is refused\n{out}"
+    );
     assert!(out.stdout.contains("ssh-config=kept"), "only the secrets are hidden\n{out}");
     assert!(out.stdout.contains("nameserver 10.77.0.1\n"), "names go to the proxy's DNS\n{out}");
     let roots = |key: &str| field(key).split_whitespace().next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);

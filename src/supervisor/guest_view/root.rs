@@ -223,16 +223,20 @@ fn trust_env(generated: &[Generated], trust: Option<&GuestTrust>) -> Vec<(String
     }
 }
 
-/// The existing files a `hide` pattern names: a path, or a directory and a
-/// file name with `*` wildcards. Unreadable directories hide nothing more
-/// (the jailed VMM could not read them either).
+/// The files a `hide` pattern names: a path, or a directory and a file
+/// name with `*` wildcards. A path is kept whether or not the file exists
+/// yet: the VMM refuses what comes to be there during the run (a shadow
+/// tool's lock or temporary file, a key written later) by its place; a
+/// directory there is not hidden. Wildcards name the files that exist;
+/// unreadable directories hide nothing more (the jailed VMM could not
+/// read them either).
 fn expand(pattern: &str) -> Vec<String> {
     let path = Path::new(pattern);
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         return Vec::new();
     };
     if !name.contains('*') {
-        return if path.is_file() { vec![pattern.to_string()] } else { Vec::new() };
+        return if path.is_dir() { Vec::new() } else { vec![pattern.to_string()] };
     }
     let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
     let mut found: Vec<String> = entries
@@ -423,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn hide_patterns_expand_to_existing_files_only() {
+    fn hide_patterns_expand_to_files_and_places() {
         let dir = std::env::temp_dir().join(format!("stockade-hide-{}", std::process::id()));
         fs::create_dir_all(dir.join("sub")).unwrap();
         for f in ["ssh_host_rsa_key", "ssh_host_rsa_key.pub", "ssh_config"] {
@@ -432,7 +436,8 @@ mod tests {
         let found = expand(&format!("{}/ssh_host_*", dir.display()));
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found.iter().all(|f| f.contains("ssh_host_")));
-        assert!(expand(&format!("{}/missing", dir.display())).is_empty());
+        let missing = format!("{}/missing", dir.display());
+        assert_eq!(expand(&missing), vec![missing], "a file created during the run is refused by its place");
         assert!(expand(&format!("{}/sub", dir.display())).is_empty(), "directories are not hidden");
         assert!(expand("/nonexistent-dir/*").is_empty());
         fs::remove_dir_all(&dir).unwrap();

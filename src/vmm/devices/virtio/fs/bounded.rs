@@ -7,11 +7,13 @@
 //! Here an inode is its parent inode, its name and the host identity
 //! (device, inode) it had when looked up. Directories get `O_PATH`
 //! descriptors when something beneath them is needed, kept in a
-//! least-recently-used cache of at most [`FdBudget::inodes`]; an evicted
-//! directory is opened again from its parent, one component at a time
-//! with `O_NOFOLLOW`, and each step must find the same device and inode or
-//! the answer is ESTALE: a name the host renamed or replaced is never taken
-//! for another file. Files are looked up and stat'ed through their parent
+//! least-recently-used cache of at most [`FdBudget::inodes`]. A directory
+//! is found from the root, one component at a time with `O_NOFOLLOW`, a
+//! cached descriptor standing for a step once its name still leads to it,
+//! and each step must find the same device and inode or the answer is
+//! ESTALE: a name the host renamed or replaced is never taken for another
+//! file, and a directory the host moved out of the share is not served
+//! from its new place. Files are looked up and stat'ed through their parent
 //! and hold no descriptor until the guest opens them; open handles are
 //! capped at [`FdBudget::handles`] (over all shares of a device), beyond
 //! which an open gets ENFILE and nothing else breaks.
@@ -34,7 +36,15 @@
 //! FUSE_OPEN with ENOSYS, so the guest stops sending opens and releases):
 //! such a read names no handle, and the file is opened here for it, kept
 //! among the last few [`READERS`] read so that the chunks of one big file
-//! cost one open.
+//! cost one open. Each read through a kept file checks what an open does
+//! (not a secret, still where it was found); a listing page, that its
+//! directory is not a secret.
+//!
+//! What is opened for its content is found with `O_PATH` first and opened
+//! for reading (through /proc/self/fd) only once it is a regular file or a
+//! directory: a FIFO or device the host put in a node's place is never
+//! opened. A lookup takes the node's kind afresh, since a host inode
+//! number freed and reused may come back as another kind of file.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -260,6 +270,8 @@ impl FdCache {
 /// A file or directory the guest opened.
 struct Handle {
     file: File,
+    /// The node opened, whatever node a later request names with the handle.
+    node: u64,
     /// Serializes the seek and read of a directory listing.
     listing: Mutex<()>,
 }
@@ -355,36 +367,41 @@ impl BoundedFs {
         }
     }
 
-    /// An `O_PATH` descriptor of the directory `node`, from the cache or
-    /// opened again from its nearest cached ancestor.
+    /// An `O_PATH` descriptor of the directory `node`, found from the root
+    /// by first names. A step's cached descriptor serves once its name
+    /// still leads to it (one `fstatat`), others are opened again; a step
+    /// whose name leads elsewhere or nowhere is ESTALE. So a directory the
+    /// host moved (out of the share, maybe) is never served from where it
+    /// went, cached or not.
     fn dir_fd(&self, state: &mut State, node: u64) -> io::Result<Arc<OwnedFd>> {
-        if node == ROOT {
-            return Ok(Arc::clone(&self.root));
-        }
-        if let Some(fd) = state.cache.get(node) {
-            return Ok(fd);
-        }
-        // The nodes to open, nearest the root last.
-        let mut chain = vec![node];
-        let mut fd = loop {
-            let last = *chain.last().unwrap_or(&node);
-            let parent = first_parent(state, last)?;
-            if parent == ROOT {
-                break Arc::clone(&self.root);
-            }
-            if let Some(fd) = state.cache.get(parent) {
-                break fd;
-            }
+        // The nodes from `node` up to the root, the root left out.
+        let mut chain = Vec::new();
+        let mut at = node;
+        while at != ROOT {
             // First names never form a loop (see `add_name`); this is a guard.
             if chain.len() > state.nodes.len() {
                 return Err(err(libc::ELOOP));
             }
-            chain.push(parent);
-        };
+            chain.push(at);
+            at = first_parent(state, at)?;
+        }
+        let mut fd = Arc::clone(&self.root);
         for &step in chain.iter().rev() {
-            let node = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
-            let name = node.names.first().ok_or_else(|| err(libc::ESTALE))?.1.clone();
-            let (dev, ino) = (node.dev, node.ino);
+            let n = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
+            let (dev, ino) = (n.dev, n.ino);
+            let name = &n.names.first().ok_or_else(|| err(libc::ESTALE))?.1;
+            if state.cache.fds.contains_key(&step) {
+                let there = fstatat(fd.as_raw_fd(), name).map_err(stale_if_gone)?;
+                if (there.st_dev, there.st_ino) != (dev, ino) {
+                    state.cache.remove(step);
+                    return Err(err(libc::ESTALE));
+                }
+                if let Some(cached) = state.cache.get(step) {
+                    fd = cached;
+                    continue;
+                }
+            }
+            let name = name.clone();
             let opened =
                 open_at(state, fd.as_raw_fd(), &name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
             let st = fstat(opened.as_raw_fd())?;
@@ -433,11 +450,23 @@ impl BoundedFs {
     /// Refuses the content of a node the filesystem does not hold or that
     /// is one of the host's secrets.
     fn readable(&self, state: &State, node: u64) -> io::Result<()> {
-        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-        if self.secrets.holds(n.dev, n.ino) {
+        if self.is_secret(state, node)? {
             return Err(err(libc::EACCES));
         }
         Ok(())
+    }
+
+    /// Whether `node` is one of the host's secrets: by its identity, or by
+    /// any of its names (what the host put in a secret's place since the
+    /// start).
+    fn is_secret(&self, state: &State, node: u64) -> io::Result<bool> {
+        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        if self.secrets.holds(n.dev, n.ino) {
+            return Ok(true);
+        }
+        Ok(n.names
+            .iter()
+            .any(|(parent, name)| state.nodes.get(parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))))
     }
 
     /// Opens `node` for reading (a directory with O_DIRECTORY), checking
@@ -463,26 +492,36 @@ impl BoundedFs {
         if !directory && !state.nodes.get(&node).is_some_and(|n| n.is_file) {
             return Err(err(libc::ENXIO));
         }
-        let kind = if directory { libc::O_DIRECTORY } else { libc::O_NONBLOCK };
+        let kind = if directory { libc::O_DIRECTORY } else { 0 };
         if node == ROOT {
             return open_at(state, self.root.as_raw_fd(), c".", libc::O_RDONLY | kind);
         }
-        let file = self.at_node(state, node, |state, dir, name| {
-            let file = open_at(state, dir, name, libc::O_RDONLY | kind)?;
-            let st = fstat(file.as_raw_fd())?;
-            Ok((file, st))
+        // Found as a bare reference first (O_PATH opens nothing: a FIFO's
+        // writer is not released, a device not woken), and opened for
+        // reading only once it is a regular file or a directory: what the
+        // host put in the node's place since the lookup may be anything.
+        let (path, st) = self.at_node(state, node, |state, dir, name| {
+            let path = open_at(state, dir, name, libc::O_PATH)?;
+            let st = fstat(path.as_raw_fd())?;
+            Ok(((path, st), st))
         })?;
-        // A device, FIFO or socket on the host is not the guest's to open.
-        if !directory && fstat(file.as_raw_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(err(libc::ENXIO));
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR if directory => reopen(state, &path, libc::O_RDONLY | kind),
+            libc::S_IFREG if !directory => reopen(state, &path, libc::O_RDONLY),
+            _ if directory => Err(err(libc::ENOTDIR)),
+            // A device, FIFO or socket on the host is not the guest's to open.
+            _ => Err(err(libc::ENXIO)),
         }
-        Ok(file)
     }
 
     /// The file `node` open for a read that names no handle.
     fn reader(&self, node: u64) -> io::Result<Arc<OwnedFd>> {
         let mut state = self.state();
         if let Some(fd) = state.readers.get(node) {
+            if let Err(e) = self.still_readable(&mut state, node) {
+                state.readers.remove(node);
+                return Err(e);
+            }
             return Ok(fd);
         }
         let fd = Arc::new(self.open_file(&mut state, node, false)?);
@@ -490,12 +529,20 @@ impl BoundedFs {
         Ok(fd)
     }
 
+    /// What an open of `node` checks, for a descriptor kept from an
+    /// earlier one: not a secret (by identity or by any name), and still
+    /// where it was found, its directory found from the root step by step.
+    fn still_readable(&self, state: &mut State, node: u64) -> io::Result<()> {
+        self.readable(state, node)?;
+        self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| ((), st)))
+    }
+
     fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
         let mut state = self.state();
         let file = self.open_file(&mut state, node, directory)?;
         let handle = state.next_handle;
         state.next_handle += 1;
-        state.handles.insert(handle, Arc::new(Handle { file: File::from(file), listing: Mutex::new(()) }));
+        state.handles.insert(handle, Arc::new(Handle { file: File::from(file), node, listing: Mutex::new(()) }));
         Ok(handle)
     }
 
@@ -535,6 +582,21 @@ impl BoundedFs {
                     work.push((parent, 0));
                 }
             }
+        }
+    }
+
+    /// Takes the kind of `node` from `st`, a fresh stat of it: a host inode
+    /// number freed and reused (`rm out; mkdir out`) is the same node id
+    /// for a file of another kind, which the guest kernel replaces as it
+    /// sees the new type. Descriptors kept for the old kind go.
+    fn refresh_kind(state: &mut State, node: u64, st: &stat64) {
+        let kind = st.st_mode & libc::S_IFMT;
+        let Some(n) = state.nodes.get_mut(&node) else { return };
+        let (is_dir, is_file) = (kind == libc::S_IFDIR, kind == libc::S_IFREG);
+        if (n.is_dir, n.is_file) != (is_dir, is_file) {
+            (n.is_dir, n.is_file) = (is_dir, is_file);
+            state.cache.remove(node);
+            state.readers.remove(node);
         }
     }
 
@@ -595,6 +657,9 @@ impl BoundedFs {
             return Ok(());
         }
         let handle = self.handle(handle)?;
+        // A directory the host renamed into a secret's place since it was
+        // opened is refused, as a lookup in it is.
+        self.readable(&self.state(), handle.node)?;
         // The guest names the size; a page or a few is what Linux asks.
         let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
         let read = {
@@ -657,11 +722,28 @@ fn stale_if_gone(e: io::Error) -> io::Error {
 
 /// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)`; when the process is
 /// out of descriptors, half the cache is given back and it is tried again.
+/// What is opened for its content is opened with O_NOATIME where the host
+/// allows it (files the host user owns): the guest's reads leave the
+/// host's access times alone.
 fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    let once = || {
+    open_following(state, dir, name, flags | libc::O_NOFOLLOW)
+}
+
+/// The `O_PATH` descriptor `path` opened again with `flags`, through its
+/// link in /proc/self/fd: the very file `path` stands for, whatever its
+/// name leads to now. (The jail's Landlock rules judge the file reached,
+/// which is in a share, and seccomp the flags, which are read-only.)
+fn reopen(state: &mut State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
+    let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
+    open_following(state, libc::AT_FDCWD, &link, flags)
+}
+
+/// [`open_at`] with symlinks followed (`flags` may forbid them).
+fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    let once = |flags: i32| {
         // SAFETY: `name` is a NUL-terminated string; openat returns a new
         // descriptor that we own or -1.
-        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) };
         if fd < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -669,10 +751,20 @@ fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         }
     };
-    match once() {
+    let attempt = |flags: i32| {
+        if flags & libc::O_PATH != 0 {
+            return once(flags);
+        }
+        match once(flags | libc::O_NOATIME) {
+            // Not the host user's file (nor CAP_FOWNER): read it as anyone would.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => once(flags),
+            other => other,
+        }
+    };
+    match attempt(flags) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
             state.cache.shrink();
-            once()
+            attempt(flags)
         }
         other => other,
     }
@@ -734,7 +826,7 @@ impl FileSystem for BoundedFs {
         match state.nodes.get(&parent) {
             // Nothing in a secret directory is found, so nothing beneath it
             // is a node to read.
-            Some(n) if n.is_dir && self.secrets.holds(n.dev, n.ino) => return Err(err(libc::EACCES)),
+            Some(n) if n.is_dir && self.is_secret(&state, parent)? => return Err(err(libc::EACCES)),
             Some(n) if n.is_dir => {}
             Some(_) => return Err(err(libc::ENOTDIR)),
             None => return Err(err(libc::ESTALE)),
@@ -743,6 +835,7 @@ impl FileSystem for BoundedFs {
         let st = fstatat(dir.as_raw_fd(), name)?;
         let id = state.ids.id(st.st_dev, st.st_ino)?;
         if state.nodes.contains_key(&id) {
+            Self::refresh_kind(&mut state, id, &st);
             Self::add_name(&mut state, id, parent, name);
             return Ok(self.entry(id, st));
         }

@@ -274,9 +274,17 @@ pub(super) fn vfs_options() -> VfsOptions {
 /// from a skipped open: the guest mounts these shares read-only, and
 /// `ReadOnlyFs` refuses every request that would change a file whatever
 /// the guest's kernel sends. Directories are still opened, so a listing
-/// keeps one host descriptor from its first page to its last.
+/// keeps one host descriptor from its first page to its last (and the
+/// guest's kernel keeps no listing cache of its own, which it would for a
+/// directory it lists unopened).
+///
+/// Every page of a listing comes with the entries' attributes
+/// (READDIRPLUS, not only the first page as READDIRPLUS_AUTO would have
+/// it): a walk that stats or reads what it lists then sends no lookup per
+/// name, whose answer would be the same entry with the same timeout.
 pub(super) fn read_only_vfs_options() -> VfsOptions {
-    VfsOptions { no_open: true, ..vfs_options() }
+    let options = vfs_options();
+    VfsOptions { no_open: true, out_opts: options.out_opts - FsOptions::READDIRPLUS_AUTO, ..options }
 }
 
 /// The passthrough configuration of one share.

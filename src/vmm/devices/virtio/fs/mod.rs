@@ -42,6 +42,8 @@ mod watched;
 mod writable;
 
 #[cfg(test)]
+mod attack_tests;
+#[cfg(test)]
 mod tests;
 
 use std::time::Duration;

@@ -39,8 +39,17 @@ pub(super) enum Verdict {
     Refuse(i32),
 }
 
-/// The opcode gate. Only opcodes named here reach the FUSE server, so an
+/// The opcode gate, for every share kind (only EROFS is lifted for the
+/// writable ones). Only opcodes named here reach the FUSE server, so an
 /// opcode it does not know (or decodes unsoundly) never gets to it.
+///
+/// Not served, whatever the share: FUSE_IOCTL (the server would allocate
+/// and fill the request's `in_size`, up to 4 GiB, before any filesystem
+/// sees it; ENOTTY is what a filesystem without ioctls answers), and
+/// FUSE_POLL, FUSE_BMAP and the lock opcodes, which no share needs: the
+/// guest kernel polls and locks locally when the server negotiates neither
+/// POSIX_LOCKS nor FLOCK_LOCKS (see `device::vfs_options`), and BMAP is
+/// for block-device-backed FUSE only.
 pub(super) fn gate(opcode: u32) -> Verdict {
     const SERVED: &[Opcode] = &[
         Opcode::Lookup,
@@ -60,15 +69,9 @@ pub(super) fn gate(opcode: u32) -> Verdict {
         Opcode::Readdir,
         Opcode::Releasedir,
         Opcode::Fsyncdir,
-        Opcode::Getlk,
-        Opcode::Setlk,
-        Opcode::Setlkw,
         Opcode::Access,
         Opcode::Interrupt,
-        Opcode::Bmap,
         Opcode::Destroy,
-        Opcode::Ioctl,
-        Opcode::Poll,
         Opcode::BatchForget,
         Opcode::Readdirplus,
         Opcode::Lseek,
@@ -90,7 +93,9 @@ pub(super) fn gate(opcode: u32) -> Verdict {
         Opcode::Rename2,
         Opcode::CopyFileRange,
     ];
-    if SERVED.iter().any(|&op| op as u32 == opcode) {
+    if opcode == Opcode::Ioctl as u32 {
+        Verdict::Refuse(libc::ENOTTY)
+    } else if SERVED.iter().any(|&op| op as u32 == opcode) {
         Verdict::Dispatch
     } else if opcode == FUSE_TMPFILE || MUTATING.iter().any(|&op| op as u32 == opcode) {
         Verdict::Refuse(libc::EROFS)

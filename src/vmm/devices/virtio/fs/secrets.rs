@@ -4,33 +4,67 @@
 //! whatever path, hard link or mount the guest reached it by.
 //!
 //! A secret is known by its host identity (device and inode, taken when
-//! the VMM starts). The read-only shares' filesystem (`bounded`) knows the
-//! identity of every node it holds and refuses the content of those that
-//! are secrets where it opens them, whatever node id the guest names.
+//! the VMM starts) and by its place: the identity of the directory it is
+//! in and its name there. The place keeps a secret the host replaces
+//! during a run (passwd rewrites /etc/shadow by rename, ssh-keygen writes
+//! new host keys) a secret, and one created during the run as well. The
+//! read-only shares' filesystem (`bounded`) knows the identity and names of
+//! every node it holds and refuses the content of those that are secrets
+//! where it opens them, whatever node id the guest names.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The host identities (device, inode) of the secrets.
+/// A host file's or directory's identity: (device, inode).
+type Identity = (u64, u64);
+
+/// The host identities and places of the secrets.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
-    ids: Arc<HashSet<(u64, u64)>>,
+    ids: Arc<HashSet<Identity>>,
+    /// The names of secrets in a directory, by the directory's identity.
+    places: Arc<HashMap<Identity, Vec<Vec<u8>>>>,
 }
 
 impl Secrets {
-    /// The secrets at `paths` on the host (symlinks followed); paths that
-    /// do not exist are no secret.
+    /// The secrets at `paths` on the host (symlinks followed). A path that
+    /// does not exist is a secret if it comes to exist in a directory that
+    /// does.
     pub fn at(paths: &[PathBuf]) -> Secrets {
         let ids = paths.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| (m.dev(), m.ino())).collect();
-        Secrets { ids: Arc::new(ids) }
+        let mut places: HashMap<_, Vec<_>> = HashMap::new();
+        for (dir, name) in paths.iter().filter_map(|p| place(p)) {
+            places.entry(dir).or_default().push(name);
+        }
+        Secrets { ids: Arc::new(ids), places: Arc::new(places) }
     }
 
     /// Whether the host file `ino` on device `dev` is a secret.
     pub fn holds(&self, dev: u64, ino: u64) -> bool {
         self.ids.contains(&(dev, ino))
     }
+
+    /// Whether `name` in the host directory `ino` on device `dev` is where
+    /// a secret is.
+    pub fn placed(&self, dev: u64, ino: u64, name: &CStr) -> bool {
+        self.places.get(&(dev, ino)).is_some_and(|names| names.iter().any(|n| n == name.to_bytes()))
+    }
+}
+
+/// The directory identity and name `path` leads to, symlinks followed
+/// (those of the directory even when the file itself does not exist).
+fn place(path: &Path) -> Option<(Identity, Vec<u8>)> {
+    let resolved = std::fs::canonicalize(path).ok().or_else(|| {
+        let parent = std::fs::canonicalize(path.parent()?).ok()?;
+        Some(parent.join(path.file_name()?))
+    })?;
+    let name: &OsStr = resolved.file_name()?;
+    let dir = std::fs::metadata(resolved.parent()?).ok()?;
+    Some(((dir.dev(), dir.ino()), name.as_bytes().to_vec()))
 }
 
 #[cfg(test)]

@@ -36,6 +36,10 @@ fn eperm() -> io::Error {
 }
 
 const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
+/// The most of a directory listing read at once: the passthrough reserves
+/// the size the guest names (up to 4 GiB, its reply descriptors may alias),
+/// and Linux asks a page at a time.
+const MAX_LISTING: u32 = 1 << 20;
 
 /// `inner`, with the host user's powers and no more, within `budget`.
 pub struct WritableFs<F> {
@@ -381,7 +385,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.inner.readdir(ctx, inode, handle, size, offset, add_entry)
+        self.inner.readdir(ctx, inode, handle, size.min(MAX_LISTING), offset, add_entry)
     }
 
     fn readdirplus(
@@ -393,7 +397,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.inner.readdirplus(ctx, inode, handle, size, offset, add_entry)
+        self.inner.readdirplus(ctx, inode, handle, size.min(MAX_LISTING), offset, add_entry)
     }
 
     fn fsyncdir(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {

@@ -1,0 +1,935 @@
+//! Attacks on the read-only shares' file server, as a hostile guest root
+//! (raw FUSE requests on the request queue), a hostile repository (what the
+//! share holds) or the host user changing files under a running guest
+//! would make them. Each goes through the device's queue processing
+//! (`process_queue`), the FUSE server, the Vfs and the bounded filesystem,
+//! as the guest's requests do. A test marked `ignore = "finding: ..."`
+//! shows an attack that succeeds on the current code and says what the
+//! correct behaviour is; the others guard attacks that are held.
+
+use std::mem::size_of;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::{
+    Dirent, Direntplus, EntryOut, ForgetIn, FsOptions, GetattrIn, InHeader, InitIn, Opcode, OpenIn, OpenOut, OutHeader,
+    ROOT_ID, ReadIn, ReleaseIn,
+};
+use fuse_backend_rs::api::Vfs;
+use fuse_backend_rs::api::server::Server;
+use virtio_queue::Queue;
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::tempdir::TempDir;
+
+use super::bounded::FdBudget;
+use super::device::{Fs, Share};
+use super::readonly::ReadOnlyFs;
+use super::request::{Access, process_queue};
+use super::secrets::Secrets;
+use super::tally::Tally;
+
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_WRITE: u16 = 2;
+const QSIZE: u16 = 256;
+const MEM_SIZE: usize = 0x80_0000;
+const REQ_ADDR: u64 = 0x10_0000;
+const RESP_ADDR: u64 = 0x40_0000;
+const RESP_LEN: u32 = 0x2_0000;
+const HEADER: usize = size_of::<OutHeader>();
+
+/// A reply as the guest reads it: the header and the body.
+#[derive(Debug)]
+struct Reply {
+    header: OutHeader,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn ok(&self) -> &[u8] {
+        assert_eq!(self.header.error, 0, "unexpected error reply {self:?}");
+        &self.body
+    }
+
+    fn errno(&self) -> i32 {
+        -self.header.error
+    }
+
+    fn obj<T: ByteValued>(&self) -> T {
+        T::from_slice(&self.ok()[..size_of::<T>()]).copied().unwrap()
+    }
+}
+
+/// A hostile guest kernel: it writes any request it likes in its memory,
+/// offers it on the request queue and lets the device answer.
+struct Guest {
+    mem: &'static GuestMemoryMmap,
+    mock: MockSplitQueue<'static, GuestMemoryMmap>,
+    queue: Queue,
+    next_desc: u16,
+    used: u16,
+    server: Arc<Server<ReadOnlyFs<Vfs>>>,
+    unique: u64,
+}
+
+impl Guest {
+    /// A guest of a read-only device serving `shares` within `budget`,
+    /// past FUSE_INIT as Linux sends it (reads and listings without opens).
+    fn of(shares: &[Share], secrets: &Secrets, budget: FdBudget) -> Guest {
+        Guest::init(shares, secrets, budget, true)
+    }
+
+    /// [`Guest::of`], a kernel that sends opens (`without_opens` false):
+    /// every open the guest asks for then reaches the filesystem.
+    fn init(shares: &[Share], secrets: &Secrets, budget: FdBudget, without_opens: bool) -> Guest {
+        let fs = Fs::within("attack", shares, secrets, budget).unwrap();
+        let mem: &'static GuestMemoryMmap =
+            Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
+        let mock = MockSplitQueue::create(mem, GuestAddress(0), QSIZE);
+        let queue = mock.create_queue().unwrap();
+        let mut guest = Guest { mem, mock, queue, next_desc: 0, used: 0, server: fs.server, unique: 0 };
+        let mut flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+        if !without_opens {
+            flags &= !(FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits();
+        }
+        let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() };
+        assert_eq!(guest.call(Opcode::Init as u32, 0, init.as_slice()).header.error, 0);
+        guest
+    }
+
+    /// A guest of one share at /ws with a generous budget.
+    fn of_share(host: &Path, secrets: &Secrets) -> Guest {
+        Guest::of(&[share("/ws", host)], secrets, FdBudget { inodes: 64, handles: 64 })
+    }
+
+    /// Offers a chain of (address, length, device-writable) descriptors and
+    /// lets the device process the queue; returns the used length, and
+    /// fails unless the chain came back.
+    fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
+        // The mock queue serves a few hundred chains; a long test starts
+        // another (the server keeps no queue state).
+        if self.used >= 200 {
+            self.mock = MockSplitQueue::create(self.mem, GuestAddress(0), QSIZE);
+            self.queue = self.mock.create_queue().unwrap();
+            self.next_desc = 0;
+            self.used = 0;
+        }
+        let n = u16::try_from(descs.len()).unwrap();
+        if self.next_desc + n > QSIZE {
+            self.next_desc = 0;
+        }
+        let first = self.next_desc;
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .zip(first..)
+            .map(|(&(addr, len, writable), index)| {
+                let mut flags = if writable { DESC_F_WRITE } else { 0 };
+                let mut next = 0;
+                if index + 1 < first + n {
+                    flags |= DESC_F_NEXT;
+                    next = index + 1;
+                }
+                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+            })
+            .collect();
+        self.mock.add_desc_chains(&raw, first).unwrap();
+        self.next_desc += n;
+        process_queue(&self.server, self.mem, &mut self.queue, Access::ReadOnly, &mut Tally::default());
+        let used_idx: u16 = self.mem.read_obj(self.mock.used_addr().unchecked_add(2)).unwrap();
+        assert_eq!(used_idx, self.used.wrapping_add(1), "the device must return every request");
+        let elem = self.mock.used_addr().unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
+        let id: u32 = self.mem.read_obj(elem).unwrap();
+        assert_eq!(id, u32::from(first));
+        self.used = used_idx;
+        self.mem.read_obj(elem.unchecked_add(4)).unwrap()
+    }
+
+    /// Writes request `opcode` on `nodeid` with `body`; returns its unique
+    /// and length.
+    fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
+        self.unique += 1;
+        let len = u32::try_from(size_of::<InHeader>() + body.len()).unwrap();
+        let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, pid: 1, padding: 0 };
+        let mut bytes = header.as_slice().to_vec();
+        bytes.extend_from_slice(body);
+        self.mem.write_slice(&bytes, GuestAddress(REQ_ADDR)).unwrap();
+        self.mem.write_slice(&vec![0xa5; RESP_LEN as usize], GuestAddress(RESP_ADDR)).unwrap();
+        (self.unique, len)
+    }
+
+    fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
+        let (unique, len) = self.write_request(opcode, nodeid, body);
+        let used = self.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+        let header: OutHeader = self.mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
+        let mut body = Vec::new();
+        assert!(used as usize >= HEADER, "request {opcode} got no reply (used {used}): the guest would wait for ever");
+        assert_eq!(header.unique, unique);
+        assert_eq!(header.len, used, "the used length is the reply length");
+        body.resize(used as usize - HEADER, 0);
+        self.mem.read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64)).unwrap();
+        Reply { header, body }
+    }
+
+    /// A request that gets no reply (FORGET), offered as Linux offers it on
+    /// the hiprio queue: one device-readable descriptor and nothing to write.
+    fn send(&mut self, opcode: u32, nodeid: u64, body: &[u8]) {
+        let (_, len) = self.write_request(opcode, nodeid, body);
+        assert_eq!(self.run(&[(REQ_ADDR, len, false)]), 0);
+    }
+
+    fn lookup(&mut self, parent: u64, name: &[u8]) -> Reply {
+        let mut body = name.to_vec();
+        body.push(0);
+        self.call(Opcode::Lookup as u32, parent, &body)
+    }
+
+    /// The node id of `name` in `parent`, which must exist.
+    fn node(&mut self, parent: u64, name: &str) -> u64 {
+        let entry: EntryOut = self.lookup(parent, name.as_bytes()).obj();
+        assert_ne!(entry.nodeid, 0, "{name} must exist");
+        entry.nodeid
+    }
+
+    /// The node of the path `a/b/c` below the guest's root.
+    fn walk(&mut self, path: &str) -> u64 {
+        path.split('/').fold(ROOT_ID, |node, name| self.node(node, name))
+    }
+
+    /// A read naming no handle, as Linux sends once the server declined opens.
+    fn read(&mut self, node: u64, offset: u64, size: u32) -> Reply {
+        self.read_handle(node, 0, offset, size)
+    }
+
+    fn read_handle(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Reply {
+        let read = ReadIn { fh, offset, size, flags: libc::O_RDONLY as u32, ..Default::default() };
+        self.call(Opcode::Read as u32, node, read.as_slice())
+    }
+
+    fn getattr(&mut self, node: u64) -> Reply {
+        self.call(Opcode::Getattr as u32, node, GetattrIn::default().as_slice())
+    }
+
+    /// A handle of the directory `node` (FUSE_OPENDIR), as the guest opens
+    /// one before listing it.
+    fn opendir(&mut self, node: u64) -> Result<u64, i32> {
+        let reply = self.open(Opcode::Opendir, node);
+        if reply.header.error != 0 {
+            return Err(reply.errno());
+        }
+        Ok(reply.obj::<OpenOut>().fh)
+    }
+
+    fn releasedir(&mut self, node: u64, fh: u64) {
+        let release = ReleaseIn { fh, ..Default::default() };
+        assert_eq!(self.call(Opcode::Releasedir as u32, node, release.as_slice()).header.error, 0);
+    }
+
+    /// One READDIRPLUS page of the open directory `fh`, from `offset`.
+    fn page(&mut self, opcode: Opcode, node: u64, fh: u64, offset: u64) -> Reply {
+        let list = ReadIn { fh, offset, size: 4096, ..Default::default() };
+        self.call(opcode as u32, node, list.as_slice())
+    }
+
+    /// One READDIRPLUS page of `node` from `offset`, through a handle opened
+    /// for it and released after (the opendir's reply if it is refused).
+    fn listing(&mut self, node: u64, offset: u64) -> Reply {
+        let opened = self.open(Opcode::Opendir, node);
+        if opened.header.error != 0 {
+            return opened;
+        }
+        let fh = opened.obj::<OpenOut>().fh;
+        let reply = self.page(Opcode::Readdirplus, node, fh, offset);
+        self.releasedir(node, fh);
+        reply
+    }
+
+    /// Every name READDIRPLUS gives for `node`, page after page, through
+    /// one handle.
+    fn list_all(&mut self, node: u64) -> Result<Vec<(String, EntryOut)>, i32> {
+        let fh = self.opendir(node)?;
+        let mut all = Vec::new();
+        let mut offset = 0;
+        let listed = loop {
+            let reply = self.page(Opcode::Readdirplus, node, fh, offset);
+            if reply.header.error != 0 {
+                break Err(reply.errno());
+            }
+            let page = direntplus(&reply.body);
+            let Some(&(_, _, last)) = page.last() else { break Ok(all) };
+            offset = last;
+            all.extend(page.into_iter().map(|(name, entry, _)| (name, entry)));
+        };
+        self.releasedir(node, fh);
+        listed
+    }
+
+    /// Every name READDIR gives for `node` (no attributes, no nodes made),
+    /// through one handle.
+    fn names(&mut self, node: u64) -> Result<Vec<String>, i32> {
+        let fh = self.opendir(node)?;
+        let listed = self.names_through(node, fh);
+        self.releasedir(node, fh);
+        listed
+    }
+
+    /// Every name READDIR gives through the open directory `fh`.
+    fn names_through(&mut self, node: u64, fh: u64) -> Result<Vec<String>, i32> {
+        let mut all = Vec::new();
+        let mut offset = 0;
+        loop {
+            let reply = self.page(Opcode::Readdir, node, fh, offset);
+            if reply.header.error != 0 {
+                return Err(reply.errno());
+            }
+            let mut body = &reply.body[..];
+            let before = all.len();
+            while body.len() >= size_of::<Dirent>() {
+                let dirent = *Dirent::from_slice(&body[..size_of::<Dirent>()]).unwrap();
+                let end = size_of::<Dirent>() + dirent.namelen as usize;
+                all.push(String::from_utf8_lossy(&body[size_of::<Dirent>()..end]).into_owned());
+                offset = dirent.off;
+                body = &body[((end + 7) & !7).min(body.len())..];
+            }
+            if all.len() == before {
+                return Ok(all);
+            }
+        }
+    }
+
+    fn open(&mut self, opcode: Opcode, node: u64) -> Reply {
+        let open = OpenIn { flags: libc::O_RDONLY as u32, fuse_flags: 0 };
+        self.call(opcode as u32, node, open.as_slice())
+    }
+}
+
+fn share(guest_path: &str, host: &Path) -> Share {
+    Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None, limit: None }
+}
+
+fn temp_dir() -> TempDir {
+    TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-attack-")).unwrap()
+}
+
+/// The names, entries and next offsets of a READDIRPLUS reply.
+fn direntplus(mut body: &[u8]) -> Vec<(String, EntryOut, u64)> {
+    let mut out = Vec::new();
+    while body.len() >= size_of::<Direntplus>() {
+        let plus = *Direntplus::from_slice(&body[..size_of::<Direntplus>()]).unwrap();
+        let name_start = size_of::<Direntplus>();
+        let name_end = name_start + plus.dirent.namelen as usize;
+        let name = String::from_utf8_lossy(&body[name_start..name_end]).into_owned();
+        out.push((name, plus.entry_out, plus.dirent.off));
+        let record = (name_end + 7) & !7;
+        body = &body[record.min(body.len())..];
+    }
+    out
+}
+
+fn ino(path: &Path) -> u64 {
+    std::fs::symlink_metadata(path).unwrap().ino()
+}
+
+/// Inode numbers of `n` new files made beside `path` (ext4 allocates near
+/// the parent directory, and reuses a freed number at once).
+fn fresh_inodes(path: &Path, n: usize, dir: bool) -> Vec<u64> {
+    let parent = path.parent().unwrap();
+    (0..n)
+        .map(|i| {
+            let p = parent.join(format!(".fresh{i}"));
+            if dir {
+                std::fs::create_dir(&p).unwrap()
+            } else {
+                std::fs::write(&p, b"x").unwrap()
+            }
+            let n = ino(&p);
+            let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir(&p));
+            n
+        })
+        .collect()
+}
+
+/// The host user runs `git checkout` (which unlinks a changed file and
+/// writes the new one; ext4 gives a new file a freed inode number at once)
+/// while the guest reads the file. Node ids are host identities, so a
+/// reused number would make the new file the old node, and the descriptor
+/// kept for reads naming no handle would serve the deleted bytes. Held:
+/// that kept descriptor keeps the deleted file's number in use, so it is
+/// never reused while kept; the new file is a new node and reads as itself.
+#[test]
+fn a_file_replaced_on_the_host_is_read_anew_never_as_the_deleted_one() {
+    let dir = temp_dir();
+    let path = dir.as_path().join("config.rs");
+    std::fs::write(&path, b"old: the deleted version").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let file = guest.walk("ws/config.rs");
+    assert_eq!(guest.read(file, 0, 4096).ok(), b"old: the deleted version");
+
+    let old_ino = ino(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert!(!fresh_inodes(&path, 200, false).contains(&old_ino), "a kept descriptor pins the number");
+    std::fs::write(&path, b"NEW: what the host has now").unwrap();
+    let again = guest.walk("ws/config.rs");
+    assert_ne!(again, file);
+    assert_eq!(guest.read(again, 0, 4096).ok(), b"NEW: what the host has now");
+}
+
+/// The same with a directory the host replaces (rm -rf, mkdir): the
+/// descriptors of the deleted one (its `O_PATH` step, the handle a guest
+/// process listing it holds open) pin its number, so the new directory is
+/// a new node, found and listed as itself.
+#[test]
+fn a_directory_replaced_on_the_host_is_served_anew_never_as_the_deleted_one() {
+    let dir = temp_dir();
+    let d = dir.as_path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("old.txt"), b"old").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let node = guest.walk("ws/d");
+    let held = guest.opendir(node).unwrap();
+    assert_eq!(guest.names_through(node, held).unwrap(), ["old.txt"]);
+
+    let old_ino = ino(&d);
+    std::fs::remove_dir_all(&d).unwrap();
+    assert!(!fresh_inodes(&d, 200, true).contains(&old_ino), "a kept descriptor pins the number");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("new.txt"), b"new").unwrap();
+    let again = guest.walk("ws/d");
+    assert_ne!(again, node);
+    assert_eq!(guest.names(again).unwrap(), ["new.txt"]);
+    assert_eq!(guest.names(node), Err(libc::ESTALE), "the old node is the deleted directory");
+    assert_eq!(guest.names_through(node, held), Err(libc::ENOENT), "the handle held is the deleted directory's");
+    guest.releasedir(node, held);
+}
+
+/// The host replaces a file by a directory (a build's `rm out; mkdir
+/// out`, a branch switch) and ext4 gives the directory the file's freed
+/// inode number. The node is the host identity, so the guest's lookup of
+/// the directory lands on the file's node, which keeps the kind it had
+/// when first looked up: the directory cannot be listed (ENOTDIR) nor
+/// anything in it looked up, for as long as the guest holds either. The
+/// guest kernel gets a directory's attributes for a node it knew as a
+/// file. Held: the node is what the host has now (its kind taken from the
+/// fresh stat of each lookup), so the directory lists.
+#[test]
+fn a_directory_reusing_a_files_inode_number_is_listed() {
+    let dir = temp_dir();
+    let out = dir.as_path().join("out");
+    std::fs::write(&out, b"a file").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let file = guest.walk("ws/out");
+    assert_eq!(guest.read(file, 0, 4096).ok(), b"a file");
+    // The guest reads other files: its kept reader of `out` goes (the
+    // reader cache holds a few), and with it what pinned the number.
+    for i in 0..16 {
+        std::fs::write(dir.as_path().join(format!("other{i}")), b"x").unwrap();
+        let other = guest.walk(&format!("ws/other{i}"));
+        guest.read(other, 0, 1).ok();
+    }
+
+    let old_ino = ino(&out);
+    std::fs::remove_file(&out).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    assert_eq!(ino(&out), old_ino, "precondition: ext4 reused the number at once");
+    std::fs::write(out.join("artifact"), b"built").unwrap();
+
+    let ws = guest.node(ROOT_ID, "ws");
+    let entry: EntryOut = guest.lookup(ws, b"out").obj();
+    assert_eq!(entry.attr.mode & libc::S_IFMT, libc::S_IFDIR, "the guest is told it is a directory");
+    assert_eq!(guest.names(entry.nodeid), Ok(vec!["artifact".to_string()]), "and it must list as one");
+}
+
+/// The same staleness with a FIFO: the host replaces a file the guest
+/// knows by a FIFO that gets its inode number, and a writer waits in
+/// open(2) for a reader. The guest reads the node (its kind as it was):
+/// the read is refused, and the VMM never opens the FIFO, which would let
+/// the writer through (even a non-blocking open that is then refused
+/// does). Checked by the writer still waiting after the read: it is let
+/// through here, by the test's own open, at the end.
+#[test]
+fn a_fifo_taking_a_files_inode_number_is_never_opened() {
+    let dir = temp_dir();
+    let path = dir.as_path().join("f");
+    std::fs::write(&path, b"a file").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let file = guest.walk("ws/f");
+    let old_ino = ino(&path);
+    std::fs::remove_file(&path).unwrap();
+    let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `name` is NUL-terminated.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    assert_eq!(ino(&path), old_ino, "precondition: ext4 reused the number at once");
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer_path = path.clone();
+    let writer = std::thread::spawn(move || {
+        // SAFETY: gettid takes no arguments.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let opened = std::fs::OpenOptions::new().write(true).open(&writer_path);
+        tx.send(0).unwrap();
+        opened.map(|_| ())
+    });
+    let tid = rx.recv().unwrap();
+    // The writer is asleep in open(2), waiting for a reader.
+    while !std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('S')))
+    {
+        std::thread::yield_now();
+    }
+    assert_ne!(guest.read(file, 0, 4096).errno(), 0);
+    assert_ne!(guest.open(Opcode::Open, file).errno(), 0);
+    assert!(
+        matches!(
+            rx.recv_timeout(std::time::Duration::from_millis(200)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        ),
+        "the VMM opened the FIFO: its writer was let through"
+    );
+    let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+    writer.join().unwrap().unwrap();
+    drop(reader);
+}
+
+/// A tool writes a new host key to a temporary name and renames it into
+/// the secret's place (the place is a secret even for a file created
+/// during the run). The guest looked the temporary file up and read it
+/// (still empty) before the rename; after it, the guest looks the secret's
+/// name up (which tells the server the node is now at the secret's
+/// place: an open is refused) and reads the node naming no handle: the
+/// reader descriptor kept from the earlier read would serve the key.
+/// Held: each read through a kept descriptor checks what an open checks,
+/// so EACCES, as for any read of a node at a secret's place.
+#[test]
+fn a_file_renamed_into_a_secrets_place_is_not_read_through_an_earlier_reader() {
+    let dir = temp_dir();
+    let ssh = dir.as_path().join("ssh");
+    std::fs::create_dir(&ssh).unwrap();
+    let secrets = Secrets::at(&[ssh.join("host_key")]);
+    std::fs::write(ssh.join("host_key.tmp"), b"").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &secrets);
+    let tmp = guest.walk("ws/ssh/host_key.tmp");
+    assert_eq!(guest.read(tmp, 0, 4096).ok(), b"", "not yet written");
+
+    std::fs::write(ssh.join("host_key.tmp"), b"-----BEGIN OPENSSH PRIVATE KEY-----").unwrap();
+    std::fs::rename(ssh.join("host_key.tmp"), ssh.join("host_key")).unwrap();
+
+    let key = guest.walk("ws/ssh/host_key");
+    assert_eq!(key, tmp, "one host file, one node");
+    assert_eq!(guest.open(Opcode::Open, key).errno(), libc::ENOSYS, "opens are declined; reads name no handle");
+    let read = guest.read(key, 0, 4096);
+    assert_eq!(
+        read.errno(),
+        libc::EACCES,
+        "the secret's bytes reached the guest: {:?}",
+        String::from_utf8_lossy(&read.body)
+    );
+}
+
+/// The host user moves a directory out of the workspace (to a private
+/// place) and keeps writing its files there. A file the guest read before
+/// the move would still be served from its new place, outside every share,
+/// by the reader descriptor kept for reads naming no handle. Held: that
+/// descriptor is checked against the node's place on each read, as
+/// listings and every other request are: ESTALE, as the module promises
+/// ("a directory the host moved out of the share is not served from its
+/// new place").
+#[test]
+fn a_file_moved_out_of_the_share_is_not_read_from_its_new_place() {
+    let dir = temp_dir();
+    let ws = dir.as_path().join("ws");
+    let private = dir.as_path().join("private");
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::create_dir(&private).unwrap();
+    std::fs::write(ws.join("notes/todo.txt"), b"shared draft").unwrap();
+    let mut guest = Guest::of_share(&ws, &Secrets::default());
+    let file = guest.walk("ws/notes/todo.txt");
+    let notes = guest.walk("ws/notes");
+    assert_eq!(guest.read(file, 0, 4096).ok(), b"shared draft");
+
+    std::fs::rename(ws.join("notes"), private.join("notes")).unwrap();
+    std::fs::write(private.join("notes/todo.txt"), b"PRIVATE: written outside the share").unwrap();
+
+    assert_eq!(guest.getattr(file).errno(), libc::ESTALE, "getattr knows it moved");
+    assert_eq!(guest.listing(notes, 0).errno(), libc::ESTALE, "so does a listing");
+    let read = guest.read(file, 0, 4096);
+    assert_eq!(read.errno(), libc::ESTALE, "read from outside the share: {:?}", String::from_utf8_lossy(&read.body));
+}
+
+/// READLINK on a share's symlink answers the target and leaves the link's
+/// content and change times on the host alone. Its access time is not: no
+/// system call reads a link without touching it (readlinkat does, even on
+/// an O_PATH descriptor, and O_NOATIME applies to opened files only); the
+/// README's security model says so, as it says that files the host user
+/// does not own get their access time updated as any reader's would.
+#[test]
+fn readlink_answers_the_target_and_leaves_the_links_times_alone_but_access() {
+    let dir = temp_dir();
+    let link = dir.as_path().join("link");
+    std::os::unix::fs::symlink("target/elsewhere", &link).unwrap();
+    let old = libc::timespec { tv_sec: 946_684_800, tv_nsec: 0 };
+    let times = [old, old];
+    let name = std::ffi::CString::new(link.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `name` is NUL-terminated and `times` holds two timespecs.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }, 0);
+    let before = std::fs::symlink_metadata(&link).unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let node = guest.walk("ws/link");
+    assert_eq!(guest.call(Opcode::Readlink as u32, node, &[]).ok(), b"target/elsewhere");
+    let after = std::fs::symlink_metadata(&link).unwrap();
+    assert_eq!(
+        (after.mtime(), after.ctime(), after.ctime_nsec()),
+        (before.mtime(), before.ctime(), before.ctime_nsec())
+    );
+}
+
+/// In host mode /etc is shared read-only and the guest's identity files
+/// (machine-id, hostname, passwd, group, hosts) are generated and mounted
+/// over the host's in the guest; only the `hide` list of rootfs/host.toml
+/// is refused by the VMM. Guest root speaking FUSE (or unmounting the
+/// cover) would read the host's own: its machine id, which machine-id(5)
+/// asks to keep from untrusted parties, and every account of the host.
+/// Held: the host's identity files are on the hide list, refused on the
+/// share as the secrets are.
+#[test]
+fn guest_root_cannot_read_the_hosts_identity_files() {
+    let spec: toml::Value = toml::from_str(include_str!("../../../../../rootfs/host.toml")).unwrap();
+    let hidden: Vec<PathBuf> = spec["hide"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| PathBuf::from(p.as_str().unwrap()))
+        .filter(|p| !p.to_string_lossy().contains('*'))
+        .collect();
+    let mut guest = Guest::of(&[share("/etc", Path::new("/etc"))], &Secrets::at(&hidden), FdBudget::for_limit(4096));
+    let mut leaked = Vec::new();
+    for name in ["machine-id", "passwd", "hostname"] {
+        let host = Path::new("/etc").join(name);
+        let Ok(content) = std::fs::read(&host) else { continue };
+        let node = guest.walk(&format!("etc/{name}"));
+        let read = guest.read(node, 0, 65536);
+        if read.header.error == 0 && read.body == content {
+            leaked.push(name);
+        }
+    }
+    assert_eq!(leaked, Vec::<&str>::new(), "host identity files read by the guest");
+}
+
+/// The directory-listing form of the last finding: a directory the guest
+/// holds open (a handle from FUSE_OPENDIR) that the host then renames into
+/// a secret directory's place is still listed through that handle once the
+/// guest has looked the secret's name up, although every lookup in it is
+/// refused. Correct: EACCES, as for any listing of a secret directory.
+#[test]
+fn a_directory_renamed_into_a_secret_directorys_place_is_not_listed() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    let secrets = Secrets::at(&[root.join("private")]);
+    std::fs::create_dir(root.join("staging")).unwrap();
+    std::fs::write(root.join("staging/id_ed25519"), b"KEY").unwrap();
+    let mut guest = Guest::of_share(root, &secrets);
+    let staging = guest.walk("ws/staging");
+    let fh = guest.opendir(staging).unwrap();
+    assert_eq!(guest.names_through(staging, fh).unwrap(), ["id_ed25519"]);
+
+    std::fs::rename(root.join("staging"), root.join("private")).unwrap();
+    let private = guest.walk("ws/private");
+    assert_eq!(private, staging, "one host directory, one node");
+    assert_eq!(guest.lookup(private, b"id_ed25519").errno(), libc::EACCES, "nothing in it is found");
+    assert_eq!(guest.names_through(private, fh), Err(libc::EACCES), "nor listed through the handle held");
+    assert_eq!(guest.page(Opcode::Readdirplus, private, fh, 0).errno(), libc::EACCES);
+    assert_eq!(guest.names(private), Err(libc::EACCES), "nor opened again");
+}
+
+/// Host descriptors the device holds for the share at `root`, found by
+/// their links in /proc (other tests' descriptors name other directories).
+fn descriptors_under(root: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter(|target| target.starts_with(root))
+        .count()
+}
+
+/// A guest that walks a tree far bigger than the descriptor budget, lists
+/// every directory (READDIRPLUS and READDIR, each through a handle it
+/// opens and releases), reads every file naming no handle, and opens every
+/// file and directory it can and never releases them holds no more host
+/// descriptors than the budget, the few kept readers, and the root,
+/// whatever it does; opens past the cap get ENFILE (a listing's own open
+/// as well, once the guest holds them all) and reads still work.
+#[test]
+fn a_guest_holds_no_more_host_descriptors_than_the_budget() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    for d in 0..40 {
+        std::fs::create_dir_all(root.join(format!("d{d}/e"))).unwrap();
+        for f in 0..3 {
+            std::fs::write(root.join(format!("d{d}/e/f{f}")), format!("{d}/{f}")).unwrap();
+        }
+    }
+    let budget = FdBudget { inodes: 16, handles: 16 };
+    let mut guest = Guest::init(&[share("/ws", root)], &Secrets::default(), budget, false);
+    let most = budget.inodes + budget.handles + 8 + 1;
+    let ws = guest.node(ROOT_ID, "ws");
+    let mut refused = 0;
+    let files = ["f0", "f1", "f2"];
+    for d in 0..40 {
+        let dnode = guest.node(ws, &format!("d{d}"));
+        let e = guest.node(dnode, "e");
+        match guest.list_all(e) {
+            Ok(listed) => {
+                let mut names: Vec<_> = listed.iter().map(|(name, _)| name.as_str()).collect();
+                names.sort_unstable();
+                assert_eq!(names, files);
+            }
+            Err(errno) => assert_eq!(errno, libc::ENFILE, "a listing fails only for want of a handle"),
+        }
+        for name in files {
+            let entry: EntryOut = guest.lookup(e, name.as_bytes()).obj();
+            assert_eq!(guest.read(entry.nodeid, 0, 64).ok(), format!("{d}/{}", &name[1..]).as_bytes());
+            for opcode in [Opcode::Open, Opcode::Opendir] {
+                let open = guest.open(opcode, entry.nodeid);
+                if open.header.error == 0 {
+                    let fh = open.obj::<OpenOut>().fh;
+                    assert!(
+                        guest.read_handle(entry.nodeid, fh, 0, 64).header.error == 0
+                            || opcode as u32 == Opcode::Opendir as u32
+                    );
+                } else if open.errno() == libc::ENFILE {
+                    refused += 1;
+                }
+            }
+        }
+        match guest.names(dnode) {
+            Ok(names) => assert_eq!(names, ["e"]),
+            Err(errno) => assert_eq!(errno, libc::ENFILE),
+        }
+        assert!(descriptors_under(root) <= most, "{} descriptors, at most {most}", descriptors_under(root));
+    }
+    assert!(refused > 0, "opens past the cap are refused");
+}
+
+/// FIFOs in a hostile repository never block the one worker thread: a
+/// read, listing, open or seek of one is answered, as is a read of a
+/// regular file the host replaced by a FIFO after the guest looked it up.
+#[test]
+fn a_fifo_never_blocks_the_worker() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    let mkfifo = |p: &Path| {
+        let name = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `name` is NUL-terminated.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    };
+    mkfifo(&root.join("pipe"));
+    std::fs::write(root.join("file"), b"plain").unwrap();
+    let mut guest = Guest::init(&[share("/ws", root)], &Secrets::default(), FdBudget { inodes: 8, handles: 8 }, false);
+    let pipe = guest.walk("ws/pipe");
+    assert_ne!(guest.read(pipe, 0, 4096).errno(), 0);
+    assert_ne!(guest.listing(pipe, 0).errno(), 0);
+    assert_ne!(guest.open(Opcode::Open, pipe).errno(), 0);
+    assert_ne!(guest.open(Opcode::Opendir, pipe).errno(), 0);
+    let seek = fuse_backend_rs::abi::fuse_abi::LseekIn { fh: 0, offset: 0, whence: libc::SEEK_DATA as u32, padding: 0 };
+    assert_ne!(guest.call(Opcode::Lseek as u32, pipe, seek.as_slice()).errno(), 0);
+
+    let file = guest.walk("ws/file");
+    std::fs::remove_file(root.join("file")).unwrap();
+    mkfifo(&root.join("file"));
+    assert_ne!(guest.read(file, 0, 4096).errno(), 0);
+    assert_ne!(guest.open(Opcode::Open, file).errno(), 0);
+}
+
+/// FORGET as Linux sends it on the hiprio queue (one device-readable
+/// descriptor, nothing to write) is served: the node goes.
+#[test]
+fn a_forget_without_room_for_a_reply_is_served() {
+    let dir = temp_dir();
+    std::fs::write(dir.as_path().join("f"), b"x").unwrap();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let f = guest.walk("ws/f");
+    assert_eq!(guest.getattr(f).header.error, 0);
+    guest.send(Opcode::Forget as u32, f, ForgetIn { nlookup: 1 }.as_slice());
+    assert_eq!(guest.getattr(f).errno(), libc::ESTALE, "forgotten");
+}
+
+/// Extreme and crafted requests on every kind of node, naming no handle,
+/// a made-up handle or a guessed node id, are all answered (the guest
+/// never waits for ever) and leave the host's files as they were.
+#[test]
+fn crafted_requests_on_every_kind_of_node_are_answered() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::write(root.join("file"), b"content").unwrap();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+    let before: Vec<_> =
+        ["file", "dir", "link"].iter().map(|n| std::fs::symlink_metadata(root.join(n)).unwrap().mtime()).collect();
+    let mut guest = Guest::of_share(root, &Secrets::default());
+    let ws = guest.node(ROOT_ID, "ws");
+    let mut nodes = vec![ROOT_ID, ws, 0, u64::MAX, (1 << 56) | 2, (1 << 56) | (255 << 47), 2];
+    for n in ["file", "dir", "link"] {
+        nodes.push(guest.node(ws, n));
+    }
+    for &node in &nodes {
+        for (offset, size) in
+            [(0, 0), (u64::MAX, u32::MAX), (u64::MAX - 1, 4096), (i64::MAX as u64, 1), (1 << 63, 1 << 20)]
+        {
+            for fh in [0, 1, u64::MAX] {
+                let read = ReadIn { fh, offset, size, ..Default::default() };
+                for op in [Opcode::Read, Opcode::Readdir, Opcode::Readdirplus] {
+                    guest.call(op as u32, node, read.as_slice());
+                }
+                let seek = fuse_backend_rs::abi::fuse_abi::LseekIn { fh, offset, whence: size, padding: 0 };
+                guest.call(Opcode::Lseek as u32, node, seek.as_slice());
+            }
+        }
+        for name in [&b".."[..], b".", b"a/b", b"\xff\xfe", &[b'x'; 300], b"", b"link"] {
+            guest.lookup(node, name);
+        }
+        for op in
+            [Opcode::Getattr, Opcode::Readlink, Opcode::Statfs, Opcode::Access, Opcode::Getxattr, Opcode::Listxattr]
+        {
+            guest.call(op as u32, node, &[0u8; 24]);
+        }
+    }
+    let after: Vec<_> =
+        ["file", "dir", "link"].iter().map(|n| std::fs::symlink_metadata(root.join(n)).unwrap().mtime()).collect();
+    assert_eq!(before, after);
+}
+
+/// Peak resident memory of this process since the last reset, in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line["VmHWM:".len()..].trim().trim_end_matches(" kB").parse::<u64>().unwrap() * 1024
+}
+
+/// FUSE_IOCTL, were it past the gate, would have the FUSE server allocate
+/// and fill a buffer of the request's `in_size` (up to 4 GiB), checked
+/// only against the bytes the chain's readable descriptors add up to, not
+/// against the header's length or any cap. Descriptors may alias one
+/// buffer, so a guest of any memory size would make the VMM hold
+/// `in_size` bytes per request, as often as it likes: 4 GiB of host memory for a guest limited to 512 MiB (on a
+/// small host, the OOM killer picks a process; where the allocation fails,
+/// the VMM aborts). Here 256 MiB, from 32 aliased 8 MiB descriptors.
+/// Held: the gate answers ENOTTY (no share serves ioctls) without reading
+/// the body; host memory per request stays bounded by the FUSE limit
+/// (1 MiB). Run alone: it reads the process's peak memory.
+#[test]
+fn an_ioctl_with_a_huge_in_size_costs_the_host_no_memory() {
+    const ALIASES: u32 = 32;
+    const ALIAS_LEN: u32 = 0x80_0000;
+    const _: () = assert!(ALIAS_LEN as usize <= MEM_SIZE);
+    const IN_SIZE: u32 = ALIASES * ALIAS_LEN;
+    let dir = temp_dir();
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let ioctl = fuse_backend_rs::abi::fuse_abi::IoctlIn {
+        fh: 0,
+        flags: 0,
+        cmd: 0x5401,
+        arg: 0,
+        in_size: IN_SIZE - 4096,
+        out_size: 0,
+    };
+    let (_, len) = guest.write_request(Opcode::Ioctl as u32, ROOT_ID, ioctl.as_slice());
+    let mut chain = vec![(REQ_ADDR, len, false)];
+    chain.extend((0..ALIASES).map(|_| (0, ALIAS_LEN, false)));
+    chain.push((RESP_ADDR, RESP_LEN, true));
+    std::fs::write("/proc/self/clear_refs", b"5").unwrap();
+    let before = peak_rss();
+    let used = guest.run(&chain);
+    let grown = peak_rss().saturating_sub(before);
+    let header: OutHeader = guest.mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
+    assert!(used as usize >= HEADER && header.error == -libc::ENOTTY, "answered ENOTTY: {}", header.error);
+    assert!(grown < 64 << 20, "one request made the VMM hold {} MiB more", grown >> 20);
+}
+
+/// Secrets held against a guest that has not read them before: a secret
+/// the host replaces by rename, one created during the run where one is
+/// named, a hard link to one elsewhere in the share, a secret directory
+/// (not listed, nothing in it found, by READDIR or READDIRPLUS), and a
+/// guessed node id: none is read, whatever the request.
+#[test]
+fn secrets_the_guest_never_read_before_stay_closed() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::create_dir_all(root.join("ssh")).unwrap();
+    std::fs::create_dir_all(root.join("private")).unwrap();
+    std::fs::write(root.join("ssh/host_key"), b"KEY-1").unwrap();
+    std::fs::write(root.join("private/token"), b"TOKEN").unwrap();
+    std::fs::hard_link(root.join("ssh/host_key"), root.join("linked")).unwrap();
+    let secrets = Secrets::at(&[root.join("ssh/host_key"), root.join("ssh/later_key"), root.join("private")]);
+    let mut guest = Guest::of_share(root, &secrets);
+    let ssh = guest.walk("ws/ssh");
+    let key = guest.node(ssh, "host_key");
+    let linked = guest.walk("ws/linked");
+    for node in [key, linked] {
+        assert_eq!(guest.read(node, 0, 4096).errno(), libc::EACCES);
+        let seek =
+            fuse_backend_rs::abi::fuse_abi::LseekIn { fh: 0, offset: 0, whence: libc::SEEK_DATA as u32, padding: 0 };
+        assert_ne!(guest.call(Opcode::Lseek as u32, node, seek.as_slice()).errno(), 0);
+    }
+    // Replaced by rename (a new identity at the secret's place), and a new
+    // secret created where one is named.
+    std::fs::write(root.join("ssh/.new"), b"KEY-2").unwrap();
+    std::fs::rename(root.join("ssh/.new"), root.join("ssh/host_key")).unwrap();
+    std::fs::write(root.join("ssh/later_key"), b"KEY-3").unwrap();
+    for name in ["host_key", "later_key"] {
+        let node = guest.node(ssh, name);
+        assert_eq!(guest.read(node, 0, 4096).errno(), libc::EACCES, "{name}");
+    }
+    let private = guest.walk("ws/private");
+    assert_eq!(guest.lookup(private, b"token").errno(), libc::EACCES);
+    assert_eq!(guest.names(private), Err(libc::EACCES));
+    assert_eq!(guest.listing(private, 0).errno(), libc::EACCES);
+    let token = ino(&root.join("private/token"));
+    assert_ne!(guest.read((1 << 56) | token, 0, 4096).errno(), 0, "a guessed node id is no node");
+    assert_eq!(guest.open(Opcode::Opendir, private).errno(), libc::EACCES);
+}
+
+/// A big directory with names of every length (a repository crafted for
+/// it) listed page by page as Linux asks (READDIRPLUS, 4 KiB, from the
+/// last entry's offset), two listings interleaved on one open handle:
+/// every name comes exactly once, no page is empty before the end (which
+/// the guest would take for the end), and the listing ends.
+#[test]
+fn a_big_directory_lists_every_name_once_in_interleaved_pages() {
+    let dir = temp_dir();
+    let big = dir.as_path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    let mut want: Vec<String> = (0..3000).map(|i| format!("{i}-{}", "n".repeat(i % 240))).collect();
+    for name in &want {
+        std::fs::write(big.join(name), b"").unwrap();
+    }
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let node = guest.walk("ws/big");
+    let fh = guest.opendir(node).unwrap();
+    let mut got = [Vec::new(), Vec::new()];
+    let mut offsets = [0u64, 0u64];
+    let mut done = [false, false];
+    let mut pages = 0;
+    while !(done[0] && done[1]) {
+        for i in 0..2 {
+            if done[i] {
+                continue;
+            }
+            pages += 1;
+            assert!(pages < 10_000, "the listing never ends");
+            let page = direntplus(guest.page(Opcode::Readdirplus, node, fh, offsets[i]).ok());
+            match page.last() {
+                None => done[i] = true,
+                Some(&(_, _, off)) => offsets[i] = off,
+            }
+            got[i].extend(page.into_iter().map(|(name, _, _)| name));
+        }
+    }
+    guest.releasedir(node, fh);
+    want.sort();
+    for mut names in got {
+        names.sort();
+        assert_eq!(names, want);
+    }
+}
