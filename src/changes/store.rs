@@ -16,6 +16,7 @@
 //! before that leaves unnamed blobs, which staging again discards.
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -374,16 +375,30 @@ impl Store {
         Ok(())
     }
 
-    /// Marks the staged entries in `selection` discarded; returns how many.
+    /// Marks the staged entries in `selection` discarded, and frees the
+    /// content only they held; returns how many.
     pub fn discard(&self, selection: &Selection) -> Result<usize, ChangesError> {
         let _lock = self.lock()?;
-        let paths: Vec<RelPath> = self
-            .entries()?
-            .into_iter()
-            .filter(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path))
-            .map(|e| e.entry.path)
-            .collect();
-        self.set_states(&paths, EntryState::Discarded)
+        let entries = self.entries()?;
+        let (dropped, kept): (Vec<&StoredEntry>, Vec<&StoredEntry>) =
+            entries.iter().partition(|e| e.state == EntryState::Staged && selection.matches(&e.entry.path));
+        let paths: Vec<RelPath> = dropped.iter().map(|e| e.entry.path.clone()).collect();
+        let changed = self.set_states(&paths, EntryState::Discarded)?;
+        // Nothing reads a discarded entry's content again, and a big one
+        // would hold its disk space until the session is removed.
+        let still_named: HashSet<&Sha256> =
+            kept.iter().filter(|e| e.state != EntryState::Discarded).filter_map(|e| blob_of(&e.entry.kind)).collect();
+        for sha256 in dropped.iter().filter_map(|e| blob_of(&e.entry.kind)) {
+            if !still_named.contains(sha256) {
+                let path = self.blob_path(sha256);
+                if let Err(e) = fs::remove_file(&path)
+                    && e.kind() != io::ErrorKind::NotFound
+                {
+                    tracing::warn!("cannot free the discarded content {}: {e}", path.display());
+                }
+            }
+        }
+        Ok(changed)
     }
 
     /// Sets the state of exactly these paths (the caller holds the lock).
@@ -700,6 +715,14 @@ impl BlobSink for StoreSink<'_> {
     }
 }
 
+/// The blob holding `kind`'s content, if it has one.
+fn blob_of(kind: &Kind) -> Option<&Sha256> {
+    match kind {
+        Kind::File { sha256, .. } => Some(sha256),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Read as _;
@@ -755,8 +778,29 @@ mod tests {
         assert_eq!(store.discard(&Selection::all()).unwrap(), 4);
         assert_eq!(store.counts().unwrap(), Counts { staged: 0, applied: 1, discarded: 4 });
         assert_eq!(store.state().unwrap(), SetState::Applied);
+        assert!(store.open_blob(&sha256).is_ok(), "the applied file still names the shared blob");
 
         assert!(matches!(store.stage(&stream()[..], Limits::default()), Err(ChangesError::AlreadyStaged(_))));
+    }
+
+    /// A discarded change's content goes with it, unless another change
+    /// still waiting or applied has the same content.
+    #[test]
+    fn discarding_frees_content_no_other_change_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let mut w = Writer::new(Vec::new()).unwrap();
+        w.file(&p("big.bin"), 0o644, 6, &mut &b"unique"[..], &Base::Absent).unwrap();
+        w.file(&p("one.txt"), 0o644, 6, &mut &b"shared"[..], &Base::Absent).unwrap();
+        w.file(&p("two.txt"), 0o644, 6, &mut &b"shared"[..], &Base::Absent).unwrap();
+        store.stage(&w.finish().unwrap().0[..], Limits::default()).unwrap();
+        let (unique, shared) = (Sha256::of(b"unique"), Sha256::of(b"shared"));
+
+        assert_eq!(store.discard(&Selection::paths([p("big.bin"), p("one.txt")])).unwrap(), 2);
+        assert!(!store.blob_path(&unique).exists(), "nothing else names it");
+        assert!(store.open_blob(&shared).is_ok(), "two.txt still waits with the same content");
+        assert_eq!(store.discard(&Selection::all()).unwrap(), 1);
+        assert!(!store.blob_path(&shared).exists());
     }
 
     #[test]
