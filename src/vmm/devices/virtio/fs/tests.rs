@@ -1149,9 +1149,14 @@ fn writable_client(shares: &[Share]) -> Client<Vfs> {
 /// [`writable_client`], keeping `margin` bytes free instead of the staging
 /// margin.
 fn writable_client_keeping(shares: &[Share], margin: Option<u64>) -> Client<Vfs> {
+    writable_client_within(shares, margin, super::bounded::FdBudget::of_process().halved())
+}
+
+/// [`writable_client_keeping`], within `budget`'s host descriptors.
+fn writable_client_within(shares: &[Share], margin: Option<u64>, budget: super::bounded::FdBudget) -> Client<Vfs> {
     let fs = {
         let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
-        Fs::writable_keeping("host-rw", shares, margin).unwrap()
+        Fs::writable_within("host-rw", shares, margin, budget).unwrap()
     };
     let mut client = Client::started(fs.server);
     client.access = Access::Writable;
