@@ -1,5 +1,6 @@
-//! A read-only passthrough filesystem whose cost in host descriptors stays
-//! bounded whatever the guest looks up, for the read-only shares.
+//! A passthrough filesystem whose cost in host descriptors stays bounded
+//! whatever the guest looks up, for the read-only shares, and in its
+//! writable mode (`write`) for the writable ones.
 //!
 //! `PassthroughFs` holds one `O_PATH` descriptor per inode the guest keeps,
 //! so a guest that walks a big tree runs the VMM out of descriptors (and
@@ -296,7 +297,7 @@ struct State {
     next_handle: u64,
 }
 
-/// The read-only passthrough of one host directory (see the module).
+/// The passthrough of one host directory (see the module).
 pub struct BoundedFs {
     root: Arc<OwnedFd>,
     secrets: Secrets,
