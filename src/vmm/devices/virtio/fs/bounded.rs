@@ -1,5 +1,6 @@
-//! A read-only passthrough filesystem whose cost in host descriptors stays
-//! bounded whatever the guest looks up, for the read-only shares.
+//! A passthrough filesystem whose cost in host descriptors stays bounded
+//! whatever the guest looks up, for the read-only shares, and in its
+//! writable mode (`write`) for the writable ones.
 //!
 //! `PassthroughFs` holds one `O_PATH` descriptor per inode the guest keeps,
 //! so a guest that walks a big tree runs the VMM out of descriptors (and
@@ -58,17 +59,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::{FsOptions, OpenOptions, stat64, statvfs64};
-use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions, OpenOptions, SetattrValid, stat64, statvfs64};
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyReader, ZeroCopyWriter};
 use fuse_backend_rs::api::{BackendFileSystem, VFS_MAX_INO};
 
 use super::secrets::Secrets;
 
+mod write;
+
+use write::Make;
+
 /// The root's node id, as the FUSE protocol and the watches expect.
 pub const ROOT: u64 = 1;
 
-/// Descriptors a VMM keeps for everything but the read-only shares: disks,
-/// event and socket descriptors, the writable shares' server.
+/// Descriptors a VMM keeps for everything but the shares' budgets: disks,
+/// event and socket descriptors, files read or listed without a handle.
 const RESERVED: u64 = 1024;
 /// Cached directory descriptors wanted per device: beyond this, a bigger
 /// cache buys little (a re-open is a few `openat`s).
@@ -103,6 +108,13 @@ impl FdBudget {
     /// The open-file limit under which the budget is all that is wanted.
     pub fn wanted_limit() -> u64 {
         RESERVED + 4 * WANTED_INODES.max(WANTED_HANDLES) as u64
+    }
+
+    /// What the writable shares' device may hold: half of this (the
+    /// read-only shares' budget), as the workspace and the toolchains are
+    /// where the big trees are.
+    pub fn halved(self) -> FdBudget {
+        FdBudget { inodes: (self.inodes / 2).max(MIN_EACH), handles: (self.handles / 2).max(MIN_EACH) }
     }
 
     /// The budget under this process's soft RLIMIT_NOFILE.
@@ -286,7 +298,7 @@ struct State {
     next_handle: u64,
 }
 
-/// The read-only passthrough of one host directory (see the module).
+/// The passthrough of one host directory (see the module).
 pub struct BoundedFs {
     root: Arc<OwnedFd>,
     secrets: Secrets,
@@ -295,6 +307,8 @@ pub struct BoundedFs {
     /// Open handles of every share of the device, and their cap.
     open_handles: Arc<AtomicUsize>,
     max_handles: usize,
+    /// Serving a writable share (see `write`): the guest changes it.
+    writable: bool,
 }
 
 /// The count of open handles shared by the shares of one device.
@@ -349,7 +363,20 @@ impl BoundedFs {
             }),
             open_handles: Arc::clone(&handles.0),
             max_handles,
+            writable: false,
         })
+    }
+
+    /// This filesystem serving its share writable (see `write`), for the
+    /// host user: the guest may change anything there the host user may.
+    pub fn writable(self) -> BoundedFs {
+        BoundedFs { writable: true, ..self }
+    }
+
+    /// `keep`, unless the share is writable: then the host's changes must
+    /// reach the guest, whose data and listings are dropped at each open.
+    fn cache_options(&self, keep: OpenOptions) -> OpenOptions {
+        if self.writable { OpenOptions::empty() } else { keep }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -440,9 +467,16 @@ impl BoundedFs {
     }
 
     /// The host's attributes of `node`, which must still be what it was.
+    /// A file the guest removed while holding it open (no name left) is
+    /// stat'ed through one of its handles.
     fn stat_node(&self, state: &mut State, node: u64) -> io::Result<stat64> {
         if node == ROOT {
             return fstat(self.root.as_raw_fd());
+        }
+        if state.nodes.get(&node).is_some_and(|n| n.names.is_empty())
+            && let Some(open) = state.handles.values().find(|h| h.node == node)
+        {
+            return fstat(open.file.as_raw_fd());
         }
         self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| (st, st)))
     }
@@ -471,12 +505,17 @@ impl BoundedFs {
 
     /// Opens `node` for reading (a directory with O_DIRECTORY), checking
     /// it is still what it was.
-    fn open_node(&self, node: u64, directory: bool) -> io::Result<u64> {
+    fn open_node(&self, node: u64, directory: bool, flags: u32) -> io::Result<u64> {
+        self.counted(|| self.open_counted(node, directory, flags))
+    }
+
+    /// `open`, counted among the open handles, or ENFILE at the cap.
+    fn counted<T>(&self, open: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         if self.open_handles.fetch_add(1, Ordering::AcqRel) >= self.max_handles {
             self.open_handles.fetch_sub(1, Ordering::AcqRel);
             return Err(err(libc::ENFILE));
         }
-        let opened = self.open_counted(node, directory);
+        let opened = open();
         if opened.is_err() {
             self.open_handles.fetch_sub(1, Ordering::AcqRel);
         }
@@ -537,13 +576,22 @@ impl BoundedFs {
         self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| ((), st)))
     }
 
-    fn open_counted(&self, node: u64, directory: bool) -> io::Result<u64> {
+    fn open_counted(&self, node: u64, directory: bool, flags: u32) -> io::Result<u64> {
         let mut state = self.state();
-        let file = self.open_file(&mut state, node, directory)?;
+        let file = if self.writable && !directory && super::readonly::opens_for_writing(flags) {
+            self.open_writing(&mut state, node, write::open_flags(flags)?)?
+        } else {
+            self.open_file(&mut state, node, directory)?
+        };
+        Ok(Self::new_handle(&mut state, node, file))
+    }
+
+    /// A handle of `file`, opened as `node`, already counted.
+    fn new_handle(state: &mut State, node: u64, file: OwnedFd) -> u64 {
         let handle = state.next_handle;
         state.next_handle += 1;
         state.handles.insert(handle, Arc::new(Handle { file: File::from(file), node, listing: Mutex::new(()) }));
-        Ok(handle)
+        handle
     }
 
     fn handle(&self, handle: u64) -> io::Result<Arc<Handle>> {
@@ -615,14 +663,48 @@ impl BoundedFs {
         true
     }
 
-    /// Counts a lookup of `id` found as `name` in `parent`: the name goes
-    /// first (the one confirmed last), unless the parent is found through
-    /// the node itself (a directory bind-mounted beneath itself), where the
-    /// name is not kept: names never form a loop.
+    /// The entry of what the host has at `name` in `parent`, whose
+    /// attributes are `st`, counted as a lookup of its node.
+    fn enter(&self, state: &mut State, parent: u64, name: &CStr, st: stat64) -> io::Result<Entry> {
+        let id = state.ids.id(st.st_dev, st.st_ino)?;
+        if state.nodes.contains_key(&id) {
+            Self::refresh_kind(state, id, &st);
+            Self::add_name(state, id, parent, name);
+            return Ok(self.entry(id, st));
+        }
+        state.nodes.insert(
+            id,
+            Node {
+                names: vec![(parent, name.to_owned())],
+                dev: st.st_dev,
+                ino: st.st_ino,
+                is_dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+                is_file: st.st_mode & libc::S_IFMT == libc::S_IFREG,
+                lookups: 1,
+                children: 0,
+            },
+        );
+        if let Some(p) = state.nodes.get_mut(&parent) {
+            p.children += 1;
+        }
+        Ok(self.entry(id, st))
+    }
+
+    /// Counts a lookup of `id` found as `name` in `parent`, and keeps the
+    /// name (see [`Self::put_name`]).
     fn add_name(state: &mut State, id: u64, parent: u64, name: &CStr) {
-        let through_self = Self::leads_through(state, parent, id);
         let Some(node) = state.nodes.get_mut(&id) else { return };
         node.lookups += 1;
+        Self::put_name(state, id, parent, name);
+    }
+
+    /// Keeps `name` in `parent` as the first name of `id` (the one
+    /// confirmed last), unless the parent is found through the node itself
+    /// (a directory bind-mounted beneath itself), where the name is not
+    /// kept: names never form a loop.
+    fn put_name(state: &mut State, id: u64, parent: u64, name: &CStr) {
+        let through_self = Self::leads_through(state, parent, id);
+        let Some(node) = state.nodes.get_mut(&id) else { return };
         if through_self {
             return;
         }
@@ -722,11 +804,16 @@ fn stale_if_gone(e: io::Error) -> io::Error {
 
 /// `openat(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)`; when the process is
 /// out of descriptors, half the cache is given back and it is tried again.
-/// What is opened for its content is opened with O_NOATIME where the host
+/// What is opened for reading is opened with O_NOATIME where the host
 /// allows it (files the host user owns): the guest's reads leave the
 /// host's access times alone.
 fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    open_following(state, dir, name, flags | libc::O_NOFOLLOW)
+    open_at_mode(state, dir, name, flags, 0)
+}
+
+/// [`open_at`], with the `mode` of a file O_CREAT makes.
+fn open_at_mode(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    open_following(state, dir, name, flags | libc::O_NOFOLLOW, mode)
 }
 
 /// The `O_PATH` descriptor `path` opened again with `flags`, through its
@@ -735,15 +822,15 @@ fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result
 /// which is in a share, and seccomp the flags, which are read-only.)
 fn reopen(state: &mut State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
     let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
-    open_following(state, libc::AT_FDCWD, &link, flags)
+    open_following(state, libc::AT_FDCWD, &link, flags, 0)
 }
 
-/// [`open_at`] with symlinks followed (`flags` may forbid them).
-fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+/// [`open_at_mode`] with symlinks followed (`flags` may forbid them).
+fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let once = |flags: i32| {
         // SAFETY: `name` is a NUL-terminated string; openat returns a new
         // descriptor that we own or -1.
-        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) };
         if fd < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -752,7 +839,8 @@ fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io:
         }
     };
     let attempt = |flags: i32| {
-        if flags & libc::O_PATH != 0 {
+        // Writes change the times anyway.
+        if flags & libc::O_PATH != 0 || flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) != libc::O_RDONLY {
             return once(flags);
         }
         match once(flags | libc::O_NOATIME) {
@@ -833,28 +921,7 @@ impl FileSystem for BoundedFs {
         }
         let dir = self.dir_fd(&mut state, parent)?;
         let st = fstatat(dir.as_raw_fd(), name)?;
-        let id = state.ids.id(st.st_dev, st.st_ino)?;
-        if state.nodes.contains_key(&id) {
-            Self::refresh_kind(&mut state, id, &st);
-            Self::add_name(&mut state, id, parent, name);
-            return Ok(self.entry(id, st));
-        }
-        state.nodes.insert(
-            id,
-            Node {
-                names: vec![(parent, name.to_owned())],
-                dev: st.st_dev,
-                ino: st.st_ino,
-                is_dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
-                is_file: st.st_mode & libc::S_IFMT == libc::S_IFREG,
-                lookups: 1,
-                children: 0,
-            },
-        );
-        if let Some(p) = state.nodes.get_mut(&parent) {
-            p.children += 1;
-        }
-        Ok(self.entry(id, st))
+        self.enter(&mut state, parent, name, st)
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
@@ -901,11 +968,11 @@ impl FileSystem for BoundedFs {
         &self,
         _ctx: &Context,
         inode: u64,
-        _flags: u32,
+        flags: u32,
         _fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        let handle = self.open_node(inode, false)?;
-        Ok((Some(handle), OpenOptions::KEEP_CACHE, None))
+        let handle = self.open_node(inode, false, flags)?;
+        Ok((Some(handle), self.cache_options(OpenOptions::KEEP_CACHE), None))
     }
 
     fn read(
@@ -929,6 +996,100 @@ impl FileSystem for BoundedFs {
 
     fn flush(&self, _ctx: &Context, _inode: u64, _handle: u64, _lock_owner: u64) -> io::Result<()> {
         Ok(())
+    }
+
+    fn setattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        attr: stat64,
+        handle: Option<u64>,
+        valid: SetattrValid,
+    ) -> io::Result<(stat64, Duration)> {
+        Ok((self.set_attr(inode, attr, handle, valid)?, self.timeout))
+    }
+
+    fn symlink(&self, _ctx: &Context, linkname: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+        self.make(parent, name, Make::Symlink { target: linkname }, 0)
+    }
+
+    fn mknod(&self, _ctx: &Context, parent: u64, name: &CStr, mode: u32, rdev: u32, umask: u32) -> io::Result<Entry> {
+        self.make(parent, name, Make::Node { mode, rdev }, umask)
+    }
+
+    fn mkdir(&self, _ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
+        self.make(parent, name, Make::Dir { mode }, umask)
+    }
+
+    fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn rename(
+        &self,
+        _ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.rename_node(olddir, oldname, newdir, newname, flags)
+    }
+
+    fn link(&self, _ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        self.link_node(inode, newparent, newname)
+    }
+
+    fn create(
+        &self,
+        _ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        args: CreateIn,
+    ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        let (entry, handle) = self.create_file(parent, name, args.mode, args.umask, args.flags)?;
+        Ok((entry, Some(handle), OpenOptions::empty(), None))
+    }
+
+    fn write(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _delayed_write: bool,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<usize> {
+        self.write_at(inode, handle, r, size, offset)
+    }
+
+    fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        self.sync(inode, handle, datasync)
+    }
+
+    fn fsyncdir(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        self.sync(inode, handle, datasync)
+    }
+
+    fn fallocate(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.allocate(inode, handle, mode, offset, length)
     }
 
     fn release(
@@ -965,8 +1126,8 @@ impl FileSystem for BoundedFs {
         if !self.state().nodes.get(&inode).is_some_and(|n| n.is_dir) {
             return Err(err(libc::ENOTDIR));
         }
-        let handle = self.open_node(inode, true)?;
-        Ok((Some(handle), OpenOptions::KEEP_CACHE | OpenOptions::CACHE_DIR))
+        let handle = self.open_node(inode, true, 0)?;
+        Ok((Some(handle), self.cache_options(OpenOptions::KEEP_CACHE | OpenOptions::CACHE_DIR)))
     }
 
     fn readdir(

@@ -9,13 +9,14 @@ use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::api::{BackFileSystem, Vfs, VfsOptions};
+#[cfg(test)]
 use fuse_backend_rs::passthrough::{CachePolicy, Config, PassthroughFs};
 use thiserror::Error;
 
 use super::boot::BootFs;
 use super::bounded::{BoundedFs, FdBudget, HandleCount};
 use super::event_handler::FsHandler;
-use super::readonly::{self, ReadOnlyFs};
+use super::readonly::ReadOnlyFs;
 use super::request::Access;
 use super::secrets::Secrets;
 use super::sightings::Sightings;
@@ -56,10 +57,6 @@ pub enum FsError {
     Resolve { path: PathBuf, source: io::Error },
     #[error("share {} is not a directory", path.display())]
     NotADirectory { path: PathBuf },
-    #[error("share {} has a path that is not valid UTF-8", path.display())]
-    NotUtf8 { path: PathBuf },
-    #[error("cannot create the file server for share {}", path.display())]
-    Backend { path: PathBuf, source: io::Error },
     #[error("cannot open share {} for the guest", path.display())]
     Import { path: PathBuf, source: io::Error },
     #[error("cannot open {} to record what the guest sees of share {}", record.display(), path.display())]
@@ -112,21 +109,29 @@ impl Fs<Vfs> {
     /// guest's writes reach the host directories directly, so the guest may
     /// not cache what the host could change under it.
     /// Each share is held to the host user's own powers and to its budget
-    /// (see [`WritableFs`]).
+    /// (see [`WritableFs`]), and its host descriptors to half the read-only
+    /// shares' budget (see [`FdBudget::halved`]).
     pub fn writable(tag: &str, shares: &[Share]) -> Result<Fs<Vfs>, FsError> {
-        Self::writable_keeping(tag, shares, None)
+        raise_fd_limit();
+        Self::writable_within(tag, shares, None, FdBudget::of_process().halved())
     }
 
     /// [`Fs::writable`], keeping `margin` free bytes (tests) instead of the
-    /// staging margin.
-    pub(super) fn writable_keeping(tag: &str, shares: &[Share], margin: Option<u64>) -> Result<Fs<Vfs>, FsError> {
+    /// staging margin, and within `budget`'s host descriptors.
+    pub(super) fn writable_within(
+        tag: &str,
+        shares: &[Share],
+        margin: Option<u64>,
+        budget: FdBudget,
+    ) -> Result<Fs<Vfs>, FsError> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
-        raise_fd_limit();
         let vfs = Vfs::new(vfs_options());
+        let handles = HandleCount::default();
+        let cached = budget.inodes / shares.len().max(1);
         for (share, guest_path) in shares.iter().zip(&guest_paths) {
-            let fs = open_share(&share.host_path, CachePolicy::Auto)?;
-            let fs = WritableFs::new(fs, &share.host_path, share.limit, margin)
+            let fs = open_bounded_share(&share.host_path, &Secrets::default(), cached, &handles, budget.handles)?;
+            let fs = WritableFs::new(fs.writable(), &share.host_path, share.limit, margin)
                 .map_err(|source| FsError::Budget { path: share.host_path.clone(), source })?;
             vfs.mount(Box::new(fs), guest_path).map_err(|source| FsError::Mount {
                 path: share.host_path.clone(),
@@ -151,7 +156,7 @@ pub(super) fn mount_shares(
     let handles = HandleCount::default();
     let cached = budget.inodes / shares.len().max(1);
     for (share, guest_path) in shares.iter().zip(guest_paths) {
-        let fs = open_read_only_share(&share.host_path, secrets, cached, &handles, budget.handles)?;
+        let fs = open_bounded_share(&share.host_path, secrets, cached, &handles, budget.handles)?;
         let fs: BackFileSystem =
             match share.record.as_deref() {
                 Some(record) => {
@@ -287,7 +292,9 @@ pub(super) fn read_only_vfs_options() -> VfsOptions {
     VfsOptions { no_open: true, out_opts: options.out_opts - FsOptions::READDIRPLUS_AUTO, ..options }
 }
 
-/// The passthrough configuration of one share.
+/// The passthrough configuration of one share: what the per-file cost
+/// benchmark compares the bounded server with.
+#[cfg(test)]
 pub(super) fn passthrough_config(root_dir: String, cache_policy: CachePolicy) -> Config {
     Config {
         root_dir,
@@ -326,21 +333,23 @@ pub(super) fn passthrough_config(root_dir: String, cache_policy: CachePolicy) ->
 }
 
 /// A passthrough filesystem for the host directory `path`, its root imported.
+#[cfg(test)]
 pub(super) fn open_share(path: &Path, cache: CachePolicy) -> Result<PassthroughFs, FsError> {
     let root = std::fs::canonicalize(path).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
     let meta = std::fs::metadata(&root).map_err(|source| FsError::Resolve { path: path.to_owned(), source })?;
     if !meta.is_dir() {
         return Err(FsError::NotADirectory { path: path.to_owned() });
     }
-    let root = root.into_os_string().into_string().map_err(|_| FsError::NotUtf8 { path: path.to_owned() })?;
-    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root, cache))
-        .map_err(|source| FsError::Backend { path: path.to_owned(), source })?;
-    readonly::keeping_umask(|| fs.import()).map_err(|source| FsError::Import { path: path.to_owned(), source })?;
+    let import = |source| FsError::Import { path: path.to_owned(), source };
+    let root = root.into_os_string().into_string().map_err(|_| import(io::Error::other("not UTF-8")))?;
+    let fs: PassthroughFs = PassthroughFs::new(passthrough_config(root, cache)).map_err(import)?;
+    super::readonly::keeping_umask(|| fs.import()).map_err(import)?;
     Ok(fs)
 }
 
-/// A bounded read-only filesystem for the host directory `path`.
-fn open_read_only_share(
+/// A bounded filesystem for the host directory `path`, read-only until
+/// made writable.
+fn open_bounded_share(
     path: &Path,
     secrets: &Secrets,
     cached: usize,
@@ -356,8 +365,8 @@ fn open_read_only_share(
         .map_err(|source| FsError::Import { path: path.to_owned(), source })
 }
 
-/// Every inode the guest holds is an open O_PATH descriptor: let the process
-/// use as many descriptors as its hard limit allows.
+/// The file servers size their descriptor budgets by the soft limit: let
+/// the process use as many descriptors as its hard limit allows.
 pub(super) fn raise_fd_limit() {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit only writes into `limit`, a valid rlimit we own.

@@ -2,24 +2,23 @@
 //! policy mounts them writable (a second device, `Fs::writable`).
 //!
 //! One virtio-fs device serves one FUSE filesystem. Each [`Share`] is a host
-//! directory, served by its own `PassthroughFs`, mounted at the share's
+//! directory, served by its own [`bounded::BoundedFs`], mounted at the share's
 //! guest path inside a `Vfs` whose other directories are synthetic. The
 //! guest mounts the whole tree with
 //! `mount -t virtiofs -o ro <tag> <mountpoint>`.
 //!
-//! The shares are read-only whatever the guest kernel sends: mutating FUSE
-//! opcodes are refused with EROFS before they reach the FUSE server
-//! ([`readonly::gate`]), and the filesystem the server dispatches to
-//! ([`readonly::ReadOnlyFs`]) refuses them again and forwards only the
-//! read-side operations.
+//! The read-only device's shares are read-only whatever the guest kernel
+//! sends: mutating FUSE opcodes are refused with EROFS before they reach
+//! the FUSE server ([`readonly::gate`]), and the filesystem the server
+//! dispatches to ([`readonly::ReadOnlyFs`]) refuses them again and forwards
+//! only the read-side operations.
 //!
-//! The read-only shares are served by [`bounded::BoundedFs`], whose host
-//! descriptors stay within a budget taken from RLIMIT_NOFILE whatever the
-//! guest looks up (inodes are found again by parent and name, never by
-//! file handles, which need CAP_DAC_READ_SEARCH). The writable shares keep
-//! `PassthroughFs`, where every inode the guest holds costs the host one
-//! `O_PATH` descriptor; [`Fs::new`] raises the soft RLIMIT_NOFILE to the
-//! hard limit for both.
+//! Every share is served by [`bounded::BoundedFs`], whose host descriptors
+//! stay within a budget taken from RLIMIT_NOFILE whatever the guest looks
+//! up or changes (inodes are found again by parent and name, never by file
+//! handles, which need CAP_DAC_READ_SEARCH); the writable shares' device
+//! gets half the read-only one's budget, and [`Fs::new`] and
+//! [`Fs::writable`] raise the soft RLIMIT_NOFILE to the hard limit.
 //!
 //! `device` is what the transport sees and builds the filesystem,
 //! `request` serves one FUSE request, `event_handler` what the worker does
@@ -98,8 +97,8 @@ const FS_READ: &[i64] = &[
     libc::SYS_fadvise64,
 ];
 
-/// Changing files beneath the writable shares, with the guest's owner
-/// (setresuid, setresgid) as the passthrough server does.
+/// Changing files beneath the writable shares, as the host user (the
+/// server never takes on another uid, and serves no extended attributes).
 const FS_WRITE: &[i64] = &[
     libc::SYS_mkdirat,
     libc::SYS_mknodat,
@@ -119,14 +118,6 @@ const FS_WRITE: &[i64] = &[
     libc::SYS_pwritev,
     libc::SYS_fsync,
     libc::SYS_fdatasync,
-    libc::SYS_fsetxattr,
-    libc::SYS_setxattr,
-    libc::SYS_lsetxattr,
-    libc::SYS_fremovexattr,
-    libc::SYS_removexattr,
-    libc::SYS_lremovexattr,
-    libc::SYS_setresuid,
-    libc::SYS_setresgid,
 ];
 
 /// The worker of the read-only shares.

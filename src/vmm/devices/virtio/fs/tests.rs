@@ -1145,9 +1145,14 @@ fn writable_client(shares: &[Share]) -> Client<Vfs> {
 /// [`writable_client`], keeping `margin` bytes free instead of the staging
 /// margin.
 fn writable_client_keeping(shares: &[Share], margin: Option<u64>) -> Client<Vfs> {
+    writable_client_within(shares, margin, super::bounded::FdBudget::of_process().halved())
+}
+
+/// [`writable_client_keeping`], within `budget`'s host descriptors.
+fn writable_client_within(shares: &[Share], margin: Option<u64>, budget: super::bounded::FdBudget) -> Client<Vfs> {
     let fs = {
         let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
-        Fs::writable_keeping("host-rw", shares, margin).unwrap()
+        Fs::writable_within("host-rw", shares, margin, budget).unwrap()
     };
     let mut client = Client::started(fs.server);
     client.access = Access::Writable;
@@ -1393,13 +1398,81 @@ fn a_writable_share_stops_at_the_free_space_margin() {
     assert_eq!(std::fs::read(dir.as_path().join("hello.txt")).unwrap().len(), CONTENT.len());
 }
 
+/// A writable share under a tiny descriptor budget, through the device as
+/// the guest reaches it: a thousand files made, written, moved, read back
+/// and half removed in fifty directories, every lookup held; the host ends
+/// up with exactly what the guest left, and a write open past the cap gets
+/// ENFILE.
+#[test]
+fn a_writable_share_under_a_tiny_descriptor_budget_serves_a_thousand_files() {
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-test-")).unwrap();
+    let budget = super::bounded::FdBudget { inodes: 4, handles: 4 };
+    let mut client = writable_client_within(&[share("/rw", dir.as_path())], None, budget);
+    let rw = client.lookup_node(ROOT_ID, "rw").nodeid;
+    let release = |client: &mut Client<Vfs>, node: u64, fh: u64| {
+        let body = ReleaseIn { fh, ..Default::default() };
+        assert_eq!(client.call(Opcode::Release as u32, node, body.as_slice()).errno(), 0);
+    };
+    let mut files = Vec::new();
+    for d in 0..50 {
+        let sub = client.call(Opcode::Mkdir as u32, rw, &mkdir_body(&format!("d{d}"), 0o755)).obj::<EntryOut>().nodeid;
+        for f in 0..20 {
+            let created =
+                client.call(Opcode::Create as u32, sub, &create_body(&format!("f{f}"), libc::S_IFREG | 0o644));
+            let node = created.obj::<EntryOut>().nodeid;
+            let fh = OpenOut::from_slice(&created.ok()[size_of::<EntryOut>()..][..size_of::<OpenOut>()]).unwrap().fh;
+            let text = format!("{d}/{f}");
+            assert_eq!(client.call(Opcode::Write as u32, node, &write_body(fh, 0, text.as_bytes())).errno(), 0);
+            release(&mut client, node, fh);
+            files.push((sub, node, d, f, text));
+        }
+    }
+    for (sub, node, d, f, text) in &files {
+        let body = cat(&[RenameIn { newdir: rw }.as_slice(), &cstr(&format!("f{f}")), &cstr(&format!("{d}-{f}"))]);
+        assert_eq!(client.call(Opcode::Rename as u32, *sub, &body).errno(), 0);
+        assert_eq!(read_all(&mut client, *node).as_deref(), Ok(text.as_bytes()), "{text} after its move");
+    }
+    for (_, node, d, f, _) in files.iter().filter(|file| file.3 % 2 == 0) {
+        assert_eq!(client.call(Opcode::Unlink as u32, rw, &cstr(&format!("{d}-{f}"))).errno(), 0);
+        let attr = client.call(Opcode::Getattr as u32, *node, GetattrIn::default().as_slice());
+        assert_eq!(attr.errno(), libc::ESTALE, "removed");
+    }
+    for d in 0..50 {
+        assert_eq!(client.call(Opcode::Rmdir as u32, rw, &cstr(&format!("d{d}"))).errno(), 0);
+    }
+    let mut host: Vec<(String, String)> = std::fs::read_dir(dir.as_path())
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().into_string().unwrap(), std::fs::read_to_string(e.path()).unwrap())
+        })
+        .collect();
+    host.sort();
+    let mut want: Vec<(String, String)> = files
+        .iter()
+        .filter(|file| file.3 % 2 == 1)
+        .map(|(_, _, d, f, text)| (format!("{d}-{f}"), text.clone()))
+        .collect();
+    want.sort();
+    assert_eq!(host, want);
+
+    // Files open for writing count against the cap.
+    let odd: Vec<u64> = files.iter().filter(|file| file.3 % 2 == 1).map(|file| file.1).collect();
+    let held: Vec<u64> =
+        odd[..4].iter().map(|&node| client.open(Opcode::Open, node, libc::O_WRONLY).obj::<OpenOut>().fh).collect();
+    assert_eq!(client.open(Opcode::Open, odd[4], libc::O_WRONLY).errno(), libc::ENFILE);
+    release(&mut client, odd[0], held[0]);
+    let fh = client.open(Opcode::Open, odd[4], libc::O_WRONLY).obj::<OpenOut>().fh;
+    release(&mut client, odd[4], fh);
+}
+
 fn budget_client(shares: &[Share], inodes: usize, handles: usize) -> Client {
     let budget = super::bounded::FdBudget { inodes, handles };
     let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
     Client::started(Fs::within("host", shares, &Secrets::default(), budget).unwrap().server)
 }
 
-fn read_all(client: &mut Client, node: u64) -> Result<Vec<u8>, i32> {
+fn read_all<F: FileSystem + Sync>(client: &mut Client<F>, node: u64) -> Result<Vec<u8>, i32> {
     let open = client.open(Opcode::Open, node, libc::O_RDONLY);
     if open.errno() != 0 {
         return Err(open.errno());
