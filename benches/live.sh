@@ -113,7 +113,10 @@ recovery() {
         start=$(date +%s.%N)
         if ! "$bin" recover --kernel "$kernel" >"recover.$i" 2>&1; then
             grep -v 'so far' "recover.$i" >&2
-            tail -n 30 "$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)recover-kernel.log" >&2
+            local dir
+            dir=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)
+            tail -n 30 "$dir"recover-vmm.log "$dir"recover-kernel.log "$dir"kernel.log >&2
+            free -m >&2
             df -h "$work" >&2
             du -sh "$STOCKADE_DATA_DIR"/sessions/*/* 2>/dev/null | sort -h | tail -n 8 >&2
             exit 1
