@@ -162,8 +162,11 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
             disk.display()
         ),
         Ok(Conversation::VmEnded | Conversation::Unanswered) => bail!(
-            "the recovery VM of session {id} stopped before it exported the changes; its scratch disk stays; the \
-             kernel log is {kernel_log}"
+            "the recovery VM of session {id} stopped before it exported the changes{}; nothing was staged, its \
+             scratch disk stays in {} and the session is still interrupted (`stockade recover {id}` tries again); \
+             the kernel log is {kernel_log}",
+            stopped_because(&log),
+            disk.display()
         ),
         Err(e) => return Err(e.context(format!("cannot recover session {id}; its scratch disk stays"))),
     }
@@ -180,6 +183,16 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
         }
     }
     Ok(Recovered { id: id.clone(), workspace, store })
+}
+
+/// Why the VMM whose log is `log` stopped, from its last line (its own
+/// error), as " (<why>)", or nothing when it said nothing.
+fn stopped_because(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    match text.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(line) => format!(" ({})", line.trim_start_matches("stockade: error: ")),
+        None => String::new(),
+    }
 }
 
 /// The run's listener sockets, left behind by a supervisor that died.
@@ -257,4 +270,23 @@ fn run_spec(workspace: &Path, user: &root::User, root: Vec<RootEntry>, token: To
         seed: Vec::new(),
         recover: true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stopped_because;
+
+    /// The recovery's error says why its VM stopped, in the VMM's words.
+    #[test]
+    fn a_stopped_recovery_vm_is_explained_by_the_vmms_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("recover-vmm.log");
+        assert_eq!(stopped_because(&log), "", "no log, no reason");
+        std::fs::write(
+            &log,
+            "INFO booting\nstockade: error: the VM stopped: the guest kernel crashed (a triple fault)\n\n",
+        )
+        .unwrap();
+        assert_eq!(stopped_because(&log), " (the VM stopped: the guest kernel crashed (a triple fault))");
+    }
 }
