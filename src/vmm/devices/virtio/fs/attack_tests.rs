@@ -18,11 +18,7 @@ use fuse_backend_rs::abi::fuse_abi::{
 };
 use fuse_backend_rs::api::Vfs;
 use fuse_backend_rs::api::server::Server;
-use virtio_queue::Queue;
-use virtio_queue::desc::RawDescriptor;
-use virtio_queue::desc::split::Descriptor as SplitDescriptor;
-use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::tempdir::TempDir;
 
 use super::bounded::FdBudget;
@@ -31,10 +27,8 @@ use super::readonly::ReadOnlyFs;
 use super::request::{Access, process_queue};
 use super::secrets::Secrets;
 use super::tally::Tally;
+use super::tests::Driver;
 
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
-const QSIZE: u16 = 256;
 const MEM_SIZE: usize = 0x80_0000;
 const REQ_ADDR: u64 = 0x10_0000;
 const RESP_ADDR: u64 = 0x40_0000;
@@ -67,10 +61,7 @@ impl Reply {
 /// offers it on the request queue and lets the device answer.
 struct Guest {
     mem: &'static GuestMemoryMmap,
-    mock: MockSplitQueue<'static, GuestMemoryMmap>,
-    queue: Queue,
-    next_desc: u16,
-    used: u16,
+    driver: Driver,
     server: Arc<Server<ReadOnlyFs<Vfs>>>,
     unique: u64,
 }
@@ -88,9 +79,7 @@ impl Guest {
         let fs = Fs::within("attack", shares, secrets, budget).unwrap();
         let mem: &'static GuestMemoryMmap =
             Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
-        let mock = MockSplitQueue::create(mem, GuestAddress(0), QSIZE);
-        let queue = mock.create_queue().unwrap();
-        let mut guest = Guest { mem, mock, queue, next_desc: 0, used: 0, server: fs.server, unique: 0 };
+        let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server: fs.server, unique: 0 };
         let mut flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
         if !without_opens {
             flags &= !(FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits();
@@ -111,40 +100,12 @@ impl Guest {
     fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         // The mock queue serves a few hundred chains; a long test starts
         // another (the server keeps no queue state).
-        if self.used >= 200 {
-            self.mock = MockSplitQueue::create(self.mem, GuestAddress(0), QSIZE);
-            self.queue = self.mock.create_queue().unwrap();
-            self.next_desc = 0;
-            self.used = 0;
+        if self.driver.used >= 200 {
+            self.driver = Driver::new(self.mem, GuestAddress(0));
         }
-        let n = u16::try_from(descs.len()).unwrap();
-        if self.next_desc + n > QSIZE {
-            self.next_desc = 0;
-        }
-        let first = self.next_desc;
-        let raw: Vec<RawDescriptor> = descs
-            .iter()
-            .zip(first..)
-            .map(|(&(addr, len, writable), index)| {
-                let mut flags = if writable { DESC_F_WRITE } else { 0 };
-                let mut next = 0;
-                if index + 1 < first + n {
-                    flags |= DESC_F_NEXT;
-                    next = index + 1;
-                }
-                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
-            })
-            .collect();
-        self.mock.add_desc_chains(&raw, first).unwrap();
-        self.next_desc += n;
-        process_queue(&self.server, self.mem, &mut self.queue, Access::ReadOnly, &mut Tally::default());
-        let used_idx: u16 = self.mem.read_obj(self.mock.used_addr().unchecked_add(2)).unwrap();
-        assert_eq!(used_idx, self.used.wrapping_add(1), "the device must return every request");
-        let elem = self.mock.used_addr().unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
-        let id: u32 = self.mem.read_obj(elem).unwrap();
-        assert_eq!(id, u32::from(first));
-        self.used = used_idx;
-        self.mem.read_obj(elem.unchecked_add(4)).unwrap()
+        let head = self.driver.offer(descs);
+        process_queue(&self.server, self.mem, &mut self.driver.queue, Access::ReadOnly, &mut Tally::default());
+        self.driver.take_used(head)
     }
 
     /// Writes request `opcode` on `nodeid` with `body`; returns its unique

@@ -76,17 +76,18 @@ fn len32(n: usize) -> u32 {
     u32::try_from(n).unwrap()
 }
 
-/// The driver side of one split queue.
-struct Driver {
+/// The driver side of one split queue (the attack tests' guest drives
+/// one too).
+pub(super) struct Driver {
     mem: &'static GuestMemoryMmap,
     mock: MockSplitQueue<'static, GuestMemoryMmap>,
-    queue: Queue,
+    pub(super) queue: Queue,
     next_desc: u16,
-    used: u16,
+    pub(super) used: u16,
 }
 
 impl Driver {
-    fn new(mem: &'static GuestMemoryMmap, base: GuestAddress) -> Driver {
+    pub(super) fn new(mem: &'static GuestMemoryMmap, base: GuestAddress) -> Driver {
         let mock = MockSplitQueue::create(mem, base, QSIZE);
         let queue = mock.create_queue().unwrap();
         Driver { mem, mock, queue, next_desc: 0, used: 0 }
@@ -94,7 +95,7 @@ impl Driver {
 
     /// Makes a chain of (address, length, device-writable) descriptors
     /// available; returns its head index.
-    fn offer(&mut self, descs: &[(u64, u32, bool)]) -> u16 {
+    pub(super) fn offer(&mut self, descs: &[(u64, u32, bool)]) -> u16 {
         let n = u16::try_from(descs.len()).unwrap();
         if self.next_desc + n > QSIZE {
             self.next_desc = 0;
@@ -119,7 +120,7 @@ impl Driver {
     }
 
     /// The used length of the chain `head`, which must be the next used one.
-    fn take_used(&mut self, head: u16) -> u32 {
+    pub(super) fn take_used(&mut self, head: u16) -> u32 {
         let used_idx: u16 = self.mem.read_obj(self.mock.used_addr().unchecked_add(2)).unwrap();
         assert_eq!(used_idx, self.used.wrapping_add(1), "the device must return every chain");
         let elem = self.mock.used_addr().unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
