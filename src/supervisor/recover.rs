@@ -47,6 +47,12 @@ pub struct Recovered {
 /// another try rather than the user waiting without end.
 const RECOVERY_BOUND: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
+/// Boots of the recovery VM before a failure is the user's to retry.
+const RECOVERY_ATTEMPTS: u32 = 2;
+
+/// How long a recovery waits for the run's VMM to be gone.
+const VMM_EXIT_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The outcome a recovered session's record gains.
 const RECOVERED: &str = "its changes were recovered from the scratch disk";
 
@@ -105,32 +111,50 @@ pub fn recover(info: &session::SessionInfo, config: &RecoverConfig) -> anyhow::R
     // A checkpoint the killed supervisor kept is as big as the changes,
     // and the recovery stages them whole on the same disk.
     live::remove_checkpoints(&session.dir);
+    wait_for_the_runs_vmm(&session.dir);
     let vsock_base = session.dir.join("v.sock");
-    let (channels, sockets) = Channels::open(&vsock_base, &store, None)?;
     let user = root::User::current();
-    let (vm_config, root) = vm_config(&session, &workspace, &user, &kernel, config)?;
     let log = session.dir.join("recover-vmm.log");
-    let paths = vm::Paths { session: &session.dir, log: &log, vsock_base: &vsock_base };
-    let vmm = vm::VmProcess::start(&vm_config, paths, None, |_, _| {})?;
-    let spec = run_spec(&workspace, &user, root, channels.token.clone())?;
-    let booted = Booted { vmm, command: Command { spec, formatting: scratch::Formatting::kept(&disk) }, channels };
-    let (vmm, ended) = conversation::hold_until(Some(RECOVERY_BOUND), &session, booted)?;
-    if ended.expired.get() {
-        bail!(
-            "the recovery VM of session {id} did not export the changes within {} minutes and was stopped; its \
-             scratch disk stays in {}; the kernel log is {}",
-            RECOVERY_BOUND.as_secs() / 60,
-            disk.display(),
-            vm_config.kernel_log.display()
-        );
-    }
-    let reported = matches!(ended.result, Ok(Conversation::Ended { .. }));
-    if reported {
-        vmm.stop();
-    } else {
-        drop(vmm);
-    }
-    drop(sockets);
+    let mut attempt = 1;
+    let (vm_config, ended) = loop {
+        let (channels, sockets) = Channels::open(&vsock_base, &store, None)?;
+        let (vm_config, root) = vm_config(&session, &workspace, &user, &kernel, config)?;
+        let paths = vm::Paths { session: &session.dir, log: &log, vsock_base: &vsock_base };
+        let vmm = vm::VmProcess::start(&vm_config, paths, None, |_, _| {})?;
+        let spec = run_spec(&workspace, &user, root, channels.token.clone())?;
+        let booted = Booted { vmm, command: Command { spec, formatting: scratch::Formatting::kept(&disk) }, channels };
+        let (vmm, ended) = conversation::hold_until(Some(RECOVERY_BOUND), &session, booted)?;
+        if ended.expired.get() {
+            bail!(
+                "the recovery VM of session {id} did not export the changes within {} minutes and was stopped; \
+                 its scratch disk stays in {}; the kernel log is {}",
+                RECOVERY_BOUND.as_secs() / 60,
+                disk.display(),
+                vm_config.kernel_log.display()
+            );
+        }
+        if matches!(ended.result, Ok(Conversation::Ended { .. })) {
+            vmm.stop();
+        } else {
+            drop(vmm);
+        }
+        drop(sockets);
+        // A VM that died on its way up (the rig's nested SVM has shown a
+        // triple fault at the first instruction) left the disk as it was:
+        // one more boot costs seconds and spares the user a second command.
+        let died_early = matches!(ended.result, Ok(Conversation::VmEnded | Conversation::Unanswered));
+        if died_early && !store.is_staged() && attempt < RECOVERY_ATTEMPTS {
+            eprintln!(
+                "stockade: the recovery VM of session {id} stopped before the changes were staged{}; trying again",
+                stopped_because(&log)
+            );
+            keep_first_logs(&session.dir, &log, &vm_config.kernel_log);
+            attempt += 1;
+            clear_stale_sockets(&session.dir);
+            continue;
+        }
+        break (vm_config, ended);
+    };
     let kernel_log = vm_config.kernel_log.display().to_string();
     // Staged whole (the manifest is written last) is recovered, whatever
     // the VM did after.
@@ -192,6 +216,69 @@ fn stopped_because(log: &Path) -> String {
     match text.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
         Some(line) => format!(" ({})", line.trim_start_matches("stockade: error: ")),
         None => String::new(),
+    }
+}
+
+/// Waits (bounded) until no VMM of the session's run is still exiting. A
+/// supervisor killed with SIGKILL takes its VMM with it (the VMM's
+/// parent-death signal), but the kernel tears a VM down as the process
+/// exits, seconds for a big guest under nested virtualization, and the
+/// recovery VM should not boot beside that.
+fn wait_for_the_runs_vmm(session: &Path) {
+    let config = session.join("vmm.json");
+    let deadline = std::time::Instant::now() + VMM_EXIT_BOUND;
+    let mut told = false;
+    loop {
+        let left = vmms_of(&config);
+        if left.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!("the run's VMM (pid {left:?}) is still exiting after {VMM_EXIT_BOUND:?}; recovering anyway");
+            return;
+        }
+        if !told {
+            tracing::info!("waiting for the run's VMM (pid {left:?}) to exit");
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The live (not yet reaped, not zombie) processes running `stockade vmm
+/// --config CONFIG`.
+fn vmms_of(config: &Path) -> Vec<u32> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let runs_it =
+            args.windows(3).any(|w| w[0] == b"vmm" && w[1] == b"--config" && w[2] == config.as_os_str().as_bytes());
+        if runs_it && !is_zombie(&entry.path()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Whether the process at /proc/PID has finished exiting (state Z or X).
+fn is_zombie(proc_dir: &Path) -> bool {
+    let Ok(stat) = std::fs::read_to_string(proc_dir.join("stat")) else { return true };
+    // The state follows the parenthesised name, which may hold spaces.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, Some("Z" | "X") | None)
+}
+
+/// Keeps the logs of a failed first boot beside the retry's, as
+/// `recover-vmm-1.log` and `recover-kernel-1.log`.
+fn keep_first_logs(dir: &Path, vmm_log: &Path, kernel_log: &Path) {
+    for (log, kept) in [(vmm_log, "recover-vmm-1.log"), (kernel_log, "recover-kernel-1.log")] {
+        if let Err(e) = std::fs::rename(log, dir.join(kept)) {
+            tracing::debug!("cannot keep {}: {e}", log.display());
+        }
     }
 }
 
@@ -274,7 +361,32 @@ fn run_spec(workspace: &Path, user: &root::User, root: Vec<RootEntry>, token: To
 
 #[cfg(test)]
 mod tests {
-    use super::stopped_because;
+    use super::{stopped_because, vmms_of};
+    use std::path::Path;
+
+    /// The run's VMM is found by its session's config while it lives, and
+    /// no longer once it has exited, reaped or not.
+    #[test]
+    fn the_runs_vmm_is_found_until_it_has_exited() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("vmm.json");
+        let mut vmm = std::process::Command::new("sh")
+            .args(["-c", "sleep 30; true", "vmm", "--config"])
+            .arg(&config)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while vmms_of(&config).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(vmms_of(&config), [vmm.id()]);
+        assert!(vmms_of(Path::new("/elsewhere/vmm.json")).is_empty(), "another session's is not this one's");
+        vmm.kill().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(vmms_of(&config).is_empty(), "exited, not yet reaped: a zombie holds no VM");
+        vmm.wait().unwrap();
+        assert!(vmms_of(&config).is_empty());
+    }
 
     /// The recovery's error says why its VM stopped, in the VMM's words.
     #[test]
