@@ -221,9 +221,11 @@ fn open_files_check(limit: &std::io::Result<(u64, u64)>) -> Check {
         Err(e) => return Check::warn(NAME, format!("cannot read the limit: {e}"), "check `ulimit -n`"),
     };
     let budget = FdBudget::for_limit(hard);
+    let writable = budget.halved();
     let finding = format!(
-        "limit {soft} (hard {hard}): the file server caches {} directory descriptors and allows {} open files",
-        budget.inodes, budget.handles
+        "limit {soft} (hard {hard}): the read-only file server caches {} directory descriptors and allows {} open \
+         files; the writable one (agent state, `rw` mounts) {} and {}",
+        budget.inodes, budget.handles, writable.inodes, writable.handles
     );
     if hard >= FdBudget::wanted_limit() {
         return Check::ok(NAME, finding);
@@ -391,6 +393,7 @@ mod tests {
         let low = line((4096, 4096));
         assert_eq!(low.status, Status::Warn);
         assert!(low.finding.contains("caches 768 directory descriptors"), "{}", low.finding);
+        assert!(low.finding.contains("the writable one (agent state, `rw` mounts) 384 and 384"), "{}", low.finding);
         assert!(low.fix.unwrap().contains("LimitNOFILE"));
     }
 
