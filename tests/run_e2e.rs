@@ -11,7 +11,10 @@ pub(crate) const T: Duration = Duration::from_secs(180);
 
 /// A script prelude: `S` runs stockade, `ws` is a fresh workspace and the cwd.
 /// On exit it appends the logs of any session stockade itself failed in
-/// (status 125) to stderr, so a failure explains itself.
+/// (status 125) during the script, and L1's free memory and /tmp, to stderr,
+/// so a failure explains itself; then it removes `$ws` and `$ws.*` (scripts
+/// keep their other files there), since L1's /tmp is memory that the later
+/// tests' guests need.
 pub(crate) fn script(body: &str) -> String {
     format!("set -u\nS={bin}\nws=$(mktemp -d /tmp/ws.XXXXXX)\ncd \"$ws\"\n{DIAGNOSE}\n{body}\n", bin = stockade_bin())
 }
@@ -30,14 +33,18 @@ pub(crate) const LEAKS: &str = r#"leaks() {
                          xargs grep -ls "$pattern" /proc/[0-9]*/environ "$@" 2>/dev/null
                  }"#;
 
-const DIAGNOSE: &str = r#"diagnose() {
-  for s in "$HOME"/.local/share/stockade/sessions/*/; do
+const DIAGNOSE: &str = r#": > "$ws.started"
+diagnose() {
+  for s in "${STOCKADE_DATA_DIR:-$HOME/.local/share/stockade}"/sessions/*/; do
+    [ "$s/run.json" -nt "$ws.started" ] || continue
     grep -q '"status": 125' "$s/run.json" 2>/dev/null || continue
     echo "=== failed session $s" >&2
     echo "--- vmm.log" >&2; cat "$s/vmm.log" >&2
     echo "--- kernel.log (tail)" >&2; tail -n 15 "$s/kernel.log" >&2
   done
   echo "--- L1 dmesg (tail)" >&2; dmesg | tail -n 8 >&2
+  echo "--- L1 memory and /tmp" >&2; free -m >&2; df -h /tmp >&2
+  cd /; rm -rf "$ws" "$ws".*
 }
 trap diagnose EXIT"#;
 

@@ -7,8 +7,8 @@ use crate::rig;
 use crate::run_e2e::{T, script};
 
 /// Its own cache and sessions, so that no other test's templates count.
-const PRELUDE: &str = r#"export STOCKADE_CACHE=$(mktemp -d /tmp/snap-cache.XXXXXX)
-export STOCKADE_DATA_DIR=$(mktemp -d /tmp/snap-data.XXXXXX)
+const PRELUDE: &str = r#"export STOCKADE_CACHE=$ws.cache; mkdir "$STOCKADE_CACHE"
+export STOCKADE_DATA_DIR=$ws.data; mkdir "$STOCKADE_DATA_DIR"
 probe='head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"; echo; cat /proc/sys/kernel/random/boot_id; date +%s'
 templates() { ls -A "$STOCKADE_CACHE/templates" | tr '\n' ' '; echo; }
 "#;
