@@ -44,6 +44,8 @@ mod writable;
 mod attack_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_attack_tests;
 
 use std::time::Duration;
 

@@ -1,0 +1,244 @@
+//! Attacks on the writable shares' file server (an agent's state, a
+//! policy's `rw` mounts) by a hostile guest root sending raw FUSE requests
+//! on the request queue. Each goes through the device's queue processing,
+//! the FUSE server, the Vfs, `WritableFs` and the bounded filesystem in
+//! its writable mode, as the guest's requests do. The host directories
+//! around the share stand for the rest of the host: nothing there may be
+//! read, made, changed or removed.
+
+use std::mem::size_of;
+use std::path::Path;
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::{
+    CreateIn, EntryOut, FsOptions, GetattrIn, InHeader, InitIn, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, OutHeader,
+    ROOT_ID, ReadIn, ReleaseIn, RenameIn, WriteIn,
+};
+use fuse_backend_rs::api::Vfs;
+use fuse_backend_rs::api::server::Server;
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::tempdir::TempDir;
+
+use super::bounded::FdBudget;
+use super::device::{Fs, Share};
+use super::request::{Access, process_queue};
+use super::tally::Tally;
+use super::tests::Driver;
+
+const MEM_SIZE: usize = 0x80_0000;
+const REQ_ADDR: u64 = 0x10_0000;
+const RESP_ADDR: u64 = 0x40_0000;
+const RESP_LEN: u32 = 0x2_0000;
+const HEADER: usize = size_of::<OutHeader>();
+
+/// A reply as the guest reads it.
+#[derive(Debug)]
+struct Reply {
+    header: OutHeader,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn ok(&self) -> &[u8] {
+        assert_eq!(self.header.error, 0, "unexpected error reply {self:?}");
+        &self.body
+    }
+
+    fn errno(&self) -> i32 {
+        -self.header.error
+    }
+
+    fn obj<T: ByteValued>(&self) -> T {
+        T::from_slice(&self.ok()[..size_of::<T>()]).copied().unwrap()
+    }
+}
+
+/// A hostile guest root speaking FUSE to the writable device.
+struct Guest {
+    mem: &'static GuestMemoryMmap,
+    driver: Driver,
+    server: Arc<Server<Vfs>>,
+    unique: u64,
+}
+
+impl Guest {
+    /// A guest of the writable device serving `shares`, past FUSE_INIT.
+    fn of(shares: &[Share]) -> Guest {
+        let fs = Fs::writable_within("attack-rw", shares, None, FdBudget { inodes: 64, handles: 64 }).unwrap();
+        let mem: &'static GuestMemoryMmap =
+            Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
+        let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server: fs.server, unique: 0 };
+        let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+        let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() };
+        assert_eq!(guest.call(Opcode::Init as u32, 0, init.as_slice()).header.error, 0);
+        guest
+    }
+
+    /// A guest of one writable share of `host` at /rw.
+    fn of_share(host: &Path) -> Guest {
+        Guest::of(&[share("/rw", host)])
+    }
+
+    fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
+        // The mock queue serves a few hundred chains; a long test starts
+        // another (the server keeps no queue state).
+        if self.driver.used >= 200 {
+            self.driver = Driver::new(self.mem, GuestAddress(0));
+        }
+        self.unique += 1;
+        let len = u32::try_from(size_of::<InHeader>() + body.len()).unwrap();
+        let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, pid: 1, padding: 0 };
+        let mut bytes = header.as_slice().to_vec();
+        bytes.extend_from_slice(body);
+        self.mem.write_slice(&bytes, GuestAddress(REQ_ADDR)).unwrap();
+        self.mem.write_slice(&vec![0xa5; RESP_LEN as usize], GuestAddress(RESP_ADDR)).unwrap();
+        let head = self.driver.offer(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+        process_queue(&self.server, self.mem, &mut self.driver.queue, Access::Writable, &mut Tally::default());
+        let used = self.driver.take_used(head);
+        assert!(used as usize >= HEADER, "request {opcode} got no reply (used {used}): the guest would wait for ever");
+        let header: OutHeader = self.mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
+        assert_eq!((header.unique, header.len), (self.unique, used));
+        let mut body = vec![0u8; used as usize - HEADER];
+        self.mem.read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64)).unwrap();
+        Reply { header, body }
+    }
+
+    fn lookup(&mut self, parent: u64, name: &[u8]) -> Reply {
+        self.call(Opcode::Lookup as u32, parent, &cstr(name))
+    }
+
+    /// The node of `name` in `parent`, which must exist.
+    fn node(&mut self, parent: u64, name: &str) -> u64 {
+        let entry: EntryOut = self.lookup(parent, name.as_bytes()).obj();
+        assert_ne!(entry.nodeid, 0, "{name} must exist");
+        entry.nodeid
+    }
+
+    /// The node of the path `a/b/c` below the guest's root.
+    fn walk(&mut self, path: &str) -> u64 {
+        path.split('/').fold(ROOT_ID, |node, name| self.node(node, name))
+    }
+
+    fn mkdir(&mut self, parent: u64, name: &[u8]) -> Reply {
+        let body = [MkdirIn { mode: 0o755, umask: 0 }.as_slice(), &cstr(name)].concat();
+        self.call(Opcode::Mkdir as u32, parent, &body)
+    }
+
+    /// FUSE_CREATE of `name` in `parent` with open `flags`: the entry and
+    /// the handle, or the errno.
+    fn create(&mut self, parent: u64, name: &[u8], flags: i32) -> Result<(u64, u64), i32> {
+        let args = CreateIn { flags: flags.cast_unsigned(), mode: libc::S_IFREG | 0o644, umask: 0, fuse_flags: 0 };
+        let reply = self.call(Opcode::Create as u32, parent, &[args.as_slice(), &cstr(name)].concat());
+        if reply.header.error != 0 {
+            return Err(reply.errno());
+        }
+        let entry: EntryOut = reply.obj();
+        let open = OpenOut::from_slice(&reply.body[size_of::<EntryOut>()..][..size_of::<OpenOut>()]).unwrap();
+        Ok((entry.nodeid, open.fh))
+    }
+
+    /// FUSE_OPEN of `node` with `flags`: the handle, or the errno.
+    fn open(&mut self, node: u64, flags: i32) -> Result<u64, i32> {
+        let open = OpenIn { flags: flags.cast_unsigned(), fuse_flags: 0 };
+        let reply = self.call(Opcode::Open as u32, node, open.as_slice());
+        if reply.header.error != 0 {
+            return Err(reply.errno());
+        }
+        Ok(reply.obj::<OpenOut>().fh)
+    }
+
+    fn release(&mut self, node: u64, fh: u64) -> i32 {
+        self.call(Opcode::Release as u32, node, ReleaseIn { fh, ..Default::default() }.as_slice()).errno()
+    }
+
+    fn read(&mut self, node: u64, fh: u64, size: u32) -> Reply {
+        let read = ReadIn { fh, offset: 0, size, ..Default::default() };
+        self.call(Opcode::Read as u32, node, read.as_slice())
+    }
+
+    fn write(&mut self, node: u64, fh: u64, offset: u64, data: &[u8]) -> Reply {
+        let write = WriteIn { fh, offset, size: u32::try_from(data.len()).unwrap(), ..Default::default() };
+        self.call(Opcode::Write as u32, node, &[write.as_slice(), data].concat())
+    }
+
+    fn unlink(&mut self, parent: u64, name: &[u8]) -> Reply {
+        self.call(Opcode::Unlink as u32, parent, &cstr(name))
+    }
+
+    fn rename(&mut self, olddir: u64, oldname: &[u8], newdir: u64, newname: &[u8]) -> Reply {
+        let body = [RenameIn { newdir }.as_slice(), &cstr(oldname), &cstr(newname)].concat();
+        self.call(Opcode::Rename as u32, olddir, &body)
+    }
+
+    fn link(&mut self, node: u64, newparent: u64, newname: &[u8]) -> Reply {
+        let body = [LinkIn { oldnodeid: node }.as_slice(), &cstr(newname)].concat();
+        self.call(Opcode::Link as u32, newparent, &body)
+    }
+
+    fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8]) -> Reply {
+        self.call(Opcode::Symlink as u32, parent, &[cstr(name), cstr(target)].concat())
+    }
+
+    fn getattr(&mut self, node: u64) -> Reply {
+        self.call(Opcode::Getattr as u32, node, GetattrIn::default().as_slice())
+    }
+}
+
+fn cstr(name: &[u8]) -> Vec<u8> {
+    [name, b"\0"].concat()
+}
+
+fn share(guest_path: &str, host: &Path) -> Share {
+    Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None, limit: None }
+}
+
+/// A host directory holding the share `rw` and, beside it, the host's own
+/// `secret.txt`, which the guest must never reach.
+fn host() -> TempDir {
+    let dir = TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-wattack-")).unwrap();
+    std::fs::create_dir(dir.as_path().join("rw")).unwrap();
+    std::fs::write(dir.as_path().join("rw/file"), b"shared").unwrap();
+    std::fs::write(dir.as_path().join("secret.txt"), b"HOST SECRET").unwrap();
+    dir
+}
+
+/// The names in the host directory `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// The guest looks up ".." in the share's root (and "." to reach the
+/// root under another node id, then ".." of that): the Vfs lets "." and
+/// ".." through for lookups, and the host directory above the share would
+/// become a node, in which the guest could read the host's files, make
+/// new ones and remove them. Correct: EINVAL for every name that is not
+/// one plain component, as for the other requests.
+#[test]
+fn dot_dot_never_leads_out_of_a_writable_share() {
+    let dir = host();
+    let outside = dir.as_path();
+    let before = names(outside);
+    let mut guest = Guest::of_share(&outside.join("rw"));
+    let rw = guest.walk("rw");
+    let above = guest.lookup(rw, b"..");
+    if above.header.error == 0 {
+        let above = above.obj::<EntryOut>().nodeid;
+        let found = guest.lookup(above, b"secret.txt");
+        if found.header.error == 0 {
+            let secret = found.obj::<EntryOut>().nodeid;
+            let read = guest.open(secret, libc::O_RDONLY).map(|fh| guest.read(secret, fh, 4096).body);
+            eprintln!("read outside the share: {:?}", read.map(|r| String::from_utf8_lossy(&r).into_owned()));
+        }
+        let planted = guest.create(above, b"planted", libc::O_WRONLY);
+        eprintln!("created outside the share: {planted:?}");
+    }
+    assert_eq!(names(outside), before, "nothing outside the share changed");
+    let sub = guest.mkdir(rw, b"sub").obj::<EntryOut>().nodeid;
+    for (parent, name) in [(rw, &b".."[..]), (rw, b"."), (sub, b".."), (sub, b"."), (rw, b"")] {
+        let reply = guest.lookup(parent, name);
+        assert_eq!(reply.errno(), libc::EINVAL, "lookup {:?}: {reply:?}", String::from_utf8_lossy(name));
+    }
+}
