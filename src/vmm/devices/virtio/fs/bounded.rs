@@ -910,6 +910,9 @@ impl FileSystem for BoundedFs {
     }
 
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        // The Vfs lets "." and ".." through to lookups (for NFS exports):
+        // ".." of the share's root is the host directory above it.
+        write::component(name)?;
         let mut state = self.state();
         match state.nodes.get(&parent) {
             // Nothing in a secret directory is found, so nothing beneath it

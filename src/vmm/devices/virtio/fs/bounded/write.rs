@@ -44,6 +44,15 @@ pub(super) enum Make<'a> {
     Symlink { target: &'a CStr },
 }
 
+/// EINVAL unless `name` is one plain component: not empty, "." or "..",
+/// without '/'; anything else would reach beyond its directory.
+pub(super) fn component(name: &CStr) -> io::Result<()> {
+    if name.is_empty() {
+        return Err(err(libc::EINVAL));
+    }
+    validate_path_component(name)
+}
+
 /// The guest's open flags as open(2) takes them.
 pub(super) fn open_flags(flags: u32) -> io::Result<libc::c_int> {
     libc::c_int::try_from(flags).map_err(|_| err(libc::EINVAL))
@@ -68,10 +77,7 @@ impl BoundedFs {
     /// one component, not "." or "..".
     fn parent_dir(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
         self.writing()?;
-        if name.is_empty() {
-            return Err(err(libc::EINVAL));
-        }
-        validate_path_component(name)?;
+        component(name)?;
         match state.nodes.get(&parent) {
             Some(n) if n.is_dir => self.dir_fd(state, parent),
             Some(_) => Err(err(libc::ENOTDIR)),
