@@ -7,6 +7,7 @@
 //! read, made, changed or removed.
 
 use std::mem::size_of;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use vmm_sys_util::tempdir::TempDir;
 use super::bounded::FdBudget;
 use super::device::{Fs, Share};
 use super::request::{Access, process_queue};
+use super::secrets::Secrets;
 use super::tally::Tally;
 use super::tests::Driver;
 
@@ -63,8 +65,9 @@ struct Guest {
 
 impl Guest {
     /// A guest of the writable device serving `shares`, past FUSE_INIT.
-    fn of(shares: &[Share]) -> Guest {
-        let fs = Fs::writable_within("attack-rw", shares, None, FdBudget { inodes: 64, handles: 64 }).unwrap();
+    fn of(shares: &[Share], secrets: &Secrets) -> Guest {
+        let budget = FdBudget { inodes: 64, handles: 64 };
+        let fs = Fs::writable_within("attack-rw", shares, secrets, None, budget).unwrap();
         let mem: &'static GuestMemoryMmap =
             Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
         let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server: fs.server, unique: 0 };
@@ -76,7 +79,7 @@ impl Guest {
 
     /// A guest of one writable share of `host` at /rw.
     fn of_share(host: &Path) -> Guest {
-        Guest::of(&[share("/rw", host)])
+        Guest::of(&[share("/rw", host)], &Secrets::default())
     }
 
     fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
@@ -241,4 +244,108 @@ fn dot_dot_never_leads_out_of_a_writable_share() {
         let reply = guest.lookup(parent, name);
         assert_eq!(reply.errno(), libc::EINVAL, "lookup {:?}: {reply:?}", String::from_utf8_lossy(name));
     }
+}
+
+/// A policy mounts writable a host directory that holds one of the host's
+/// secrets (`/etc` holds the ssh host keys, `/etc/shadow`): the read-only
+/// shares never open a secret, and the writable ones must not either,
+/// however the guest asks: an open for reading or writing, a read naming
+/// no handle, a create of its name without O_EXCL, through a hard link or
+/// a new name it gave it, or a truncation. Its directory is listed, and
+/// the guest may still remove or replace it, as the host user could.
+#[test]
+fn a_writable_share_never_opens_a_secret() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::create_dir(rw.join("ssh")).unwrap();
+    std::fs::write(rw.join("ssh/host_key"), b"PRIVATE KEY").unwrap();
+    std::fs::create_dir(rw.join("private")).unwrap();
+    std::fs::write(rw.join("private/token"), b"TOKEN").unwrap();
+    let secrets = Secrets::at(&[rw.join("ssh/host_key"), rw.join("private")]);
+    let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
+    let ssh = guest.walk("rw/ssh");
+    let key = guest.node(ssh, "host_key");
+    let leaked = |reply: &Reply| reply.header.error == 0 && reply.body.windows(3).any(|w| w == b"KEY");
+    for flags in [libc::O_RDONLY, libc::O_RDWR, libc::O_WRONLY, libc::O_RDWR | libc::O_APPEND] {
+        let opened = guest.open(key, flags);
+        if let Ok(fh) = opened {
+            assert!(!leaked(&guest.read(key, fh, 4096)), "read through a handle opened {flags:#o}");
+        }
+        assert_eq!(opened, Err(libc::EACCES), "opened with {flags:#o}");
+    }
+    assert_eq!(guest.read(key, 0, 4096).errno(), libc::EACCES, "a read naming no handle");
+    let created = guest.create(ssh, b"host_key", libc::O_RDWR);
+    if let Ok((node, fh)) = created {
+        assert!(!leaked(&guest.read(node, fh, 4096)), "read through the handle of a create");
+    }
+    assert_ne!(created.map(drop), Ok(()), "a create without O_EXCL opened the secret");
+    let truncate = fuse_backend_rs::abi::fuse_abi::SetattrIn {
+        valid: fuse_backend_rs::abi::fuse_abi::SetattrValid::SIZE.bits(),
+        size: 0,
+        ..Default::default()
+    };
+    assert_eq!(guest.call(Opcode::Setattr as u32, key, truncate.as_slice()).errno(), libc::EACCES, "truncated");
+    // A new name for it, by a link or a rename, is still the secret.
+    let rw_node = guest.walk("rw");
+    assert_eq!(guest.link(key, rw_node, b"linked").errno(), 0);
+    assert_eq!(guest.rename(ssh, b"host_key", rw_node, b"renamed").errno(), 0);
+    for name in ["linked", "renamed"] {
+        let node = guest.node(rw_node, name);
+        assert_eq!(guest.open(node, libc::O_RDONLY), Err(libc::EACCES), "{name}");
+        assert_eq!(guest.read(node, 0, 4096).errno(), libc::EACCES, "{name}");
+    }
+    // Nothing in a secret directory is found.
+    let private = guest.walk("rw/private");
+    assert_eq!(guest.lookup(private, b"token").errno(), libc::EACCES);
+    assert_eq!(std::fs::read(rw.join("renamed")).unwrap(), b"PRIVATE KEY", "the host's key as it was");
+}
+
+/// Whether the thread `tid` of this process is asleep (in open(2), for
+/// the FIFO writers here).
+fn asleep(tid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('S')))
+}
+
+/// A host program waits in open(2) to write to a FIFO that sits in a
+/// writable share (a build's named pipe, a tool's control FIFO). The
+/// guest sends FUSE_CREATE for the FIFO's name without O_EXCL: the server
+/// would open whatever is at the name (non-blocking, so it does not
+/// wait), and only then see it is no regular file. Even that open lets
+/// the writer through, to write to a reader that is gone. Correct: the
+/// FIFO is never opened, as on the read-only shares (checked by the
+/// writer still waiting right after the request; a woken writer is
+/// runnable at once). The test lets it through itself at the end.
+#[test]
+fn a_create_without_o_excl_never_opens_a_hosts_fifo() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    let path = rw.join("pipe");
+    let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `name` is NUL-terminated.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+    let mut guest = Guest::of_share(&rw);
+    let rw_node = guest.walk("rw");
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer_path = path.clone();
+    let writer = std::thread::spawn(move || {
+        // SAFETY: gettid takes no arguments.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let opened = std::fs::OpenOptions::new().write(true).open(&writer_path);
+        tx.send(0).unwrap();
+        opened.map(drop)
+    });
+    let tid = rx.recv().unwrap();
+    while !asleep(tid) {
+        std::thread::yield_now();
+    }
+    for flags in [libc::O_RDONLY, libc::O_RDWR] {
+        assert_ne!(guest.create(rw_node, b"pipe", flags).map(drop), Ok(()));
+    }
+    let still_waiting = asleep(tid) && rx.try_recv().is_err();
+    let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+    writer.join().unwrap().unwrap();
+    drop(reader);
+    assert!(still_waiting, "the VMM opened the host's FIFO: its writer was let through");
 }
