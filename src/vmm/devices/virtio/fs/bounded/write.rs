@@ -28,7 +28,9 @@ use fuse_backend_rs::abi::fuse_abi::{SetattrValid, stat64};
 use fuse_backend_rs::api::filesystem::{Entry, ZeroCopyReader};
 use fuse_backend_rs::api::validate_path_component;
 
-use super::{BoundedFs, Handle, NO_HANDLE, ROOT, State, err, fstat, fstatat, open_at, open_at_mode, stale_if_gone};
+use super::{
+    BoundedFs, Handle, NO_HANDLE, ROOT, State, err, fstat, fstatat, open_at, open_at_mode, reopen, stale_if_gone,
+};
 
 /// What of the guest's open flags reaches the host's open: the access mode
 /// and what changes writes (appending, truncating, synchronous writes);
@@ -150,7 +152,8 @@ impl BoundedFs {
     }
 
     /// Creates (or opens, without O_EXCL) the regular file `name` in
-    /// `parent`, open with `flags`: its entry and its handle.
+    /// `parent`, open with `flags`: its entry and its handle. Nothing is
+    /// opened or made at a secret's place.
     pub(super) fn create_file(
         &self,
         parent: u64,
@@ -162,34 +165,68 @@ impl BoundedFs {
         self.counted(|| {
             let mut state = self.state();
             let dir = self.parent_dir(&mut state, parent, name)?;
-            let flags = open_flags(flags)? & (PASSED_FLAGS | libc::O_EXCL) | libc::O_CREAT | libc::O_NONBLOCK;
-            let file = open_at_mode(&mut state, dir.as_raw_fd(), name, flags, masked(mode & 0o7777, umask))?;
-            let st = fstat(file.as_raw_fd())?;
-            // A fifo or socket the host had at the name is not opened for the guest.
-            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(err(libc::ENXIO));
+            if state.nodes.get(&parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name)) {
+                return Err(err(libc::EACCES));
             }
+            let guest_flags = open_flags(flags)?;
+            let flags = guest_flags & PASSED_FLAGS | libc::O_NONBLOCK;
+            let mode = masked(mode & 0o7777, umask);
+            let made = open_at_mode(&mut state, dir.as_raw_fd(), name, flags | libc::O_CREAT | libc::O_EXCL, mode);
+            let file = match made {
+                Ok(file) => file,
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && guest_flags & libc::O_EXCL == 0 => {
+                    let path = open_at(&mut state, dir.as_raw_fd(), name, libc::O_PATH)?;
+                    self.reopen_file(&mut state, &path, None, flags)?
+                }
+                Err(e) => return Err(e),
+            };
+            let st = fstat(file.as_raw_fd())?;
             let entry = self.enter(&mut state, parent, name, st)?;
             Ok((entry, Self::new_handle(&mut state, entry.inode, file)))
         })
     }
 
-    /// A new descriptor of the regular file `node` for writing.
+    /// The file `path` (an `O_PATH` descriptor) opened with `flags` once
+    /// it is a regular file (that identity, if given) and no secret: what
+    /// the host had at a name may be a FIFO or a device, which an open
+    /// alone wakes, or one of its secrets.
+    fn reopen_file(
+        &self,
+        state: &mut State,
+        path: &OwnedFd,
+        identity: Option<(u64, u64)>,
+        flags: i32,
+    ) -> io::Result<OwnedFd> {
+        let st = fstat(path.as_raw_fd())?;
+        if identity.is_some_and(|id| id != (st.st_dev, st.st_ino)) {
+            return Err(err(libc::ESTALE));
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(err(libc::EISDIR)),
+            // As open(2) answers O_NOFOLLOW.
+            libc::S_IFLNK => return Err(err(libc::ELOOP)),
+            _ => return Err(err(libc::ENXIO)),
+        }
+        if self.secrets.holds(st.st_dev, st.st_ino) {
+            return Err(err(libc::EACCES));
+        }
+        reopen(state, path, flags)
+    }
+
+    /// A new descriptor of the regular file `node` for writing, unless it
+    /// is a secret.
     pub(super) fn open_writing(&self, state: &mut State, node: u64, flags: i32) -> io::Result<OwnedFd> {
         self.writing()?;
-        let (dev, ino) = match state.nodes.get(&node) {
+        let identity = match state.nodes.get(&node) {
             Some(n) if n.is_dir => return Err(err(libc::EISDIR)),
             Some(n) if n.is_file => (n.dev, n.ino),
             Some(_) => return Err(err(libc::ENXIO)),
             None => return Err(err(libc::ESTALE)),
         };
-        let flags = flags & PASSED_FLAGS | libc::O_NONBLOCK;
-        let file = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, flags))?;
-        let st = fstat(file.as_raw_fd())?;
-        if (st.st_dev, st.st_ino) != (dev, ino) {
-            return Err(err(libc::ESTALE));
-        }
-        Ok(file)
+        self.readable(state, node)?;
+        let path = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, libc::O_PATH))?;
+        self.reopen_file(state, &path, Some(identity), flags & PASSED_FLAGS | libc::O_NONBLOCK)
     }
 
     /// Removes the name (a directory, if `dir`) from `parent`.
