@@ -349,3 +349,32 @@ fn a_create_without_o_excl_never_opens_a_hosts_fifo() {
     drop(reader);
     assert!(still_waiting, "the VMM opened the host's FIFO: its writer was let through");
 }
+
+/// A secret directory (the host's `/etc/ssl/private` in a writable mount
+/// of `/etc`) is seen, but nothing in it is found, listed or opened. The
+/// guest guesses the name of a file in it and renames it out to a name
+/// that is no secret (a rename names a file by its directory, no lookup
+/// needed), then reads it there. Correct: nothing in a secret directory is
+/// changed either (EACCES), so nothing leaves it.
+#[test]
+fn nothing_is_moved_out_of_a_secret_directory() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::create_dir(rw.join("private")).unwrap();
+    std::fs::write(rw.join("private/token"), b"TOKEN").unwrap();
+    let secrets = Secrets::at(&[rw.join("private")]);
+    let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
+    let rw_node = guest.walk("rw");
+    let private = guest.node(rw_node, "private");
+    let moved = guest.rename(private, b"token", rw_node, b"stolen");
+    if moved.header.error == 0 {
+        let stolen = guest.node(rw_node, "stolen");
+        let read = guest.open(stolen, libc::O_RDONLY).map(|fh| guest.read(stolen, fh, 4096).body);
+        panic!("the secret directory's file was moved out and read: {read:?}");
+    }
+    assert_eq!(moved.errno(), libc::EACCES);
+    assert_eq!(guest.rename(rw_node, b"file", private, b"dropped").errno(), libc::EACCES, "nor moved in");
+    assert_eq!(guest.unlink(private, b"token").errno(), libc::EACCES, "nor removed");
+    assert_eq!(guest.create(private, b"new", libc::O_WRONLY).map(drop), Err(libc::EACCES), "nor made");
+    assert_eq!(names(&rw.join("private")), ["token"]);
+}
