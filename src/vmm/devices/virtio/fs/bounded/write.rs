@@ -76,11 +76,14 @@ impl BoundedFs {
     }
 
     /// The descriptor of the directory `parent`, to change `name` in it:
-    /// one component, not "." or "..".
+    /// one component, not "." or "..". Nothing in a secret directory is
+    /// changed, as nothing in it is found: a rename would take its files
+    /// out by their names.
     fn parent_dir(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
         self.writing()?;
         component(name)?;
         match state.nodes.get(&parent) {
+            Some(n) if n.is_dir && self.is_secret(state, parent)? => Err(err(libc::EACCES)),
             Some(n) if n.is_dir => self.dir_fd(state, parent),
             Some(_) => Err(err(libc::ENOTDIR)),
             None => Err(err(libc::ESTALE)),
