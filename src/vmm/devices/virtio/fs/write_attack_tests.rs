@@ -7,7 +7,7 @@
 //! read, made, changed or removed.
 
 use std::mem::size_of;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -377,4 +377,145 @@ fn nothing_is_moved_out_of_a_secret_directory() {
     assert_eq!(guest.unlink(private, b"token").errno(), libc::EACCES, "nor removed");
     assert_eq!(guest.create(private, b"new", libc::O_WRONLY).map(drop), Err(libc::EACCES), "nor made");
     assert_eq!(names(&rw.join("private")), ["token"]);
+}
+
+/// Every changing request with extreme arguments (sizes, offsets and
+/// modes at their limits, every flag bit, odd names, made-up handles and
+/// guessed node ids) on every kind of node gets an answer: the worker
+/// neither panics (a request it drops leaves the guest waiting) nor
+/// blocks, and nothing outside the share changes. The device still
+/// serves afterwards.
+#[test]
+fn crafted_changes_on_every_kind_of_node_are_answered() {
+    use fuse_backend_rs::abi::fuse_abi::{
+        CopyFileRangeIn, FallocateIn, FsyncIn, LseekIn, MknodIn, Rename2In, SetattrIn, SetxattrIn,
+    };
+    let dir = host();
+    let outside = dir.as_path();
+    let rw = outside.join("rw");
+    std::fs::create_dir(rw.join("dir")).unwrap();
+    std::os::unix::fs::symlink("../../secret.txt", rw.join("link")).unwrap();
+    std::os::unix::fs::symlink("/", rw.join("root")).unwrap();
+    let before = names(outside);
+    // A limit, so that what the requests may grow stays small on this disk.
+    let limited = Share { limit: Some(1 << 20), ..share("/rw", &rw) };
+    let mut guest = Guest::of(&[limited], &Secrets::default());
+    let share = guest.walk("rw");
+    let mut nodes = vec![ROOT_ID, share, 0, u64::MAX, (1 << 56) | 2, (1 << 56) | (255 << 47), 2];
+    for name in ["file", "dir", "link", "root"] {
+        nodes.push(guest.node(share, name));
+    }
+    let (_, fh) = guest.create(share, b"open", libc::O_RDWR).unwrap();
+    let handles = [0, 1, fh, u64::MAX];
+    let long = vec![b'n'; 300];
+    let odd: [&[u8]; 7] = [b"new", b"..", b".", b"", b"\xff\xfe", &long, b"file"];
+    for &node in &nodes {
+        for &handle in &handles {
+            for (offset, size) in [(0, 0), (u64::MAX, u32::MAX), (i64::MAX as u64, 1), (1 << 63, 4096)] {
+                let write = WriteIn { fh: handle, offset, size, ..Default::default() };
+                guest.call(Opcode::Write as u32, node, &[write.as_slice(), b"data"].concat());
+                for mode in [0, u32::MAX, 1, 2, 3, 0x10, 0x20, 0x40] {
+                    let fallocate = FallocateIn { fh: handle, offset, length: u64::from(size), mode, padding: 0 };
+                    guest.call(Opcode::Fallocate as u32, node, fallocate.as_slice());
+                }
+                let seek = LseekIn { fh: handle, offset, whence: size, padding: 0 };
+                guest.call(Opcode::Lseek as u32, node, seek.as_slice());
+                let copy = CopyFileRangeIn {
+                    fh_in: handle,
+                    offset_in: offset,
+                    nodeid_out: node,
+                    fh_out: handle,
+                    offset_out: offset,
+                    len: u64::from(size),
+                    flags: 0,
+                };
+                guest.call(Opcode::CopyFileRange as u32, node, copy.as_slice());
+            }
+            for valid in [u32::MAX, 1 << 3, 1 << 0, (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8)] {
+                for (size, mode, time) in [(u64::MAX, u32::MAX, u64::MAX), (1 << 40, 0o7777, 0), (0, 0o644, 1 << 62)] {
+                    let attr = SetattrIn {
+                        valid,
+                        fh: handle,
+                        size,
+                        atime: time,
+                        mtime: time,
+                        atimensec: u32::MAX,
+                        mode,
+                        uid: u32::MAX,
+                        gid: 0,
+                        ..Default::default()
+                    };
+                    guest.call(Opcode::Setattr as u32, node, attr.as_slice());
+                }
+            }
+            let fsync = FsyncIn { fh: handle, fsync_flags: u32::MAX, padding: 0 };
+            guest.call(Opcode::Fsync as u32, node, fsync.as_slice());
+            guest.call(Opcode::Fsyncdir as u32, node, fsync.as_slice());
+            guest.call(Opcode::Flush as u32, node, &[0u8; 24]);
+        }
+        for flags in [u32::MAX, libc::O_PATH.cast_unsigned(), (libc::O_TMPFILE | libc::O_RDWR).cast_unsigned()] {
+            guest.call(Opcode::Open as u32, node, OpenIn { flags, fuse_flags: u32::MAX }.as_slice());
+        }
+        for name in odd {
+            let body =
+                [CreateIn { flags: u32::MAX, mode: u32::MAX, umask: 0, fuse_flags: u32::MAX }.as_slice(), &cstr(name)];
+            guest.call(Opcode::Create as u32, node, &body.concat());
+            for (mode, rdev) in [(u32::MAX, u32::MAX), (libc::S_IFREG | 0o7777, 0), (0, 0)] {
+                let mknod = MknodIn { mode, rdev, umask: u32::MAX, padding: 0 };
+                guest.call(Opcode::Mknod as u32, node, &[mknod.as_slice(), &cstr(name)].concat());
+            }
+            let body = [MkdirIn { mode: u32::MAX, umask: 0 }.as_slice(), &cstr(name)];
+            guest.call(Opcode::Mkdir as u32, node, &body.concat());
+            guest.symlink(node, name, &vec![b'/'; 5000]);
+            guest.symlink(node, name, b"../../..");
+            for other in [share, node, u64::MAX] {
+                guest.link(other, node, name);
+                guest.rename(node, name, other, b"moved");
+                guest.rename(other, b"file", node, name);
+                let rename = Rename2In { newdir: other, flags: u32::MAX, padding: 0 };
+                guest.call(Opcode::Rename2 as u32, node, &[rename.as_slice(), &cstr(name), &cstr(b"x")].concat());
+            }
+            let set = SetxattrIn { size: 4, flags: u32::MAX };
+            guest.call(Opcode::Setxattr as u32, node, &[set.as_slice(), &cstr(name), b"vvvv"].concat());
+            guest.call(Opcode::Removexattr as u32, node, &cstr(name));
+            guest.unlink(node, name);
+            guest.call(Opcode::Rmdir as u32, node, &cstr(name));
+        }
+        for &handle in &handles {
+            guest.release(node, handle);
+            guest.call(Opcode::Releasedir as u32, node, ReleaseIn { fh: handle, ..Default::default() }.as_slice());
+        }
+    }
+    // FUSE_TMPFILE, newer than the server's opcode table.
+    guest.call(51, share, &[CreateIn::default().as_slice(), &cstr(b"tmp")].concat());
+    assert_eq!(names(outside), before, "nothing outside the share changed");
+    assert_eq!(std::fs::read(outside.join("secret.txt")).unwrap(), b"HOST SECRET");
+    assert_eq!(guest.getattr(share).errno(), 0, "still serving");
+    for entry in walkdir(&rw) {
+        let meta = std::fs::symlink_metadata(&entry).unwrap();
+        let kind = meta.mode() & libc::S_IFMT;
+        assert!(
+            [libc::S_IFREG, libc::S_IFDIR, libc::S_IFLNK, libc::S_IFSOCK].contains(&kind),
+            "{} is a device or FIFO: {:o}",
+            entry.display(),
+            meta.mode()
+        );
+        assert_eq!(meta.mode() & 0o6000, 0, "{} has a setid bit: {:o}", entry.display(), meta.mode());
+    }
+}
+
+/// Every path beneath `root`, symlinks not followed.
+fn walkdir(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                todo.push(path.clone());
+            }
+            out.push(path);
+        }
+    }
+    out
 }
