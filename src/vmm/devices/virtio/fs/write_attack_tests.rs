@@ -519,3 +519,50 @@ fn walkdir(root: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Undoes `chattr +i` on a path when dropped, so the test's directory can go.
+struct Immutable<'a>(&'a Path);
+
+impl Immutable<'_> {
+    /// `path` made immutable with chattr(1), if the filesystem and the
+    /// user's capabilities allow it.
+    fn make(path: &Path) -> Option<Immutable<'_>> {
+        let made = std::process::Command::new("chattr").arg("+i").arg(path).status();
+        made.is_ok_and(|s| s.success()).then_some(Immutable(path))
+    }
+}
+
+impl Drop for Immutable<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr").arg("-i").arg(self.0).status();
+    }
+}
+
+/// FUSE_CREATE without O_EXCL of a setuid file the host user cannot
+/// change (here immutable; another user's setuid program when stockade is
+/// not root): the server opens it, then fails to clear its setuid bit and
+/// answers the error, but the handle it opened stays open and counted,
+/// and the node's lookup stays held, though the guest was told of
+/// neither. A guest (or a plain `open(O_CREAT)` in it, repeated) then
+/// runs every writable share of the device out of handles: ENFILE for
+/// every open. Correct: a create that fails keeps nothing open.
+#[test]
+fn a_create_that_fails_after_opening_keeps_no_handle() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    let setuid = rw.join("setuid");
+    std::fs::write(&setuid, b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&setuid, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let Some(_immutable) = Immutable::make(&setuid) else {
+        eprintln!("skipped: chattr +i is not possible here");
+        return;
+    };
+    let mut guest = Guest::of_share(&rw);
+    let share = guest.walk("rw");
+    for _ in 0..100 {
+        assert_ne!(guest.create(share, b"setuid", libc::O_RDONLY).map(drop), Ok(()));
+    }
+    let fresh = guest.create(share, b"fresh", libc::O_RDWR);
+    assert!(fresh.is_ok(), "the handles leaked by the failed creates are all taken: {fresh:?}");
+    assert_eq!(std::fs::metadata(&setuid).unwrap().mode() & 0o7777, 0o4755);
+}
