@@ -278,8 +278,15 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         check_mode(args.mode)?;
         self.budget().grow(ENTRY_COST)?;
         let created = self.inner.create(&as_host_user(ctx), parent, name, args)?;
-        // It may have been there, setid bits and all.
-        self.kill_privileges(ctx, created.0.inode, created.1, &created.0.attr)?;
+        // It may have been there, setid bits and all. Refused, the guest
+        // hears of neither the handle nor the node: neither is kept.
+        if let Err(e) = self.kill_privileges(ctx, created.0.inode, created.1, &created.0.attr) {
+            if let Some(handle) = created.1 {
+                self.inner.release(ctx, created.0.inode, args.flags, handle, false, false, None)?;
+            }
+            self.inner.forget(ctx, created.0.inode, 1);
+            return Err(e);
+        }
         self.note_handle(created.1, args.flags);
         Ok(created)
     }
