@@ -566,3 +566,33 @@ fn a_create_that_fails_after_opening_keeps_no_handle() {
     assert!(fresh.is_ok(), "the handles leaked by the failed creates are all taken: {fresh:?}");
     assert_eq!(std::fs::metadata(&setuid).unwrap().mode() & 0o7777, 0o4755);
 }
+
+/// The guest (root, in a writable mount of the host's `/etc/ssh` by a
+/// stockade run as root) holds a file open for reading and writing and
+/// renames it into a host key's place, over the key. A host tool that
+/// then writes a new key there in place (open with O_TRUNC, as
+/// `ssh-keygen -A` does for a missing key) writes it into the guest's
+/// file, and the guest reads it through the handle it kept. Correct: a
+/// read through a handle checks what an open checks (as reads naming no
+/// handle do), so EACCES once the file is at a secret's place.
+#[test]
+fn a_handle_kept_over_a_rename_into_a_secrets_place_reads_no_secret() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::write(rw.join("host_key"), b"OLD KEY").unwrap();
+    let secrets = Secrets::at(&[rw.join("host_key")]);
+    let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
+    let share = guest.walk("rw");
+    let (planted, fh) = guest.create(share, b"planted", libc::O_RDWR).unwrap();
+    assert_eq!(guest.write(planted, fh, 0, b"guest's").errno(), 0);
+    assert_eq!(guest.rename(share, b"planted", share, b"host_key").errno(), 0);
+    std::fs::write(rw.join("host_key"), b"NEW HOST KEY").unwrap();
+    let read = guest.read(planted, fh, 4096);
+    assert!(
+        !(read.header.error == 0 && read.body.windows(3).any(|w| w == b"KEY")),
+        "the host's new key was read through the guest's handle: {:?}",
+        String::from_utf8_lossy(&read.body)
+    );
+    assert_eq!(read.errno(), libc::EACCES);
+    assert_eq!(guest.release(planted, fh), 0);
+}
