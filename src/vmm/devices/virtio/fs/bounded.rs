@@ -994,6 +994,9 @@ impl FileSystem for BoundedFs {
             return read_from(fd.as_raw_fd(), w, size, offset);
         }
         let handle = self.handle(handle)?;
+        // What was opened may have been renamed into a secret's place
+        // since, where the host may write a secret into it.
+        self.readable(&self.state(), handle.node)?;
         read_from(handle.file.as_raw_fd(), w, size, offset)
     }
 
@@ -1213,7 +1216,9 @@ impl FileSystem for BoundedFs {
         if handle == NO_HANDLE {
             return seek(self.reader(inode)?.as_raw_fd());
         }
-        seek(self.handle(handle)?.file.as_fd().as_raw_fd())
+        let handle = self.handle(handle)?;
+        self.readable(&self.state(), handle.node)?;
+        seek(handle.file.as_fd().as_raw_fd())
     }
 }
 
