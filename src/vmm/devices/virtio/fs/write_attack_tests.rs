@@ -596,3 +596,54 @@ fn a_handle_kept_over_a_rename_into_a_secrets_place_reads_no_secret() {
     assert_eq!(read.errno(), libc::EACCES);
     assert_eq!(guest.release(planted, fh), 0);
 }
+
+/// Symlinks the guest makes pointing out of the share (to the directory
+/// above, to `/`, to the host's file) are never followed by the server:
+/// making, removing or renaming names through one as a directory, opening
+/// or truncating it, or changing its mode, owner or times leaves the host
+/// outside the share as it was. And two writable shares stay apart: a
+/// file is neither renamed nor linked from one into the other.
+#[test]
+fn symlinks_the_guest_makes_lead_nowhere_and_shares_stay_apart() {
+    use fuse_backend_rs::abi::fuse_abi::{SetattrIn, SetattrValid};
+    let dir = host();
+    let outside = dir.as_path();
+    std::fs::create_dir(outside.join("other")).unwrap();
+    let mut guest =
+        Guest::of(&[share("/rw", &outside.join("rw")), share("/other", &outside.join("other"))], &Secrets::default());
+    let rw = guest.walk("rw");
+    let mut links = Vec::new();
+    let absolute = outside.join("secret.txt").into_os_string().into_encoded_bytes();
+    for (name, target) in [("up", &b".."[..]), ("slash", b"/"), ("secret", b"../secret.txt"), ("abs", &absolute)] {
+        links.push(guest.symlink(rw, name.as_bytes(), target).obj::<EntryOut>().nodeid);
+    }
+    let before = std::fs::metadata(outside.join("secret.txt")).unwrap();
+    for &link in &links {
+        assert_ne!(guest.mkdir(link, b"planted").errno(), 0);
+        assert_ne!(guest.create(link, b"planted", libc::O_WRONLY).map(drop), Ok(()));
+        assert_ne!(guest.unlink(link, b"secret.txt").errno(), 0);
+        assert_ne!(guest.rename(link, b"secret.txt", rw, b"taken").errno(), 0);
+        assert_ne!(guest.lookup(link, b"secret.txt").errno(), 0);
+        for flags in [libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC, libc::O_RDWR] {
+            assert_ne!(guest.open(link, flags).map(drop), Ok(()), "open {flags:#o}");
+        }
+        for (valid, attr) in [
+            (SetattrValid::SIZE, SetattrIn { size: 0, ..Default::default() }),
+            (SetattrValid::MODE, SetattrIn { mode: 0o777, ..Default::default() }),
+            (SetattrValid::MTIME, SetattrIn { mtime: 1, ..Default::default() }),
+            (SetattrValid::UID | SetattrValid::GID, SetattrIn::default()),
+        ] {
+            guest.call(Opcode::Setattr as u32, link, SetattrIn { valid: valid.bits(), ..attr }.as_slice());
+        }
+    }
+    let after = std::fs::metadata(outside.join("secret.txt")).unwrap();
+    assert_eq!(std::fs::read(outside.join("secret.txt")).unwrap(), b"HOST SECRET");
+    assert_eq!((after.mode(), after.mtime(), after.uid()), (before.mode(), before.mtime(), before.uid()));
+    assert_eq!(names(outside), ["other", "rw", "secret.txt"]);
+
+    let other = guest.walk("other");
+    let file = guest.node(rw, "file");
+    assert_ne!(guest.rename(rw, b"file", other, b"moved").errno(), 0);
+    assert_ne!(guest.link(file, other, b"linked").errno(), 0);
+    assert!(names(&outside.join("other")).is_empty());
+}
