@@ -155,7 +155,9 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         self.inner.init(capable)
     }
 
+    /// Every handle goes with the session, those appending too.
     fn destroy(&self) {
+        self.appending().clear();
         self.inner.destroy()
     }
 
@@ -428,4 +430,36 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
 /// another name, ACLs and `trusted.` attributes are the host's business.
 fn user_attribute(name: &CStr) -> io::Result<()> {
     if name.to_bytes().starts_with(b"user.") { Ok(()) } else { Err(eperm()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+
+    use super::super::bounded::{BoundedFs, HandleCount, ROOT};
+    use super::super::secrets::Secrets;
+    use super::*;
+
+    /// A guest that opens files for appending and remounts (FUSE_DESTROY,
+    /// then INIT), again and again, leaves nothing behind of the handles
+    /// the remount closed.
+    #[test]
+    fn a_remount_forgets_the_appending_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        let bounded = BoundedFs::new(dir.path(), &Secrets::default(), 4, &HandleCount::default(), 16, Duration::ZERO)
+            .unwrap()
+            .writable();
+        let fs = WritableFs::new(bounded, dir.path(), None, None).unwrap();
+        let ctx = Context::default();
+        for round in 0..3 {
+            for i in 0..8 {
+                let flags = (libc::O_WRONLY | libc::O_APPEND).cast_unsigned();
+                let args = CreateIn { flags, mode: 0o644, umask: 0, fuse_flags: 0 };
+                fs.create(&ctx, ROOT, &std::ffi::CString::new(format!("f{round}-{i}")).unwrap(), args).unwrap();
+            }
+            assert_eq!(fs.appending().len(), 8);
+            fs.destroy();
+            assert!(fs.appending().is_empty(), "round {round}");
+        }
+    }
 }
