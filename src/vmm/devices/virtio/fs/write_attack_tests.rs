@@ -647,3 +647,55 @@ fn symlinks_the_guest_makes_lead_nowhere_and_shares_stay_apart() {
     assert_ne!(guest.link(file, other, b"linked").errno(), 0);
     assert!(names(&outside.join("other")).is_empty());
 }
+
+/// A secret the host writes during the run where one is named (a new
+/// host key, `/etc/shadow` rewritten by `passwd` through a rename): a
+/// new file, so a secret by its place alone. The guest takes it away
+/// from that place, by a rename, by an exchange with a file of its own,
+/// or by a link and an unlink of the secret's name, and reads it under
+/// the new name. Correct: a secret's name is neither moved nor linked
+/// (EACCES); the guest may still remove or replace it.
+#[test]
+fn a_secret_made_during_the_run_is_not_moved_from_its_place() {
+    use fuse_backend_rs::abi::fuse_abi::Rename2In;
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::create_dir(rw.join("ssh")).unwrap();
+    let secrets = Secrets::at(&[rw.join("ssh/host_key")]);
+    let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
+    let share = guest.walk("rw");
+    let ssh = guest.node(share, "ssh");
+    let leak = |guest: &mut Guest, name: &[u8]| -> Option<Vec<u8>> {
+        let node = guest.lookup(share, name);
+        if node.header.error != 0 {
+            return None;
+        }
+        let node = node.obj::<EntryOut>().nodeid;
+        let fh = guest.open(node, libc::O_RDONLY).ok()?;
+        let read = guest.read(node, fh, 4096);
+        guest.release(node, fh);
+        (read.header.error == 0).then_some(read.body)
+    };
+
+    std::fs::write(rw.join("ssh/host_key"), b"KEY 1").unwrap();
+    let renamed = guest.rename(ssh, b"host_key", share, b"renamed");
+    assert_eq!(leak(&mut guest, b"renamed"), None, "read after a rename");
+    assert_eq!(renamed.errno(), libc::EACCES);
+
+    std::fs::write(rw.join("ssh/host_key"), b"KEY 2").unwrap();
+    guest.create(share, b"decoy", libc::O_WRONLY).unwrap();
+    let exchange = Rename2In { newdir: share, flags: libc::RENAME_EXCHANGE, padding: 0 };
+    let body = [exchange.as_slice(), &cstr(b"host_key"), &cstr(b"decoy")].concat();
+    let exchanged = guest.call(Opcode::Rename2 as u32, ssh, &body);
+    assert_eq!(leak(&mut guest, b"decoy").filter(|data| !data.is_empty()), None, "read after an exchange");
+    assert_eq!(exchanged.errno(), libc::EACCES);
+    let body = [exchange.as_slice(), &cstr(b"decoy"), &cstr(b"host_key")].concat();
+    assert_eq!(guest.call(Opcode::Rename2 as u32, share, &body).errno(), libc::EACCES, "exchanged from the other side");
+
+    std::fs::write(rw.join("ssh/host_key"), b"KEY 3").unwrap();
+    let key = guest.node(ssh, "host_key");
+    let linked = guest.link(key, share, b"linked");
+    guest.unlink(ssh, b"host_key");
+    assert_eq!(leak(&mut guest, b"linked"), None, "read after a link and an unlink");
+    assert_eq!(linked.errno(), libc::EACCES);
+}
