@@ -90,6 +90,11 @@ impl BoundedFs {
         }
     }
 
+    /// Whether `name` in `parent` is where one of the host's secrets is.
+    fn secret_place(&self, state: &State, parent: u64, name: &CStr) -> bool {
+        state.nodes.get(&parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))
+    }
+
     /// `act` on `node` by the first of its names that still leads to it,
     /// given the directory, the name and its attributes; the root is "."
     /// in itself. A name leading elsewhere is never acted on: ESTALE if
@@ -168,7 +173,7 @@ impl BoundedFs {
         self.counted(|| {
             let mut state = self.state();
             let dir = self.parent_dir(&mut state, parent, name)?;
-            if state.nodes.get(&parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name)) {
+            if self.secret_place(&state, parent, name) {
                 return Err(err(libc::EACCES));
             }
             let guest_flags = open_flags(flags)?;
@@ -261,6 +266,13 @@ impl BoundedFs {
         let mut state = self.state();
         let from = self.parent_dir(&mut state, olddir, oldname)?;
         let to = self.parent_dir(&mut state, newdir, newname)?;
+        // A secret made where one is named is a secret by its place alone:
+        // moved from it (an exchange moves both names), it would be read.
+        if self.secret_place(&state, olddir, oldname)
+            || (flags & libc::RENAME_EXCHANGE != 0 && self.secret_place(&state, newdir, newname))
+        {
+            return Err(err(libc::EACCES));
+        }
         let moved = fstatat(from.as_raw_fd(), oldname)?;
         let replaced = match fstatat(to.as_raw_fd(), newname) {
             Ok(st) => Some(st),
@@ -308,6 +320,11 @@ impl BoundedFs {
     pub(super) fn link_node(&self, node: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         let mut state = self.state();
         let to = self.parent_dir(&mut state, newparent, newname)?;
+        // A new name of a secret by its place alone, the old one removed,
+        // would be no secret.
+        if self.is_secret(&state, node)? {
+            return Err(err(libc::EACCES));
+        }
         self.checked_at(&mut state, node, |_, dir, name, _| {
             // SAFETY: the names are NUL-terminated; linkat (which does not
             // follow a symlink it links) touches no memory of ours.
