@@ -26,10 +26,10 @@ use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::{SetattrValid, stat64};
 use fuse_backend_rs::api::filesystem::{Entry, ZeroCopyReader};
-use fuse_backend_rs::api::validate_path_component;
 
 use super::{
-    BoundedFs, Handle, NO_HANDLE, ROOT, State, err, fstat, fstatat, open_at, open_at_mode, reopen, stale_if_gone,
+    BoundedFs, Handle, NO_HANDLE, ROOT, State, component, err, fstat, fstatat, open_at, open_at_mode, reopen,
+    stale_if_gone,
 };
 
 /// What of the guest's open flags reaches the host's open: the access mode
@@ -44,15 +44,6 @@ pub(super) enum Make<'a> {
     Dir { mode: u32 },
     Node { mode: u32, rdev: u32 },
     Symlink { target: &'a CStr },
-}
-
-/// EINVAL unless `name` is one plain component: not empty, "." or "..",
-/// without '/'; anything else would reach beyond its directory.
-pub(super) fn component(name: &CStr) -> io::Result<()> {
-    if name.is_empty() {
-        return Err(err(libc::EINVAL));
-    }
-    validate_path_component(name)
 }
 
 /// The guest's open flags as open(2) takes them.
