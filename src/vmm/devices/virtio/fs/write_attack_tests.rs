@@ -66,8 +66,14 @@ struct Guest {
 impl Guest {
     /// A guest of the writable device serving `shares`, past FUSE_INIT.
     fn of(shares: &[Share], secrets: &Secrets) -> Guest {
+        Guest::keeping(shares, secrets, None)
+    }
+
+    /// [`Guest::of`], the device keeping `margin` bytes free on the
+    /// shares' filesystems instead of the staging margin.
+    fn keeping(shares: &[Share], secrets: &Secrets, margin: Option<u64>) -> Guest {
         let budget = FdBudget { inodes: 64, handles: 64 };
-        let fs = Fs::writable_within("attack-rw", shares, secrets, None, budget).unwrap();
+        let fs = Fs::writable_within("attack-rw", shares, secrets, margin, budget).unwrap();
         let mem: &'static GuestMemoryMmap =
             Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
         let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server: fs.server, unique: 0 };
@@ -694,4 +700,58 @@ fn a_secret_made_during_the_run_is_not_moved_from_its_place() {
     guest.unlink(ssh, b"host_key");
     assert_eq!(leak(&mut guest, b"linked"), None, "read after a link and an unlink");
     assert_eq!(linked.errno(), libc::EACCES);
+}
+
+/// Free bytes of the filesystem holding `path`.
+fn available(path: &Path) -> u64 {
+    let stat = nix::sys::statvfs::statvfs(path).unwrap();
+    stat.blocks_available() * stat.fragment_size()
+}
+
+/// The guest fills the host disk past the free-space margin of a policy's
+/// `rw` mount (which has no limit of its own): it sizes files with
+/// truncates, each allowed on its own since a sparse file takes no space
+/// yet, then writes their holes, which is no growth of their sizes and
+/// was never counted. Here the margin leaves 256 MiB to the guest, which
+/// writes three holes of 192 MiB. Correct: writing a hole is growth like
+/// any other, and stops at the margin (within the budget's check
+/// interval). Only a host process freeing over 128 MiB while the test runs
+/// would let as much through as is asserted.
+#[test]
+fn writing_the_holes_of_sparse_files_stops_at_the_free_space_margin() {
+    const ROOM: u64 = 256 << 20;
+    const FILE: u64 = 192 << 20;
+    const CHUNK: usize = 512 << 10;
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    let margin = available(&rw) - ROOM;
+    let mut guest = Guest::keeping(&[share("/rw", &rw)], &Secrets::default(), Some(margin));
+    let share = guest.walk("rw");
+    let mut files = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (node, fh) = guest.create(share, name.as_bytes(), libc::O_RDWR).unwrap();
+        let size = fuse_backend_rs::abi::fuse_abi::SetattrIn {
+            valid: (fuse_backend_rs::abi::fuse_abi::SetattrValid::SIZE).bits(),
+            size: FILE,
+            ..Default::default()
+        };
+        assert_eq!(guest.call(Opcode::Setattr as u32, node, size.as_slice()).errno(), 0, "a sparse {name}");
+        files.push((node, fh));
+    }
+    let chunk = vec![0x5a_u8; CHUNK];
+    let mut written = 0u64;
+    'fill: for &(node, fh) in &files {
+        for offset in (0..FILE).step_by(CHUNK) {
+            let reply = guest.write(node, fh, offset, &chunk);
+            if reply.header.error != 0 {
+                assert_eq!(reply.errno(), libc::ENOSPC);
+                break 'fill;
+            }
+            written += CHUNK as u64;
+        }
+    }
+    for (node, fh) in files {
+        guest.release(node, fh);
+    }
+    assert!(written <= ROOM + ROOM / 2, "{} MiB written into holes with {} MiB of room", written >> 20, ROOM >> 20);
 }
