@@ -109,9 +109,11 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> WritableFs<F> {
         self.inner.setattr(ctx, inode, cleared, handle, SetattrValid::MODE).map(drop)
     }
 
-    /// Readies `inode` for a change to its content that ends at `end`
-    /// (appended, if `append`, as `len` more bytes): charges its growth and
-    /// clears its setid bits.
+    /// Readies `inode` for a change to its content of `len` bytes that
+    /// ends at `end` (appended, if `append`): charges its growth and clears
+    /// its setid bits. Growth is what lies past the end of the file, and
+    /// the holes the change fills within it: a sparse file takes no space
+    /// until its holes are written.
     fn before_change(
         &self,
         ctx: &Context,
@@ -123,9 +125,29 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> WritableFs<F> {
     ) -> io::Result<()> {
         let (attr, _) = self.inner.getattr(ctx, inode, handle)?;
         let size = u64::try_from(attr.st_size).unwrap_or(0);
-        let growth = if append { len } else { end.saturating_sub(size) };
+        let growth = if append {
+            len
+        } else {
+            let (start, within) = (end.saturating_sub(len), end.min(size));
+            let filled = match handle {
+                Some(handle) if start < within => self.unallocated(ctx, inode, handle, start, within),
+                _ => 0,
+            };
+            end.saturating_sub(size).saturating_add(filled)
+        };
         self.budget().grow(growth)?;
         self.kill_privileges(ctx, inode, handle, &attr)
+    }
+
+    /// What of `start..end` (within the file's size) a change may newly
+    /// allocate: from the first hole in it on (one seek, an upper bound),
+    /// all of it where holes cannot be told.
+    fn unallocated(&self, ctx: &Context, inode: u64, handle: u64, start: u64, end: u64) -> u64 {
+        const SEEK_HOLE: u32 = libc::SEEK_HOLE as u32;
+        match self.inner.lseek(ctx, inode, handle, start, SEEK_HOLE) {
+            Ok(hole) => end.saturating_sub(hole),
+            Err(_) => end - start,
+        }
     }
 
     fn note_handle(&self, handle: Option<u64>, flags: u32) {
@@ -336,9 +358,11 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
 
     fn fallocate(&self, ctx: &Context, inode: u64, handle: u64, mode: u32, offset: u64, length: u64) -> io::Result<()> {
         const PUNCH_HOLE: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
-        const PAST_END: u32 = (libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_INSERT_RANGE) as u32;
+        const PAST_END: u32 =
+            (libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_INSERT_RANGE | libc::FALLOC_FL_UNSHARE_RANGE) as u32;
         if mode & PUNCH_HOLE == 0 {
-            // Beyond the end, or inserted, or kept past it: all of it may be new.
+            // Beyond the end, or inserted, or kept past it, or extents
+            // shared with another file made its own: all of it may be new.
             let past_end = mode & PAST_END != 0;
             self.before_change(ctx, inode, Some(handle), offset.saturating_add(length), length, past_end)?;
         }
