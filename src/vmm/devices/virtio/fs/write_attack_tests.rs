@@ -755,3 +755,38 @@ fn writing_the_holes_of_sparse_files_stops_at_the_free_space_margin() {
     }
     assert!(written <= ROOM + ROOM / 2, "{} MiB written into holes with {} MiB of room", written >> 20, ROOM >> 20);
 }
+
+/// An agent's state has a limit; the guest writes it full in a file it
+/// holds open, removes the file's name and waits for the share to be
+/// measured again (once a second at most, when a growth would cross the
+/// limit): a measure walks the names, so the removed file, still open
+/// and still on the disk, counts for nothing, and the guest writes as
+/// much again, and again, as far as the free-space margin. Correct: a file
+/// removed while open still counts until it is closed.
+#[test]
+fn a_file_removed_while_open_still_counts_against_the_limit() {
+    const LIMIT: u64 = 1 << 20;
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::remove_file(rw.join("file")).unwrap();
+    let limited = Share { limit: Some(LIMIT), ..share("/state", &rw) };
+    let mut guest = Guest::of(&[limited], &Secrets::default());
+    let state = guest.walk("state");
+    let (node, fh) = guest.create(state, b"held", libc::O_RDWR).unwrap();
+    let chunk = vec![1u8; 256 << 10];
+    let mut written = 0u64;
+    for round in 0..4 {
+        for _ in 0..(LIMIT / chunk.len() as u64) {
+            if guest.write(node, fh, written, &chunk).header.error != 0 {
+                break;
+            }
+            written += chunk.len() as u64;
+        }
+        if round == 0 {
+            assert_eq!(guest.unlink(state, b"held").errno(), 0);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    guest.release(node, fh);
+    assert!(written <= LIMIT, "{} KiB written in a share limited to {} KiB", written >> 10, LIMIT >> 10);
+}
