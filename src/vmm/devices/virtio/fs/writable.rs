@@ -16,7 +16,7 @@
 //!   in `security.capability`, ACLs, `trusted.`) are refused.
 //! - Growth is bounded by the share's [`Budget`], with ENOSPC.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::io;
 use std::path::Path;
@@ -45,9 +45,8 @@ const MAX_LISTING: u32 = 1 << 20;
 pub struct WritableFs<F> {
     inner: F,
     budget: Mutex<Budget>,
-    /// Handles opened with O_APPEND: each write grows the file by its size,
-    /// whatever offset it names.
-    appending: Mutex<HashSet<u64>>,
+    /// The files the guest holds open, by handle.
+    open: Mutex<HashMap<u64, OpenFile>>,
     /// The host user's uid and gid: the only owner a file may be given.
     owner: (u32, u32),
 }
@@ -61,7 +60,7 @@ impl<F> WritableFs<F> {
         Ok(WritableFs {
             inner,
             budget: Mutex::new(Budget::new(root, limit, margin)?),
-            appending: Mutex::new(HashSet::new()),
+            open: Mutex::new(HashMap::new()),
             owner,
         })
     }
@@ -70,9 +69,18 @@ impl<F> WritableFs<F> {
         self.budget.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn appending(&self) -> MutexGuard<'_, HashSet<u64>> {
-        self.appending.lock().unwrap_or_else(|p| p.into_inner())
+    fn open_files(&self) -> MutexGuard<'_, HashMap<u64, OpenFile>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A file the guest holds open.
+#[derive(Clone, Copy)]
+struct OpenFile {
+    inode: u64,
+    /// Opened with O_APPEND: each write grows the file by its size,
+    /// whatever offset it names.
+    append: bool,
 }
 
 /// The request's context with the guest's ids replaced: the passthrough
@@ -135,7 +143,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> WritableFs<F> {
             };
             end.saturating_sub(size).saturating_add(filled)
         };
-        self.budget().grow(growth)?;
+        self.grow(ctx, growth)?;
         self.kill_privileges(ctx, inode, handle, &attr)
     }
 
@@ -150,12 +158,33 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> WritableFs<F> {
         }
     }
 
-    fn note_handle(&self, handle: Option<u64>, flags: u32) {
-        if let Some(handle) = handle
-            && flags & libc::O_APPEND as u32 != 0
-        {
-            self.appending().insert(handle);
+    fn note_handle(&self, inode: u64, handle: Option<u64>, flags: u32) {
+        if let Some(handle) = handle {
+            let append = flags & libc::O_APPEND as u32 != 0;
+            self.open_files().insert(handle, OpenFile { inode, append });
         }
+    }
+
+    /// Charges `bytes` of growth to the budget.
+    fn grow(&self, ctx: &Context, bytes: u64) -> io::Result<()> {
+        self.budget().grow(bytes, || self.detached(ctx))
+    }
+
+    /// The bytes of the files the guest removed while holding them open:
+    /// still on the disk, and no name leads a measure of the share to them.
+    fn detached(&self, ctx: &Context) -> u64 {
+        let open: Vec<(u64, OpenFile)> = self.open_files().iter().map(|(&h, &f)| (h, f)).collect();
+        let mut counted = HashSet::new();
+        let mut bytes = 0u64;
+        for (handle, file) in open {
+            let Ok((st, _)) = self.inner.getattr(ctx, file.inode, Some(handle)) else { continue };
+            if st.st_nlink == 0 && counted.insert((st.st_dev, st.st_ino)) {
+                let size = u64::try_from(st.st_size).unwrap_or(0);
+                let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+                bytes = bytes.saturating_add(size.max(allocated));
+            }
+        }
+        bytes
     }
 }
 
@@ -177,9 +206,9 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         self.inner.init(capable)
     }
 
-    /// Every handle goes with the session, those appending too.
+    /// Every handle goes with the session.
     fn destroy(&self) {
-        self.appending().clear();
+        self.open_files().clear();
         self.inner.destroy()
     }
 
@@ -227,7 +256,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
     }
 
     fn symlink(&self, ctx: &Context, linkname: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.symlink(&as_host_user(ctx), linkname, parent, name)
     }
 
@@ -237,13 +266,13 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
             _ => return Err(eperm()),
         }
         check_mode(mode)?;
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.mknod(&as_host_user(ctx), inode, name, mode, rdev, umask)
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
         check_mode(mode)?;
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.mkdir(&as_host_user(ctx), parent, name, mode, umask)
     }
 
@@ -272,7 +301,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.link(ctx, inode, newparent, newname)
     }
 
@@ -288,7 +317,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
             self.kill_privileges(ctx, inode, None, &attr)?;
         }
         let opened = self.inner.open(ctx, inode, flags, fuse_flags)?;
-        self.note_handle(opened.0, flags);
+        self.note_handle(inode, opened.0, flags);
         Ok(opened)
     }
 
@@ -300,7 +329,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         check_mode(args.mode)?;
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         let created = self.inner.create(&as_host_user(ctx), parent, name, args)?;
         // It may have been there, setid bits and all. Refused, the guest
         // hears of neither the handle nor the node: neither is kept.
@@ -311,7 +340,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
             self.inner.forget(ctx, created.0.inode, 1);
             return Err(e);
         }
-        self.note_handle(created.1, args.flags);
+        self.note_handle(created.0.inode, created.1, args.flags);
         Ok(created)
     }
 
@@ -342,7 +371,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
-        let append = self.appending().contains(&handle);
+        let append = self.open_files().get(&handle).is_some_and(|f| f.append);
         let len = u64::from(size);
         self.before_change(ctx, inode, Some(handle), offset.saturating_add(len), len, append)?;
         self.inner.write(ctx, inode, handle, r, size, offset, lock_owner, delayed_write, flags, fuse_flags)
@@ -379,7 +408,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         flock_release: bool,
         lock_owner: Option<u64>,
     ) -> io::Result<()> {
-        self.appending().remove(&handle);
+        self.open_files().remove(&handle);
         self.inner.release(ctx, inode, flags, handle, flush, flock_release, lock_owner)
     }
 
@@ -481,9 +510,9 @@ mod tests {
                 let args = CreateIn { flags, mode: 0o644, umask: 0, fuse_flags: 0 };
                 fs.create(&ctx, ROOT, &std::ffi::CString::new(format!("f{round}-{i}")).unwrap(), args).unwrap();
             }
-            assert_eq!(fs.appending().len(), 8);
+            assert_eq!(fs.open_files().len(), 8);
             fs.destroy();
-            assert!(fs.appending().is_empty(), "round {round}");
+            assert!(fs.open_files().is_empty(), "round {round}");
         }
     }
 }
