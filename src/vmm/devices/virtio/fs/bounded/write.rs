@@ -19,7 +19,7 @@
 //! Files opened for writing are handles like the others, counted against
 //! the same cap. Nothing here holds a descriptor per node.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -346,16 +346,7 @@ impl BoundedFs {
             match by_handle {
                 // SAFETY: fchmod touches no memory of ours.
                 Some(fd) => check(unsafe { libc::fchmod(fd, mode) })?,
-                None => self.checked_at(&mut state, node, |_, dir, name, st| {
-                    // fchmodat follows a symlink: a symlink's mode is not
-                    // the guest's to change, nor is its target.
-                    if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                        return Err(err(libc::EOPNOTSUPP));
-                    }
-                    // SAFETY: `name` is NUL-terminated, checked above to be
-                    // the node and no symlink.
-                    check(unsafe { libc::fchmodat(dir, name.as_ptr(), mode, 0) })
-                })?,
+                None => self.chmod_by_name(&mut state, node, mode)?,
             }
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
@@ -411,6 +402,27 @@ impl BoundedFs {
             Some(fd) => fstat(fd),
             None => self.stat_node(&mut state, node),
         }
+    }
+
+    /// chmod of `node` found by name. fchmodat follows a symlink, and a
+    /// symlink's mode is not the guest's to change, nor is its target:
+    /// the node is pinned with `O_PATH` first, checked, and changed through
+    /// its link in /proc/self/fd, so a symlink the host puts at the name
+    /// meanwhile is never followed (Landlock does not govern chmod).
+    fn chmod_by_name(&self, state: &mut State, node: u64, mode: u32) -> io::Result<()> {
+        let identity = state.nodes.get(&node).map(|n| (n.dev, n.ino)).ok_or_else(|| err(libc::ESTALE))?;
+        let path = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, libc::O_PATH))?;
+        let st = fstat(path.as_raw_fd())?;
+        if (st.st_dev, st.st_ino) != identity {
+            return Err(err(libc::ESTALE));
+        }
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Err(err(libc::EOPNOTSUPP));
+        }
+        let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
+        // SAFETY: `link` is NUL-terminated; it leads to the inode `path`
+        // holds, checked above to be the node and no symlink.
+        check(unsafe { libc::fchmodat(libc::AT_FDCWD, link.as_ptr(), mode, 0) })
     }
 
     /// Writes `size` bytes from `r` at `offset` through `handle` of `node`.
