@@ -18,6 +18,13 @@
 //!
 //! Files opened for writing are handles like the others, counted against
 //! the same cap. Nothing here holds a descriptor per node.
+//!
+//! The host's secrets stay closed here too: none is opened for writing or
+//! by a create, nothing is made at a secret's place or changed in a secret
+//! directory, and a secret's name is neither moved nor linked (a secret
+//! made during the run is one by its place alone). A file is opened only
+//! once found with `O_PATH` a regular file: what the host has at a name
+//! may be a FIFO or a device, which an open alone wakes.
 
 use std::ffi::{CStr, CString};
 use std::io;
