@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions, OpenOptions, SetattrValid, stat64, statvfs64};
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyReader, ZeroCopyWriter};
-use fuse_backend_rs::api::{BackendFileSystem, VFS_MAX_INO};
+use fuse_backend_rs::api::{BackendFileSystem, VFS_MAX_INO, validate_path_component};
 
 use super::secrets::Secrets;
 
@@ -789,6 +789,15 @@ fn read_from(fd: RawFd, w: &mut dyn ZeroCopyWriter, size: u32, offset: u64) -> i
     w.write_from(&mut *file, size as usize, offset)
 }
 
+/// EINVAL unless `name` is one plain component: not empty, "." or "..",
+/// without '/'; anything else would reach beyond its directory.
+fn component(name: &CStr) -> io::Result<()> {
+    if name.is_empty() {
+        return Err(err(libc::EINVAL));
+    }
+    validate_path_component(name)
+}
+
 /// The directory `node` is found in first.
 fn first_parent(state: &State, node: u64) -> io::Result<u64> {
     state.nodes.get(&node).and_then(|n| n.names.first()).map(|(parent, _)| *parent).ok_or_else(|| err(libc::ESTALE))
@@ -910,6 +919,9 @@ impl FileSystem for BoundedFs {
     }
 
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        // The Vfs lets "." and ".." through to lookups (for NFS exports):
+        // ".." of the share's root is the host directory above it.
+        component(name)?;
         let mut state = self.state();
         match state.nodes.get(&parent) {
             // Nothing in a secret directory is found, so nothing beneath it
@@ -991,6 +1003,9 @@ impl FileSystem for BoundedFs {
             return read_from(fd.as_raw_fd(), w, size, offset);
         }
         let handle = self.handle(handle)?;
+        // What was opened may have been renamed into a secret's place
+        // since, where the host may write a secret into it.
+        self.readable(&self.state(), handle.node)?;
         read_from(handle.file.as_raw_fd(), w, size, offset)
     }
 
@@ -1210,7 +1225,9 @@ impl FileSystem for BoundedFs {
         if handle == NO_HANDLE {
             return seek(self.reader(inode)?.as_raw_fd());
         }
-        seek(self.handle(handle)?.file.as_fd().as_raw_fd())
+        let handle = self.handle(handle)?;
+        self.readable(&self.state(), handle.node)?;
+        seek(handle.file.as_fd().as_raw_fd())
     }
 }
 

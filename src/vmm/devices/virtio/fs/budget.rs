@@ -6,8 +6,9 @@
 //! Growth is counted by logical size, so a sparse file costs what it could
 //! come to hold, and each new name costs [`ENTRY_COST`]. Freeing space is
 //! not counted as it happens: when the count reaches the limit, the share
-//! is measured again (at most once every [`REMEASURE_EVERY`]) and only a
-//! share still over it refuses the growth, with ENOSPC.
+//! is measured again (at most once every [`REMEASURE_EVERY`]; the files
+//! removed while still open, which no name leads the walk to, added) and
+//! only a share still over it refuses the growth, with ENOSPC.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -71,8 +72,9 @@ impl Budget {
     }
 
     /// Whether the share may grow by `bytes`; ENOSPC if not. Growth allowed
-    /// is counted.
-    pub fn grow(&mut self, bytes: u64) -> io::Result<()> {
+    /// is counted. A measure adds `detached`: the bytes of files removed
+    /// while open, which no name leads it to.
+    pub fn grow(&mut self, bytes: u64, detached: impl FnOnce() -> u64) -> io::Result<()> {
         if bytes == 0 {
             return Ok(());
         }
@@ -82,7 +84,7 @@ impl Budget {
             if self.measured.elapsed() < REMEASURE_EVERY {
                 return Err(enospc());
             }
-            self.used = measure(&self.root);
+            self.used = measure(&self.root).saturating_add(detached());
             self.measured = Instant::now();
             if self.used.saturating_add(bytes) > limit {
                 return Err(enospc());

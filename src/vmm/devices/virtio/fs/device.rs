@@ -110,10 +110,12 @@ impl Fs<Vfs> {
     /// not cache what the host could change under it.
     /// Each share is held to the host user's own powers and to its budget
     /// (see [`WritableFs`]), and its host descriptors to half the read-only
-    /// shares' budget (see [`FdBudget::halved`]).
-    pub fn writable(tag: &str, shares: &[Share]) -> Result<Fs<Vfs>, FsError> {
+    /// shares' budget (see [`FdBudget::halved`]); none of `secrets` is
+    /// opened, as on the read-only shares (a policy may mount a directory
+    /// holding one writable).
+    pub fn writable(tag: &str, shares: &[Share], secrets: &Secrets) -> Result<Fs<Vfs>, FsError> {
         raise_fd_limit();
-        Self::writable_within(tag, shares, None, FdBudget::of_process().halved())
+        Self::writable_within(tag, shares, secrets, None, FdBudget::of_process().halved())
     }
 
     /// [`Fs::writable`], keeping `margin` free bytes (tests) instead of the
@@ -121,6 +123,7 @@ impl Fs<Vfs> {
     pub(super) fn writable_within(
         tag: &str,
         shares: &[Share],
+        secrets: &Secrets,
         margin: Option<u64>,
         budget: FdBudget,
     ) -> Result<Fs<Vfs>, FsError> {
@@ -130,7 +133,7 @@ impl Fs<Vfs> {
         let handles = HandleCount::default();
         let cached = budget.inodes / shares.len().max(1);
         for (share, guest_path) in shares.iter().zip(&guest_paths) {
-            let fs = open_bounded_share(&share.host_path, &Secrets::default(), cached, &handles, budget.handles)?;
+            let fs = open_bounded_share(&share.host_path, secrets, cached, &handles, budget.handles)?;
             let fs = WritableFs::new(fs.writable(), &share.host_path, share.limit, margin)
                 .map_err(|source| FsError::Budget { path: share.host_path.clone(), source })?;
             vfs.mount(Box::new(fs), guest_path).map_err(|source| FsError::Mount {

@@ -44,6 +44,8 @@ mod writable;
 mod attack_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_attack_tests;
 
 use std::time::Duration;
 
@@ -157,7 +159,10 @@ fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
     }
     let writable = shares(true);
     if !writable.is_empty() {
-        devices.push(Instance { name: WRITABLE_THREAD.name, device: Box::new(Fs::writable(FS_TAG_RW, &writable)?) });
+        devices.push(Instance {
+            name: WRITABLE_THREAD.name,
+            device: Box::new(Fs::writable(FS_TAG_RW, &writable, &secrets)?),
+        });
     }
     Ok(devices)
 }

@@ -1153,7 +1153,7 @@ fn writable_client_keeping(shares: &[Share], margin: Option<u64>) -> Client<Vfs>
 fn writable_client_within(shares: &[Share], margin: Option<u64>, budget: super::bounded::FdBudget) -> Client<Vfs> {
     let fs = {
         let _guard = UMASK.lock().unwrap_or_else(|e| e.into_inner());
-        Fs::writable_within("host-rw", shares, margin, budget).unwrap()
+        Fs::writable_within("host-rw", shares, &Secrets::default(), margin, budget).unwrap()
     };
     let mut client = Client::started(fs.server);
     client.access = Access::Writable;

@@ -16,7 +16,7 @@
 //!   in `security.capability`, ACLs, `trusted.`) are refused.
 //! - Growth is bounded by the share's [`Budget`], with ENOSPC.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::io;
 use std::path::Path;
@@ -45,9 +45,8 @@ const MAX_LISTING: u32 = 1 << 20;
 pub struct WritableFs<F> {
     inner: F,
     budget: Mutex<Budget>,
-    /// Handles opened with O_APPEND: each write grows the file by its size,
-    /// whatever offset it names.
-    appending: Mutex<HashSet<u64>>,
+    /// The files the guest holds open, by handle.
+    open: Mutex<HashMap<u64, OpenFile>>,
     /// The host user's uid and gid: the only owner a file may be given.
     owner: (u32, u32),
 }
@@ -61,7 +60,7 @@ impl<F> WritableFs<F> {
         Ok(WritableFs {
             inner,
             budget: Mutex::new(Budget::new(root, limit, margin)?),
-            appending: Mutex::new(HashSet::new()),
+            open: Mutex::new(HashMap::new()),
             owner,
         })
     }
@@ -70,9 +69,18 @@ impl<F> WritableFs<F> {
         self.budget.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn appending(&self) -> MutexGuard<'_, HashSet<u64>> {
-        self.appending.lock().unwrap_or_else(|p| p.into_inner())
+    fn open_files(&self) -> MutexGuard<'_, HashMap<u64, OpenFile>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A file the guest holds open.
+#[derive(Clone, Copy)]
+struct OpenFile {
+    inode: u64,
+    /// Opened with O_APPEND: each write grows the file by its size,
+    /// whatever offset it names.
+    append: bool,
 }
 
 /// The request's context with the guest's ids replaced: the passthrough
@@ -109,9 +117,11 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> WritableFs<F> {
         self.inner.setattr(ctx, inode, cleared, handle, SetattrValid::MODE).map(drop)
     }
 
-    /// Readies `inode` for a change to its content that ends at `end`
-    /// (appended, if `append`, as `len` more bytes): charges its growth and
-    /// clears its setid bits.
+    /// Readies `inode` for a change to its content of `len` bytes that
+    /// ends at `end` (appended, if `append`): charges its growth and clears
+    /// its setid bits. Growth is what lies past the end of the file, and
+    /// the holes the change fills within it: a sparse file takes no space
+    /// until its holes are written.
     fn before_change(
         &self,
         ctx: &Context,
@@ -123,17 +133,58 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> WritableFs<F> {
     ) -> io::Result<()> {
         let (attr, _) = self.inner.getattr(ctx, inode, handle)?;
         let size = u64::try_from(attr.st_size).unwrap_or(0);
-        let growth = if append { len } else { end.saturating_sub(size) };
-        self.budget().grow(growth)?;
+        let growth = if append {
+            len
+        } else {
+            let (start, within) = (end.saturating_sub(len), end.min(size));
+            let filled = match handle {
+                Some(handle) if start < within => self.unallocated(ctx, inode, handle, start, within),
+                _ => 0,
+            };
+            end.saturating_sub(size).saturating_add(filled)
+        };
+        self.grow(ctx, growth)?;
         self.kill_privileges(ctx, inode, handle, &attr)
     }
 
-    fn note_handle(&self, handle: Option<u64>, flags: u32) {
-        if let Some(handle) = handle
-            && flags & libc::O_APPEND as u32 != 0
-        {
-            self.appending().insert(handle);
+    /// What of `start..end` (within the file's size) a change may newly
+    /// allocate: from the first hole in it on (one seek, an upper bound),
+    /// all of it where holes cannot be told.
+    fn unallocated(&self, ctx: &Context, inode: u64, handle: u64, start: u64, end: u64) -> u64 {
+        const SEEK_HOLE: u32 = libc::SEEK_HOLE as u32;
+        match self.inner.lseek(ctx, inode, handle, start, SEEK_HOLE) {
+            Ok(hole) => end.saturating_sub(hole),
+            Err(_) => end - start,
         }
+    }
+
+    fn note_handle(&self, inode: u64, handle: Option<u64>, flags: u32) {
+        if let Some(handle) = handle {
+            let append = flags & libc::O_APPEND as u32 != 0;
+            self.open_files().insert(handle, OpenFile { inode, append });
+        }
+    }
+
+    /// Charges `bytes` of growth to the budget.
+    fn grow(&self, ctx: &Context, bytes: u64) -> io::Result<()> {
+        self.budget().grow(bytes, || self.detached(ctx))
+    }
+
+    /// The bytes of the files the guest removed while holding them open:
+    /// still on the disk, and no name leads a measure of the share to them.
+    fn detached(&self, ctx: &Context) -> u64 {
+        let open: Vec<(u64, OpenFile)> = self.open_files().iter().map(|(&h, &f)| (h, f)).collect();
+        let mut counted = HashSet::new();
+        let mut bytes = 0u64;
+        for (handle, file) in open {
+            let Ok((st, _)) = self.inner.getattr(ctx, file.inode, Some(handle)) else { continue };
+            if st.st_nlink == 0 && counted.insert((st.st_dev, st.st_ino)) {
+                let size = u64::try_from(st.st_size).unwrap_or(0);
+                let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+                bytes = bytes.saturating_add(size.max(allocated));
+            }
+        }
+        bytes
     }
 }
 
@@ -155,7 +206,9 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         self.inner.init(capable)
     }
 
+    /// Every handle goes with the session.
     fn destroy(&self) {
+        self.open_files().clear();
         self.inner.destroy()
     }
 
@@ -203,7 +256,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
     }
 
     fn symlink(&self, ctx: &Context, linkname: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.symlink(&as_host_user(ctx), linkname, parent, name)
     }
 
@@ -213,13 +266,13 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
             _ => return Err(eperm()),
         }
         check_mode(mode)?;
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.mknod(&as_host_user(ctx), inode, name, mode, rdev, umask)
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
         check_mode(mode)?;
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.mkdir(&as_host_user(ctx), parent, name, mode, umask)
     }
 
@@ -248,7 +301,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         self.inner.link(ctx, inode, newparent, newname)
     }
 
@@ -264,7 +317,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
             self.kill_privileges(ctx, inode, None, &attr)?;
         }
         let opened = self.inner.open(ctx, inode, flags, fuse_flags)?;
-        self.note_handle(opened.0, flags);
+        self.note_handle(inode, opened.0, flags);
         Ok(opened)
     }
 
@@ -276,11 +329,18 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         check_mode(args.mode)?;
-        self.budget().grow(ENTRY_COST)?;
+        self.grow(ctx, ENTRY_COST)?;
         let created = self.inner.create(&as_host_user(ctx), parent, name, args)?;
-        // It may have been there, setid bits and all.
-        self.kill_privileges(ctx, created.0.inode, created.1, &created.0.attr)?;
-        self.note_handle(created.1, args.flags);
+        // It may have been there, setid bits and all. Refused, the guest
+        // hears of neither the handle nor the node: neither is kept.
+        if let Err(e) = self.kill_privileges(ctx, created.0.inode, created.1, &created.0.attr) {
+            if let Some(handle) = created.1 {
+                self.inner.release(ctx, created.0.inode, args.flags, handle, false, false, None)?;
+            }
+            self.inner.forget(ctx, created.0.inode, 1);
+            return Err(e);
+        }
+        self.note_handle(created.0.inode, created.1, args.flags);
         Ok(created)
     }
 
@@ -311,7 +371,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
-        let append = self.appending().contains(&handle);
+        let append = self.open_files().get(&handle).is_some_and(|f| f.append);
         let len = u64::from(size);
         self.before_change(ctx, inode, Some(handle), offset.saturating_add(len), len, append)?;
         self.inner.write(ctx, inode, handle, r, size, offset, lock_owner, delayed_write, flags, fuse_flags)
@@ -327,9 +387,11 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
 
     fn fallocate(&self, ctx: &Context, inode: u64, handle: u64, mode: u32, offset: u64, length: u64) -> io::Result<()> {
         const PUNCH_HOLE: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
-        const PAST_END: u32 = (libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_INSERT_RANGE) as u32;
+        const PAST_END: u32 =
+            (libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_INSERT_RANGE | libc::FALLOC_FL_UNSHARE_RANGE) as u32;
         if mode & PUNCH_HOLE == 0 {
-            // Beyond the end, or inserted, or kept past it: all of it may be new.
+            // Beyond the end, or inserted, or kept past it, or extents
+            // shared with another file made its own: all of it may be new.
             let past_end = mode & PAST_END != 0;
             self.before_change(ctx, inode, Some(handle), offset.saturating_add(length), length, past_end)?;
         }
@@ -346,7 +408,7 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
         flock_release: bool,
         lock_owner: Option<u64>,
     ) -> io::Result<()> {
-        self.appending().remove(&handle);
+        self.open_files().remove(&handle);
         self.inner.release(ctx, inode, flags, handle, flush, flock_release, lock_owner)
     }
 
@@ -421,4 +483,36 @@ impl<F: FileSystem<Inode = u64, Handle = u64>> FileSystem for WritableFs<F> {
 /// another name, ACLs and `trusted.` attributes are the host's business.
 fn user_attribute(name: &CStr) -> io::Result<()> {
     if name.to_bytes().starts_with(b"user.") { Ok(()) } else { Err(eperm()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+
+    use super::super::bounded::{BoundedFs, HandleCount, ROOT};
+    use super::super::secrets::Secrets;
+    use super::*;
+
+    /// A guest that opens files for appending and remounts (FUSE_DESTROY,
+    /// then INIT), again and again, leaves nothing behind of the handles
+    /// the remount closed.
+    #[test]
+    fn a_remount_forgets_the_appending_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        let bounded = BoundedFs::new(dir.path(), &Secrets::default(), 4, &HandleCount::default(), 16, Duration::ZERO)
+            .unwrap()
+            .writable();
+        let fs = WritableFs::new(bounded, dir.path(), None, None).unwrap();
+        let ctx = Context::default();
+        for round in 0..3 {
+            for i in 0..8 {
+                let flags = (libc::O_WRONLY | libc::O_APPEND).cast_unsigned();
+                let args = CreateIn { flags, mode: 0o644, umask: 0, fuse_flags: 0 };
+                fs.create(&ctx, ROOT, &std::ffi::CString::new(format!("f{round}-{i}")).unwrap(), args).unwrap();
+            }
+            assert_eq!(fs.open_files().len(), 8);
+            fs.destroy();
+            assert!(fs.open_files().is_empty(), "round {round}");
+        }
+    }
 }

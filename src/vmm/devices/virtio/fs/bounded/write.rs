@@ -18,17 +18,26 @@
 //!
 //! Files opened for writing are handles like the others, counted against
 //! the same cap. Nothing here holds a descriptor per node.
+//!
+//! The host's secrets stay closed here too: none is opened for writing or
+//! by a create, nothing is made at a secret's place or changed in a secret
+//! directory, and a secret's name is neither moved nor linked (a secret
+//! made during the run is one by its place alone). A file is opened only
+//! once found with `O_PATH` a regular file: what the host has at a name
+//! may be a FIFO or a device, which an open alone wakes.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::{SetattrValid, stat64};
 use fuse_backend_rs::api::filesystem::{Entry, ZeroCopyReader};
-use fuse_backend_rs::api::validate_path_component;
 
-use super::{BoundedFs, Handle, NO_HANDLE, ROOT, State, err, fstat, fstatat, open_at, open_at_mode, stale_if_gone};
+use super::{
+    BoundedFs, Handle, NO_HANDLE, ROOT, State, component, err, fstat, fstatat, open_at, open_at_mode, reopen,
+    stale_if_gone,
+};
 
 /// What of the guest's open flags reaches the host's open: the access mode
 /// and what changes writes (appending, truncating, synchronous writes);
@@ -65,18 +74,23 @@ impl BoundedFs {
     }
 
     /// The descriptor of the directory `parent`, to change `name` in it:
-    /// one component, not "." or "..".
+    /// one component, not "." or "..". Nothing in a secret directory is
+    /// changed, as nothing in it is found: a rename would take its files
+    /// out by their names.
     fn parent_dir(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
         self.writing()?;
-        if name.is_empty() {
-            return Err(err(libc::EINVAL));
-        }
-        validate_path_component(name)?;
+        component(name)?;
         match state.nodes.get(&parent) {
+            Some(n) if n.is_dir && self.is_secret(state, parent)? => Err(err(libc::EACCES)),
             Some(n) if n.is_dir => self.dir_fd(state, parent),
             Some(_) => Err(err(libc::ENOTDIR)),
             None => Err(err(libc::ESTALE)),
         }
+    }
+
+    /// Whether `name` in `parent` is where one of the host's secrets is.
+    fn secret_place(&self, state: &State, parent: u64, name: &CStr) -> bool {
+        state.nodes.get(&parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))
     }
 
     /// `act` on `node` by the first of its names that still leads to it,
@@ -144,7 +158,8 @@ impl BoundedFs {
     }
 
     /// Creates (or opens, without O_EXCL) the regular file `name` in
-    /// `parent`, open with `flags`: its entry and its handle.
+    /// `parent`, open with `flags`: its entry and its handle. Nothing is
+    /// opened or made at a secret's place.
     pub(super) fn create_file(
         &self,
         parent: u64,
@@ -156,34 +171,68 @@ impl BoundedFs {
         self.counted(|| {
             let mut state = self.state();
             let dir = self.parent_dir(&mut state, parent, name)?;
-            let flags = open_flags(flags)? & (PASSED_FLAGS | libc::O_EXCL) | libc::O_CREAT | libc::O_NONBLOCK;
-            let file = open_at_mode(&mut state, dir.as_raw_fd(), name, flags, masked(mode & 0o7777, umask))?;
-            let st = fstat(file.as_raw_fd())?;
-            // A fifo or socket the host had at the name is not opened for the guest.
-            if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-                return Err(err(libc::ENXIO));
+            if self.secret_place(&state, parent, name) {
+                return Err(err(libc::EACCES));
             }
+            let guest_flags = open_flags(flags)?;
+            let flags = guest_flags & PASSED_FLAGS | libc::O_NONBLOCK;
+            let mode = masked(mode & 0o7777, umask);
+            let made = open_at_mode(&mut state, dir.as_raw_fd(), name, flags | libc::O_CREAT | libc::O_EXCL, mode);
+            let file = match made {
+                Ok(file) => file,
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && guest_flags & libc::O_EXCL == 0 => {
+                    let path = open_at(&mut state, dir.as_raw_fd(), name, libc::O_PATH)?;
+                    self.reopen_file(&mut state, &path, None, flags)?
+                }
+                Err(e) => return Err(e),
+            };
+            let st = fstat(file.as_raw_fd())?;
             let entry = self.enter(&mut state, parent, name, st)?;
             Ok((entry, Self::new_handle(&mut state, entry.inode, file)))
         })
     }
 
-    /// A new descriptor of the regular file `node` for writing.
+    /// The file `path` (an `O_PATH` descriptor) opened with `flags` once
+    /// it is a regular file (that identity, if given) and no secret: what
+    /// the host had at a name may be a FIFO or a device, which an open
+    /// alone wakes, or one of its secrets.
+    fn reopen_file(
+        &self,
+        state: &mut State,
+        path: &OwnedFd,
+        identity: Option<(u64, u64)>,
+        flags: i32,
+    ) -> io::Result<OwnedFd> {
+        let st = fstat(path.as_raw_fd())?;
+        if identity.is_some_and(|id| id != (st.st_dev, st.st_ino)) {
+            return Err(err(libc::ESTALE));
+        }
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(err(libc::EISDIR)),
+            // As open(2) answers O_NOFOLLOW.
+            libc::S_IFLNK => return Err(err(libc::ELOOP)),
+            _ => return Err(err(libc::ENXIO)),
+        }
+        if self.secrets.holds(st.st_dev, st.st_ino) {
+            return Err(err(libc::EACCES));
+        }
+        reopen(state, path, flags)
+    }
+
+    /// A new descriptor of the regular file `node` for writing, unless it
+    /// is a secret.
     pub(super) fn open_writing(&self, state: &mut State, node: u64, flags: i32) -> io::Result<OwnedFd> {
         self.writing()?;
-        let (dev, ino) = match state.nodes.get(&node) {
+        let identity = match state.nodes.get(&node) {
             Some(n) if n.is_dir => return Err(err(libc::EISDIR)),
             Some(n) if n.is_file => (n.dev, n.ino),
             Some(_) => return Err(err(libc::ENXIO)),
             None => return Err(err(libc::ESTALE)),
         };
-        let flags = flags & PASSED_FLAGS | libc::O_NONBLOCK;
-        let file = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, flags))?;
-        let st = fstat(file.as_raw_fd())?;
-        if (st.st_dev, st.st_ino) != (dev, ino) {
-            return Err(err(libc::ESTALE));
-        }
-        Ok(file)
+        self.readable(state, node)?;
+        let path = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, libc::O_PATH))?;
+        self.reopen_file(state, &path, Some(identity), flags & PASSED_FLAGS | libc::O_NONBLOCK)
     }
 
     /// Removes the name (a directory, if `dir`) from `parent`.
@@ -215,6 +264,13 @@ impl BoundedFs {
         let mut state = self.state();
         let from = self.parent_dir(&mut state, olddir, oldname)?;
         let to = self.parent_dir(&mut state, newdir, newname)?;
+        // A secret made where one is named is a secret by its place alone:
+        // moved from it (an exchange moves both names), it would be read.
+        if self.secret_place(&state, olddir, oldname)
+            || (flags & libc::RENAME_EXCHANGE != 0 && self.secret_place(&state, newdir, newname))
+        {
+            return Err(err(libc::EACCES));
+        }
         let moved = fstatat(from.as_raw_fd(), oldname)?;
         let replaced = match fstatat(to.as_raw_fd(), newname) {
             Ok(st) => Some(st),
@@ -262,6 +318,11 @@ impl BoundedFs {
     pub(super) fn link_node(&self, node: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         let mut state = self.state();
         let to = self.parent_dir(&mut state, newparent, newname)?;
+        // A new name of a secret by its place alone, the old one removed,
+        // would be no secret.
+        if self.is_secret(&state, node)? {
+            return Err(err(libc::EACCES));
+        }
         self.checked_at(&mut state, node, |_, dir, name, _| {
             // SAFETY: the names are NUL-terminated; linkat (which does not
             // follow a symlink it links) touches no memory of ours.
@@ -292,16 +353,7 @@ impl BoundedFs {
             match by_handle {
                 // SAFETY: fchmod touches no memory of ours.
                 Some(fd) => check(unsafe { libc::fchmod(fd, mode) })?,
-                None => self.checked_at(&mut state, node, |_, dir, name, st| {
-                    // fchmodat follows a symlink: a symlink's mode is not
-                    // the guest's to change, nor is its target.
-                    if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                        return Err(err(libc::EOPNOTSUPP));
-                    }
-                    // SAFETY: `name` is NUL-terminated, checked above to be
-                    // the node and no symlink.
-                    check(unsafe { libc::fchmodat(dir, name.as_ptr(), mode, 0) })
-                })?,
+                None => self.chmod_by_name(&mut state, node, mode)?,
             }
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
@@ -357,6 +409,27 @@ impl BoundedFs {
             Some(fd) => fstat(fd),
             None => self.stat_node(&mut state, node),
         }
+    }
+
+    /// chmod of `node` found by name. fchmodat follows a symlink, and a
+    /// symlink's mode is not the guest's to change, nor is its target:
+    /// the node is pinned with `O_PATH` first, checked, and changed through
+    /// its link in /proc/self/fd, so a symlink the host puts at the name
+    /// meanwhile is never followed (Landlock does not govern chmod).
+    fn chmod_by_name(&self, state: &mut State, node: u64, mode: u32) -> io::Result<()> {
+        let identity = state.nodes.get(&node).map(|n| (n.dev, n.ino)).ok_or_else(|| err(libc::ESTALE))?;
+        let path = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, libc::O_PATH))?;
+        let st = fstat(path.as_raw_fd())?;
+        if (st.st_dev, st.st_ino) != identity {
+            return Err(err(libc::ESTALE));
+        }
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Err(err(libc::EOPNOTSUPP));
+        }
+        let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
+        // SAFETY: `link` is NUL-terminated; it leads to the inode `path`
+        // holds, checked above to be the node and no symlink.
+        check(unsafe { libc::fchmodat(libc::AT_FDCWD, link.as_ptr(), mode, 0) })
     }
 
     /// Writes `size` bytes from `r` at `offset` through `handle` of `node`.
