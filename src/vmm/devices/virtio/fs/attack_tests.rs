@@ -927,3 +927,5 @@ fn a_big_directory_lists_every_name_once_in_interleaved_pages() {
         assert_eq!(names, want);
     }
 }
+
+mod hot_path_bench;

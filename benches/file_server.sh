@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# What the workspace file server's checks cost per request, on this host,
+# without a VM: a 4 KiB read through a kept reader and a getattr, at path
+# depths 1 to 64, through the same queue processing the guest's requests
+# take, beside the host's own pread, open+read and fstatat of the same file
+# and a request refused at the gate (the queue and the harness alone, taken
+# off the others). Each number is the median of five batches.
+#   benches/file_server.sh
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+nice cargo test --release --bin stockade --no-run >/dev/null 2>&1
+nice cargo test --release --bin stockade hot_path_bench -- --ignored --nocapture --test-threads=1 2>/dev/null |
+    grep -vE '^(running|test |$)|test result'
