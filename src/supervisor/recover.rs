@@ -375,14 +375,17 @@ mod tests {
             .arg(&config)
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while vmms_of(&config).is_empty() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         assert_eq!(vmms_of(&config), [vmm.id()]);
         assert!(vmms_of(Path::new("/elsewhere/vmm.json")).is_empty(), "another session's is not this one's");
         vmm.kill().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !vmms_of(&config).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert!(vmms_of(&config).is_empty(), "exited, not yet reaped: a zombie holds no VM");
         vmm.wait().unwrap();
         assert!(vmms_of(&config).is_empty());

@@ -208,7 +208,9 @@ fn run_in_l1(script: &str, timeout: Duration) -> Result<Output, RigError> {
         }
         let l1 = slot.as_mut().expect("L1 just booted");
         let result = l1.run(script, timeout).and_then(|out| {
-            if out.stderr.contains(TRIPLE_FAULT) && attempt < ATTEMPTS {
+            // A script may keep stockade's messages in a file and print it.
+            let faulted = out.stderr.contains(TRIPLE_FAULT) || out.stdout.contains(TRIPLE_FAULT);
+            if faulted && attempt < ATTEMPTS {
                 Err(RigError::Command(format!("the guest triple-faulted:\n{out}")))
             } else {
                 Ok(out)
