@@ -55,6 +55,17 @@ const MAX_SPOOLED: usize = 4;
 /// export, or a recovery's, ends the run with the scratch disk kept.
 pub const EXPORT_STALL: Duration = Duration::from_secs(300);
 
+/// After the init reports a stream of `declared` bytes sent, how long the
+/// rest of it may take in all: a minute, and a second per 8 MiB declared,
+/// at most `cap`. The init reports once it has written everything, so what
+/// is left is only what the connection holds (the VMM's credit window and
+/// the socket's buffer, well under a MiB); the declared size is the
+/// guest's word, so it buys no more than `cap`. A guest that trickles the
+/// rest is cut off.
+fn tail_wait(declared: u64, cap: Duration) -> Duration {
+    Duration::from_secs(60 + declared / (8 << 20)).min(cap)
+}
+
 /// What the init said about its export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -358,21 +369,13 @@ impl Receiver {
     }
 
     /// The init has sent `stream`: stages the change connection that is
-    /// exactly that, and only it.
-    pub fn finish(self, stream: StreamDigest) -> anyhow::Result<StageReport> {
-        self.finish_by(stream, None)
-    }
-
-    /// `finish`, giving up after `limit` in all: a checkpoint, which the
-    /// run goes on without, must not wait on a guest that trickles its
-    /// stream a byte at a time (each read within `STALL_WAIT`) for ever.
-    pub fn finish_within(self, stream: StreamDigest, limit: Duration) -> anyhow::Result<StageReport> {
-        self.finish_by(stream, Some(limit))
-    }
-
-    fn finish_by(self, stream: StreamDigest, limit: Option<Duration>) -> anyhow::Result<StageReport> {
+    /// exactly that, and only it. The init has reported it sent, so the
+    /// rest of it gets [`tail_wait`] with `cap`: a guest that trickles it
+    /// a byte at a time (each read within `STALL_WAIT`) is not waited on
+    /// for ever.
+    pub fn finish(self, stream: StreamDigest, cap: Duration) -> anyhow::Result<StageReport> {
         let _ = self.verdict.send(Verdict::Sent(stream));
-        let result = self.decide(stream, limit);
+        let result = self.decide(stream, tail_wait(stream.bytes, cap));
         let _ = std::fs::remove_file(&self.path);
         result
     }
@@ -381,8 +384,8 @@ impl Receiver {
     /// init's: the first, once its digest matched, or a spooled one whose
     /// digest matches (then the first is stopped). A forger that stalls its
     /// connection holds nothing up once the init's is in.
-    fn decide(&self, sent: StreamDigest, limit: Option<Duration>) -> anyhow::Result<StageReport> {
-        let deadline = limit.map(|limit| Instant::now() + limit);
+    fn decide(&self, sent: StreamDigest, limit: Duration) -> anyhow::Result<StageReport> {
+        let deadline = Instant::now() + limit;
         let mut arrival = Instant::now() + ARRIVAL_WAIT;
         let mut live: Option<Job> = None;
         let mut spooled: Vec<Job> = Vec::new();
@@ -429,26 +432,8 @@ impl Receiver {
                 }
             }
             spooled = waiting;
-            if let (Some(deadline), Some(limit)) = (deadline, limit)
-                && Instant::now() >= deadline
-            {
-                let jobs: Vec<Job> = spooled.into_iter().chain(live).collect();
-                self.stop_all(&jobs);
-                // Its thread ends at its next read; it writes the store no
-                // more once joined, so the caller may remove it.
-                for job in jobs {
-                    if let Job::Live { handle, .. } = job {
-                        let _ = handle.join();
-                    }
-                }
-                return Err(anyhow!(
-                    "the guest's change stream ({} bytes) was not received within {}s of its export and was \
-                     stopped; nothing was staged",
-                    sent.bytes,
-                    limit.as_secs()
-                ));
-            }
-            if live.is_none() && spooled.is_empty() && Instant::now() >= arrival {
+            let now = Instant::now();
+            if live.is_none() && spooled.is_empty() && now >= arrival.min(deadline) {
                 return Err(failed.unwrap_or_else(|| {
                     anyhow!(
                         "the guest init reported sending its changes ({} bytes), but no change connection from it \
@@ -456,6 +441,29 @@ impl Receiver {
                         sent.bytes
                     )
                 }));
+            }
+            // Once the first stream proved the init's, all of it is in:
+            // only committing it (a flush of all it wrote) is left.
+            let received = matches!(&live, Some(Job::Live { vouched, .. }) if vouched.load(Ordering::SeqCst));
+            if now >= deadline && !received {
+                let jobs: Vec<Job> = spooled.into_iter().chain(live).collect();
+                self.stop_all(&jobs);
+                // Its thread ends at its next read; it writes the store no
+                // more once joined, so the caller may remove it. A stream
+                // that was vouched for meanwhile was staged whole.
+                for job in jobs {
+                    if let Job::Live { handle, .. } = job
+                        && let Ok(report) = join_live(handle)
+                    {
+                        return Ok(report);
+                    }
+                }
+                return Err(anyhow!(
+                    "the guest's change stream ({} bytes declared) was not received within {}s of its export \
+                     and was stopped; nothing was staged",
+                    sent.bytes,
+                    limit.as_secs()
+                ));
             }
             // Woken when a job starts or ends; the timeout bounds how late
             // an arrival deadline is noticed.

@@ -152,6 +152,7 @@ fn converse(
         token: token.clone(),
         tampering: tampering.clone(),
         answers: answered,
+        stall: staging::EXPORT_STALL,
     };
     // Review while it runs is a convenience: without it the run goes on.
     let _live = live::serve(&session.dir, guest).inspect_err(|e| tracing::warn!("no review while it runs: {e:#}")).ok();
@@ -403,7 +404,9 @@ impl<'a> Relay<'a> {
             return;
         };
         self.staged = Some(match outcome {
-            ExportOutcome::Sent { stream, .. } => receiver.finish(stream).inspect(|_| self.settle_landed()),
+            ExportOutcome::Sent { stream, .. } => {
+                receiver.finish(stream, self.watch.stall).inspect(|_| self.settle_landed())
+            }
             ExportOutcome::Failed { message } => match receiver.abandon() {
                 Some(cause) => Err(cause.context(format!("the guest's export stopped ({message})"))),
                 None => Err(anyhow::anyhow!("the guest could not export its changes: {message}")),
@@ -532,6 +535,10 @@ fn host_seed() -> anyhow::Result<Vec<u8>> {
 #[cfg(test)]
 #[path = "conversation_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "../channels/stall_attack_tests.rs"]
+mod stall_attack_tests;
 
 #[cfg(test)]
 mod dockerd_log_tests {

@@ -1,0 +1,128 @@
+//! Attacks on how long the host waits for the guest's changes. A guest
+//! that reports its export (or checkpoint) sent and then trickles the rest
+//! of its stream, a byte now and then, each well within the per-read
+//! limit: the run, or the checkpoint, must still end, with nothing staged,
+//! however large a size the guest declared. Bounds are shrunk as in the
+//! conversation's own tests.
+
+use std::io::{BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use super::tests::{RUN, change_set, converse_with, rig};
+use super::*;
+use crate::protocol::auth::{DigestWriter, StreamDigest, TOKEN_LEN};
+use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, read_frame};
+use crate::supervisor::channels::fake_init;
+
+/// Only so that a regression fails instead of hanging: the bounds under
+/// test are a second.
+const GUARD: Duration = Duration::from_secs(90);
+
+fn digest_of(stream: &[u8]) -> StreamDigest {
+    let mut w = DigestWriter::new(Vec::new());
+    w.write_all(stream).unwrap();
+    w.finish().1
+}
+
+/// Sends `rest` on `conn` a byte every 20 ms, until the host closes it.
+fn trickle(mut conn: UnixStream, rest: Vec<u8>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for byte in rest {
+            std::thread::sleep(Duration::from_millis(20));
+            if conn.write_all(&[byte]).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The final export: the init (or guest root with its token) reports the
+/// stream sent, with its true digest, then trickles the rest of it. Before,
+/// the relay waited on it with no bound at all: without `--timeout` the run
+/// never ended. Now the rest of the stream gets the run's bound in all; the
+/// run ends with nothing staged, and the scratch disk is kept.
+#[test]
+fn an_export_trickled_after_its_report_does_not_hold_the_run() {
+    for declared in [None, Some(u64::MAX)] {
+        let (rig, receiver) = rig();
+        let (init, host) = fake_init::control(Duration::from_millis(20));
+        let set = change_set(1 << 20);
+        let mut stream = digest_of(&set);
+        if let Some(bytes) = declared {
+            stream.bytes = bytes;
+        }
+        let mut conn = fake_init::connect_changes(&rig.changes, &rig.token);
+        conn.write_all(&set[..set.len() / 2]).unwrap();
+        let trickler = trickle(conn, set[set.len() / 2..].to_vec());
+        let sent = ExportOutcome::Sent { entries: 1, files: 1, bytes: 1 << 20, skipped: 0, stream };
+        assert!(init.send(&GuestMsg::Changes(sent)));
+        assert!(init.send(&GuestMsg::Exit(ExitReport::Exited { code: 0 })));
+        let (done, ended) = mpsc::channel();
+        std::thread::spawn(move || {
+            let (checkpoints, _) = mpsc::sync_channel(1);
+            let relay = Relay::new(&rig.session, receiver, admission::Tampering::default(), checkpoints, RUN);
+            let ended = converse_with(relay, host);
+            let _ = done.send((ended, rig.store.is_staged()));
+        });
+        let (ended, staged) = ended.recv_timeout(GUARD).expect("the run never ended");
+        let ended = Ended { result: ended, expired: Default::default() };
+        let Ok(Conversation::Ended { staged: Some(Err(e)), .. }) = &ended.result else {
+            panic!("not an end with a failed staging ({declared:?})")
+        };
+        let text = format!("{e:#}");
+        assert!(text.contains("was not received within"), "{text}");
+        assert!(ended.unstaged(), "the scratch disk is kept");
+        assert!(!staged, "nothing is staged");
+        trickler.join().unwrap();
+    }
+}
+
+/// A checkpoint: the guest reports it sent, declaring the largest size
+/// there is, then trickles the rest. Before, the rest of the stream got a
+/// minute and a second per 8 MiB declared, some 70,000 years: the live
+/// thread, and the checkpoint lock that `stockade apply` waits on, were
+/// held for the rest of the run. Now the declared size buys no more than
+/// the run's stall bound.
+#[test]
+fn a_checkpoint_declaring_a_huge_stream_and_trickling_it_is_cut_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("session");
+    std::fs::create_dir(&dir).unwrap();
+    changes::Store::open(&dir).unwrap();
+    let (host, guest) = UnixStream::pair().unwrap();
+    let token = Token::from_bytes([7; TOKEN_LEN]);
+    let (answered, answers) = mpsc::sync_channel(4);
+    let served = live::Guest {
+        writer: Arc::new(Mutex::new(host)),
+        token: token.clone(),
+        tampering: Default::default(),
+        answers,
+        stall: RUN.stall,
+    };
+    let _server = live::serve(&dir, served).unwrap();
+    let socket = crate::protocol::broker::socket_path(&dir.join("v.sock"), CHECKPOINT_PORT);
+    std::thread::spawn(move || {
+        let mut requests = BufReader::new(guest);
+        let Ok(HostMsg::Checkpoint { id }) = read_frame(&mut requests) else { return };
+        let set = change_set(1 << 20);
+        let mut conn = fake_init::connect_changes(&socket, &token);
+        conn.write_all(&set[..set.len() / 2]).unwrap();
+        let stream = StreamDigest { bytes: u64::MAX, ..digest_of(&set) };
+        let outcome = ExportOutcome::Sent { entries: 1, files: 1, bytes: 1 << 20, skipped: 0, stream };
+        answered.send(CheckpointOutcome { id, outcome }).unwrap();
+        trickle(conn, set[set.len() / 2..].to_vec()).join().unwrap();
+        // Held until the test ends, as a live init holds it.
+        drop(requests);
+    });
+    let (done, asked) = mpsc::channel();
+    let asking = dir.clone();
+    std::thread::spawn(move || {
+        let _ = done.send(live::ask(&asking).map(|reading| reading.is_some()));
+    });
+    let asked = asked.recv_timeout(GUARD).expect("the checkpoint was never given up");
+    let text = format!("{:#}", asked.unwrap_err());
+    assert!(text.contains("was not received within"), "{text}");
+    assert!(!dir.join(crate::changes::landed::CHECKPOINT_DIR).exists(), "no checkpoint replaced the last");
+}
