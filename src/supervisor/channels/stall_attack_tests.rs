@@ -126,3 +126,30 @@ fn a_checkpoint_declaring_a_huge_stream_and_trickling_it_is_cut_off() {
     assert!(text.contains("was not received within"), "{text}");
     assert!(!dir.join(crate::changes::landed::CHECKPOINT_DIR).exists(), "no checkpoint replaced the last");
 }
+
+/// Guest root without the token (a `--docker` container can bind a
+/// privileged vsock port) opens as many change connections as the host
+/// checks at once and says nothing on them. Before, the init's own change
+/// connection, arriving next, was refused unread as part of the flood: its
+/// export failed. Now the flood's longest-silent connection makes way.
+#[test]
+fn silent_connections_do_not_crowd_out_the_inits_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let session = session::Session::create(tmp.path()).unwrap();
+    let store = changes::Store::open(&session.dir).unwrap();
+    let path = tmp.path().join("v.sock_changes");
+    let listener = UnixListener::bind(&path).unwrap();
+    let token = Token::from_bytes([9; TOKEN_LEN]);
+    let tampering = admission::Tampering::default();
+    let receiver = staging::receive(listener, path.clone(), &store, token.clone(), tampering.clone()).unwrap();
+    let _silent: Vec<UnixStream> = (0..64).map(|_| UnixStream::connect(&path).unwrap()).collect();
+    let set = change_set(4096);
+    let mut init = fake_init::connect_changes(&path, &token);
+    init.write_all(&set).unwrap();
+    init.shutdown(std::net::Shutdown::Write).unwrap();
+    let report = receiver.finish(digest_of(&set), Duration::from_secs(10)).expect("the init's export was crowded out");
+    assert_eq!(report.summary.entries, 1);
+    assert!(store.is_staged());
+    let reports = tampering.lines().join("\n");
+    assert!(reports.contains("a flood of connections to the change port"), "{reports}");
+}
