@@ -101,9 +101,16 @@ impl Job {
     }
 }
 
+/// See `Receiver::taking`.
+type Taking = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+
 /// Receives the guest's change set in the background.
 pub struct Receiver {
     started: mpsc::Receiver<Job>,
+    /// Where connections taken on go; emptied once the export is decided,
+    /// so that one taken on later is closed at once rather than read by a
+    /// thread nothing stops.
+    taking: Taking,
     /// A connection was taken on, or one of its threads ended.
     wake: mpsc::Receiver<()>,
     verdict: mpsc::Sender<Verdict>,
@@ -184,7 +191,8 @@ pub fn receive_as(
     let (started_tx, started) = mpsc::channel();
     let (wake_tx, wake) = mpsc::channel();
     let verdict_rx = Mutex::new(Some(verdict_rx));
-    let started_tx = Mutex::new(started_tx);
+    let taking: Taking = Arc::new(Mutex::new(Some(started_tx)));
+    let handing = taking.clone();
     let reports = tampering.clone();
     let staging = store.clone();
     let received = Arc::new(AtomicU64::new(0));
@@ -247,7 +255,10 @@ pub fn receive_as(
         };
         match job {
             Ok(job) => {
-                let _ = started_tx.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+                match &*handing.lock().unwrap_or_else(|p| p.into_inner()) {
+                    Some(started) => drop(started.send(job)),
+                    None => return job.stop(),
+                }
                 // After the job is handed on, so that an `abandon` that
                 // follows sees it and stops it.
                 arrived.store(true, Ordering::SeqCst);
@@ -258,6 +269,7 @@ pub fn receive_as(
     })?;
     Ok(Receiver {
         started,
+        taking,
         wake,
         verdict,
         path,
@@ -376,8 +388,16 @@ impl Receiver {
     pub fn finish(self, stream: StreamDigest, cap: Duration) -> anyhow::Result<StageReport> {
         let _ = self.verdict.send(Verdict::Sent(stream));
         let result = self.decide(stream, tail_wait(stream.bytes, cap));
+        self.stop_all(&self.close());
         let _ = std::fs::remove_file(&self.path);
         result
+    }
+
+    /// Takes on no more connections (each is closed as it comes); returns
+    /// those taken on and not yet looked at.
+    fn close(&self) -> Vec<Job> {
+        self.taking.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.started.try_iter().collect()
     }
 
     /// Watches the token-bearing connections until one is known to be the
@@ -504,7 +524,7 @@ impl Receiver {
     /// init's export then failed because its stream was closed, and this
     /// is the cause to show (a full disk, say).
     pub fn abandon(self) -> Option<anyhow::Error> {
-        let jobs: Vec<Job> = self.started.try_iter().collect();
+        let jobs = self.close();
         // Looked at before the verdict and the stop below, which fail it too.
         let stopped =
             jobs.iter().position(|job| matches!(job, Job::Live { failed, .. } if failed.load(Ordering::SeqCst)));

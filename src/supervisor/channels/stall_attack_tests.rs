@@ -153,3 +153,45 @@ fn silent_connections_do_not_crowd_out_the_inits_export() {
     let reports = tampering.lines().join("\n");
     assert!(reports.contains("a flood of connections to the change port"), "{reports}");
 }
+
+/// Guest root with the token starts a change connection but presents the
+/// token's last byte only once the host is done with the export (or a
+/// checkpoint): here once it gave up on the init's connection, and once
+/// after it staged it. Before, the connection was taken on all the same,
+/// by a staging or spooling thread that nothing would stop, reading it
+/// without a time limit into the store (or an unnamed file up to the disk
+/// margin): one more thread, descriptor and file per checkpoint, for the
+/// rest of the run. Now it is closed as it is taken on.
+#[test]
+fn a_connection_admitted_after_the_export_ended_is_closed_at_once() {
+    for init_first in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = session::Session::create(tmp.path()).unwrap();
+        let store = changes::Store::open(&session.dir).unwrap();
+        let path = tmp.path().join("v.sock_changes");
+        let listener = UnixListener::bind(&path).unwrap();
+        let token = Token::from_bytes([9; TOKEN_LEN]);
+        let receiver =
+            staging::receive(listener, path.clone(), &store, token.clone(), admission::Tampering::default()).unwrap();
+        let set = change_set(4096);
+        let mut late = UnixStream::connect(&path).unwrap();
+        late.write_all(&token.as_bytes()[..TOKEN_LEN - 1]).unwrap();
+        let finished = if init_first {
+            let mut init = fake_init::connect_changes(&path, &token);
+            init.write_all(&set).unwrap();
+            init.shutdown(std::net::Shutdown::Write).unwrap();
+            receiver.finish(digest_of(&set), Duration::from_secs(10))
+        } else {
+            receiver.finish(digest_of(&set), Duration::from_secs(1))
+        };
+        assert_eq!(finished.is_ok(), init_first, "{finished:?}");
+        late.write_all(&token.as_bytes()[TOKEN_LEN - 1..]).unwrap();
+        // The host may close it before this is written.
+        let _ = late.write_all(&set[..set.len() / 2]);
+        late.set_read_timeout(Some(GUARD / 4)).unwrap();
+        let read = std::io::Read::read(&mut late, &mut [0u8; 1]);
+        let held = matches!(&read, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut));
+        assert!(!held, "the late connection is still held open (init first: {init_first})");
+        assert!(!matches!(read, Ok(n) if n > 0), "the host wrote to it");
+    }
+}
