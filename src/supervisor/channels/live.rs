@@ -360,7 +360,7 @@ impl Checkpoints {
                      disk is kept, and `stockade recover` stages its changes)"
                 ),
             }
-            if stall.stalled(receiver.received()) {
+            if stall.stalled(receiver.received(), receiver.working()) {
                 bail!(
                     "the guest's checkpoint brought nothing for {}s ({} bytes in); the run goes on",
                     stall.bound().as_secs(),

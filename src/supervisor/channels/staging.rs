@@ -119,6 +119,9 @@ pub struct Receiver {
     shown: Shown,
     /// Bytes of the token-bearing change connections received so far.
     received: Arc<AtomicU64>,
+    /// Set while the host works on the first connection's stream rather
+    /// than waiting for more of it (see [`Receiver::working`]).
+    working: Arc<AtomicBool>,
     /// Set once a token-bearing change connection is being received.
     connected: Arc<AtomicBool>,
     _listening: Listening,
@@ -138,11 +141,12 @@ impl Stall {
         Stall { bound, received: 0, moved: Instant::now() }
     }
 
-    /// Notes `received`, the bytes in so far; true once none came for the
-    /// bound.
-    pub fn stalled(&mut self, received: u64) -> bool {
+    /// Notes `received`, the bytes in so far, and whether the host is
+    /// `working` on what came (not waiting for the guest); true once none
+    /// came for the bound while the host waited.
+    pub fn stalled(&mut self, received: u64, working: bool) -> bool {
         let now = Instant::now();
-        if received != self.received {
+        if received != self.received || working {
             (self.received, self.moved) = (received, now);
         }
         now.duration_since(self.moved) >= self.bound
@@ -197,6 +201,8 @@ pub fn receive_as(
     let staging = store.clone();
     let received = Arc::new(AtomicU64::new(0));
     let counting = received.clone();
+    let working = Arc::new(AtomicBool::new(false));
+    let busy = working.clone();
     let connected = Arc::new(AtomicBool::new(false));
     let arrived = connected.clone();
     let listening = admission::admit_each(listener, Channel::Changes, token, tampering, move |stream, nth| {
@@ -214,11 +220,12 @@ pub fn receive_as(
             let failing = failed.clone();
             let store = staging.clone();
             let done = wake_tx.clone();
-            let counting = counting.clone();
+            let (counting, busy) = (counting.clone(), busy.clone());
             std::thread::Builder::new()
                 .name("changes".into())
                 .spawn(move || {
-                    let staged = stage(gate, &store, shown, &counting);
+                    let staged = stage(gate, &store, shown, &counting, &busy);
+                    busy.store(false, Ordering::SeqCst);
                     if staged.is_err() {
                         // Staging stopped before the stream did (the disk
                         // margin, a bound, a bad stream): close it, so that
@@ -276,6 +283,7 @@ pub fn receive_as(
         store: store.clone(),
         shown,
         received,
+        working,
         connected,
         _listening: listening,
     })
@@ -326,14 +334,20 @@ fn spool(mut stream: UnixStream, dir: &Path, received: &AtomicU64) -> io::Result
     Ok((file, hasher.finish()))
 }
 
-fn stage(input: impl Read, store: &Store, shown: Shown, received: &AtomicU64) -> anyhow::Result<StageReport> {
+fn stage(
+    input: impl Read,
+    store: &Store,
+    shown: Shown,
+    received: &AtomicU64,
+    working: &AtomicBool,
+) -> anyhow::Result<StageReport> {
     let started = Instant::now();
     let meter = (shown == Shown::Meter).then(|| {
         let mut meter = Meter::bytes("receiving the guest's changes");
         meter.start(None);
         meter
     });
-    let counted = Counted { inner: input, read: 0, meter, received };
+    let counted = Counted { inner: input, read: 0, meter, received, working };
     let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, counted), Limits::default())?;
     tracing::info!(
         "staged {} changes ({} bytes of content) in {:.0?}",
@@ -352,11 +366,16 @@ struct Counted<'a, R> {
     read: u64,
     meter: Option<Meter>,
     received: &'a AtomicU64,
+    /// Cleared while waiting for the stream, set while working on it.
+    working: &'a AtomicBool,
 }
 
 impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+        self.working.store(false, Ordering::SeqCst);
+        let read = self.inner.read(buf);
+        self.working.store(true, Ordering::SeqCst);
+        let n = read?;
         self.read += n as u64;
         self.received.fetch_add(n as u64, Ordering::Relaxed);
         if let Some(meter) = &mut self.meter {
@@ -372,6 +391,13 @@ impl Receiver {
     /// is told from a stalled one by this (see [`Stall`]).
     pub fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
+    }
+
+    /// Whether the host is working on the stream it received (hashing a
+    /// long hole, writing content, committing) rather than waiting for the
+    /// guest: that time is not the guest's stall.
+    pub fn working(&self) -> bool {
+        self.working.load(Ordering::SeqCst)
     }
 
     /// Whether a token-bearing change connection is being received: the
@@ -405,7 +431,8 @@ impl Receiver {
     /// digest matches (then the first is stopped). A forger that stalls its
     /// connection holds nothing up once the init's is in.
     fn decide(&self, sent: StreamDigest, limit: Duration) -> anyhow::Result<StageReport> {
-        let deadline = Instant::now() + limit;
+        let mut deadline = Instant::now() + limit;
+        let mut looked = Instant::now();
         let mut arrival = Instant::now() + ARRIVAL_WAIT;
         let mut live: Option<Job> = None;
         let mut spooled: Vec<Job> = Vec::new();
@@ -453,6 +480,12 @@ impl Receiver {
             }
             spooled = waiting;
             let now = Instant::now();
+            // The host's own work on the stream does not count against the
+            // guest; what it can take is bounded by the change set's limits.
+            if self.working() {
+                deadline += now - looked;
+            }
+            looked = now;
             if live.is_none() && spooled.is_empty() && now >= arrival.min(deadline) {
                 return Err(failed.unwrap_or_else(|| {
                     anyhow!(
@@ -462,10 +495,7 @@ impl Receiver {
                     )
                 }));
             }
-            // Once the first stream proved the init's, all of it is in:
-            // only committing it (a flush of all it wrote) is left.
-            let received = matches!(&live, Some(Job::Live { vouched, .. }) if vouched.load(Ordering::SeqCst));
-            if now >= deadline && !received {
+            if now >= deadline {
                 let jobs: Vec<Job> = spooled.into_iter().chain(live).collect();
                 self.stop_all(&jobs);
                 // Its thread ends at its next read; it writes the store no
@@ -502,7 +532,7 @@ impl Receiver {
                 return Ok(report);
             }
         }
-        stage(file, &self.store, self.shown, &AtomicU64::new(0))
+        stage(file, &self.store, self.shown, &AtomicU64::new(0), &AtomicBool::new(false))
             .context("the guest's workspace changes were not staged")
     }
 

@@ -343,7 +343,8 @@ impl<'a> Relay<'a> {
         }
         let stall = self.export.as_mut()?;
         let received = self.receiver.as_ref().map_or(stall.received(), staging::Receiver::received);
-        if !stall.stalled(received) {
+        let working = self.receiver.as_ref().is_some_and(staging::Receiver::working);
+        if !stall.stalled(received, working) {
             return None;
         }
         let exported = self.receiver.is_none();
