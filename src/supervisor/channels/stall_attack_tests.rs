@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::tests::{RUN, change_set, converse_with, rig};
 use super::*;
 use crate::protocol::auth::{DigestWriter, StreamDigest, TOKEN_LEN};
-use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, read_frame};
+use crate::protocol::{CHECKPOINT_PORT, CheckpointOutcome, read_frame, write_frame};
 use crate::supervisor::channels::fake_init;
 
 /// Only so that a regression fails instead of hanging: the bounds under
@@ -242,4 +242,37 @@ fn a_long_hole_the_host_hashes_is_not_taken_for_a_stall() {
     assert_eq!(staged.unwrap().summary.files, 2);
     assert!(rig.store.is_staged());
     drop(guest.join().unwrap());
+}
+
+/// Guest root stops the init's thread that reads the control connection
+/// (ptrace), and the host has written enough to it to fill it (a page the
+/// guest serves on a published port makes the host's browser open
+/// thousands of connections, each a dial-back request). Before, `--timeout`
+/// then sent its SIGTERM on that connection from its own thread, which
+/// blocked there for good: the VM was never stopped. Now the signals go
+/// from threads of their own and the VM is stopped at the deadline's end
+/// all the same (after its two 10 s graces).
+#[test]
+fn a_full_control_connection_does_not_hold_off_the_timeout() {
+    let (host, _guest) = UnixStream::pair().unwrap();
+    host.set_nonblocking(true).unwrap();
+    let frame = HostMsg::Connect { id: 1, port: 8080 };
+    while write_frame(&mut &host, &frame).is_ok() {}
+    host.set_nonblocking(false).unwrap();
+    let writer = Arc::new(Mutex::new(host));
+    let mut vmm = std::process::Command::new("sleep").arg("300").spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(vmm.id()).unwrap());
+    let watch = Watch {
+        interrupts: Arc::default(),
+        timeout: Some(Duration::from_millis(100)),
+        expired: deadline::Expired::default(),
+    };
+    let _deadline = watch_deadline(&writer, pid, &watch).unwrap();
+    let (done, stopped) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(vmm.wait());
+    });
+    let status = stopped.recv_timeout(GUARD).expect("the VM was never stopped").unwrap();
+    assert!(!status.success(), "{status}");
+    assert!(watch.expired.get());
 }

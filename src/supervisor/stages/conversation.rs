@@ -229,6 +229,10 @@ fn call_in(
         Err(_) => return Ok(None),
     }
     control.set_read_timeout(Some(GUEST_SILENCE)).context("cannot time the guest's control connection")?;
+    // A guest that stops reading (guest root can stop the init's reader)
+    // must not block the host's writers for good: the relay's `Finish`, a
+    // checkpoint request, a dial-back.
+    control.set_write_timeout(Some(GUEST_SILENCE)).context("cannot time the guest's control connection")?;
     Ok(Some(Talk { reader, writer: Arc::new(Mutex::new(control)), _further_control: further }))
 }
 
@@ -262,8 +266,16 @@ fn watch_deadline(
 ) -> anyhow::Result<Option<deadline::Watch>> {
     let Some(limit) = watch.timeout else { return Ok(None) };
     let signal_writer = writer.clone();
+    // Sent from a thread of its own: a guest that stopped reading its
+    // control connection must not hold off the VM's stop that follows.
     let signal = move |signal| {
-        let _ = send(&signal_writer, &HostMsg::Signal { signal });
+        let writer = signal_writer.clone();
+        let sending = std::thread::Builder::new()
+            .name("timeout-signal".into())
+            .spawn(move || drop(send(&writer, &HostMsg::Signal { signal })));
+        if let Err(e) = sending {
+            tracing::warn!("cannot send the command signal {signal}: {e}");
+        }
     };
     Ok(Some(deadline::watch(limit, watch.expired.clone(), signal, move || kill(vmm))?))
 }
