@@ -12,6 +12,7 @@
 //! what it sent decides (see `staging`). The VMM has already refused every
 //! connection from an unprivileged guest port.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,7 +27,7 @@ use crate::protocol::auth::Token;
 /// it right after connecting; the margin is for the software-CPU rig.
 const TOKEN_WAIT: Duration = Duration::from_secs(30);
 /// Connections whose token is being read at once; past this the guest is
-/// flooding us, and the extra ones are refused unread.
+/// flooding us, and the one checked longest is dropped unread.
 const MAX_CHECKING: usize = 16;
 /// Distinct reports kept; repeats of one are counted, not listed.
 const MAX_REPORTS: usize = 32;
@@ -215,7 +216,10 @@ pub fn admit_first(
 
 /// Hands every connection on `listener` that presents `token` to `take`,
 /// with its place among them (0 for the first); refuses and reports the
-/// ones that do not.
+/// ones that do not. At most [`MAX_CHECKING`] are checked at once; past
+/// that the guest is flooding the port, and the one checked longest is
+/// dropped unread to make way: the init presents its token as it connects,
+/// so silent connections cannot crowd it out.
 pub fn admit_each(
     listener: UnixListener,
     channel: Channel,
@@ -225,29 +229,72 @@ pub fn admit_each(
 ) -> anyhow::Result<Listening> {
     let take = Arc::new(take);
     let admitted = Arc::new(AtomicUsize::new(0));
-    let checking = Arc::new(AtomicUsize::new(0));
+    let checking = Arc::new(Checking::default());
     let name = format!("{}-admit", channel.name());
     accept_loop(listener, &name, move |stream| {
-        if checking.fetch_add(1, Ordering::SeqCst) >= MAX_CHECKING {
-            checking.fetch_sub(1, Ordering::SeqCst);
+        let Some(id) = checking.start(&stream) else {
+            return tracing::warn!("cannot duplicate a {} connection; it was dropped", channel.name());
+        };
+        if id.evicted {
             tampering.report(format!(
-                "a flood of connections to the {} port was refused unread (more than {MAX_CHECKING} at once)",
+                "a flood of connections to the {} port: more than {MAX_CHECKING} at once, the longest silent were \
+                 dropped unread",
                 channel.name()
             ));
-            return;
         }
-        let (take, admitted, checking, token, tampering) =
+        let (take, admitted, pending, token, tampering) =
             (take.clone(), admitted.clone(), checking.clone(), token.clone(), tampering.clone());
         let checked = std::thread::Builder::new().name("token-check".into()).spawn(move || {
-            if let Some(stream) = check(stream, channel, &token, &tampering) {
+            let presented = check(stream, channel, &token, &tampering);
+            // One dropped meanwhile was shut down: not taken.
+            if pending.end(id.n)
+                && let Some(stream) = presented
+            {
                 take(stream, admitted.fetch_add(1, Ordering::SeqCst));
             }
-            checking.fetch_sub(1, Ordering::SeqCst);
         });
         if checked.is_err() {
+            checking.end(id.n);
             tracing::warn!("cannot start a thread to check a {} connection; it was dropped", channel.name());
         }
     })
+}
+
+/// The connections whose token is being read, oldest first, each with a
+/// handle to shut it down.
+#[derive(Default)]
+struct Checking(Mutex<(u64, VecDeque<(u64, UnixStream)>)>);
+
+/// A connection [`Checking::start`] took on.
+struct Started {
+    n: u64,
+    /// The oldest had to be dropped to make room.
+    evicted: bool,
+}
+
+impl Checking {
+    fn start(&self, stream: &UnixStream) -> Option<Started> {
+        let handle = stream.try_clone().ok()?;
+        let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (next, pending) = &mut *guard;
+        let evicted = pending.len() >= MAX_CHECKING;
+        if evicted && let Some((_, oldest)) = pending.pop_front() {
+            let _ = oldest.shutdown(std::net::Shutdown::Both);
+        }
+        let n = *next;
+        *next += 1;
+        pending.push_back((n, handle));
+        Some(Started { n, evicted })
+    }
+
+    /// The check of `n` ended; false if it had been dropped.
+    fn end(&self, n: u64) -> bool {
+        let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = &mut guard.1;
+        let Some(at) = pending.iter().position(|(m, _)| *m == n) else { return false };
+        pending.remove(at);
+        true
+    }
 }
 
 /// The connection, if it starts with the token; reported if it does not.

@@ -31,6 +31,7 @@ pub fn serve(dir: &Path, mut export: Box<Export>) -> (live::Server, JoinHandle<(
         token: token.clone(),
         tampering: Default::default(),
         answers: relayed,
+        stall: super::staging::EXPORT_STALL,
     };
     let server = live::serve(dir, served).unwrap();
     let socket = crate::protocol::broker::socket_path(&dir.join("v.sock"), CHECKPOINT_PORT);

@@ -55,14 +55,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// A connected client must say what it wants within this.
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
 
-/// After the guest reports its checkpoint sent, how long the rest of its
-/// stream may take in all: a minute, and a second per 8 MiB it declared
-/// (it reports once it has written everything, so what is left is what
-/// the connection holds). A guest that trickles it for ever is cut off.
-fn stream_wait(bytes: u64) -> Duration {
-    Duration::from_secs(60 + bytes / (8 << 20))
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "ask", rename_all = "snake_case")]
 pub enum Request {
@@ -168,6 +160,9 @@ pub struct Guest {
     pub tampering: admission::Tampering,
     /// The init's `GuestMsg::Checkpoint` answers, relayed.
     pub answers: mpsc::Receiver<CheckpointOutcome>,
+    /// How long a checkpoint's stream may bring nothing, as the run's
+    /// export ([`staging::EXPORT_STALL`]; shorter in tests).
+    pub stall: Duration,
 }
 
 /// Serves `live.sock` until dropped. The thread is not waited for: a
@@ -326,7 +321,7 @@ impl Checkpoints {
             }
         }
         let report = match self.wait_for(id, &receiver) {
-            Ok(ExportOutcome::Sent { stream, .. }) => receiver.finish_within(stream, stream_wait(stream.bytes))?,
+            Ok(ExportOutcome::Sent { stream, .. }) => receiver.finish(stream, self.guest.stall)?,
             Ok(ExportOutcome::Failed { message }) => match receiver.abandon() {
                 Some(cause) => return Err(cause.context(format!("the guest's checkpoint stopped ({message})"))),
                 None => bail!("the guest could not export a checkpoint: {message}"),
@@ -350,10 +345,10 @@ impl Checkpoints {
     }
 
     /// Waits for the init's answer while its stream progresses: at most
-    /// [`staging::EXPORT_STALL`] without a byte, [`GUEST_WAIT`] in all.
+    /// the stall bound without a byte, [`GUEST_WAIT`] in all.
     fn wait_for(&self, id: u64, receiver: &staging::Receiver) -> anyhow::Result<ExportOutcome> {
         let started = Instant::now();
-        let mut stall = staging::Stall::watch(staging::EXPORT_STALL);
+        let mut stall = staging::Stall::watch(self.guest.stall);
         loop {
             match self.guest.answers.recv_timeout(PROGRESS_EVERY) {
                 Ok(answer) if answer.id == id => return Ok(answer.outcome),
@@ -365,7 +360,7 @@ impl Checkpoints {
                      disk is kept, and `stockade recover` stages its changes)"
                 ),
             }
-            if stall.stalled(receiver.received()) {
+            if stall.stalled(receiver.received(), receiver.working()) {
                 bail!(
                     "the guest's checkpoint brought nothing for {}s ({} bytes in); the run goes on",
                     stall.bound().as_secs(),

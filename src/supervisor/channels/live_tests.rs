@@ -33,6 +33,7 @@ fn fx() -> Fx {
         token: token.clone(),
         tampering: admission::Tampering::default(),
         answers: answered,
+        stall: staging::EXPORT_STALL,
     };
     let server = serve(&dir, served).unwrap();
     Fx { dir, _server: server, guest, answers, token, _tmp: tmp }

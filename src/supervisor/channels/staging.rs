@@ -55,6 +55,17 @@ const MAX_SPOOLED: usize = 4;
 /// export, or a recovery's, ends the run with the scratch disk kept.
 pub const EXPORT_STALL: Duration = Duration::from_secs(300);
 
+/// After the init reports a stream of `declared` bytes sent, how long the
+/// rest of it may take in all: a minute, and a second per 8 MiB declared,
+/// at most `cap`. The init reports once it has written everything, so what
+/// is left is only what the connection holds (the VMM's credit window and
+/// the socket's buffer, well under a MiB); the declared size is the
+/// guest's word, so it buys no more than `cap`. A guest that trickles the
+/// rest is cut off.
+fn tail_wait(declared: u64, cap: Duration) -> Duration {
+    Duration::from_secs(60 + declared / (8 << 20)).min(cap)
+}
+
 /// What the init said about its export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -90,9 +101,16 @@ impl Job {
     }
 }
 
+/// See `Receiver::taking`.
+type Taking = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+
 /// Receives the guest's change set in the background.
 pub struct Receiver {
     started: mpsc::Receiver<Job>,
+    /// Where connections taken on go; emptied once the export is decided,
+    /// so that one taken on later is closed at once rather than read by a
+    /// thread nothing stops.
+    taking: Taking,
     /// A connection was taken on, or one of its threads ended.
     wake: mpsc::Receiver<()>,
     verdict: mpsc::Sender<Verdict>,
@@ -101,6 +119,9 @@ pub struct Receiver {
     shown: Shown,
     /// Bytes of the token-bearing change connections received so far.
     received: Arc<AtomicU64>,
+    /// Set while the host works on the first connection's stream rather
+    /// than waiting for more of it (see [`Receiver::working`]).
+    working: Arc<AtomicBool>,
     /// Set once a token-bearing change connection is being received.
     connected: Arc<AtomicBool>,
     _listening: Listening,
@@ -120,11 +141,12 @@ impl Stall {
         Stall { bound, received: 0, moved: Instant::now() }
     }
 
-    /// Notes `received`, the bytes in so far; true once none came for the
-    /// bound.
-    pub fn stalled(&mut self, received: u64) -> bool {
+    /// Notes `received`, the bytes in so far, and whether the host is
+    /// `working` on what came (not waiting for the guest); true once none
+    /// came for the bound while the host waited.
+    pub fn stalled(&mut self, received: u64, working: bool) -> bool {
         let now = Instant::now();
-        if received != self.received {
+        if received != self.received || working {
             (self.received, self.moved) = (received, now);
         }
         now.duration_since(self.moved) >= self.bound
@@ -173,11 +195,14 @@ pub fn receive_as(
     let (started_tx, started) = mpsc::channel();
     let (wake_tx, wake) = mpsc::channel();
     let verdict_rx = Mutex::new(Some(verdict_rx));
-    let started_tx = Mutex::new(started_tx);
+    let taking: Taking = Arc::new(Mutex::new(Some(started_tx)));
+    let handing = taking.clone();
     let reports = tampering.clone();
     let staging = store.clone();
     let received = Arc::new(AtomicU64::new(0));
     let counting = received.clone();
+    let working = Arc::new(AtomicBool::new(false));
+    let busy = working.clone();
     let connected = Arc::new(AtomicBool::new(false));
     let arrived = connected.clone();
     let listening = admission::admit_each(listener, Channel::Changes, token, tampering, move |stream, nth| {
@@ -195,11 +220,12 @@ pub fn receive_as(
             let failing = failed.clone();
             let store = staging.clone();
             let done = wake_tx.clone();
-            let counting = counting.clone();
+            let (counting, busy) = (counting.clone(), busy.clone());
             std::thread::Builder::new()
                 .name("changes".into())
                 .spawn(move || {
-                    let staged = stage(gate, &store, shown, &counting);
+                    let staged = stage(gate, &store, shown, &counting, &busy);
+                    busy.store(false, Ordering::SeqCst);
                     if staged.is_err() {
                         // Staging stopped before the stream did (the disk
                         // margin, a bound, a bad stream): close it, so that
@@ -236,7 +262,10 @@ pub fn receive_as(
         };
         match job {
             Ok(job) => {
-                let _ = started_tx.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+                match &*handing.lock().unwrap_or_else(|p| p.into_inner()) {
+                    Some(started) => drop(started.send(job)),
+                    None => return job.stop(),
+                }
                 // After the job is handed on, so that an `abandon` that
                 // follows sees it and stops it.
                 arrived.store(true, Ordering::SeqCst);
@@ -247,12 +276,14 @@ pub fn receive_as(
     })?;
     Ok(Receiver {
         started,
+        taking,
         wake,
         verdict,
         path,
         store: store.clone(),
         shown,
         received,
+        working,
         connected,
         _listening: listening,
     })
@@ -303,14 +334,20 @@ fn spool(mut stream: UnixStream, dir: &Path, received: &AtomicU64) -> io::Result
     Ok((file, hasher.finish()))
 }
 
-fn stage(input: impl Read, store: &Store, shown: Shown, received: &AtomicU64) -> anyhow::Result<StageReport> {
+fn stage(
+    input: impl Read,
+    store: &Store,
+    shown: Shown,
+    received: &AtomicU64,
+    working: &AtomicBool,
+) -> anyhow::Result<StageReport> {
     let started = Instant::now();
     let meter = (shown == Shown::Meter).then(|| {
         let mut meter = Meter::bytes("receiving the guest's changes");
         meter.start(None);
         meter
     });
-    let counted = Counted { inner: input, read: 0, meter, received };
+    let counted = Counted { inner: input, read: 0, meter, received, working };
     let report = store.stage(std::io::BufReader::with_capacity(256 * 1024, counted), Limits::default())?;
     tracing::info!(
         "staged {} changes ({} bytes of content) in {:.0?}",
@@ -329,11 +366,16 @@ struct Counted<'a, R> {
     read: u64,
     meter: Option<Meter>,
     received: &'a AtomicU64,
+    /// Cleared while waiting for the stream, set while working on it.
+    working: &'a AtomicBool,
 }
 
 impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+        self.working.store(false, Ordering::SeqCst);
+        let read = self.inner.read(buf);
+        self.working.store(true, Ordering::SeqCst);
+        let n = read?;
         self.read += n as u64;
         self.received.fetch_add(n as u64, Ordering::Relaxed);
         if let Some(meter) = &mut self.meter {
@@ -351,6 +393,13 @@ impl Receiver {
         self.received.load(Ordering::Relaxed)
     }
 
+    /// Whether the host is working on the stream it received (hashing a
+    /// long hole, writing content, committing) rather than waiting for the
+    /// guest: that time is not the guest's stall.
+    pub fn working(&self) -> bool {
+        self.working.load(Ordering::SeqCst)
+    }
+
     /// Whether a token-bearing change connection is being received: the
     /// export is under way.
     pub fn connected(&self) -> bool {
@@ -358,31 +407,32 @@ impl Receiver {
     }
 
     /// The init has sent `stream`: stages the change connection that is
-    /// exactly that, and only it.
-    pub fn finish(self, stream: StreamDigest) -> anyhow::Result<StageReport> {
-        self.finish_by(stream, None)
-    }
-
-    /// `finish`, giving up after `limit` in all: a checkpoint, which the
-    /// run goes on without, must not wait on a guest that trickles its
-    /// stream a byte at a time (each read within `STALL_WAIT`) for ever.
-    pub fn finish_within(self, stream: StreamDigest, limit: Duration) -> anyhow::Result<StageReport> {
-        self.finish_by(stream, Some(limit))
-    }
-
-    fn finish_by(self, stream: StreamDigest, limit: Option<Duration>) -> anyhow::Result<StageReport> {
+    /// exactly that, and only it. The init has reported it sent, so the
+    /// rest of it gets [`tail_wait`] with `cap`: a guest that trickles it
+    /// a byte at a time (each read within `STALL_WAIT`) is not waited on
+    /// for ever.
+    pub fn finish(self, stream: StreamDigest, cap: Duration) -> anyhow::Result<StageReport> {
         let _ = self.verdict.send(Verdict::Sent(stream));
-        let result = self.decide(stream, limit);
+        let result = self.decide(stream, tail_wait(stream.bytes, cap));
+        self.stop_all(&self.close());
         let _ = std::fs::remove_file(&self.path);
         result
+    }
+
+    /// Takes on no more connections (each is closed as it comes); returns
+    /// those taken on and not yet looked at.
+    fn close(&self) -> Vec<Job> {
+        self.taking.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.started.try_iter().collect()
     }
 
     /// Watches the token-bearing connections until one is known to be the
     /// init's: the first, once its digest matched, or a spooled one whose
     /// digest matches (then the first is stopped). A forger that stalls its
     /// connection holds nothing up once the init's is in.
-    fn decide(&self, sent: StreamDigest, limit: Option<Duration>) -> anyhow::Result<StageReport> {
-        let deadline = limit.map(|limit| Instant::now() + limit);
+    fn decide(&self, sent: StreamDigest, limit: Duration) -> anyhow::Result<StageReport> {
+        let mut deadline = Instant::now() + limit;
+        let mut looked = Instant::now();
         let mut arrival = Instant::now() + ARRIVAL_WAIT;
         let mut live: Option<Job> = None;
         let mut spooled: Vec<Job> = Vec::new();
@@ -429,26 +479,14 @@ impl Receiver {
                 }
             }
             spooled = waiting;
-            if let (Some(deadline), Some(limit)) = (deadline, limit)
-                && Instant::now() >= deadline
-            {
-                let jobs: Vec<Job> = spooled.into_iter().chain(live).collect();
-                self.stop_all(&jobs);
-                // Its thread ends at its next read; it writes the store no
-                // more once joined, so the caller may remove it.
-                for job in jobs {
-                    if let Job::Live { handle, .. } = job {
-                        let _ = handle.join();
-                    }
-                }
-                return Err(anyhow!(
-                    "the guest's change stream ({} bytes) was not received within {}s of its export and was \
-                     stopped; nothing was staged",
-                    sent.bytes,
-                    limit.as_secs()
-                ));
+            let now = Instant::now();
+            // The host's own work on the stream does not count against the
+            // guest; what it can take is bounded by the change set's limits.
+            if self.working() {
+                deadline += now - looked;
             }
-            if live.is_none() && spooled.is_empty() && Instant::now() >= arrival {
+            looked = now;
+            if live.is_none() && spooled.is_empty() && now >= arrival.min(deadline) {
                 return Err(failed.unwrap_or_else(|| {
                     anyhow!(
                         "the guest init reported sending its changes ({} bytes), but no change connection from it \
@@ -456,6 +494,26 @@ impl Receiver {
                         sent.bytes
                     )
                 }));
+            }
+            if now >= deadline {
+                let jobs: Vec<Job> = spooled.into_iter().chain(live).collect();
+                self.stop_all(&jobs);
+                // Its thread ends at its next read; it writes the store no
+                // more once joined, so the caller may remove it. A stream
+                // that was vouched for meanwhile was staged whole.
+                for job in jobs {
+                    if let Job::Live { handle, .. } = job
+                        && let Ok(report) = join_live(handle)
+                    {
+                        return Ok(report);
+                    }
+                }
+                return Err(anyhow!(
+                    "the guest's change stream ({} bytes declared) was not received within {}s of its export \
+                     and was stopped; nothing was staged",
+                    sent.bytes,
+                    limit.as_secs()
+                ));
             }
             // Woken when a job starts or ends; the timeout bounds how late
             // an arrival deadline is noticed.
@@ -474,7 +532,7 @@ impl Receiver {
                 return Ok(report);
             }
         }
-        stage(file, &self.store, self.shown, &AtomicU64::new(0))
+        stage(file, &self.store, self.shown, &AtomicU64::new(0), &AtomicBool::new(false))
             .context("the guest's workspace changes were not staged")
     }
 
@@ -496,7 +554,7 @@ impl Receiver {
     /// init's export then failed because its stream was closed, and this
     /// is the cause to show (a full disk, say).
     pub fn abandon(self) -> Option<anyhow::Error> {
-        let jobs: Vec<Job> = self.started.try_iter().collect();
+        let jobs = self.close();
         // Looked at before the verdict and the stop below, which fail it too.
         let stopped =
             jobs.iter().position(|job| matches!(job, Job::Live { failed, .. } if failed.load(Ordering::SeqCst)));

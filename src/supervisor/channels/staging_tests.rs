@@ -98,7 +98,7 @@ fn a_forged_change_set_before_the_inits_is_refused_and_the_inits_is_staged() {
 
     let real = change_set("made-by-the-command.txt", b"real work\n");
     let _init = rig.send_open(rig.token.as_bytes(), &real);
-    let report = rig.receiver.take().unwrap().finish(digest_of(&real)).unwrap();
+    let report = rig.receiver.take().unwrap().finish(digest_of(&real), EXPORT_STALL).unwrap();
     assert_eq!(report.summary.entries, 1);
     assert_eq!(rig.staged_paths(), ["made-by-the-command.txt"]);
 }
@@ -141,7 +141,7 @@ fn a_second_change_set_is_reported_and_the_inits_first_stays_staged() {
     assert!(reports[0].contains("a second change connection with this run's token arrived"), "{reports:?}");
 
     let receiver = put_back(&mut rig, jobs);
-    receiver.finish(digest_of(&real)).unwrap();
+    receiver.finish(digest_of(&real), EXPORT_STALL).unwrap();
     assert_eq!(rig.staged_paths(), ["made-by-the-command.txt"]);
     assert_eq!(rig.tampering.lines().len(), 1);
 }
@@ -154,7 +154,7 @@ fn a_stream_the_init_did_not_send_is_never_staged() {
     let forged = change_set("forged.txt", b"evil");
     let _forger = rig.send_open(rig.token.as_bytes(), &forged);
     let real = change_set("made-by-the-command.txt", b"real work\n");
-    let err = rig.receiver.take().unwrap().finish(digest_of(&real)).unwrap_err();
+    let err = rig.receiver.take().unwrap().finish(digest_of(&real), EXPORT_STALL).unwrap_err();
     let text = format!("{err:#}");
     assert!(text.contains("not the one the guest init sent"), "{text}");
     assert!(!rig.store.is_staged(), "nothing is staged");
@@ -186,7 +186,7 @@ fn a_forger_with_the_token_ahead_of_the_init_does_not_make_the_inits_changes_van
         jobs.extend(wait_taken(&rig, 1));
         let receiver = put_back(&mut rig, jobs);
         let started = Instant::now();
-        let report = receiver.finish(digest_of(&real)).unwrap();
+        let report = receiver.finish(digest_of(&real), EXPORT_STALL).unwrap();
         assert!(started.elapsed() < STALL_WAIT / 2, "a stalled forger holds nothing up (stall: {stall})");
         assert_eq!(report.summary.entries, 1);
         assert_eq!(rig.staged_paths(), ["made-by-the-command.txt"], "stall: {stall}");
@@ -202,7 +202,7 @@ fn a_forger_with_the_token_ahead_of_the_init_does_not_make_the_inits_changes_van
 
 /// Attack on a checkpoint: the guest says it sent its stream, then sends
 /// the rest a byte at a time, each within the stall limit, for ever.
-/// `finish_within` gives up after its limit in all, and stages nothing.
+/// `finish` gives up after its limit in all, and stages nothing.
 #[test]
 fn a_stream_trickled_for_ever_is_given_up_after_the_limit() {
     let mut rig = rig();
@@ -219,8 +219,8 @@ fn a_stream_trickled_for_ever_is_given_up_after_the_limit() {
         }
     });
     let receiver = rig.receiver.take().unwrap();
-    let err = receiver
-        .finish_within(digest_of(&change_set("made-by-the-command.txt", b"real work\n")), Duration::from_secs(1));
+    let err =
+        receiver.finish(digest_of(&change_set("made-by-the-command.txt", b"real work\n")), Duration::from_secs(1));
     let err = format!("{:#}", err.unwrap_err());
     assert!(err.contains("was not received within 1s"), "{err}");
     assert!(!rig.store.is_staged(), "nothing is staged");
@@ -256,7 +256,7 @@ fn a_stream_cut_short_or_extended_does_not_match() {
     for sent in [&real[..real.len() - 1], &[real.as_slice(), b"x"].concat()[..]] {
         let mut rig = rig();
         let _init = rig.send_open(rig.token.as_bytes(), sent);
-        assert!(rig.receiver.take().unwrap().finish(digest_of(&real)).is_err());
+        assert!(rig.receiver.take().unwrap().finish(digest_of(&real), EXPORT_STALL).is_err());
         assert!(!rig.store.is_staged());
     }
 }

@@ -152,6 +152,7 @@ fn converse(
         token: token.clone(),
         tampering: tampering.clone(),
         answers: answered,
+        stall: staging::EXPORT_STALL,
     };
     // Review while it runs is a convenience: without it the run goes on.
     let _live = live::serve(&session.dir, guest).inspect_err(|e| tracing::warn!("no review while it runs: {e:#}")).ok();
@@ -228,6 +229,10 @@ fn call_in(
         Err(_) => return Ok(None),
     }
     control.set_read_timeout(Some(GUEST_SILENCE)).context("cannot time the guest's control connection")?;
+    // A guest that stops reading (guest root can stop the init's reader)
+    // must not block the host's writers for good: the relay's `Finish`, a
+    // checkpoint request, a dial-back.
+    control.set_write_timeout(Some(GUEST_SILENCE)).context("cannot time the guest's control connection")?;
     Ok(Some(Talk { reader, writer: Arc::new(Mutex::new(control)), _further_control: further }))
 }
 
@@ -261,8 +266,16 @@ fn watch_deadline(
 ) -> anyhow::Result<Option<deadline::Watch>> {
     let Some(limit) = watch.timeout else { return Ok(None) };
     let signal_writer = writer.clone();
+    // Sent from a thread of its own: a guest that stopped reading its
+    // control connection must not hold off the VM's stop that follows.
     let signal = move |signal| {
-        let _ = send(&signal_writer, &HostMsg::Signal { signal });
+        let writer = signal_writer.clone();
+        let sending = std::thread::Builder::new()
+            .name("timeout-signal".into())
+            .spawn(move || drop(send(&writer, &HostMsg::Signal { signal })));
+        if let Err(e) = sending {
+            tracing::warn!("cannot send the command signal {signal}: {e}");
+        }
     };
     Ok(Some(deadline::watch(limit, watch.expired.clone(), signal, move || kill(vmm))?))
 }
@@ -342,7 +355,8 @@ impl<'a> Relay<'a> {
         }
         let stall = self.export.as_mut()?;
         let received = self.receiver.as_ref().map_or(stall.received(), staging::Receiver::received);
-        if !stall.stalled(received) {
+        let working = self.receiver.as_ref().is_some_and(staging::Receiver::working);
+        if !stall.stalled(received, working) {
             return None;
         }
         let exported = self.receiver.is_none();
@@ -403,7 +417,9 @@ impl<'a> Relay<'a> {
             return;
         };
         self.staged = Some(match outcome {
-            ExportOutcome::Sent { stream, .. } => receiver.finish(stream).inspect(|_| self.settle_landed()),
+            ExportOutcome::Sent { stream, .. } => {
+                receiver.finish(stream, self.watch.stall).inspect(|_| self.settle_landed())
+            }
             ExportOutcome::Failed { message } => match receiver.abandon() {
                 Some(cause) => Err(cause.context(format!("the guest's export stopped ({message})"))),
                 None => Err(anyhow::anyhow!("the guest could not export its changes: {message}")),
@@ -532,6 +548,10 @@ fn host_seed() -> anyhow::Result<Vec<u8>> {
 #[cfg(test)]
 #[path = "conversation_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "../channels/stall_attack_tests.rs"]
+mod stall_attack_tests;
 
 #[cfg(test)]
 mod dockerd_log_tests {

@@ -13,15 +13,15 @@ use crate::protocol::change_set::{Base, RelPath, Writer};
 use crate::supervisor::channels::fake_init;
 
 /// A session with its change store and receiver, as a run opens them.
-struct Rig {
+pub(super) struct Rig {
     _tmp: tempfile::TempDir,
-    session: session::Session,
-    store: changes::Store,
-    changes: PathBuf,
-    token: Token,
+    pub(super) session: session::Session,
+    pub(super) store: changes::Store,
+    pub(super) changes: PathBuf,
+    pub(super) token: Token,
 }
 
-fn rig() -> (Rig, staging::Receiver) {
+pub(super) fn rig() -> (Rig, staging::Receiver) {
     let tmp = tempfile::tempdir().unwrap();
     let session = session::Session::create(tmp.path()).unwrap();
     let store = changes::Store::open(&session.dir).unwrap();
@@ -35,10 +35,10 @@ fn rig() -> (Rig, staging::Receiver) {
 
 /// A run's watch, with the stall bound shrunk so that a stall test ends
 /// soon; the slow export below takes several times as long.
-const RUN: ExportWatch = ExportWatch { stall: Duration::from_secs(1), due: false };
+pub(super) const RUN: ExportWatch = ExportWatch { stall: Duration::from_secs(1), due: false };
 
 /// A change set of one file of `len` bytes.
-fn change_set(len: usize) -> Vec<u8> {
+pub(super) fn change_set(len: usize) -> Vec<u8> {
     let content: Vec<u8> = b"abcdefghijklmnopqrstuvwxyz".iter().copied().cycle().take(len).collect();
     let mut w = Writer::new(Vec::new()).unwrap();
     let rel = RelPath::new(b"made-by-the-command.txt").unwrap();
@@ -47,7 +47,7 @@ fn change_set(len: usize) -> Vec<u8> {
 }
 
 /// Relays what the init says on `host` until the conversation ends.
-fn converse_with(relay: Relay<'_>, host: UnixStream) -> anyhow::Result<Conversation> {
+pub(super) fn converse_with(relay: Relay<'_>, host: UnixStream) -> anyhow::Result<Conversation> {
     let mut reader = BufReader::new(host.try_clone().unwrap());
     relay.run(&mut reader, &Mutex::new(host), &signals::Interrupts::default())
 }
