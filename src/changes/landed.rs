@@ -134,7 +134,16 @@ impl Landed {
         }
         let entries = store.entries()?;
         let landed = entries.iter().filter_map(|e| Some((&e.entry.path, &e.entry.kind, *wrote.get(&e.entry.path)?)));
-        Landed::record_states(store, workspace, landed)
+        Landed::record_states(store, workspace, landed)?;
+        // The run's final export may have been staged, and settled against
+        // the record, while this apply of a checkpoint ran: settle it again
+        // now, or what this apply landed is offered a second time.
+        let session = session_dir(store);
+        if store.dir() != session.join("changes") && Store::is_staged_in(&session) {
+            let last = Store::open(&session)?;
+            Landed::load(&last)?.settle(&last)?;
+        }
+        Ok(())
     }
 
     /// Appends what landed in `workspace` (and flushes it to disk before

@@ -71,6 +71,19 @@ fn what_landed_is_not_offered_again_and_its_host_copy_is_the_new_base() {
     assert_eq!(fs::read(f.ws.join("new.txt")).unwrap(), b"n1\n");
 }
 
+/// The run's final export was staged (and settled against the record)
+/// while an apply of a checkpoint was still landing: what that apply
+/// landed is not offered again.
+#[test]
+fn an_apply_that_ends_after_the_final_export_settled_is_not_offered_again() {
+    let f = fx(&[("a.txt", b"v0\n")]);
+    Set::new(&f.ws).file("a.txt", b"v1\n", 0o644).file("new.txt", b"n1\n", 0o644).stage(&f.checkpoint);
+    Set::new(&f.ws).file("a.txt", b"v1\n", 0o644).file("new.txt", b"n1\n", 0o644).stage(&f.session);
+    assert_eq!(Landed::load(&f.session).unwrap().settle(&f.session).unwrap(), 0, "nothing landed yet");
+    assert_eq!(apply_live(&f.checkpoint, &f.ws), ["a.txt", "new.txt"]);
+    assert!(staged(&f.session).is_empty(), "the final set offers again what the apply landed");
+}
+
 #[test]
 fn a_host_edit_after_the_landing_is_still_a_conflict() {
     let f = fx(&[("a.txt", b"v0\n")]);
