@@ -370,9 +370,12 @@ mod tests {
     fn the_runs_vmm_is_found_until_it_has_exited() {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("vmm.json");
+        // `read`, a builtin, waits without a child: a child between its fork
+        // and exec would show the same command line.
         let mut vmm = std::process::Command::new("sh")
-            .args(["-c", "sleep 30; true", "vmm", "--config"])
+            .args(["-c", "read line", "vmm", "--config"])
             .arg(&config)
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

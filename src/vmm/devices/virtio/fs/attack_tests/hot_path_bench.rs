@@ -44,6 +44,8 @@ fn a_read_and_a_getattr_against_the_host_by_depth() {
     let null = per_call(|| {
         assert_eq!(guest.call(Opcode::Ioctl as u32, ROOT_ID, &[0; 32]).errno(), libc::ENOTTY);
     });
+    // After the harness's "test ... " line, which has no newline.
+    println!();
     println!("a request refused at the gate (queue and harness): {null:.2} µs");
     println!(
         "{:>5} {:>11} {:>11} {:>13} {:>11} {:>13} {:>11}",
