@@ -17,6 +17,7 @@ use fuse_backend_rs::abi::fuse_abi::{
     ROOT_ID, ReadIn, ReleaseIn,
 };
 use fuse_backend_rs::api::Vfs;
+use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::tempdir::TempDir;
@@ -29,41 +30,44 @@ use super::secrets::Secrets;
 use super::tally::Tally;
 use super::tests::Driver;
 
-const MEM_SIZE: usize = 0x80_0000;
-const REQ_ADDR: u64 = 0x10_0000;
-const RESP_ADDR: u64 = 0x40_0000;
-const RESP_LEN: u32 = 0x2_0000;
-const HEADER: usize = size_of::<OutHeader>();
+pub(super) const MEM_SIZE: usize = 0x80_0000;
+pub(super) const REQ_ADDR: u64 = 0x10_0000;
+pub(super) const RESP_ADDR: u64 = 0x40_0000;
+pub(super) const RESP_LEN: u32 = 0x2_0000;
+pub(super) const HEADER: usize = size_of::<OutHeader>();
 
 /// A reply as the guest reads it: the header and the body.
 #[derive(Debug)]
-struct Reply {
-    header: OutHeader,
-    body: Vec<u8>,
+pub(super) struct Reply {
+    pub(super) header: OutHeader,
+    pub(super) body: Vec<u8>,
 }
 
 impl Reply {
-    fn ok(&self) -> &[u8] {
+    pub(super) fn ok(&self) -> &[u8] {
         assert_eq!(self.header.error, 0, "unexpected error reply {self:?}");
         &self.body
     }
 
-    fn errno(&self) -> i32 {
+    pub(super) fn errno(&self) -> i32 {
         -self.header.error
     }
 
-    fn obj<T: ByteValued>(&self) -> T {
+    pub(super) fn obj<T: ByteValued>(&self) -> T {
         T::from_slice(&self.ok()[..size_of::<T>()]).copied().unwrap()
     }
 }
 
 /// A hostile guest kernel: it writes any request it likes in its memory,
-/// offers it on the request queue and lets the device answer.
-struct Guest {
-    mem: &'static GuestMemoryMmap,
-    driver: Driver,
-    server: Arc<Server<ReadOnlyFs<Vfs>>>,
-    unique: u64,
+/// offers it on the request queue and lets the device answer. `F` is the
+/// device's filesystem: the read-only shares' here, the writable ones' in
+/// the write attacks.
+pub(super) struct Guest<F: FileSystem + Sync = ReadOnlyFs<Vfs>> {
+    pub(super) mem: &'static GuestMemoryMmap,
+    pub(super) driver: Driver,
+    pub(super) server: Arc<Server<F>>,
+    pub(super) access: Access,
+    pub(super) unique: u64,
 }
 
 impl Guest {
@@ -77,21 +81,28 @@ impl Guest {
     /// every open the guest asks for then reaches the filesystem.
     fn init(shares: &[Share], secrets: &Secrets, budget: FdBudget, without_opens: bool) -> Guest {
         let fs = Fs::within("attack", shares, secrets, budget).unwrap();
-        let mem: &'static GuestMemoryMmap =
-            Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
-        let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server: fs.server, unique: 0 };
         let mut flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
         if !without_opens {
             flags &= !(FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits();
         }
-        let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() };
-        assert_eq!(guest.call(Opcode::Init as u32, 0, init.as_slice()).header.error, 0);
-        guest
+        Guest::past_init(fs.server, Access::ReadOnly, flags)
     }
 
     /// A guest of one share at /ws with a generous budget.
     fn of_share(host: &Path, secrets: &Secrets) -> Guest {
         Guest::of(&[share("/ws", host)], secrets, FdBudget { inodes: 64, handles: 64 })
+    }
+}
+
+impl<F: FileSystem + Sync> Guest<F> {
+    /// A guest of a device serving `server`, past FUSE_INIT with `flags`.
+    pub(super) fn past_init(server: Arc<Server<F>>, access: Access, flags: u64) -> Guest<F> {
+        let mem: &'static GuestMemoryMmap =
+            Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
+        let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server, access, unique: 0 };
+        let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() };
+        assert_eq!(guest.call(Opcode::Init as u32, 0, init.as_slice()).header.error, 0);
+        guest
     }
 
     /// Offers a chain of (address, length, device-writable) descriptors and
@@ -104,7 +115,7 @@ impl Guest {
             self.driver = Driver::new(self.mem, GuestAddress(0));
         }
         let head = self.driver.offer(descs);
-        process_queue(&self.server, self.mem, &mut self.driver.queue, Access::ReadOnly, &mut Tally::default());
+        process_queue(&self.server, self.mem, &mut self.driver.queue, self.access, &mut Tally::default());
         self.driver.take_used(head)
     }
 
@@ -121,7 +132,7 @@ impl Guest {
         (self.unique, len)
     }
 
-    fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
+    pub(super) fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
         let (unique, len) = self.write_request(opcode, nodeid, body);
         let used = self.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
         let header: OutHeader = self.mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
@@ -141,21 +152,21 @@ impl Guest {
         assert_eq!(self.run(&[(REQ_ADDR, len, false)]), 0);
     }
 
-    fn lookup(&mut self, parent: u64, name: &[u8]) -> Reply {
+    pub(super) fn lookup(&mut self, parent: u64, name: &[u8]) -> Reply {
         let mut body = name.to_vec();
         body.push(0);
         self.call(Opcode::Lookup as u32, parent, &body)
     }
 
     /// The node id of `name` in `parent`, which must exist.
-    fn node(&mut self, parent: u64, name: &str) -> u64 {
+    pub(super) fn node(&mut self, parent: u64, name: &str) -> u64 {
         let entry: EntryOut = self.lookup(parent, name.as_bytes()).obj();
         assert_ne!(entry.nodeid, 0, "{name} must exist");
         entry.nodeid
     }
 
     /// The node of the path `a/b/c` below the guest's root.
-    fn walk(&mut self, path: &str) -> u64 {
+    pub(super) fn walk(&mut self, path: &str) -> u64 {
         path.split('/').fold(ROOT_ID, |node, name| self.node(node, name))
     }
 
@@ -164,12 +175,12 @@ impl Guest {
         self.read_handle(node, 0, offset, size)
     }
 
-    fn read_handle(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Reply {
+    pub(super) fn read_handle(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Reply {
         let read = ReadIn { fh, offset, size, flags: libc::O_RDONLY as u32, ..Default::default() };
         self.call(Opcode::Read as u32, node, read.as_slice())
     }
 
-    fn getattr(&mut self, node: u64) -> Reply {
+    pub(super) fn getattr(&mut self, node: u64) -> Reply {
         self.call(Opcode::Getattr as u32, node, GetattrIn::default().as_slice())
     }
 

@@ -9,123 +9,39 @@
 use std::mem::size_of;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    CreateIn, EntryOut, FsOptions, GetattrIn, InHeader, InitIn, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, OutHeader,
-    ROOT_ID, ReadIn, ReleaseIn, RenameIn, WriteIn,
+    CreateIn, EntryOut, FsOptions, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, ROOT_ID, ReadIn, ReleaseIn, RenameIn,
+    WriteIn,
 };
 use fuse_backend_rs::api::Vfs;
-use fuse_backend_rs::api::server::Server;
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::ByteValued;
 use vmm_sys_util::tempdir::TempDir;
 
+use super::attack_tests::{Guest, Reply};
 use super::bounded::FdBudget;
 use super::device::{Fs, Share};
-use super::request::{Access, process_queue};
+use super::request::Access;
 use super::secrets::Secrets;
-use super::tally::Tally;
-use super::tests::Driver;
 
-const MEM_SIZE: usize = 0x80_0000;
-const REQ_ADDR: u64 = 0x10_0000;
-const RESP_ADDR: u64 = 0x40_0000;
-const RESP_LEN: u32 = 0x2_0000;
-const HEADER: usize = size_of::<OutHeader>();
-
-/// A reply as the guest reads it.
-#[derive(Debug)]
-struct Reply {
-    header: OutHeader,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn ok(&self) -> &[u8] {
-        assert_eq!(self.header.error, 0, "unexpected error reply {self:?}");
-        &self.body
-    }
-
-    fn errno(&self) -> i32 {
-        -self.header.error
-    }
-
-    fn obj<T: ByteValued>(&self) -> T {
-        T::from_slice(&self.ok()[..size_of::<T>()]).copied().unwrap()
-    }
-}
-
-/// A hostile guest root speaking FUSE to the writable device.
-struct Guest {
-    mem: &'static GuestMemoryMmap,
-    driver: Driver,
-    server: Arc<Server<Vfs>>,
-    unique: u64,
-}
-
-impl Guest {
+impl Guest<Vfs> {
     /// A guest of the writable device serving `shares`, past FUSE_INIT.
-    fn of(shares: &[Share], secrets: &Secrets) -> Guest {
+    fn of(shares: &[Share], secrets: &Secrets) -> Guest<Vfs> {
         Guest::keeping(shares, secrets, None)
     }
 
     /// [`Guest::of`], the device keeping `margin` bytes free on the
     /// shares' filesystems instead of the staging margin.
-    fn keeping(shares: &[Share], secrets: &Secrets, margin: Option<u64>) -> Guest {
+    fn keeping(shares: &[Share], secrets: &Secrets, margin: Option<u64>) -> Guest<Vfs> {
         let budget = FdBudget { inodes: 64, handles: 64 };
         let fs = Fs::writable_within("attack-rw", shares, secrets, margin, budget).unwrap();
-        let mem: &'static GuestMemoryMmap =
-            Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()));
-        let mut guest = Guest { mem, driver: Driver::new(mem, GuestAddress(0)), server: fs.server, unique: 0 };
         let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
-        let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() };
-        assert_eq!(guest.call(Opcode::Init as u32, 0, init.as_slice()).header.error, 0);
-        guest
+        Guest::past_init(fs.server, Access::Writable, flags)
     }
 
     /// A guest of one writable share of `host` at /rw.
-    fn of_share(host: &Path) -> Guest {
+    fn of_share(host: &Path) -> Guest<Vfs> {
         Guest::of(&[share("/rw", host)], &Secrets::default())
-    }
-
-    fn call(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Reply {
-        // The mock queue serves a few hundred chains; a long test starts
-        // another (the server keeps no queue state).
-        if self.driver.used >= 200 {
-            self.driver = Driver::new(self.mem, GuestAddress(0));
-        }
-        self.unique += 1;
-        let len = u32::try_from(size_of::<InHeader>() + body.len()).unwrap();
-        let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, pid: 1, padding: 0 };
-        let mut bytes = header.as_slice().to_vec();
-        bytes.extend_from_slice(body);
-        self.mem.write_slice(&bytes, GuestAddress(REQ_ADDR)).unwrap();
-        self.mem.write_slice(&vec![0xa5; RESP_LEN as usize], GuestAddress(RESP_ADDR)).unwrap();
-        let head = self.driver.offer(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
-        process_queue(&self.server, self.mem, &mut self.driver.queue, Access::Writable, &mut Tally::default());
-        let used = self.driver.take_used(head);
-        assert!(used as usize >= HEADER, "request {opcode} got no reply (used {used}): the guest would wait for ever");
-        let header: OutHeader = self.mem.read_obj(GuestAddress(RESP_ADDR)).unwrap();
-        assert_eq!((header.unique, header.len), (self.unique, used));
-        let mut body = vec![0u8; used as usize - HEADER];
-        self.mem.read_slice(&mut body, GuestAddress(RESP_ADDR + HEADER as u64)).unwrap();
-        Reply { header, body }
-    }
-
-    fn lookup(&mut self, parent: u64, name: &[u8]) -> Reply {
-        self.call(Opcode::Lookup as u32, parent, &cstr(name))
-    }
-
-    /// The node of `name` in `parent`, which must exist.
-    fn node(&mut self, parent: u64, name: &str) -> u64 {
-        let entry: EntryOut = self.lookup(parent, name.as_bytes()).obj();
-        assert_ne!(entry.nodeid, 0, "{name} must exist");
-        entry.nodeid
-    }
-
-    /// The node of the path `a/b/c` below the guest's root.
-    fn walk(&mut self, path: &str) -> u64 {
-        path.split('/').fold(ROOT_ID, |node, name| self.node(node, name))
     }
 
     fn mkdir(&mut self, parent: u64, name: &[u8]) -> Reply {
@@ -147,7 +63,7 @@ impl Guest {
     }
 
     /// FUSE_OPEN of `node` with `flags`: the handle, or the errno.
-    fn open(&mut self, node: u64, flags: i32) -> Result<u64, i32> {
+    fn open_flags(&mut self, node: u64, flags: i32) -> Result<u64, i32> {
         let open = OpenIn { flags: flags.cast_unsigned(), fuse_flags: 0 };
         let reply = self.call(Opcode::Open as u32, node, open.as_slice());
         if reply.header.error != 0 {
@@ -160,7 +76,7 @@ impl Guest {
         self.call(Opcode::Release as u32, node, ReleaseIn { fh, ..Default::default() }.as_slice()).errno()
     }
 
-    fn read(&mut self, node: u64, fh: u64, size: u32) -> Reply {
+    fn read_fh(&mut self, node: u64, fh: u64, size: u32) -> Reply {
         let read = ReadIn { fh, offset: 0, size, ..Default::default() };
         self.call(Opcode::Read as u32, node, read.as_slice())
     }
@@ -186,10 +102,6 @@ impl Guest {
 
     fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8]) -> Reply {
         self.call(Opcode::Symlink as u32, parent, &[cstr(name), cstr(target)].concat())
-    }
-
-    fn getattr(&mut self, node: u64) -> Reply {
-        self.call(Opcode::Getattr as u32, node, GetattrIn::default().as_slice())
     }
 }
 
@@ -238,7 +150,7 @@ fn dot_dot_never_leads_out_of_a_writable_share() {
         let found = guest.lookup(above, b"secret.txt");
         if found.header.error == 0 {
             let secret = found.obj::<EntryOut>().nodeid;
-            let read = guest.open(secret, libc::O_RDONLY).map(|fh| guest.read(secret, fh, 4096).body);
+            let read = guest.open_flags(secret, libc::O_RDONLY).map(|fh| guest.read_fh(secret, fh, 4096).body);
             eprintln!("read outside the share: {:?}", read.map(|r| String::from_utf8_lossy(&r).into_owned()));
         }
         let planted = guest.create(above, b"planted", libc::O_WRONLY);
@@ -273,16 +185,16 @@ fn a_writable_share_never_opens_a_secret() {
     let key = guest.node(ssh, "host_key");
     let leaked = |reply: &Reply| reply.header.error == 0 && reply.body.windows(3).any(|w| w == b"KEY");
     for flags in [libc::O_RDONLY, libc::O_RDWR, libc::O_WRONLY, libc::O_RDWR | libc::O_APPEND] {
-        let opened = guest.open(key, flags);
+        let opened = guest.open_flags(key, flags);
         if let Ok(fh) = opened {
-            assert!(!leaked(&guest.read(key, fh, 4096)), "read through a handle opened {flags:#o}");
+            assert!(!leaked(&guest.read_fh(key, fh, 4096)), "read through a handle opened {flags:#o}");
         }
         assert_eq!(opened, Err(libc::EACCES), "opened with {flags:#o}");
     }
-    assert_eq!(guest.read(key, 0, 4096).errno(), libc::EACCES, "a read naming no handle");
+    assert_eq!(guest.read_fh(key, 0, 4096).errno(), libc::EACCES, "a read naming no handle");
     let created = guest.create(ssh, b"host_key", libc::O_RDWR);
     if let Ok((node, fh)) = created {
-        assert!(!leaked(&guest.read(node, fh, 4096)), "read through the handle of a create");
+        assert!(!leaked(&guest.read_fh(node, fh, 4096)), "read through the handle of a create");
     }
     assert_ne!(created.map(drop), Ok(()), "a create without O_EXCL opened the secret");
     let truncate = fuse_backend_rs::abi::fuse_abi::SetattrIn {
@@ -370,7 +282,7 @@ fn nothing_is_moved_out_of_a_secret_directory() {
     let moved = guest.rename(private, b"token", rw_node, b"stolen");
     if moved.header.error == 0 {
         let stolen = guest.node(rw_node, "stolen");
-        let read = guest.open(stolen, libc::O_RDONLY).map(|fh| guest.read(stolen, fh, 4096).body);
+        let read = guest.open_flags(stolen, libc::O_RDONLY).map(|fh| guest.read_fh(stolen, fh, 4096).body);
         panic!("the secret directory's file was moved out and read: {read:?}");
     }
     assert_eq!(moved.errno(), libc::EACCES);
@@ -588,7 +500,7 @@ fn a_handle_kept_over_a_rename_into_a_secrets_place_reads_no_secret() {
     assert_eq!(guest.write(planted, fh, 0, b"guest's").errno(), 0);
     assert_eq!(guest.rename(share, b"planted", share, b"host_key").errno(), 0);
     std::fs::write(rw.join("host_key"), b"NEW HOST KEY").unwrap();
-    let read = guest.read(planted, fh, 4096);
+    let read = guest.read_fh(planted, fh, 4096);
     assert!(
         !(read.header.error == 0 && read.body.windows(3).any(|w| w == b"KEY")),
         "the host's new key was read through the guest's handle: {:?}",
@@ -626,7 +538,7 @@ fn symlinks_the_guest_makes_lead_nowhere_and_shares_stay_apart() {
         assert_ne!(guest.rename(link, b"secret.txt", rw, b"taken").errno(), 0);
         assert_ne!(guest.lookup(link, b"secret.txt").errno(), 0);
         for flags in [libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC, libc::O_RDWR] {
-            assert_ne!(guest.open(link, flags).map(drop), Ok(()), "open {flags:#o}");
+            assert_ne!(guest.open_flags(link, flags).map(drop), Ok(()), "open {flags:#o}");
         }
         for (valid, attr) in [
             (SetattrValid::SIZE, SetattrIn { size: 0, ..Default::default() }),
@@ -666,14 +578,14 @@ fn a_secret_made_during_the_run_is_not_moved_from_its_place() {
     let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
     let share = guest.walk("rw");
     let ssh = guest.node(share, "ssh");
-    let leak = |guest: &mut Guest, name: &[u8]| -> Option<Vec<u8>> {
+    let leak = |guest: &mut Guest<Vfs>, name: &[u8]| -> Option<Vec<u8>> {
         let node = guest.lookup(share, name);
         if node.header.error != 0 {
             return None;
         }
         let node = node.obj::<EntryOut>().nodeid;
-        let fh = guest.open(node, libc::O_RDONLY).ok()?;
-        let read = guest.read(node, fh, 4096);
+        let fh = guest.open_flags(node, libc::O_RDONLY).ok()?;
+        let read = guest.read_fh(node, fh, 4096);
         guest.release(node, fh);
         (read.header.error == 0).then_some(read.body)
     };
