@@ -38,9 +38,14 @@ work=$(mktemp -d)
 trap 'exec 3>&- 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 export STOCKADE_DATA_DIR="$work/data"
 # The recovery VM's memory is the config's (a run's is its flag).
-export STOCKADE_CONFIG_DIR="$work/config"
-mkdir -p "$STOCKADE_CONFIG_DIR"
-echo "memory = \"$memory\"" >"$STOCKADE_CONFIG_DIR/config.toml"
+# Settings already in force (the rig's one vCPU) are kept.
+config="$work/config"
+mkdir -p "$config"
+{
+    grep -v '^memory' "${STOCKADE_CONFIG_DIR:-/nonexistent}/config.toml" 2>/dev/null
+    echo "memory = \"$memory\""
+} >"$config/config.toml"
+export STOCKADE_CONFIG_DIR="$config"
 cp "$bin" "$work/stockade"
 bin=$work/stockade
 

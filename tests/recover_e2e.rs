@@ -155,9 +155,12 @@ grep -q 'stockade recover ' err.txt && echo "told=how to recover"
 
 /// A command that writes a big file of random bytes, flushes it to the
 /// scratch disk, prints its digest and then a tick every second; `$1` is
-/// the size in bytes. Guest memory comes from `$STOCKADE_CONFIG_DIR`.
-const BIG: &str = r##"export STOCKADE_CONFIG_DIR="$ws.config"; mkdir -p "$STOCKADE_CONFIG_DIR"
-echo 'memory = "1G"' > "$STOCKADE_CONFIG_DIR/config.toml"
+/// the size in bytes. Guest memory comes from `$STOCKADE_CONFIG_DIR`, which
+/// keeps the rig's own settings (one vCPU: a two-vCPU guest stalled under
+/// this I/O on L1's two software CPUs).
+const BIG: &str = r##"config="$ws.config"; mkdir -p "$config"
+{ grep -v '^memory' "${STOCKADE_CONFIG_DIR:-/nonexistent}/config.toml" 2>/dev/null; echo 'memory = "1G"'; } > "$config/config.toml"
+export STOCKADE_CONFIG_DIR="$config"
 big() {
   $S run -- sh -c "head -c $1 /dev/urandom > big.bin; sync; echo sum=\$(sha256sum big.bin | cut -c1-64); echo ready
     i=0; while :; do i=\$((i+1)); echo tick \$i; sleep 1; done" > out.txt 2> err.txt &
