@@ -8,13 +8,15 @@
 //! Here an inode is its parent inode, its name and the host identity
 //! (device, inode) it had when looked up. Directories get `O_PATH`
 //! descriptors when something beneath them is needed, kept in a
-//! least-recently-used cache of at most [`FdBudget::inodes`]. A directory
-//! is found from the root, one component at a time with `O_NOFOLLOW`, a
-//! cached descriptor standing for a step once its name still leads to it,
-//! and each step must find the same device and inode or the answer is
-//! ESTALE: a name the host renamed or replaced is never taken for another
-//! file, and a directory the host moved out of the share is not served
-//! from its new place. Files are looked up and stat'ed through their parent
+//! least-recently-used cache of at most [`FdBudget::inodes`]. A node is
+//! found again from the root by its first names: from three components in
+//! one `openat2` that the kernel keeps beneath the root and off symlinks
+//! (`beneath`), else one component at a time with `O_NOFOLLOW`, a cached
+//! descriptor standing for a step once its name still leads to it. What is
+//! found must be the same device and inode or the answer is ESTALE: a name
+//! the host renamed or replaced is never taken for another file, and a
+//! directory the host moved out of the share is not served from its new
+//! place. Files are looked up and stat'ed through their parent
 //! and hold no descriptor until the guest opens them; open handles are
 //! capped at [`FdBudget::handles`] (over all shares of a device), beyond
 //! which an open gets ENFILE and nothing else breaks.
@@ -78,7 +80,8 @@ pub const ROOT: u64 = 1;
 /// event and socket descriptors, files read or listed without a handle.
 const RESERVED: u64 = 1024;
 /// Cached directory descriptors wanted per device: beyond this, a bigger
-/// cache buys little (a re-open is a few `openat`s).
+/// cache buys little (a re-open is a few `openat`s). Only the step by step
+/// walk uses them.
 pub const WANTED_INODES: usize = 16 << 10;
 /// Open guest files wanted per device.
 pub const WANTED_HANDLES: usize = 16 << 10;
