@@ -188,9 +188,10 @@ fn landlock_abi() -> i64 {
 }
 
 /// openat2's flags are out of seccomp's reach: the read-only worker may
-/// call it only where Landlock refuses every change an open could make
-/// (ABI 3 or later, no writable share), and there a truncating open is
-/// refused by Landlock; anywhere else the call itself ends the VMM.
+/// call it only where Landlock refuses it every change an open could make
+/// (its own layer, from ABI 3 on), and there a truncating open is refused
+/// on every share, the writable one too; below ABI 3 the call itself ends
+/// the VMM.
 #[test]
 fn the_read_only_worker_calls_openat2_only_where_landlock_refuses_every_change() {
     if !require("the_read_only_worker_calls_openat2_only_where_landlock_refuses_every_change") {
@@ -203,17 +204,18 @@ fn the_read_only_worker_calls_openat2_only_where_landlock_refuses_every_change()
             format!("virtio-fs thread made system call {}, which its seccomp allowlist forbids", libc::SYS_openat2);
         assert!(stderr.contains(&forbidden), "{}", text(out));
     };
-    let with_rw = Setup::new("jail-openat2-rw");
-    for share in ["share/file", "rw/file"] {
-        killed(&with_rw.probe(&format!("openat2:{}", with_rw.path(share))));
+    for writable in [true, false] {
+        let s = Setup::with("jail-openat2", writable);
+        for share in ["share/file", "rw/file"] {
+            let out = s.probe(&format!("openat2:{}", s.path(share)));
+            if landlock_abi() >= 3 {
+                assert_result(&out, "denied: Permission denied (os error 13)");
+            } else {
+                killed(&out);
+            }
+        }
+        assert_eq!(std::fs::read_to_string(s.path("share/file")).unwrap(), "shared\n");
+        assert_eq!(std::fs::read_to_string(s.path("rw/file")).unwrap(), "writable\n");
+        assert_result(&s.probe(&format!("open:{}", s.path("share/file"))), "allowed");
     }
-    assert_eq!(std::fs::read_to_string(with_rw.path("rw/file")).unwrap(), "writable\n");
-    let read_only = Setup::with("jail-openat2-ro", false);
-    let out = read_only.probe(&format!("openat2:{}", read_only.path("share/file")));
-    if landlock_abi() >= 3 {
-        assert_result(&out, "denied: Permission denied (os error 13)");
-    } else {
-        killed(&out);
-    }
-    assert_eq!(std::fs::read_to_string(read_only.path("share/file")).unwrap(), "shared\n");
 }

@@ -44,7 +44,7 @@ pub struct Closed {
 pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Closed, JailError> {
     // Landlock first: what it enforces decides who may call openat2.
     let landlock_abi = landlock::restrict(rules)?;
-    let landlocked = *CLOSED.get_or_init(|| Landlocked { abi: landlock_abi, writes: !rules.read_write.is_empty() });
+    let landlocked = *CLOSED.get_or_init(|| Landlocked { abi: landlock_abi });
     let filters = Arc::new(seccomp::Filters::build(devices, landlocked)?);
     sigsys::install().map_err(JailError::Sigsys)?;
     thread::start_launcher(filters).map_err(JailError::Launcher)?;

@@ -72,7 +72,9 @@ pub struct DeviceThread {
 /// flags of `openat2` sit behind a pointer that seccomp cannot read, so
 /// it comes only where no flag needs refusing: with `Any`, and with
 /// `ReadOnly` only where Landlock itself refuses every change an open
-/// could make (see [`Openat::allows_openat2`]).
+/// could make (see [`Openat::allows_openat2`]). A `ReadOnly` worker runs
+/// under a Landlock layer of its own that refuses it every change to files
+/// (see `thread`), the writable shares' included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Openat {
     Never,
@@ -81,27 +83,23 @@ pub enum Openat {
     Any,
 }
 
-/// What the jail's Landlock ruleset governs, as far as opens go.
+/// The Landlock ABI the jail enforces (3 and later govern truncation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Landlocked {
-    /// The ABI the ruleset was enforced at (3 and later govern truncation).
     pub abi: u32,
-    /// Whether some path is granted writes (a writable share).
-    pub writes: bool,
 }
 
 impl Openat {
     /// Whether a worker with this `openat` may call `openat2` under a jail
-    /// whose Landlock ruleset is `landlocked`. The read-only worker's
-    /// `openat` filter is what keeps it from changing files where Landlock
-    /// would let it: O_TRUNC on a read-only share below ABI 3, and any
-    /// write to a writable share, which Landlock grants the whole process.
-    /// It may have `openat2`, whose flags no filter reads, only where
-    /// neither exists.
+    /// enforcing `landlocked`. The read-only worker's `openat` filter is
+    /// what keeps it from O_TRUNC where Landlock below ABI 3 does not
+    /// govern truncation; from ABI 3 its own Landlock layer refuses it
+    /// every change an open could make, on every share, and it may have
+    /// `openat2`, whose flags no filter reads.
     pub fn allows_openat2(self, landlocked: Landlocked) -> bool {
         match self {
             Openat::Never => false,
-            Openat::ReadOnly => landlocked.abi >= 3 && !landlocked.writes,
+            Openat::ReadOnly => landlocked.abi >= 3,
             Openat::Any => true,
         }
     }
@@ -198,8 +196,11 @@ pub const WORKER: &[i64] =
 pub const BROKERED: &[i64] =
     &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
 
-/// Creating a thread: its stack and guard page, its name, its own filter.
+/// Creating a thread: its stack and guard page, its name, its own filter
+/// (and a read-only worker's own Landlock layer, which only narrows).
 const LAUNCH: &[i64] = &[
+    libc::SYS_landlock_create_ruleset,
+    libc::SYS_landlock_restrict_self,
     libc::SYS_clone,
     libc::SYS_clone3,
     libc::SYS_prctl,

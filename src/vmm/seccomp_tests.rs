@@ -10,19 +10,17 @@ use super::devices::virtio::{device_threads, fs};
 use crate::jail::seccomp::{self, Filters, MODIFYING_OPEN_FLAGS, all_kinds};
 use crate::jail::{Landlocked, ThreadKind};
 
-/// A jail on an old kernel with a writable share: the least any worker gets.
-const OLD: Landlocked = Landlocked { abi: 1, writes: true };
+/// A jail on the oldest Landlock: the least any worker gets.
+const OLD: Landlocked = Landlocked { abi: 1 };
 
-/// Every kind of jail `Openat::allows_openat2` tells apart, and whether the
-/// read-only worker gets openat2 in it: only where Landlock refuses every
-/// change an open could make (truncation from ABI 3, no writable path).
-const JAILS: [(Landlocked, bool); 6] = [
-    (Landlocked { abi: 1, writes: false }, false),
-    (Landlocked { abi: 2, writes: false }, false),
-    (Landlocked { abi: 3, writes: true }, false),
-    (Landlocked { abi: 3, writes: false }, true),
-    (Landlocked { abi: 6, writes: true }, false),
-    (Landlocked { abi: 6, writes: false }, true),
+/// Jails `Openat::allows_openat2` tells apart, and whether the read-only
+/// worker gets openat2 in each: only where Landlock refuses it every change
+/// an open could make (its own layer governs truncation from ABI 3).
+const JAILS: [(Landlocked, bool); 4] = [
+    (Landlocked { abi: 1 }, false),
+    (Landlocked { abi: 2 }, false),
+    (Landlocked { abi: 3 }, true),
+    (Landlocked { abi: 6 }, true),
 ];
 
 /// The VMM's own kinds: the fixed ones and every registered device's.
