@@ -8,7 +8,12 @@
 //! the node's identity checked on what it opened, that is what the step by
 //! step walk proves of the node: a directory the host moved out of the
 //! share, or a symlink planted in the path, never serves. (Mounts inside a
-//! share are crossed, as the walk crosses them.)
+//! share are crossed, as the walk crosses them.) What it does not prove,
+//! and the walk did, is that each directory on the way is still the one
+//! the guest found: a directory the host replaced by another of the same
+//! name, with the node moved along into it, no longer makes the node
+//! stale. The node itself is checked, and the secrets by its identity and
+//! its recorded names, as before.
 //!
 //! The walk stays for what `openat2` cannot do: kernels before 5.6, a
 //! seccomp filter of the host's that refuses it (both noticed once and
