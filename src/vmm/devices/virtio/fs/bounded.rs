@@ -1586,6 +1586,28 @@ mod tests {
         }
     }
 
+    /// A directory of the path replaced by the host with the node moved
+    /// along into the new one: found in one `openat2`, the node is where
+    /// its path leads and serves (only the node itself is checked, beneath
+    /// the root); step by step, the replaced directory makes it stale.
+    #[test]
+    fn a_node_moved_along_into_a_replaced_directory_serves_only_when_found_beneath() {
+        for from in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let fs = fs(dir.path(), &Secrets::default()).beneath_from(from);
+            let (_, f) = deep_file(&fs, dir.path());
+            std::fs::rename(dir.path().join("a/b"), dir.path().join("a/old")).unwrap();
+            std::fs::create_dir(dir.path().join("a/b")).unwrap();
+            std::fs::rename(dir.path().join("a/old/c"), dir.path().join("a/b/c")).unwrap();
+            let read = read(&fs, f);
+            if from == 1 {
+                assert_eq!(read.unwrap(), b"data");
+            } else {
+                assert_eq!(errno(read), Some(libc::ESTALE));
+            }
+        }
+    }
+
     /// `dir`, made.
     fn share_dir(dir: &Path) -> std::path::PathBuf {
         std::fs::create_dir_all(dir).unwrap();
