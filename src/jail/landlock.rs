@@ -137,9 +137,53 @@ pub fn restrict(rules: &FsRules) -> Result<u32, LandlockError> {
     Ok(abi)
 }
 
+/// Refuses the calling thread, and the threads it creates from now on,
+/// every change to files that Landlock governs at this kernel (writing,
+/// truncating from ABI 3, making, removing, moving, device ioctls),
+/// whatever the process's own ruleset grants: a layer for a worker whose
+/// opens must change nothing.
+pub fn forbid_changes() -> Result<(), LandlockError> {
+    let ruleset = Ruleset::default().handle_access(AccessFs::from_write(TARGET_ABI))?.create()?;
+    if ruleset.restrict_self()?.ruleset == RulesetStatus::NotEnforced {
+        return Err(LandlockError::Unavailable("the kernel enforced none of the rules".into()));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layer binds the thread it is laid on: a file there cannot be
+    /// opened to write or truncate, nor one made, while another thread of
+    /// the process still may.
+    #[test]
+    fn a_thread_forbidden_changes_cannot_write_truncate_or_make_files() {
+        if abi_version().is_err() {
+            eprintln!("skipping: this kernel has no Landlock");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"kept").unwrap();
+        let (file2, dir2) = (file.clone(), dir.path().to_path_buf());
+        std::thread::spawn(move || {
+            forbid_changes().unwrap();
+            let denied = |r: io::Result<std::fs::File>| r.map(drop).map_err(|e| e.raw_os_error());
+            assert_eq!(denied(std::fs::OpenOptions::new().write(true).open(&file2)), Err(Some(libc::EACCES)));
+            if abi_version().unwrap() >= 3 {
+                use std::os::unix::fs::OpenOptionsExt;
+                let truncating = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(&file2);
+                assert_eq!(denied(truncating), Err(Some(libc::EACCES)));
+            }
+            assert_eq!(denied(std::fs::File::create(dir2.join("new"))), Err(Some(libc::EACCES)));
+            assert_eq!(std::fs::read(&file2).unwrap(), b"kept", "reads stay");
+        })
+        .join()
+        .unwrap();
+        std::fs::write(&file, b"changed").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"changed", "other threads are not bound");
+    }
 
     #[test]
     fn older_abis_name_each_right_they_lack_and_what_holds_it() {

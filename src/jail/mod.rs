@@ -11,12 +11,12 @@ pub mod seccomp;
 mod sigsys;
 pub mod thread;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use thiserror::Error;
 
 pub use landlock::FsRules;
-pub use seccomp::{DeviceThread, Openat, ThreadKind};
+pub use seccomp::{DeviceThread, Landlocked, Openat, ThreadKind};
 
 #[derive(Debug, Error)]
 pub enum JailError {
@@ -42,11 +42,23 @@ pub struct Closed {
 /// and the caller confines itself with `thread::confine_current`.
 /// `devices`: the worker threads the VMM's devices will start.
 pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Closed, JailError> {
-    let filters = Arc::new(seccomp::Filters::build(devices)?);
+    // Landlock first: what it enforces decides who may call openat2.
     let landlock_abi = landlock::restrict(rules)?;
+    let landlocked = *CLOSED.get_or_init(|| Landlocked { abi: landlock_abi });
+    let filters = Arc::new(seccomp::Filters::build(devices, landlocked)?);
     sigsys::install().map_err(JailError::Sigsys)?;
     thread::start_launcher(filters).map_err(JailError::Launcher)?;
     Ok(Closed { landlock_abi })
+}
+
+/// What the jail closed on this process enforces, once it is closed.
+static CLOSED: OnceLock<Landlocked> = OnceLock::new();
+
+/// Whether a worker with `openat` may call `openat2`: anyone may before the
+/// jail closes (or without one); after, only where its filter allows it
+/// (see [`Openat::allows_openat2`]), as a call its filter refuses ends the VMM.
+pub fn may_openat2(openat: Openat) -> bool {
+    CLOSED.get().is_none_or(|landlocked| openat.allows_openat2(*landlocked))
 }
 
 /// Closes every descriptor above stderr that this process inherited: the

@@ -67,14 +67,42 @@ pub struct DeviceThread {
     pub openat: Openat,
 }
 
-/// `openat` for a device worker; `openat2` is never allowed, since its
-/// flags sit behind a pointer that seccomp cannot read.
+/// `openat` for a device worker, and with it `openat2` (which the file
+/// servers use to find a node beneath a share's root in one call). The
+/// flags of `openat2` sit behind a pointer that seccomp cannot read, so
+/// it comes only where no flag needs refusing: with `Any`, and with
+/// `ReadOnly` only where Landlock itself refuses every change an open
+/// could make (see [`Openat::allows_openat2`]). A `ReadOnly` worker runs
+/// under a Landlock layer of its own that refuses it every change to files
+/// (see `thread`), the writable shares' included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Openat {
     Never,
     /// Only without a modifying flag (`MODIFYING_OPEN_FLAGS`).
     ReadOnly,
     Any,
+}
+
+/// The Landlock ABI the jail enforces (3 and later govern truncation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Landlocked {
+    pub abi: u32,
+}
+
+impl Openat {
+    /// Whether a worker with this `openat` may call `openat2` under a jail
+    /// enforcing `landlocked`. The read-only worker's `openat` filter is
+    /// what keeps it from O_TRUNC where Landlock below ABI 3 does not
+    /// govern truncation; from ABI 3 its own Landlock layer refuses it
+    /// every change an open could make, on every share, and it may have
+    /// `openat2`, whose flags no filter reads.
+    pub fn allows_openat2(self, landlocked: Landlocked) -> bool {
+        match self {
+            Openat::Never => false,
+            Openat::ReadOnly => landlocked.abi >= 3,
+            Openat::Any => true,
+        }
+    }
 }
 
 #[derive(Debug, Error)]
@@ -168,8 +196,11 @@ pub const WORKER: &[i64] =
 pub const BROKERED: &[i64] =
     &[libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_shutdown];
 
-/// Creating a thread: its stack and guard page, its name, its own filter.
+/// Creating a thread: its stack and guard page, its name, its own filter
+/// (and a read-only worker's own Landlock layer, which only narrows).
 const LAUNCH: &[i64] = &[
+    libc::SYS_landlock_create_ruleset,
+    libc::SYS_landlock_restrict_self,
     libc::SYS_clone,
     libc::SYS_clone3,
     libc::SYS_prctl,
@@ -181,7 +212,7 @@ const LAUNCH: &[i64] = &[
 
 /// The unconditional syscalls of `kind`; the launcher's are those of every
 /// kind it may start, `devices` among them.
-fn plain(kind: ThreadKind, devices: &[&'static DeviceThread]) -> Vec<i64> {
+fn plain(kind: ThreadKind, devices: &[&'static DeviceThread], landlocked: Landlocked) -> Vec<i64> {
     let own: &[&[i64]] = match kind {
         ThreadKind::Main | ThreadKind::IrqWatch => &[],
         ThreadKind::Vcpu => &[&[libc::SYS_fcntl, libc::SYS_eventfd2]],
@@ -189,17 +220,20 @@ fn plain(kind: ThreadKind, devices: &[&'static DeviceThread]) -> Vec<i64> {
         ThreadKind::Launcher => {
             return all_kinds(devices)
                 .filter(|k| *k != ThreadKind::Launcher)
-                .flat_map(|k| plain(k, devices))
+                .flat_map(|k| plain(k, devices, landlocked))
                 .chain(LAUNCH.iter().copied())
                 .collect();
         }
         ThreadKind::Device(thread) => thread.syscalls,
     };
-    let openat = match kind {
-        ThreadKind::Device(DeviceThread { openat: Openat::Any, .. }) => Some(libc::SYS_openat),
-        _ => None,
+    let (openat, openat2) = match kind {
+        ThreadKind::Device(thread) => (
+            Some(libc::SYS_openat).filter(|_| thread.openat == Openat::Any),
+            Some(libc::SYS_openat2).filter(|_| thread.openat.allows_openat2(landlocked)),
+        ),
+        _ => (None, None),
     };
-    COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().chain(openat).collect()
+    COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().chain(openat).chain(openat2).collect()
 }
 
 /// The fixed kinds, then one per device thread.
@@ -227,13 +261,15 @@ fn read_only_open() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     Ok(vec![SeccompRule::new(vec![flags])?])
 }
 
-/// The rules of `kind`, arguments checked where it matters.
+/// The rules of `kind` under a jail whose Landlock ruleset is
+/// `landlocked`, arguments checked where it matters.
 pub(crate) fn rules(
     kind: ThreadKind,
     devices: &[&'static DeviceThread],
+    landlocked: Landlocked,
 ) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
     let mut map: BTreeMap<i64, Vec<SeccompRule>> =
-        plain(kind, devices).into_iter().map(|nr| (nr, Vec::new())).collect();
+        plain(kind, devices, landlocked).into_iter().map(|nr| (nr, Vec::new())).collect();
     // Never executable memory: prot (argument 2) without PROT_EXEC.
     let no_exec = || -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
         Ok(vec![SeccompRule::new(vec![cond(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0)?])?])
@@ -269,13 +305,14 @@ pub struct Filters {
 }
 
 impl Filters {
-    /// Filters for the fixed kinds and for the worker of each of `devices`.
-    pub fn build(devices: &[&'static DeviceThread]) -> Result<Filters, SeccompError> {
+    /// Filters for the fixed kinds and for the worker of each of `devices`,
+    /// under a jail whose Landlock ruleset is `landlocked`.
+    pub fn build(devices: &[&'static DeviceThread], landlocked: Landlocked) -> Result<Filters, SeccompError> {
         let mut programs = BTreeMap::new();
         for kind in all_kinds(devices) {
             let build = |source| SeccompError::Build { kind: kind.name(), source };
             let filter = SeccompFilter::new(
-                rules(kind, devices).map_err(build)?,
+                rules(kind, devices, landlocked).map_err(build)?,
                 MISMATCH,
                 SeccompAction::Allow,
                 TargetArch::x86_64,

@@ -10,7 +10,8 @@ use std::io;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::seccomp::{Filters, ThreadKind};
+use super::landlock;
+use super::seccomp::{DeviceThread, Filters, Openat, ThreadKind};
 use super::sigsys;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -78,17 +79,28 @@ pub fn confine_current(kind: ThreadKind) {
     }
 }
 
-/// A thread that cannot be confined must not run at all.
+/// A thread that cannot be confined must not run at all. A worker whose
+/// opens must change nothing gets a Landlock layer refusing it every
+/// change first (see `Openat::allows_openat2`).
 fn confine_or_exit(filters: &Filters, kind: ThreadKind) {
     sigsys::set_thread_kind(kind.name());
-    if let Err(e) = filters.apply(kind) {
-        let mut message = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            message.push_str(&format!(": {cause}"));
-            source = cause.source();
-        }
-        eprintln!("stockade: error: {message}");
-        std::process::exit(1);
+    let read_only = matches!(kind, ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }));
+    if read_only && let Err(e) = landlock::forbid_changes() {
+        exit_with(&format!("cannot refuse the {} thread every change to files: {e}", kind.name()), &e);
     }
+    if let Err(e) = filters.apply(kind) {
+        exit_with(&e.to_string(), &e);
+    }
+}
+
+/// Ends the process with `message` and the causes of `e`.
+fn exit_with(message: &str, e: &dyn std::error::Error) -> ! {
+    let mut message = message.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    eprintln!("stockade: error: {message}");
+    std::process::exit(1);
 }

@@ -7,8 +7,21 @@ use std::collections::BTreeMap;
 use seccompiler::SeccompRule;
 
 use super::devices::virtio::{device_threads, fs};
-use crate::jail::ThreadKind;
 use crate::jail::seccomp::{self, Filters, MODIFYING_OPEN_FLAGS, all_kinds};
+use crate::jail::{Landlocked, ThreadKind};
+
+/// A jail on the oldest Landlock: the least any worker gets.
+const OLD: Landlocked = Landlocked { abi: 1 };
+
+/// Jails `Openat::allows_openat2` tells apart, and whether the read-only
+/// worker gets openat2 in each: only where Landlock refuses it every change
+/// an open could make (its own layer governs truncation from ABI 3).
+const JAILS: [(Landlocked, bool); 4] = [
+    (Landlocked { abi: 1 }, false),
+    (Landlocked { abi: 2 }, false),
+    (Landlocked { abi: 3 }, true),
+    (Landlocked { abi: 6 }, true),
+];
 
 /// The VMM's own kinds: the fixed ones and every registered device's.
 fn kinds() -> Vec<ThreadKind> {
@@ -16,7 +29,7 @@ fn kinds() -> Vec<ThreadKind> {
 }
 
 fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
-    seccomp::rules(kind, &device_threads())
+    seccomp::rules(kind, &device_threads(), OLD)
 }
 
 #[test]
@@ -30,7 +43,9 @@ fn thread_names_are_unique() {
 
 #[test]
 fn every_filter_compiles() {
-    Filters::build(&device_threads()).unwrap();
+    for (landlocked, _) in JAILS {
+        Filters::build(&device_threads(), landlocked).unwrap();
+    }
 }
 
 #[test]
@@ -83,7 +98,6 @@ fn the_read_only_worker_opens_only_without_modifying_flags() {
     assert_eq!(ro[&libc::SYS_openat].len(), 1, "openat is conditional for the read-only worker");
     assert!(rules(ThreadKind::Device(&fs::WRITABLE_THREAD)).unwrap()[&libc::SYS_openat].is_empty());
     for kind in kinds() {
-        assert!(!rules(kind).unwrap().contains_key(&libc::SYS_openat2), "{} may call openat2", kind.name());
         assert!(!rules(kind).unwrap().contains_key(&libc::SYS_open), "{} may call open", kind.name());
         assert!(!rules(kind).unwrap().contains_key(&libc::SYS_creat), "{} may call creat", kind.name());
     }
@@ -92,5 +106,30 @@ fn the_read_only_worker_opens_only_without_modifying_flags() {
     }
     for flag in [libc::O_RDONLY, libc::O_PATH, libc::O_DIRECTORY, libc::O_NOFOLLOW, libc::O_CLOEXEC, libc::O_NONBLOCK] {
         assert_eq!(u64::try_from(flag).unwrap() & MODIFYING_OPEN_FLAGS, 0, "flag {flag:#o}");
+    }
+}
+
+/// openat2's flags sit behind a pointer no filter reads: the writable
+/// worker has it (and so the launcher, which starts it), the read-only one
+/// only where Landlock refuses every change an open could make, no other
+/// kind ever; and it is never conditional.
+#[test]
+fn openat2_only_for_workers_whose_opens_need_no_flag_refused() {
+    for (landlocked, read_only_gets_it) in JAILS {
+        for kind in kinds() {
+            let allowed = seccomp::rules(kind, &device_threads(), landlocked).unwrap();
+            let wanted = match kind {
+                ThreadKind::Launcher => true,
+                k if k == ThreadKind::Device(&fs::WRITABLE_THREAD) => true,
+                k if k == ThreadKind::Device(&fs::READ_ONLY_THREAD) => read_only_gets_it,
+                _ => false,
+            };
+            assert_eq!(allowed.contains_key(&libc::SYS_openat2), wanted, "{} under {landlocked:?}", kind.name());
+            assert!(allowed.get(&libc::SYS_openat2).is_none_or(Vec::is_empty), "{}", kind.name());
+            let ro = ThreadKind::Device(&fs::READ_ONLY_THREAD);
+            if kind == ro {
+                assert_eq!(allowed[&libc::SYS_openat].len(), 1, "openat stays conditional for the read-only worker");
+            }
+        }
     }
 }

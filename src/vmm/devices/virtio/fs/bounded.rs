@@ -8,13 +8,15 @@
 //! Here an inode is its parent inode, its name and the host identity
 //! (device, inode) it had when looked up. Directories get `O_PATH`
 //! descriptors when something beneath them is needed, kept in a
-//! least-recently-used cache of at most [`FdBudget::inodes`]. A directory
-//! is found from the root, one component at a time with `O_NOFOLLOW`, a
-//! cached descriptor standing for a step once its name still leads to it,
-//! and each step must find the same device and inode or the answer is
-//! ESTALE: a name the host renamed or replaced is never taken for another
-//! file, and a directory the host moved out of the share is not served
-//! from its new place. Files are looked up and stat'ed through their parent
+//! least-recently-used cache of at most [`FdBudget::inodes`]. A node is
+//! found again from the root by its first names: from three components in
+//! one `openat2` that the kernel keeps beneath the root and off symlinks
+//! (`beneath`), else one component at a time with `O_NOFOLLOW`, a cached
+//! descriptor standing for a step once its name still leads to it. What is
+//! found must be the same device and inode or the answer is ESTALE: a name
+//! the host renamed or replaced is never taken for another file, and a
+//! directory the host moved out of the share is not served from its new
+//! place. Files are looked up and stat'ed through their parent
 //! and hold no descriptor until the guest opens them; open handles are
 //! capped at [`FdBudget::handles`] (over all shares of a device), beyond
 //! which an open gets ENFILE and nothing else breaks.
@@ -65,8 +67,10 @@ use fuse_backend_rs::api::{BackendFileSystem, VFS_MAX_INO, validate_path_compone
 
 use super::secrets::Secrets;
 
+mod beneath;
 mod write;
 
+use crate::jail;
 use write::Make;
 
 /// The root's node id, as the FUSE protocol and the watches expect.
@@ -76,7 +80,8 @@ pub const ROOT: u64 = 1;
 /// event and socket descriptors, files read or listed without a handle.
 const RESERVED: u64 = 1024;
 /// Cached directory descriptors wanted per device: beyond this, a bigger
-/// cache buys little (a re-open is a few `openat`s).
+/// cache buys little (a re-open is a few `openat`s). Only the step by step
+/// walk uses them.
 pub const WANTED_INODES: usize = 16 << 10;
 /// Open guest files wanted per device.
 pub const WANTED_HANDLES: usize = 16 << 10;
@@ -149,6 +154,10 @@ const MAX_LISTING: usize = 1 << 20;
 const READERS: usize = 8;
 /// The handle of a read the guest sent without opening the file.
 const NO_HANDLE: u64 = 0;
+/// Path components from which a node is found in one `openat2` (see
+/// `beneath`) rather than step by step: the walk costs one `fstatat` per
+/// component, `openat2` three calls (with the `fstat` and the `close`).
+const BENEATH_FROM: usize = 3;
 
 /// Node ids from host identities (device, inode), one id per identity for
 /// the life of the filesystem: `slot << 47 | ino`, the slot 0 for the share
@@ -296,6 +305,9 @@ struct State {
     readers: FdCache,
     handles: HashMap<u64, Arc<Handle>>,
     next_handle: u64,
+    /// Nodes found in one `openat2`, for the tests to see which way was taken.
+    #[cfg(test)]
+    beneath: u64,
 }
 
 /// The passthrough of one host directory (see the module).
@@ -309,6 +321,44 @@ pub struct BoundedFs {
     max_handles: usize,
     /// Serving a writable share (see `write`): the guest changes it.
     writable: bool,
+    /// Path components from which a node is found in one `openat2`, where
+    /// the kernel and the jail allow it; step by step below (see
+    /// [`Self::dir_fd`]).
+    beneath_from: usize,
+}
+
+/// Where [`BoundedFs::at_node`] found a node: by its name in a directory
+/// found step by step, or as an `O_PATH` descriptor of the node itself,
+/// found in one `openat2` (see `beneath`).
+enum Place<'a> {
+    Named(RawFd, &'a CStr),
+    Opened(OwnedFd),
+}
+
+impl Place<'_> {
+    /// The directory and name for a `*at` call; the empty name of the
+    /// descriptor itself (which `AT_EMPTY_PATH` or readlinkat takes).
+    fn at(&self) -> (RawFd, &CStr) {
+        match self {
+            Place::Named(dir, name) => (*dir, name),
+            Place::Opened(fd) => (fd.as_raw_fd(), c""),
+        }
+    }
+
+    fn stat(&self) -> io::Result<stat64> {
+        match self {
+            Place::Named(dir, name) => fstatat(*dir, name),
+            Place::Opened(fd) => fstat(fd.as_raw_fd()),
+        }
+    }
+
+    /// An `O_PATH` descriptor of what is there.
+    fn into_path(self, state: &mut State) -> io::Result<OwnedFd> {
+        match self {
+            Place::Named(dir, name) => open_at(state, dir, name, libc::O_PATH),
+            Place::Opened(fd) => Ok(fd),
+        }
+    }
 }
 
 /// The count of open handles shared by the shares of one device.
@@ -360,11 +410,60 @@ impl BoundedFs {
                 readers: FdCache::new(READERS),
                 handles: HashMap::new(),
                 next_handle: 1,
+                #[cfg(test)]
+                beneath: 0,
             }),
             open_handles: Arc::clone(&handles.0),
             max_handles,
             writable: false,
+            beneath_from: BENEATH_FROM,
         })
+    }
+
+    /// This filesystem finding nodes in one `openat2` from `components`
+    /// on (`usize::MAX`: never).
+    #[cfg(test)]
+    fn beneath_from(self, components: usize) -> BoundedFs {
+        BoundedFs { beneath_from: components, ..self }
+    }
+
+    /// The path of components `chain` (from `chain_of`) and `last` after
+    /// them, to be found in one `openat2`: `None` when it is to be walked
+    /// instead, being short, longer than PATH_MAX, or `openat2` not
+    /// being there or not being this worker's to call.
+    fn beneath_path(&self, state: &State, chain: &[u64], last: Option<&CStr>) -> Option<CString> {
+        if chain.len() + usize::from(last.is_some()) < self.beneath_from || !beneath::present() {
+            return None;
+        }
+        let openat = if self.writable { super::WRITABLE_THREAD.openat } else { super::READ_ONLY_THREAD.openat };
+        if !jail::may_openat2(openat) {
+            return None;
+        }
+        let mut path = Vec::new();
+        let names = chain.iter().rev().map(|step| state.nodes.get(step).and_then(|n| n.names.first()));
+        for name in names.map(|n| n.map(|(_, name)| name.as_c_str())).chain(last.map(Some)) {
+            if !path.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(name?.to_bytes());
+            // The kernel takes PATH_MAX bytes with the NUL.
+            if path.len() >= libc::PATH_MAX as usize {
+                return None;
+            }
+        }
+        CString::new(path).ok()
+    }
+
+    /// `path` opened beneath the root with `flags` (see `beneath`), or
+    /// `None` when the walk is to decide.
+    fn open_beneath(&self, state: &mut State, path: &CStr, flags: i32) -> io::Result<Option<OwnedFd>> {
+        let opened =
+            beneath::open(self.root.as_raw_fd(), path, flags, || state.cache.shrink()).map_err(stale_if_gone)?;
+        #[cfg(test)]
+        if opened.is_some() {
+            state.beneath += 1;
+        }
+        Ok(opened)
     }
 
     /// This filesystem serving its share writable (see `write`), for the
@@ -395,22 +494,26 @@ impl BoundedFs {
     }
 
     /// An `O_PATH` descriptor of the directory `node`, found from the root
-    /// by first names. A step's cached descriptor serves once its name
-    /// still leads to it (one `fstatat`), others are opened again; a step
-    /// whose name leads elsewhere or nowhere is ESTALE. So a directory the
-    /// host moved (out of the share, maybe) is never served from where it
-    /// went, cached or not.
+    /// by first names: in one `openat2` where it can be (see `beneath`),
+    /// its identity checked, else step by step. A step's cached descriptor
+    /// serves once its name still leads to it (one `fstatat`), others are
+    /// opened again; a step whose name leads elsewhere or nowhere is
+    /// ESTALE. So a directory the host moved (out of the share, maybe) is
+    /// never served from where it went, cached or not.
     fn dir_fd(&self, state: &mut State, node: u64) -> io::Result<Arc<OwnedFd>> {
-        // The nodes from `node` up to the root, the root left out.
-        let mut chain = Vec::new();
-        let mut at = node;
-        while at != ROOT {
-            // First names never form a loop (see `add_name`); this is a guard.
-            if chain.len() > state.nodes.len() {
-                return Err(err(libc::ELOOP));
+        let chain = chain_of(state, node)?;
+        if let Some(path) = self.beneath_path(state, &chain, None)
+            && let Some(found) = self.open_beneath(state, &path, libc::O_PATH | libc::O_DIRECTORY)?
+        {
+            let st = fstat(found.as_raw_fd())?;
+            let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+            if (st.st_dev, st.st_ino) != (n.dev, n.ino) {
+                state.cache.remove(node);
+                return Err(err(libc::ESTALE));
             }
-            chain.push(at);
-            at = first_parent(state, at)?;
+            // Not cached: a cached descriptor saves nothing here, where
+            // each use finds the directory again.
+            return Ok(Arc::new(found));
         }
         let mut fd = Arc::clone(&self.root);
         for &step in chain.iter().rev() {
@@ -442,13 +545,13 @@ impl BoundedFs {
     }
 
     /// `op` on `node` (not the root) by each of its names in turn, given
-    /// the directory and the name; the first whose host identity (the stat
-    /// `op` returns) is the node's answers, and none is ESTALE.
+    /// where the name leads (see [`Place`]); the first whose host identity
+    /// (the stat `op` returns) is the node's answers, and none is ESTALE.
     fn at_node<T>(
         &self,
         state: &mut State,
         node: u64,
-        mut op: impl FnMut(&mut State, RawFd, &CStr) -> io::Result<(T, stat64)>,
+        mut op: impl FnMut(&mut State, Place<'_>) -> io::Result<(T, stat64)>,
     ) -> io::Result<T> {
         let (names, dev, ino) = {
             let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
@@ -456,7 +559,13 @@ impl BoundedFs {
         };
         let mut last = err(libc::ESTALE);
         for (parent, name) in names {
-            let found = self.dir_fd(state, parent).and_then(|dir| op(state, dir.as_raw_fd(), &name));
+            let found = self.node_beneath(state, parent, &name).and_then(|opened| match opened {
+                Some(fd) => op(state, Place::Opened(fd)),
+                None => {
+                    let dir = self.dir_fd(state, parent)?;
+                    op(state, Place::Named(dir.as_raw_fd(), &name))
+                }
+            });
             match found {
                 Ok((value, st)) if (st.st_dev, st.st_ino) == (dev, ino) => return Ok(value),
                 Ok(_) => last = err(libc::ESTALE),
@@ -464,6 +573,16 @@ impl BoundedFs {
             }
         }
         Err(last)
+    }
+
+    /// What `name` in `parent` leads to, opened `O_PATH` in one `openat2`
+    /// (see `beneath`), or `None` when it is to be walked to.
+    fn node_beneath(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Option<OwnedFd>> {
+        let chain = chain_of(state, parent)?;
+        match self.beneath_path(state, &chain, Some(name)) {
+            Some(path) => self.open_beneath(state, &path, libc::O_PATH | libc::O_NOFOLLOW),
+            None => Ok(None),
+        }
     }
 
     /// The host's attributes of `node`, which must still be what it was.
@@ -478,7 +597,7 @@ impl BoundedFs {
         {
             return fstat(open.file.as_raw_fd());
         }
-        self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| (st, st)))
+        self.at_node(state, node, |_, place| place.stat().map(|st| (st, st)))
     }
 
     /// Refuses the content of a node the filesystem does not hold or that
@@ -539,8 +658,8 @@ impl BoundedFs {
         // writer is not released, a device not woken), and opened for
         // reading only once it is a regular file or a directory: what the
         // host put in the node's place since the lookup may be anything.
-        let (path, st) = self.at_node(state, node, |state, dir, name| {
-            let path = open_at(state, dir, name, libc::O_PATH)?;
+        let (path, st) = self.at_node(state, node, |state, place| {
+            let path = place.into_path(state)?;
             let st = fstat(path.as_raw_fd())?;
             Ok(((path, st), st))
         })?;
@@ -570,10 +689,10 @@ impl BoundedFs {
 
     /// What an open of `node` checks, for a descriptor kept from an
     /// earlier one: not a secret (by identity or by any name), and still
-    /// where it was found, its directory found from the root step by step.
+    /// where it was found, beneath the root (see [`Self::at_node`]).
     fn still_readable(&self, state: &mut State, node: u64) -> io::Result<()> {
         self.readable(state, node)?;
-        self.at_node(state, node, |_, dir, name| fstatat(dir, name).map(|st| ((), st)))
+        self.at_node(state, node, |_, place| place.stat().map(|st| ((), st)))
     }
 
     fn open_counted(&self, node: u64, directory: bool, flags: u32) -> io::Result<u64> {
@@ -798,6 +917,21 @@ fn component(name: &CStr) -> io::Result<()> {
     validate_path_component(name)
 }
 
+/// The nodes from `node` up to the root by first names, the root left out.
+fn chain_of(state: &State, node: u64) -> io::Result<Vec<u64>> {
+    let mut chain = Vec::new();
+    let mut at = node;
+    while at != ROOT {
+        // First names never form a loop (see `add_name`); this is a guard.
+        if chain.len() > state.nodes.len() {
+            return Err(err(libc::ELOOP));
+        }
+        chain.push(at);
+        at = first_parent(state, at)?;
+    }
+    Ok(chain)
+}
+
 /// The directory `node` is found in first.
 fn first_parent(state: &State, node: u64) -> io::Result<u64> {
     state.nodes.get(&node).and_then(|n| n.names.first()).map(|(parent, _)| *parent).ok_or_else(|| err(libc::ESTALE))
@@ -961,12 +1095,13 @@ impl FileSystem for BoundedFs {
         if inode == ROOT {
             return Err(err(libc::EINVAL));
         }
-        self.at_node(&mut state, inode, |_, dir, name| {
-            let st = fstatat(dir, name)?;
+        self.at_node(&mut state, inode, |_, place| {
+            let st = place.stat()?;
             if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
                 return Err(err(libc::EINVAL));
             }
             let mut buf = vec![0u8; libc::PATH_MAX as usize];
+            let (dir, name) = place.at();
             // SAFETY: `name` is NUL-terminated; the kernel writes at most
             // `buf.len()` bytes into `buf`.
             let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -1338,6 +1473,174 @@ mod tests {
         assert_eq!(opened.map_err(|e| e.raw_os_error()), Err(Some(libc::EACCES)));
         let link = fs.lookup(&ctx, ROOT, &name("link")).unwrap().inode;
         assert_eq!(fs.readlink(&ctx, link).unwrap(), b"private");
+    }
+
+    fn errno<T>(r: io::Result<T>) -> Option<i32> {
+        r.err().and_then(|e| e.raw_os_error())
+    }
+
+    /// The file `node` as a read without a handle gets it.
+    fn read(fs: &BoundedFs, node: u64) -> io::Result<Vec<u8>> {
+        use std::io::{Read, Seek};
+        let mut out = tempfile::tempfile().unwrap();
+        fs.read(&Context::default(), node, NO_HANDLE, &mut out, 4096, 0, None, 0)?;
+        out.rewind().unwrap();
+        let mut data = Vec::new();
+        out.read_to_end(&mut data).unwrap();
+        Ok(data)
+    }
+
+    /// Nodes found in one `openat2` so far.
+    fn beneath(fs: &BoundedFs) -> u64 {
+        fs.state().beneath
+    }
+
+    /// Both ways of finding a node: in one `openat2` whatever the depth,
+    /// and step by step only (as where `openat2` is missing or not the
+    /// worker's to call).
+    const WAYS: [usize; 2] = [1, usize::MAX];
+
+    /// The nodes of `a/b/c` and of the file `a/b/c/f` holding "data", in a
+    /// share at `share`, the file read once.
+    fn deep_file(fs: &BoundedFs, share: &Path) -> ([u64; 3], u64) {
+        std::fs::create_dir_all(share.join("a/b/c")).unwrap();
+        std::fs::write(share.join("a/b/c/f"), b"data").unwrap();
+        let ctx = Context::default();
+        let a = fs.lookup(&ctx, ROOT, &name("a")).unwrap().inode;
+        let b = fs.lookup(&ctx, a, &name("b")).unwrap().inode;
+        let c = fs.lookup(&ctx, b, &name("c")).unwrap().inode;
+        let f = fs.lookup(&ctx, c, &name("f")).unwrap().inode;
+        assert_eq!(read(fs, f).unwrap(), b"data");
+        ([a, b, c], f)
+    }
+
+    /// A symlink the host plants where a directory of the path was (the
+    /// directory moved beside it, the link leading to it) makes everything
+    /// beneath stale, found in one `openat2` or step by step: a kept
+    /// reader, attributes, listings and lookups.
+    #[test]
+    fn a_symlink_planted_in_a_nodes_path_makes_it_stale() {
+        for from in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let fs = fs(dir.path(), &Secrets::default()).beneath_from(from);
+            let ctx = Context::default();
+            let ([_, b, c], f) = deep_file(&fs, dir.path());
+            assert_eq!(beneath(&fs) > 0, from == 1, "found in one openat2 only when it may be");
+            std::fs::rename(dir.path().join("a/b"), dir.path().join("a/b.real")).unwrap();
+            std::os::unix::fs::symlink("b.real", dir.path().join("a/b")).unwrap();
+            assert_eq!(std::fs::read(dir.path().join("a/b/c/f")).unwrap(), b"data", "the link leads to the file");
+            assert_eq!(errno(read(&fs, f)), Some(libc::ESTALE), "from {from}");
+            assert_eq!(errno(fs.getattr(&ctx, f, None)), Some(libc::ESTALE));
+            assert_eq!(errno(fs.getattr(&ctx, b, None)), Some(libc::ESTALE));
+            assert_eq!(errno(fs.opendir(&ctx, c, 0)), Some(libc::ESTALE));
+            assert_eq!(errno(fs.lookup(&ctx, c, &name("f"))), Some(libc::ESTALE));
+            assert_eq!(errno(fs.open(&ctx, f, libc::O_RDONLY.cast_unsigned(), 0)), Some(libc::ESTALE));
+        }
+    }
+
+    /// A directory the host moves out of the share is not served from its
+    /// new place, found in one `openat2` or step by step, not even through
+    /// a symlink left where it was; moved back, it serves again.
+    #[test]
+    fn a_directory_moved_out_of_the_share_is_served_only_back_in_it() {
+        for from in WAYS {
+            let top = tempfile::tempdir().unwrap();
+            let share = top.path().join("share");
+            std::fs::create_dir_all(top.path().join("outside")).unwrap();
+            let fs = fs(&share_dir(&share), &Secrets::default()).beneath_from(from);
+            let ctx = Context::default();
+            let ([_, _, c], f) = deep_file(&fs, &share);
+            std::fs::rename(share.join("a/b"), top.path().join("outside/b")).unwrap();
+            assert_eq!(errno(read(&fs, f)), Some(libc::ESTALE), "from {from}");
+            assert_eq!(errno(fs.opendir(&ctx, c, 0)), Some(libc::ESTALE));
+            std::os::unix::fs::symlink("../../outside/b", share.join("a/b")).unwrap();
+            assert_eq!(errno(read(&fs, f)), Some(libc::ESTALE), "through a symlink, from {from}");
+            assert_eq!(errno(fs.getattr(&ctx, f, None)), Some(libc::ESTALE));
+            assert_eq!(errno(fs.lookup(&ctx, c, &name("f"))), Some(libc::ESTALE));
+            std::fs::remove_file(share.join("a/b")).unwrap();
+            std::fs::rename(top.path().join("outside/b"), share.join("a/b")).unwrap();
+            assert_eq!(read(&fs, f).unwrap(), b"data", "back where it was found");
+            let (handle, _) = fs.opendir(&ctx, c, 0).unwrap();
+            fs.releasedir(&ctx, c, 0, handle.unwrap()).unwrap();
+        }
+    }
+
+    /// A directory of the path the host replaced by a new tree of the same
+    /// names leaves the nodes beneath it stale, however they are found:
+    /// the new ones are other files.
+    #[test]
+    fn a_tree_the_host_replaced_is_stale_beneath() {
+        for from in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let fs = fs(dir.path(), &Secrets::default()).beneath_from(from);
+            let ctx = Context::default();
+            let ([a, _, c], f) = deep_file(&fs, dir.path());
+            std::fs::rename(dir.path().join("a"), dir.path().join("old")).unwrap();
+            std::fs::create_dir_all(dir.path().join("a/b/c")).unwrap();
+            std::fs::write(dir.path().join("a/b/c/f"), b"new!").unwrap();
+            assert_eq!(errno(read(&fs, f)), Some(libc::ESTALE), "from {from}");
+            assert_eq!(errno(fs.getattr(&ctx, f, None)), Some(libc::ESTALE));
+            assert_eq!(errno(fs.opendir(&ctx, c, 0)), Some(libc::ESTALE));
+            assert_eq!(errno(fs.lookup(&ctx, c, &name("f"))), Some(libc::ESTALE));
+            assert_eq!(errno(fs.getattr(&ctx, a, None)), Some(libc::ESTALE));
+        }
+    }
+
+    /// A directory of the path replaced by the host with the node moved
+    /// along into the new one: found in one `openat2`, the node is where
+    /// its path leads and serves (only the node itself is checked, beneath
+    /// the root); step by step, the replaced directory makes it stale.
+    #[test]
+    fn a_node_moved_along_into_a_replaced_directory_serves_only_when_found_beneath() {
+        for from in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let fs = fs(dir.path(), &Secrets::default()).beneath_from(from);
+            let (_, f) = deep_file(&fs, dir.path());
+            std::fs::rename(dir.path().join("a/b"), dir.path().join("a/old")).unwrap();
+            std::fs::create_dir(dir.path().join("a/b")).unwrap();
+            std::fs::rename(dir.path().join("a/old/c"), dir.path().join("a/b/c")).unwrap();
+            let read = read(&fs, f);
+            if from == 1 {
+                assert_eq!(read.unwrap(), b"data");
+            } else {
+                assert_eq!(errno(read), Some(libc::ESTALE));
+            }
+        }
+    }
+
+    /// `dir`, made.
+    fn share_dir(dir: &Path) -> std::path::PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        dir.to_path_buf()
+    }
+
+    /// A file whose path from the root is longer than PATH_MAX (which
+    /// `openat2` cannot take) is found step by step, and still read.
+    #[test]
+    fn a_path_longer_than_path_max_is_walked() {
+        use rustix::fs::{Mode, OFlags};
+        let dir = tempfile::tempdir().unwrap();
+        let long = "d".repeat(250);
+        let levels = libc::PATH_MAX as usize / long.len() + 2;
+        let mut at: OwnedFd = rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..levels {
+            rustix::fs::mkdirat(&at, long.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            at = rustix::fs::openat(&at, long.as_str(), OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        }
+        let file = rustix::fs::openat(&at, "f", OFlags::WRONLY | OFlags::CREATE, Mode::from_raw_mode(0o644)).unwrap();
+        rustix::io::write(&file, b"deep").unwrap();
+
+        let fs = fs(dir.path(), &Secrets::default()).beneath_from(1);
+        let ctx = Context::default();
+        let mut node = ROOT;
+        for _ in 0..levels {
+            node = fs.lookup(&ctx, node, &name(&long)).unwrap().inode;
+        }
+        let f = fs.lookup(&ctx, node, &name("f")).unwrap().inode;
+        let before = beneath(&fs);
+        assert_eq!(read(&fs, f).unwrap(), b"deep");
+        assert_eq!(fs.getattr(&ctx, f, None).unwrap().0.st_size, 4);
+        assert_eq!(beneath(&fs), before, "walked, not found in one openat2");
     }
 
     /// A directory bind-mounted beneath itself cannot happen without

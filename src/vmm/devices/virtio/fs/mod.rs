@@ -74,7 +74,8 @@ const CACHE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Looking up, reading and listing files beneath the shares (Landlock
 /// decides which files; this decides which operations). `openat` is not
 /// here: the read-only worker gets it only without modifying flags, the
-/// writable one gets it plain.
+/// writable one gets it plain; `openat2` likewise comes with the worker's
+/// `Openat` (see `jail::seccomp`).
 const FS_READ: &[i64] = &[
     libc::SYS_newfstatat,
     libc::SYS_fstat,

@@ -3,8 +3,9 @@
 //! user's powers and the share's growth budget).
 //!
 //! Every change is made relative to a directory descriptor found as for a
-//! read (each step from the root with `O_NOFOLLOW`, checked against the
-//! host identity it had), by name, never through a path string. A change
+//! read (beneath the root through directories only, checked against the
+//! host identity it had), by name, never through a path string the guest
+//! gave. A change
 //! to a node first checks that its name still leads to it, so a file the
 //! host replaced is ESTALE and never changed in its place.
 //!
