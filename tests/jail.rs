@@ -127,6 +127,28 @@ fn read_only_shares_cannot_be_written_and_writable_ones_can() {
     assert_eq!(std::fs::read_to_string(Path::new(&s.path("share/file"))).unwrap(), "shared\n");
 }
 
+/// Code running in a writable share's worker changes the mode of a file
+/// in a read-only share (the workspace): Landlock governs opens, making
+/// and removing, not chmod, and that worker's filter allows fchmodat for
+/// its own share (chown and utimensat likewise). Correct: a read-only
+/// share is never changed, whatever a device thread runs (README: "write
+/// only those a policy mounts `rw`").
+#[test]
+#[ignore = "finding: the writable worker may chmod, chown and touch files of the read-only shares"]
+fn the_writable_worker_cannot_change_a_read_only_shares_modes() {
+    if !require("the_writable_worker_cannot_change_a_read_only_shares_modes") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new("jail-chmod");
+    let mode = |p: &str| std::fs::metadata(s.path(p)).unwrap().permissions().mode();
+    let before = mode("share/file");
+    assert_result(&s.probe(&format!("chmod:{}", s.path("rw/file"))), "allowed");
+    let out = s.probe(&format!("chmod:{}", s.path("share/file")));
+    assert_eq!(mode("share/file"), before, "the read-only share's file changed mode: {}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("denied"), "{}", text(&out));
+}
+
 #[test]
 fn sockets_and_programs_stop_the_vmm() {
     if !require("sockets_and_programs_stop_the_vmm") {
