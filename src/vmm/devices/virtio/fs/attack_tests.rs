@@ -147,7 +147,7 @@ impl<F: FileSystem + Sync> Guest<F> {
 
     /// A request that gets no reply (FORGET), offered as Linux offers it on
     /// the hiprio queue: one device-readable descriptor and nothing to write.
-    fn send(&mut self, opcode: u32, nodeid: u64, body: &[u8]) {
+    pub(super) fn send(&mut self, opcode: u32, nodeid: u64, body: &[u8]) {
         let (_, len) = self.write_request(opcode, nodeid, body);
         assert_eq!(self.run(&[(REQ_ADDR, len, false)]), 0);
     }

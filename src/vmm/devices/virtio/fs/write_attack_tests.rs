@@ -11,8 +11,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    CreateIn, EntryOut, FsOptions, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, ROOT_ID, ReadIn, ReleaseIn, RenameIn,
-    WriteIn,
+    CreateIn, EntryOut, ForgetIn, FsOptions, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, ROOT_ID, ReadIn, ReleaseIn,
+    RenameIn, WriteIn,
 };
 use fuse_backend_rs::api::Vfs;
 use vm_memory::ByteValued;
@@ -290,6 +290,44 @@ fn nothing_is_moved_out_of_a_secret_directory() {
     assert_eq!(guest.unlink(private, b"token").errno(), libc::EACCES, "nor removed");
     assert_eq!(guest.create(private, b"new", libc::O_WRONLY).map(drop), Err(libc::EACCES), "nor made");
     assert_eq!(names(&rw.join("private")), ["token"]);
+}
+
+/// A secret is known by its place as well as its identity: one the host
+/// makes during the run where one is named (`ssh-keygen -A` writing a
+/// host key that did not exist) is refused there. The guest plants a file
+/// of its own at that place beforehand (a hard link of a file it made,
+/// which it keeps by another name), forgets the node, and once the host
+/// has written the key into it, reads it by its other name, where it is no
+/// secret. Correct: nothing is made at a secret's place (as a create
+/// there is refused), by a link, a rename, a mkdir or a symlink, so the
+/// host's key is a file of its own, never one the guest holds.
+#[test]
+fn nothing_the_guest_makes_takes_a_secrets_place() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::create_dir(rw.join("ssh")).unwrap();
+    let secrets = Secrets::at(&[rw.join("ssh/host_key")]);
+    let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
+    let rw_node = guest.walk("rw");
+    let ssh = guest.node(rw_node, "ssh");
+    let (decoy, fh) = guest.create(rw_node, b"decoy", libc::O_RDWR).unwrap();
+    assert_eq!(guest.release(decoy, fh), 0);
+    let linked = guest.link(decoy, ssh, b"host_key");
+    if linked.header.error == 0 {
+        // Both lookups (the create's and the link's) forgotten: the node goes.
+        guest.send(Opcode::Forget as u32, decoy, ForgetIn { nlookup: 2 }.as_slice());
+    }
+    std::fs::write(rw.join("ssh/host_key"), b"-----BEGIN OPENSSH PRIVATE KEY-----").unwrap();
+    let decoy = guest.node(rw_node, "decoy");
+    let read = guest.open_flags(decoy, libc::O_RDONLY).map(|fh| guest.read_fh(decoy, fh, 4096).body);
+    assert_ne!(read, Ok(b"-----BEGIN OPENSSH PRIVATE KEY-----".to_vec()), "the host's new key reached the guest");
+    assert_eq!(linked.errno(), libc::EACCES, "a link at a secret's place");
+    std::fs::remove_file(rw.join("ssh/host_key")).unwrap();
+
+    assert_eq!(guest.rename(rw_node, b"decoy", ssh, b"host_key").errno(), libc::EACCES, "a rename to it");
+    assert_eq!(guest.mkdir(ssh, b"host_key").errno(), libc::EACCES, "a mkdir there");
+    assert_eq!(guest.symlink(ssh, b"host_key", b"../decoy").errno(), libc::EACCES, "a symlink there");
+    assert!(names(&rw.join("ssh")).is_empty(), "nothing was made at the secret's place");
 }
 
 /// Every changing request with extreme arguments (sizes, offsets and
