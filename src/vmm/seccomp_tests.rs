@@ -133,3 +133,24 @@ fn openat2_only_for_workers_whose_opens_need_no_flag_refused() {
         }
     }
 }
+
+/// Landlock below ABI 3 does not govern truncation, so code running in a
+/// worker that may open with O_TRUNC (or call openat2, whose flags no
+/// filter reads) could empty any file of a read-only share: open(2)
+/// truncates whatever the opener may write, and Landlock judges an
+/// `O_RDONLY | O_TRUNC` open as a read. The writable shares' worker needs
+/// no O_TRUNC (it truncates through a descriptor opened for writing,
+/// which Landlock judges): under such a jail no device worker may open
+/// with it, nor call openat2.
+#[test]
+fn below_landlock_3_no_worker_opens_to_truncate() {
+    for landlocked in [Landlocked { abi: 1 }, Landlocked { abi: 2 }] {
+        for kind in kinds().into_iter().filter(|k| matches!(k, ThreadKind::Device(_))) {
+            let allowed = seccomp::rules(kind, &device_threads(), landlocked).unwrap();
+            assert!(!allowed.contains_key(&libc::SYS_openat2), "{} may call openat2 under {landlocked:?}", kind.name());
+            if let Some(openat) = allowed.get(&libc::SYS_openat) {
+                assert_eq!(openat.len(), 1, "{} opens with any flags under {landlocked:?}", kind.name());
+            }
+        }
+    }
+}
