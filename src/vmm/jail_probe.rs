@@ -24,6 +24,10 @@ pub enum Probe {
     /// read-only worker, whose filter allows that call only where Landlock
     /// refuses the truncation itself.
     Openat2(PathBuf),
+    /// Open a file read-only with `O_TRUNC`, from a writable share's
+    /// worker, whose filter refuses the flag (Landlock below ABI 3 would
+    /// judge the open a read, on any share).
+    TruncateRw(PathBuf),
     /// Change a file's mode (its owner's execute bit flipped), from a
     /// writable share's worker: Landlock does not govern chmod.
     Chmod(PathBuf),
@@ -43,13 +47,14 @@ impl FromStr for Probe {
             Some(("open", path)) => Ok(Probe::Open(path.into())),
             Some(("write", path)) => Ok(Probe::Write(path.into())),
             Some(("truncate", path)) => Ok(Probe::Truncate(path.into())),
+            Some(("truncate-rw", path)) => Ok(Probe::TruncateRw(path.into())),
             Some(("openat2", path)) => Ok(Probe::Openat2(path.into())),
             Some(("chmod", path)) => Ok(Probe::Chmod(path.into())),
             Some(("exec", path)) => Ok(Probe::Exec(path.into())),
             None if s == "socket" => Ok(Probe::Socket),
             None if s == "fds" => Ok(Probe::Fds),
             _ => {
-                Err("use open:PATH, write:PATH, truncate:PATH, openat2:PATH, chmod:PATH, exec:PATH, socket or fds"
+                Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, exec:PATH, socket or fds"
                     .into())
             }
         }
@@ -61,7 +66,7 @@ impl Probe {
     /// share's worker, everything else from the read-only one.
     fn thread_kind(&self) -> ThreadKind {
         match self {
-            Probe::Write(_) | Probe::Chmod(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
+            Probe::Write(_) | Probe::TruncateRw(_) | Probe::Chmod(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
             _ => ThreadKind::Device(&fs::READ_ONLY_THREAD),
         }
     }
@@ -88,7 +93,7 @@ fn attempt(probe: &Probe) -> String {
     match probe {
         Probe::Open(path) => outcome(std::fs::File::open(path).map(drop)),
         Probe::Write(path) => outcome(std::fs::OpenOptions::new().write(true).open(path).map(drop)),
-        Probe::Truncate(path) => {
+        Probe::Truncate(path) | Probe::TruncateRw(path) => {
             use std::os::unix::fs::OpenOptionsExt;
             outcome(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(path).map(drop))
         }

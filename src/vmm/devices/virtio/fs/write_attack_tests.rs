@@ -330,6 +330,34 @@ fn nothing_the_guest_makes_takes_a_secrets_place() {
     assert!(names(&rw.join("ssh")).is_empty(), "nothing was made at the secret's place");
 }
 
+/// The writable worker never opens with O_TRUNC (its filter refuses it,
+/// see `jail::seccomp::Openat::Any`): a guest's truncating open, of any
+/// access mode and by a create of a file that exists, still empties the
+/// file, and only where the host user may write it.
+#[test]
+fn truncating_opens_empty_the_file_without_o_trunc() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    let mut guest = Guest::of_share(&rw);
+    let share = guest.walk("rw");
+    let file = guest.node(share, "file");
+    for access in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR] {
+        std::fs::write(rw.join("file"), b"full").unwrap();
+        let fh = guest.open_flags(file, access | libc::O_TRUNC).unwrap();
+        assert_eq!(std::fs::read(rw.join("file")).unwrap(), b"", "access {access}");
+        assert_eq!(guest.release(file, fh), 0);
+    }
+    std::fs::write(rw.join("file"), b"full").unwrap();
+    let (created, fh) = guest.create(share, b"file", libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    assert_eq!(created, file);
+    assert_eq!(std::fs::read(rw.join("file")).unwrap(), b"");
+    assert_eq!(guest.release(file, fh), 0);
+    std::fs::write(rw.join("file"), b"kept").unwrap();
+    let (_, fh) = guest.create(share, b"file", libc::O_WRONLY).unwrap();
+    assert_eq!(std::fs::read(rw.join("file")).unwrap(), b"kept", "no O_TRUNC, no truncation");
+    assert_eq!(guest.release(file, fh), 0);
+}
+
 /// Every changing request with extreme arguments (sizes, offsets and
 /// modes at their limits, every flag bit, odd names, made-up handles and
 /// guessed node ids) on every kind of node gets an answer: the worker
