@@ -120,3 +120,36 @@ fn a_node_deeper_than_path_max_is_read_and_goes_stale_when_moved() {
     assert_eq!(guest.getattr(f).errno(), libc::ESTALE);
     assert_eq!(guest.read(f, 0, 4096).errno(), libc::ESTALE);
 }
+
+/// rootfs/host.toml hides `/etc/letsencrypt/keys/*` (and the keys of
+/// `/etc/ssl/private`, WireGuard and NetworkManager likewise): the
+/// supervisor hands the VMM each file the pattern matches at the start,
+/// and the pattern itself. A certificate renewal during the run writes a
+/// new key there (`keys/0002_key-certbot.pem`); a guest that looks it up
+/// reads it, as no file of that name existed at the start. Correct: what
+/// a hide pattern names is refused by its place, whenever it comes to be
+/// there (README: "a secret the host ... creates where one is named is
+/// refused too").
+#[test]
+fn a_key_created_during_the_run_where_a_pattern_hides_keys_is_not_read() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("keys")).unwrap();
+    std::fs::write(root.join("keys/0001_key-certbot.pem"), b"OLD KEY").unwrap();
+    let secrets = Secrets::at(&[root.join("keys/0001_key-certbot.pem"), root.join("keys/*")]);
+    let mut guest = read_only_guest(root, &secrets);
+    let old = guest.walk("ws/keys/0001_key-certbot.pem");
+    assert_eq!(guest.read(old, 0, 4096).errno(), libc::EACCES, "the key of the start is refused");
+
+    std::fs::write(root.join("keys/0002_key-certbot.pem"), b"-----BEGIN PRIVATE KEY-----").unwrap();
+    let new = guest.walk("ws/keys/0002_key-certbot.pem");
+    let read = guest.read(new, 0, 4096);
+    assert_eq!(
+        read.errno(),
+        libc::EACCES,
+        "the renewed key reached the guest: {:?}",
+        String::from_utf8_lossy(&read.body)
+    );
+    std::fs::create_dir(root.join("keys/sub")).unwrap();
+    assert_eq!(guest.walk("ws/keys/sub"), guest.walk("ws/keys/sub"), "other names are found as before");
+}
