@@ -484,7 +484,10 @@ mod tests {
         assert!(can_run(&checks), "the jail holds through seccomp");
         let text = render(&checks);
         assert!(text.contains("ABI 2"), "{text}");
-        assert!(text.contains("lacks truncation (held by seccomp: the read-only share's worker cannot open"), "{text}");
+        assert!(
+            text.contains("lacks truncation (held by seccomp: no share's worker can open with the truncate flag"),
+            "{text}"
+        );
         assert!(text.contains("TCP bind and connect (held by seccomp: no VMM thread may make a socket)"), "{text}");
     }
 

@@ -84,7 +84,8 @@ const LATER_RIGHTS: &[Gap] = &[
     Gap {
         since: 3,
         right: "truncation",
-        held_by: "seccomp: the read-only share's worker cannot open with write or truncate flags, nor call truncate",
+        held_by: "seccomp: no share's worker can open with the truncate flag or call truncate or openat2 (the read-only one \
+                  opens without write flags either)",
     },
     Gap { since: 4, right: "TCP bind and connect", held_by: "seccomp: no VMM thread may make a socket" },
     Gap { since: 5, right: "device ioctls", held_by: "seccomp: the only ioctl any VMM thread may make is KVM_RUN" },

@@ -70,16 +70,19 @@ pub struct DeviceThread {
 /// `openat` for a device worker, and with it `openat2` (which the file
 /// servers use to find a node beneath a share's root in one call). The
 /// flags of `openat2` sit behind a pointer that seccomp cannot read, so
-/// it comes only where no flag needs refusing: with `Any`, and with
-/// `ReadOnly` only where Landlock itself refuses every change an open
-/// could make (see [`Openat::allows_openat2`]). A `ReadOnly` worker runs
-/// under a Landlock layer of its own that refuses it every change to files
-/// (see `thread`), the writable shares' included.
+/// it comes only where Landlock itself refuses what the flags could do
+/// that the filter refuses (see [`Openat::allows_openat2`]). A `ReadOnly`
+/// worker runs under a Landlock layer of its own that refuses it every
+/// change to files (see `thread`), the writable shares' included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Openat {
     Never,
     /// Only without a modifying flag (`MODIFYING_OPEN_FLAGS`).
     ReadOnly,
+    /// Any flag but O_TRUNC: Landlock below ABI 3 judges an
+    /// `O_RDONLY | O_TRUNC` open as a read, and would let it empty a
+    /// read-only share's file. Such a worker truncates through a
+    /// descriptor opened for writing, which Landlock judges at every ABI.
     Any,
 }
 
@@ -91,16 +94,16 @@ pub struct Landlocked {
 
 impl Openat {
     /// Whether a worker with this `openat` may call `openat2` under a jail
-    /// enforcing `landlocked`. The read-only worker's `openat` filter is
-    /// what keeps it from O_TRUNC where Landlock below ABI 3 does not
-    /// govern truncation; from ABI 3 its own Landlock layer refuses it
-    /// every change an open could make, on every share, and it may have
-    /// `openat2`, whose flags no filter reads.
+    /// enforcing `landlocked`. Its `openat` filter is what keeps it from
+    /// O_TRUNC where Landlock below ABI 3 does not govern truncation; from
+    /// ABI 3 Landlock refuses a truncating open of a read-only share (and
+    /// the read-only worker's own layer every change an open could make,
+    /// on every share), and it may have `openat2`, whose flags no filter
+    /// reads.
     pub fn allows_openat2(self, landlocked: Landlocked) -> bool {
         match self {
             Openat::Never => false,
-            Openat::ReadOnly => landlocked.abi >= 3,
-            Openat::Any => true,
+            Openat::ReadOnly | Openat::Any => landlocked.abi >= 3,
         }
     }
 }
@@ -226,14 +229,11 @@ fn plain(kind: ThreadKind, devices: &[&'static DeviceThread], landlocked: Landlo
         }
         ThreadKind::Device(thread) => thread.syscalls,
     };
-    let (openat, openat2) = match kind {
-        ThreadKind::Device(thread) => (
-            Some(libc::SYS_openat).filter(|_| thread.openat == Openat::Any),
-            Some(libc::SYS_openat2).filter(|_| thread.openat.allows_openat2(landlocked)),
-        ),
-        _ => (None, None),
+    let openat2 = match kind {
+        ThreadKind::Device(thread) => Some(libc::SYS_openat2).filter(|_| thread.openat.allows_openat2(landlocked)),
+        _ => None,
     };
-    COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().chain(openat).chain(openat2).collect()
+    COMMON.iter().chain(own.iter().flat_map(|s| s.iter())).copied().chain(openat2).collect()
 }
 
 /// The fixed kinds, then one per device thread.
@@ -254,10 +254,9 @@ pub(crate) const MODIFYING_OPEN_FLAGS: u64 =
 /// `__O_TMPFILE`: O_TMPFILE without the O_DIRECTORY bit it includes.
 const TMPFILE_BIT: libc::c_int = libc::O_TMPFILE & !libc::O_DIRECTORY;
 
-/// `openat` for `Openat::ReadOnly`: flags (argument 2, an int) with no
-/// modifying bit.
-fn read_only_open() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
-    let flags = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(MODIFYING_OPEN_FLAGS), 0)?;
+/// `openat` with flags (argument 2, an int) without any of `refused`.
+fn open_without(refused: u64) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    let flags = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(refused), 0)?;
     Ok(vec![SeccompRule::new(vec![flags])?])
 }
 
@@ -276,8 +275,19 @@ pub(crate) fn rules(
     };
     map.insert(libc::SYS_mmap, no_exec()?);
     map.insert(libc::SYS_mprotect, no_exec()?);
-    if let ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }) = kind {
-        map.insert(libc::SYS_openat, read_only_open()?);
+    match kind {
+        ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }) => {
+            map.insert(libc::SYS_openat, open_without(MODIFYING_OPEN_FLAGS)?);
+        }
+        ThreadKind::Device(DeviceThread { openat: Openat::Any, .. }) => {
+            map.insert(libc::SYS_openat, open_without(libc::O_TRUNC as u64)?);
+        }
+        // The launcher's filter is inherited by every thread it starts,
+        // whose own filter then narrows the call.
+        ThreadKind::Launcher if devices.iter().any(|d| d.openat != Openat::Never) => {
+            map.insert(libc::SYS_openat, Vec::new());
+        }
+        _ => {}
     }
     match kind {
         ThreadKind::Vcpu => {

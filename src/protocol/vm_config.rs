@@ -50,7 +50,8 @@ pub struct VmConfig {
     pub vsock_broker: PathBuf,
     pub shares: Vec<ShareConfig>,
     /// Host files under the shares that the guest may see listed but never
-    /// open, even as root: the host's secrets (rootfs/host.toml's `hide`).
+    /// open, even as root: the host's secrets (rootfs/host.toml's `hide`;
+    /// a file name with `*` wildcards names the files it matches).
     #[serde(default)]
     pub secrets: Vec<PathBuf>,
     /// Give the guest a virtio-net device whose TCP and DNS go to the

@@ -24,6 +24,13 @@ pub enum Probe {
     /// read-only worker, whose filter allows that call only where Landlock
     /// refuses the truncation itself.
     Openat2(PathBuf),
+    /// Open a file read-only with `O_TRUNC`, from a writable share's
+    /// worker, whose filter refuses the flag (Landlock below ABI 3 would
+    /// judge the open a read, on any share).
+    TruncateRw(PathBuf),
+    /// Change a file's mode (its owner's execute bit flipped), from a
+    /// writable share's worker: Landlock does not govern chmod.
+    Chmod(PathBuf),
     /// Make a TCP socket.
     Socket,
     /// Run a program.
@@ -40,11 +47,16 @@ impl FromStr for Probe {
             Some(("open", path)) => Ok(Probe::Open(path.into())),
             Some(("write", path)) => Ok(Probe::Write(path.into())),
             Some(("truncate", path)) => Ok(Probe::Truncate(path.into())),
+            Some(("truncate-rw", path)) => Ok(Probe::TruncateRw(path.into())),
             Some(("openat2", path)) => Ok(Probe::Openat2(path.into())),
+            Some(("chmod", path)) => Ok(Probe::Chmod(path.into())),
             Some(("exec", path)) => Ok(Probe::Exec(path.into())),
             None if s == "socket" => Ok(Probe::Socket),
             None if s == "fds" => Ok(Probe::Fds),
-            _ => Err("use open:PATH, write:PATH, truncate:PATH, openat2:PATH, exec:PATH, socket or fds".into()),
+            _ => {
+                Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, exec:PATH, socket or fds"
+                    .into())
+            }
         }
     }
 }
@@ -54,7 +66,7 @@ impl Probe {
     /// share's worker, everything else from the read-only one.
     fn thread_kind(&self) -> ThreadKind {
         match self {
-            Probe::Write(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
+            Probe::Write(_) | Probe::TruncateRw(_) | Probe::Chmod(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
             _ => ThreadKind::Device(&fs::READ_ONLY_THREAD),
         }
     }
@@ -81,11 +93,12 @@ fn attempt(probe: &Probe) -> String {
     match probe {
         Probe::Open(path) => outcome(std::fs::File::open(path).map(drop)),
         Probe::Write(path) => outcome(std::fs::OpenOptions::new().write(true).open(path).map(drop)),
-        Probe::Truncate(path) => {
+        Probe::Truncate(path) | Probe::TruncateRw(path) => {
             use std::os::unix::fs::OpenOptionsExt;
             outcome(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(path).map(drop))
         }
         Probe::Openat2(path) => outcome(openat2_truncating(path)),
+        Probe::Chmod(path) => outcome(flip_owner_execute(path)),
         Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
         Probe::Exec(path) => {
             let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {
@@ -124,6 +137,19 @@ fn openat2_truncating(path: &std::path::Path) -> std::io::Result<()> {
     let fd = libc::c_int::try_from(fd).map_err(|_| std::io::Error::other("descriptor out of range"))?;
     // SAFETY: `fd` was just opened and nothing else owns it.
     drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    Ok(())
+}
+
+/// `fchmodat(path)` (the call the writable worker makes) flipping the
+/// owner's execute bit.
+fn flip_owner_execute(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(path)?.permissions().mode();
+    let path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| std::io::Error::other("NUL in path"))?;
+    // SAFETY: `path` is NUL-terminated; fchmodat touches no memory of ours.
+    if unsafe { libc::fchmodat(libc::AT_FDCWD, path.as_ptr(), (mode ^ 0o100) & 0o7777, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(())
 }
 

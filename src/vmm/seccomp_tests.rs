@@ -13,9 +13,9 @@ use crate::jail::{Landlocked, ThreadKind};
 /// A jail on the oldest Landlock: the least any worker gets.
 const OLD: Landlocked = Landlocked { abi: 1 };
 
-/// Jails `Openat::allows_openat2` tells apart, and whether the read-only
-/// worker gets openat2 in each: only where Landlock refuses it every change
-/// an open could make (its own layer governs truncation from ABI 3).
+/// Jails `Openat::allows_openat2` tells apart, and whether the file
+/// servers' workers get openat2 in each: only where Landlock governs
+/// truncation (ABI 3), which their `openat` filters refuse.
 const JAILS: [(Landlocked, bool); 4] = [
     (Landlocked { abi: 1 }, false),
     (Landlocked { abi: 2 }, false),
@@ -96,7 +96,8 @@ fn only_the_launcher_creates_threads_and_only_the_writable_fs_changes_files() {
 fn the_read_only_worker_opens_only_without_modifying_flags() {
     let ro = rules(ThreadKind::Device(&fs::READ_ONLY_THREAD)).unwrap();
     assert_eq!(ro[&libc::SYS_openat].len(), 1, "openat is conditional for the read-only worker");
-    assert!(rules(ThreadKind::Device(&fs::WRITABLE_THREAD)).unwrap()[&libc::SYS_openat].is_empty());
+    let rw = rules(ThreadKind::Device(&fs::WRITABLE_THREAD)).unwrap();
+    assert_eq!(rw[&libc::SYS_openat].len(), 1, "the writable worker opens without O_TRUNC");
     for kind in kinds() {
         assert!(!rules(kind).unwrap().contains_key(&libc::SYS_open), "{} may call open", kind.name());
         assert!(!rules(kind).unwrap().contains_key(&libc::SYS_creat), "{} may call creat", kind.name());
@@ -109,19 +110,19 @@ fn the_read_only_worker_opens_only_without_modifying_flags() {
     }
 }
 
-/// openat2's flags sit behind a pointer no filter reads: the writable
-/// worker has it (and so the launcher, which starts it), the read-only one
-/// only where Landlock refuses every change an open could make, no other
-/// kind ever; and it is never conditional.
+/// openat2's flags sit behind a pointer no filter reads: the file
+/// servers' workers have it (and so the launcher, which starts them) only
+/// where Landlock refuses what their `openat` filter refuses (truncation,
+/// from ABI 3), no other kind ever; and it is never conditional.
 #[test]
 fn openat2_only_for_workers_whose_opens_need_no_flag_refused() {
-    for (landlocked, read_only_gets_it) in JAILS {
+    for (landlocked, workers_get_it) in JAILS {
         for kind in kinds() {
             let allowed = seccomp::rules(kind, &device_threads(), landlocked).unwrap();
             let wanted = match kind {
-                ThreadKind::Launcher => true,
-                k if k == ThreadKind::Device(&fs::WRITABLE_THREAD) => true,
-                k if k == ThreadKind::Device(&fs::READ_ONLY_THREAD) => read_only_gets_it,
+                ThreadKind::Launcher => workers_get_it,
+                k if k == ThreadKind::Device(&fs::WRITABLE_THREAD) => workers_get_it,
+                k if k == ThreadKind::Device(&fs::READ_ONLY_THREAD) => workers_get_it,
                 _ => false,
             };
             assert_eq!(allowed.contains_key(&libc::SYS_openat2), wanted, "{} under {landlocked:?}", kind.name());
@@ -129,6 +130,27 @@ fn openat2_only_for_workers_whose_opens_need_no_flag_refused() {
             let ro = ThreadKind::Device(&fs::READ_ONLY_THREAD);
             if kind == ro {
                 assert_eq!(allowed[&libc::SYS_openat].len(), 1, "openat stays conditional for the read-only worker");
+            }
+        }
+    }
+}
+
+/// Landlock below ABI 3 does not govern truncation, so code running in a
+/// worker that may open with O_TRUNC (or call openat2, whose flags no
+/// filter reads) could empty any file of a read-only share: open(2)
+/// truncates whatever the opener may write, and Landlock judges an
+/// `O_RDONLY | O_TRUNC` open as a read. The writable shares' worker needs
+/// no O_TRUNC (it truncates through a descriptor opened for writing,
+/// which Landlock judges): under such a jail no device worker may open
+/// with it, nor call openat2.
+#[test]
+fn below_landlock_3_no_worker_opens_to_truncate() {
+    for landlocked in [Landlocked { abi: 1 }, Landlocked { abi: 2 }] {
+        for kind in kinds().into_iter().filter(|k| matches!(k, ThreadKind::Device(_))) {
+            let allowed = seccomp::rules(kind, &device_threads(), landlocked).unwrap();
+            assert!(!allowed.contains_key(&libc::SYS_openat2), "{} may call openat2 under {landlocked:?}", kind.name());
+            if let Some(openat) = allowed.get(&libc::SYS_openat) {
+                assert_eq!(openat.len(), 1, "{} opens with any flags under {landlocked:?}", kind.name());
             }
         }
     }

@@ -227,9 +227,10 @@ fn trust_env(generated: &[Generated], trust: Option<&GuestTrust>) -> Vec<(String
 /// name with `*` wildcards. A path is kept whether or not the file exists
 /// yet: the VMM refuses what comes to be there during the run (a shadow
 /// tool's lock or temporary file, a key written later) by its place; a
-/// directory there is not hidden. Wildcards name the files that exist;
-/// unreadable directories hide nothing more (the jailed VMM could not
-/// read them either).
+/// directory there is not hidden. Wildcards name the files that exist,
+/// and the pattern itself, by which the VMM refuses a file that comes to
+/// match it during the run (a renewed key); unreadable directories hide
+/// nothing more (the jailed VMM could not read them either).
 fn expand(pattern: &str) -> Vec<String> {
     let path = Path::new(pattern);
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
@@ -246,6 +247,7 @@ fn expand(pattern: &str) -> Vec<String> {
         .filter_map(|e| e.path().to_str().map(str::to_owned))
         .collect();
     found.sort();
+    found.push(pattern.to_string());
     found
 }
 
@@ -433,9 +435,11 @@ mod tests {
         for f in ["ssh_host_rsa_key", "ssh_host_rsa_key.pub", "ssh_config"] {
             fs::write(dir.join(f), "x").unwrap();
         }
-        let found = expand(&format!("{}/ssh_host_*", dir.display()));
-        assert_eq!(found.len(), 2, "{found:?}");
+        let pattern = format!("{}/ssh_host_*", dir.display());
+        let found = expand(&pattern);
+        assert_eq!(found.len(), 3, "{found:?}");
         assert!(found.iter().all(|f| f.contains("ssh_host_")));
+        assert_eq!(found.last(), Some(&pattern), "keys made during the run are refused by the pattern");
         let missing = format!("{}/missing", dir.display());
         assert_eq!(expand(&missing), vec![missing], "a file created during the run is refused by its place");
         assert!(expand(&format!("{}/sub", dir.display())).is_empty(), "directories are not hidden");

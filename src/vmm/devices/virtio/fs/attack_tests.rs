@@ -147,7 +147,7 @@ impl<F: FileSystem + Sync> Guest<F> {
 
     /// A request that gets no reply (FORGET), offered as Linux offers it on
     /// the hiprio queue: one device-readable descriptor and nothing to write.
-    fn send(&mut self, opcode: u32, nodeid: u64, body: &[u8]) {
+    pub(super) fn send(&mut self, opcode: u32, nodeid: u64, body: &[u8]) {
         let (_, len) = self.write_request(opcode, nodeid, body);
         assert_eq!(self.run(&[(REQ_ADDR, len, false)]), 0);
     }
@@ -171,7 +171,7 @@ impl<F: FileSystem + Sync> Guest<F> {
     }
 
     /// A read naming no handle, as Linux sends once the server declined opens.
-    fn read(&mut self, node: u64, offset: u64, size: u32) -> Reply {
+    pub(super) fn read(&mut self, node: u64, offset: u64, size: u32) -> Reply {
         self.read_handle(node, 0, offset, size)
     }
 
@@ -240,7 +240,7 @@ impl<F: FileSystem + Sync> Guest<F> {
 
     /// Every name READDIR gives for `node` (no attributes, no nodes made),
     /// through one handle.
-    fn names(&mut self, node: u64) -> Result<Vec<String>, i32> {
+    pub(super) fn names(&mut self, node: u64) -> Result<Vec<String>, i32> {
         let fh = self.opendir(node)?;
         let listed = self.names_through(node, fh);
         self.releasedir(node, fh);
@@ -277,11 +277,16 @@ impl<F: FileSystem + Sync> Guest<F> {
     }
 }
 
+/// A guest of one read-only share of `host` at /ws (see [`Guest::of_share`]).
+pub(super) fn read_only_guest(host: &Path, secrets: &Secrets) -> Guest {
+    Guest::of_share(host, secrets)
+}
+
 fn share(guest_path: &str, host: &Path) -> Share {
     Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None, limit: None }
 }
 
-fn temp_dir() -> TempDir {
+pub(super) fn temp_dir() -> TempDir {
     TempDir::new_with_prefix(std::env::temp_dir().join("stockade-fs-attack-")).unwrap()
 }
 

@@ -609,17 +609,32 @@ impl BoundedFs {
         Ok(())
     }
 
-    /// Whether `node` is one of the host's secrets: by its identity, or by
-    /// any of its names (what the host put in a secret's place since the
-    /// start).
+    /// Whether `node` is one of the host's secrets or inside one: by its
+    /// identity, or by any of its names (what the host put in a secret's
+    /// place since the start), or any directory it is found through is. A
+    /// node the guest held before the host renamed a directory on its way
+    /// into a secret directory's place is inside that secret, though no
+    /// lookup in it found the node.
     fn is_secret(&self, state: &State, node: u64) -> io::Result<bool> {
-        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-        if self.secrets.holds(n.dev, n.ino) {
-            return Ok(true);
+        state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        let mut seen = std::collections::HashSet::new();
+        let mut work = vec![node];
+        while let Some(at) = work.pop() {
+            let Some(n) = state.nodes.get(&at) else { continue };
+            if !seen.insert(at) {
+                continue;
+            }
+            if self.secrets.holds(n.dev, n.ino) {
+                return Ok(true);
+            }
+            for (parent, name) in &n.names {
+                if state.nodes.get(parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name)) {
+                    return Ok(true);
+                }
+                work.push(*parent);
+            }
         }
-        Ok(n.names
-            .iter()
-            .any(|(parent, name)| state.nodes.get(parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))))
+        Ok(false)
     }
 
     /// Opens `node` for reading (a directory with O_DIRECTORY), checking

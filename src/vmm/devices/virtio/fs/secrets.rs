@@ -33,7 +33,8 @@ pub struct Secrets {
 impl Secrets {
     /// The secrets at `paths` on the host (symlinks followed). A path that
     /// does not exist is a secret if it comes to exist in a directory that
-    /// does.
+    /// does; one whose file name holds `*` wildcards (a hide pattern),
+    /// each file whose name it matches there, whenever it comes to be.
     pub fn at(paths: &[PathBuf]) -> Secrets {
         let ids = paths.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| (m.dev(), m.ino())).collect();
         let mut places: HashMap<_, Vec<_>> = HashMap::new();
@@ -49,9 +50,23 @@ impl Secrets {
     }
 
     /// Whether `name` in the host directory `ino` on device `dev` is where
-    /// a secret is.
+    /// a secret is: a name given, or one a given name with `*` wildcards
+    /// matches.
     pub fn placed(&self, dev: u64, ino: u64, name: &CStr) -> bool {
-        self.places.get(&(dev, ino)).is_some_and(|names| names.iter().any(|n| n == name.to_bytes()))
+        self.places.get(&(dev, ino)).is_some_and(|names| names.iter().any(|n| wildcard_match(n, name.to_bytes())))
+    }
+}
+
+/// Whether `name` is what `pattern` says, where `*` stands for any run of
+/// bytes: the hide patterns' wildcards (a file name cannot hold `*`'s
+/// own meaning apart from them).
+fn wildcard_match(pattern: &[u8], name: &[u8]) -> bool {
+    match pattern.iter().position(|&b| b == b'*') {
+        None => pattern == name,
+        Some(star) => {
+            let (head, rest) = (&pattern[..star], &pattern[star + 1..]);
+            name.strip_prefix(head).is_some_and(|tail| (0..=tail.len()).any(|i| wildcard_match(rest, &tail[i..])))
+        }
     }
 }
 

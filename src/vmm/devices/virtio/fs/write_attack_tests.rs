@@ -11,8 +11,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    CreateIn, EntryOut, FsOptions, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, ROOT_ID, ReadIn, ReleaseIn, RenameIn,
-    WriteIn,
+    CreateIn, EntryOut, ForgetIn, FsOptions, LinkIn, MkdirIn, Opcode, OpenIn, OpenOut, ROOT_ID, ReadIn, ReleaseIn,
+    RenameIn, WriteIn,
 };
 use fuse_backend_rs::api::Vfs;
 use vm_memory::ByteValued;
@@ -292,6 +292,72 @@ fn nothing_is_moved_out_of_a_secret_directory() {
     assert_eq!(names(&rw.join("private")), ["token"]);
 }
 
+/// A secret is known by its place as well as its identity: one the host
+/// makes during the run where one is named (`ssh-keygen -A` writing a
+/// host key that did not exist) is refused there. The guest plants a file
+/// of its own at that place beforehand (a hard link of a file it made,
+/// which it keeps by another name), forgets the node, and once the host
+/// has written the key into it, reads it by its other name, where it is no
+/// secret. Correct: nothing is made at a secret's place (as a create
+/// there is refused), by a link, a rename, a mkdir or a symlink, so the
+/// host's key is a file of its own, never one the guest holds.
+#[test]
+fn nothing_the_guest_makes_takes_a_secrets_place() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    std::fs::create_dir(rw.join("ssh")).unwrap();
+    let secrets = Secrets::at(&[rw.join("ssh/host_key")]);
+    let mut guest = Guest::of(&[share("/rw", &rw)], &secrets);
+    let rw_node = guest.walk("rw");
+    let ssh = guest.node(rw_node, "ssh");
+    let (decoy, fh) = guest.create(rw_node, b"decoy", libc::O_RDWR).unwrap();
+    assert_eq!(guest.release(decoy, fh), 0);
+    let linked = guest.link(decoy, ssh, b"host_key");
+    if linked.header.error == 0 {
+        // Both lookups (the create's and the link's) forgotten: the node goes.
+        guest.send(Opcode::Forget as u32, decoy, ForgetIn { nlookup: 2 }.as_slice());
+    }
+    std::fs::write(rw.join("ssh/host_key"), b"-----BEGIN OPENSSH PRIVATE KEY-----").unwrap();
+    let decoy = guest.node(rw_node, "decoy");
+    let read = guest.open_flags(decoy, libc::O_RDONLY).map(|fh| guest.read_fh(decoy, fh, 4096).body);
+    assert_ne!(read, Ok(b"-----BEGIN OPENSSH PRIVATE KEY-----".to_vec()), "the host's new key reached the guest");
+    assert_eq!(linked.errno(), libc::EACCES, "a link at a secret's place");
+    std::fs::remove_file(rw.join("ssh/host_key")).unwrap();
+
+    assert_eq!(guest.rename(rw_node, b"decoy", ssh, b"host_key").errno(), libc::EACCES, "a rename to it");
+    assert_eq!(guest.mkdir(ssh, b"host_key").errno(), libc::EACCES, "a mkdir there");
+    assert_eq!(guest.symlink(ssh, b"host_key", b"../decoy").errno(), libc::EACCES, "a symlink there");
+    assert!(names(&rw.join("ssh")).is_empty(), "nothing was made at the secret's place");
+}
+
+/// The writable worker never opens with O_TRUNC (its filter refuses it,
+/// see `jail::seccomp::Openat::Any`): a guest's truncating open, of any
+/// access mode and by a create of a file that exists, still empties the
+/// file, and only where the host user may write it.
+#[test]
+fn truncating_opens_empty_the_file_without_o_trunc() {
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    let mut guest = Guest::of_share(&rw);
+    let share = guest.walk("rw");
+    let file = guest.node(share, "file");
+    for access in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR] {
+        std::fs::write(rw.join("file"), b"full").unwrap();
+        let fh = guest.open_flags(file, access | libc::O_TRUNC).unwrap();
+        assert_eq!(std::fs::read(rw.join("file")).unwrap(), b"", "access {access}");
+        assert_eq!(guest.release(file, fh), 0);
+    }
+    std::fs::write(rw.join("file"), b"full").unwrap();
+    let (created, fh) = guest.create(share, b"file", libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    assert_eq!(created, file);
+    assert_eq!(std::fs::read(rw.join("file")).unwrap(), b"");
+    assert_eq!(guest.release(file, fh), 0);
+    std::fs::write(rw.join("file"), b"kept").unwrap();
+    let (_, fh) = guest.create(share, b"file", libc::O_WRONLY).unwrap();
+    assert_eq!(std::fs::read(rw.join("file")).unwrap(), b"kept", "no O_TRUNC, no truncation");
+    assert_eq!(guest.release(file, fh), 0);
+}
+
 /// Every changing request with extreme arguments (sizes, offsets and
 /// modes at their limits, every flag bit, odd names, made-up handles and
 /// guessed node ids) on every kind of node gets an answer: the worker
@@ -485,9 +551,10 @@ fn a_create_that_fails_after_opening_keeps_no_handle() {
 /// renames it into a host key's place, over the key. A host tool that
 /// then writes a new key there in place (open with O_TRUNC, as
 /// `ssh-keygen -A` does for a missing key) writes it into the guest's
-/// file, and the guest reads it through the handle it kept. Correct: a
+/// file, and the guest reads it through the handle it kept. Correct:
+/// nothing is moved to a secret's place (EACCES); were a file there, a
 /// read through a handle checks what an open checks (as reads naming no
-/// handle do), so EACCES once the file is at a secret's place.
+/// handle do).
 #[test]
 fn a_handle_kept_over_a_rename_into_a_secrets_place_reads_no_secret() {
     let dir = host();
@@ -498,7 +565,7 @@ fn a_handle_kept_over_a_rename_into_a_secrets_place_reads_no_secret() {
     let share = guest.walk("rw");
     let (planted, fh) = guest.create(share, b"planted", libc::O_RDWR).unwrap();
     assert_eq!(guest.write(planted, fh, 0, b"guest's").errno(), 0);
-    assert_eq!(guest.rename(share, b"planted", share, b"host_key").errno(), 0);
+    assert_eq!(guest.rename(share, b"planted", share, b"host_key").errno(), libc::EACCES);
     std::fs::write(rw.join("host_key"), b"NEW HOST KEY").unwrap();
     let read = guest.read_fh(planted, fh, 4096);
     assert!(
@@ -506,7 +573,7 @@ fn a_handle_kept_over_a_rename_into_a_secrets_place_reads_no_secret() {
         "the host's new key was read through the guest's handle: {:?}",
         String::from_utf8_lossy(&read.body)
     );
-    assert_eq!(read.errno(), libc::EACCES);
+    assert_eq!(read.ok(), b"guest's", "the guest's file is its own");
     assert_eq!(guest.release(planted, fh), 0);
 }
 

@@ -89,6 +89,18 @@ impl BoundedFs {
         }
     }
 
+    /// [`Self::parent_dir`], for a name to be made (or moved or linked) at:
+    /// never a secret's place. A file of the guest's there would be where
+    /// the host writes the secret, and the guest may hold it by another
+    /// name, where it is no secret.
+    fn made_at(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
+        let dir = self.parent_dir(state, parent, name)?;
+        if self.secret_place(state, parent, name) {
+            return Err(err(libc::EACCES));
+        }
+        Ok(dir)
+    }
+
     /// Whether `name` in `parent` is where one of the host's secrets is.
     fn secret_place(&self, state: &State, parent: u64, name: &CStr) -> bool {
         state.nodes.get(&parent).is_some_and(|p| self.secrets.placed(p.dev, p.ino, name))
@@ -143,7 +155,7 @@ impl BoundedFs {
     /// Makes `what` at `name` in `parent`, entered as a lookup.
     pub(super) fn make(&self, parent: u64, name: &CStr, what: Make<'_>, umask: u32) -> io::Result<Entry> {
         let mut state = self.state();
-        let dir = self.parent_dir(&mut state, parent, name)?;
+        let dir = self.made_at(&mut state, parent, name)?;
         let fd = dir.as_raw_fd();
         // SAFETY: `name` and `target` are NUL-terminated; these calls only
         // make a name in the directory `fd`, which we hold.
@@ -171,14 +183,13 @@ impl BoundedFs {
     ) -> io::Result<(Entry, u64)> {
         self.counted(|| {
             let mut state = self.state();
-            let dir = self.parent_dir(&mut state, parent, name)?;
-            if self.secret_place(&state, parent, name) {
-                return Err(err(libc::EACCES));
-            }
+            let dir = self.made_at(&mut state, parent, name)?;
             let guest_flags = open_flags(flags)?;
             let flags = guest_flags & PASSED_FLAGS | libc::O_NONBLOCK;
             let mode = masked(mode & 0o7777, umask);
-            let made = open_at_mode(&mut state, dir.as_raw_fd(), name, flags | libc::O_CREAT | libc::O_EXCL, mode);
+            // A file made is empty: O_TRUNC is for one that exists (see `reopen_file`).
+            let making = flags & !libc::O_TRUNC | libc::O_CREAT | libc::O_EXCL;
+            let made = open_at_mode(&mut state, dir.as_raw_fd(), name, making, mode);
             let file = match made {
                 Ok(file) => file,
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && guest_flags & libc::O_EXCL == 0 => {
@@ -218,7 +229,21 @@ impl BoundedFs {
         if self.secrets.holds(st.st_dev, st.st_ino) {
             return Err(err(libc::EACCES));
         }
-        reopen(state, path, flags)
+        if flags & libc::O_TRUNC == 0 {
+            return reopen(state, path, flags);
+        }
+        // Never opened with O_TRUNC, which Landlock below ABI 3 does not
+        // judge (see `jail::seccomp::Openat::Any`): emptied through a
+        // descriptor opened for writing, which it does.
+        let file = reopen(state, path, flags & !libc::O_TRUNC)?;
+        let writer = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => Some(reopen(state, path, libc::O_WRONLY | libc::O_NONBLOCK)?),
+            _ => None,
+        };
+        let fd = writer.as_ref().unwrap_or(&file).as_raw_fd();
+        // SAFETY: ftruncate touches no memory of ours.
+        check(unsafe { libc::ftruncate(fd, 0) })?;
+        Ok(file)
     }
 
     /// A new descriptor of the regular file `node` for writing, unless it
@@ -263,15 +288,11 @@ impl BoundedFs {
             return Err(err(libc::EINVAL));
         }
         let mut state = self.state();
-        let from = self.parent_dir(&mut state, olddir, oldname)?;
-        let to = self.parent_dir(&mut state, newdir, newname)?;
         // A secret made where one is named is a secret by its place alone:
-        // moved from it (an exchange moves both names), it would be read.
-        if self.secret_place(&state, olddir, oldname)
-            || (flags & libc::RENAME_EXCHANGE != 0 && self.secret_place(&state, newdir, newname))
-        {
-            return Err(err(libc::EACCES));
-        }
+        // moved from it, it would be read; moved to it, the guest's file
+        // would take it (an exchange does both).
+        let from = self.made_at(&mut state, olddir, oldname)?;
+        let to = self.made_at(&mut state, newdir, newname)?;
         let moved = fstatat(from.as_raw_fd(), oldname)?;
         let replaced = match fstatat(to.as_raw_fd(), newname) {
             Ok(st) => Some(st),
@@ -318,7 +339,7 @@ impl BoundedFs {
     /// Links the file `node` as `newname` in `newparent`, entered as a lookup.
     pub(super) fn link_node(&self, node: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         let mut state = self.state();
-        let to = self.parent_dir(&mut state, newparent, newname)?;
+        let to = self.made_at(&mut state, newparent, newname)?;
         // A new name of a secret by its place alone, the old one removed,
         // would be no secret.
         if self.is_secret(&state, node)? {
