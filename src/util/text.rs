@@ -61,9 +61,53 @@ pub fn human_bytes(bytes: u64) -> String {
     if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
+/// Whether `name` is what `pattern` says, where `*` stands for any run of
+/// bytes and every other byte for itself (the hide patterns' wildcards).
+/// Linear in the lengths whatever the stars: a name can come from the guest.
+pub fn wildcard_match(pattern: &[u8], name: &[u8]) -> bool {
+    let (mut p, mut n) = (0, 0);
+    // The last star seen and the name position it was last tried at.
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(&b) if b == name[n] => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                // Let the last star take one more byte.
+                Some((sp, sn)) => {
+                    star = Some((sp, sn + 1));
+                    p = sp + 1;
+                    n = sn + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wildcards_match_any_run_and_nothing_else() {
+        let m = |p: &str, n: &str| wildcard_match(p.as_bytes(), n.as_bytes());
+        assert!(m("ssh_host_*", "ssh_host_ed25519_key"));
+        assert!(m("ssh_host_*_key", "ssh_host_rsa_key"));
+        assert!(!m("ssh_host_*_key", "ssh_host_rsa_key.pub"));
+        assert!(!m("ssh_host_*", "ssh_config"));
+        assert!(m("*", "anything") && m("*", "") && m("a*b*c", "abc") && m("*_key", "0002_key"));
+        assert!(m("exact", "exact") && !m("exact", "exactly") && !m("exactly", "exact"));
+        assert!(m("*a*a*a*a*a*a*b", &format!("{}b", "a".repeat(250))));
+        assert!(!m("*a*a*a*a*a*a*b", &"a".repeat(255)), "a pathological pattern ends at once");
+    }
 
     #[test]
     fn formats_sizes() {

@@ -19,6 +19,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::util::text::wildcard_match;
+
 /// A host file's or directory's identity: (device, inode).
 type Identity = (u64, u64);
 
@@ -54,19 +56,6 @@ impl Secrets {
     /// matches.
     pub fn placed(&self, dev: u64, ino: u64, name: &CStr) -> bool {
         self.places.get(&(dev, ino)).is_some_and(|names| names.iter().any(|n| wildcard_match(n, name.to_bytes())))
-    }
-}
-
-/// Whether `name` is what `pattern` says, where `*` stands for any run of
-/// bytes: the hide patterns' wildcards (a file name cannot hold `*`'s
-/// own meaning apart from them).
-fn wildcard_match(pattern: &[u8], name: &[u8]) -> bool {
-    match pattern.iter().position(|&b| b == b'*') {
-        None => pattern == name,
-        Some(star) => {
-            let (head, rest) = (&pattern[..star], &pattern[star + 1..]);
-            name.strip_prefix(head).is_some_and(|tail| (0..=tail.len()).any(|i| wildcard_match(rest, &tail[i..])))
-        }
     }
 }
 
