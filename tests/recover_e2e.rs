@@ -66,7 +66,8 @@ fn a_killed_supervisor_leaves_no_vmm_and_its_changes_are_recovered() {
     let Some(rig) = rig::require("a_killed_supervisor_leaves_no_vmm_and_its_changes_are_recovered") else { return };
     let out = rig.sh(
         &script(&format!(
-            "{PRELUDE}{}{RECOVER_AND_APPLY}",
+            "{}{PRELUDE}{}{RECOVER_AND_APPLY}",
+            rig::STOPS_ITS_GUEST,
             r##"$S run -- sh -c "$WRITE; exec sleep 100000" > out.txt 2> err.txt &
 pid=$!
 i=0; until grep -q ready out.txt || [ $i -ge 400 ]; do sleep 1; i=$((i+1)); done
@@ -83,7 +84,8 @@ fn a_guest_reboot_ends_the_run_and_its_changes_are_recovered() {
     let Some(rig) = rig::require("a_guest_reboot_ends_the_run_and_its_changes_are_recovered") else { return };
     let out = rig.sh(
         &script(&format!(
-            "{PRELUDE}{}{RECOVER_AND_APPLY}",
+            "{}{PRELUDE}{}{RECOVER_AND_APPLY}",
+            rig::STOPS_ITS_GUEST,
             r##"$S run -- sh -c "$WRITE; python3 -c 'import ctypes; ctypes.CDLL(None).reboot(0x01234567)'" 2> err.txt
 echo "run=$?"
 grep -q 'stockade recover ' err.txt && echo "told=how to recover"
@@ -100,7 +102,8 @@ fn a_guest_power_off_ends_the_run_and_its_changes_are_recovered() {
     let Some(rig) = rig::require("a_guest_power_off_ends_the_run_and_its_changes_are_recovered") else { return };
     let out = rig.sh(
         &script(&format!(
-            "{PRELUDE}{}{RECOVER_AND_APPLY}",
+            "{}{PRELUDE}{}{RECOVER_AND_APPLY}",
+            rig::STOPS_ITS_GUEST,
             r##"start=$(date +%s)
 $S run -- sh -c "$WRITE; python3 -c 'import ctypes; ctypes.CDLL(None).reboot(0x4321fedc)'" 2> err.txt
 echo "run=$?"
@@ -136,7 +139,8 @@ fn a_stopped_init_ends_the_run_and_its_changes_are_recovered() {
     let Some(rig) = rig::require("a_stopped_init_ends_the_run_and_its_changes_are_recovered") else { return };
     let out = rig.sh(
         &script(&format!(
-            "{PRELUDE}cat > stop_init.py <<'EOF'{STOP_INIT}EOF\n{}{RECOVER_AND_APPLY}",
+            "{}{PRELUDE}cat > stop_init.py <<'EOF'{STOP_INIT}EOF\n{}{RECOVER_AND_APPLY}",
+            rig::STOPS_ITS_GUEST,
             r##"start=$(date +%s)
 $S run -- sh -c "$WRITE; python3 stop_init.py" 2> err.txt
 echo "run=$?"

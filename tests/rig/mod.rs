@@ -37,6 +37,13 @@ const ATTEMPTS: u32 = 3;
 /// SVM on the software CPU a guest under heavy I/O does this now and then
 /// (a few in a hundred floods); no guest of ours has on hardware KVM.
 const TRIPLE_FAULT: &str = "the guest kernel crashed (a triple fault";
+/// What stockade says when the guest's init goes silent. Under the same
+/// nested SVM a guest's vCPU has stalled for a minute on a busy L1 (its
+/// kernel log empty, the same script passing alone), so it is retried like
+/// a triple fault, unless the script means it (see `STOPS_ITS_GUEST`).
+const STOPPED: &str = "the guest stopped answering (nothing from its init for";
+/// A line a script holds when it silences its guest's init on purpose.
+pub const STOPS_ITS_GUEST: &str = "# rig: this script silences its guest on purpose\n";
 
 /// What a script did.
 #[derive(Debug, Clone)]
@@ -209,9 +216,11 @@ fn run_in_l1(script: &str, timeout: Duration) -> Result<Output, RigError> {
         let l1 = slot.as_mut().expect("L1 just booted");
         let result = l1.run(script, timeout).and_then(|out| {
             // A script may keep stockade's messages in a file and print it.
-            let faulted = out.stderr.contains(TRIPLE_FAULT) || out.stdout.contains(TRIPLE_FAULT);
-            if faulted && attempt < ATTEMPTS {
+            let says = |what: &str| out.stderr.contains(what) || out.stdout.contains(what);
+            if says(TRIPLE_FAULT) && attempt < ATTEMPTS {
                 Err(RigError::Command(format!("the guest triple-faulted:\n{out}")))
+            } else if says(STOPPED) && !script.contains(STOPS_ITS_GUEST) && attempt < ATTEMPTS {
+                Err(RigError::Command(format!("the guest stopped answering:\n{out}")))
             } else {
                 Ok(out)
             }
