@@ -127,6 +127,21 @@ fn a_checkpoint_declaring_a_huge_stream_and_trickling_it_is_cut_off() {
     assert!(!dir.join(crate::changes::landed::CHECKPOINT_DIR).exists(), "no checkpoint replaced the last");
 }
 
+/// A session's store and the host's receiver listening on its change
+/// port (a Unix socket at the returned path) for `token`.
+fn change_port(
+    tampering: admission::Tampering,
+) -> (tempfile::TempDir, changes::Store, std::path::PathBuf, Token, staging::Receiver) {
+    let tmp = tempfile::tempdir().unwrap();
+    let session = session::Session::create(tmp.path()).unwrap();
+    let store = changes::Store::open(&session.dir).unwrap();
+    let path = tmp.path().join("v.sock_changes");
+    let listener = UnixListener::bind(&path).unwrap();
+    let token = Token::from_bytes([9; TOKEN_LEN]);
+    let receiver = staging::receive(listener, path.clone(), &store, token.clone(), tampering).unwrap();
+    (tmp, store, path, token, receiver)
+}
+
 /// Guest root without the token (a `--docker` container can bind a
 /// privileged vsock port) opens as many change connections as the host
 /// checks at once and says nothing on them. Before, the init's own change
@@ -134,14 +149,8 @@ fn a_checkpoint_declaring_a_huge_stream_and_trickling_it_is_cut_off() {
 /// export failed. Now the flood's longest-silent connection makes way.
 #[test]
 fn silent_connections_do_not_crowd_out_the_inits_export() {
-    let tmp = tempfile::tempdir().unwrap();
-    let session = session::Session::create(tmp.path()).unwrap();
-    let store = changes::Store::open(&session.dir).unwrap();
-    let path = tmp.path().join("v.sock_changes");
-    let listener = UnixListener::bind(&path).unwrap();
-    let token = Token::from_bytes([9; TOKEN_LEN]);
     let tampering = admission::Tampering::default();
-    let receiver = staging::receive(listener, path.clone(), &store, token.clone(), tampering.clone()).unwrap();
+    let (_tmp, store, path, token, receiver) = change_port(tampering.clone());
     let _silent: Vec<UnixStream> = (0..64).map(|_| UnixStream::connect(&path).unwrap()).collect();
     let set = change_set(4096);
     let mut init = fake_init::connect_changes(&path, &token);
@@ -165,14 +174,7 @@ fn silent_connections_do_not_crowd_out_the_inits_export() {
 #[test]
 fn a_connection_admitted_after_the_export_ended_is_closed_at_once() {
     for init_first in [false, true] {
-        let tmp = tempfile::tempdir().unwrap();
-        let session = session::Session::create(tmp.path()).unwrap();
-        let store = changes::Store::open(&session.dir).unwrap();
-        let path = tmp.path().join("v.sock_changes");
-        let listener = UnixListener::bind(&path).unwrap();
-        let token = Token::from_bytes([9; TOKEN_LEN]);
-        let receiver =
-            staging::receive(listener, path.clone(), &store, token.clone(), admission::Tampering::default()).unwrap();
+        let (_tmp, _store, path, token, receiver) = change_port(admission::Tampering::default());
         let set = change_set(4096);
         let mut late = UnixStream::connect(&path).unwrap();
         late.write_all(&token.as_bytes()[..TOKEN_LEN - 1]).unwrap();
