@@ -44,9 +44,9 @@
 //! directory is not a secret.
 //!
 //! What is opened for its content is found with `O_PATH` first and opened
-//! for reading (through /proc/self/fd) only once it is a regular file or a
-//! directory: a FIFO or device the host put in a node's place is never
-//! opened. A lookup takes the node's kind afresh, since a host inode
+//! for reading (through /proc/thread-self/fd) only once it is a regular
+//! file or a directory: a FIFO or device the host put in a node's place is
+//! never opened. A lookup takes the node's kind afresh, since a host inode
 //! number freed and reused may come back as another kind of file.
 
 use std::any::Any;
@@ -975,11 +975,13 @@ fn open_at_mode(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u3
 }
 
 /// The `O_PATH` descriptor `path` opened again with `flags`, through its
-/// link in /proc/self/fd: the very file `path` stands for, whatever its
-/// name leads to now. (The jail's Landlock rules judge the file reached,
-/// which is in a share, and seccomp the flags, which are read-only.)
+/// link in /proc/thread-self/fd: the very file `path` stands for, whatever
+/// its name leads to now. (The jail's Landlock rules judge the file
+/// reached, which is in a share, and seccomp the flags.) The calling
+/// thread's own link: the read-only worker has a descriptor table of its
+/// own (see `jail::thread`), and /proc/self/fd is the main thread's.
 fn reopen(state: &mut State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
-    let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
+    let link = CString::new(format!("/proc/thread-self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
     open_following(state, libc::AT_FDCWD, &link, flags, 0)
 }
 
@@ -1471,6 +1473,38 @@ mod tests {
         fs.forget(&ctx, last, 1);
         assert!(!fs.state().readers.fds.contains_key(&last), "a forgotten file is closed");
         assert!(fs.read(&ctx, last, NO_HANDLE, &mut out, 4096, 0, None, 0).is_err());
+    }
+
+    /// A thread with a descriptor table of its own (the jailed read-only
+    /// worker, see `jail::thread`) reads and lists through the links of
+    /// its own descriptors: through /proc/self/fd, those of the main
+    /// thread's table, it would find nothing, or another file.
+    #[test]
+    fn a_thread_with_descriptors_of_its_own_reads_and_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("d/f"), b"mine").unwrap();
+        let share = dir.path().to_owned();
+        std::thread::spawn(move || {
+            // SAFETY: unshare takes no pointers; this thread holds no
+            // descriptor yet that another thread closes.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_FILES) }, 0, "{}", io::Error::last_os_error());
+            let fs = fs(&share, &Secrets::default());
+            let ctx = Context::default();
+            let d = fs.lookup(&ctx, ROOT, &name("d")).unwrap().inode;
+            let f = fs.lookup(&ctx, d, &name("f")).unwrap().inode;
+            assert_eq!(read(&fs, f).unwrap(), b"mine");
+            let (handle, _) = fs.opendir(&ctx, d, 0).unwrap();
+            let mut names = Vec::new();
+            fs.readdir(&ctx, d, handle.unwrap(), 4096, 0, &mut |e| {
+                names.push(e.name.to_vec());
+                Ok(1)
+            })
+            .unwrap();
+            assert!(names.contains(&b"f".to_vec()), "{names:?}");
+        })
+        .join()
+        .unwrap();
     }
 
     /// A secret directory (here named through a symlink, which the secret

@@ -27,7 +27,7 @@
 //! once found with `O_PATH` a regular file: what the host has at a name
 //! may be a FIFO or a device, which an open alone wakes.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -61,6 +61,25 @@ pub(super) fn open_flags(flags: u32) -> io::Result<libc::c_int> {
 
 fn check(rc: libc::c_int) -> io::Result<()> {
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Whether what `valid` names of `attr` can be had on a node whose
+/// attributes are `st` and that cannot be opened to change them (a
+/// symlink, a socket, a FIFO; see [`BoundedFs::attributes_fd`]): only an
+/// owner and group it already has, which leaves nothing to change. A mode
+/// is EOPNOTSUPP, as lchmod answers; times are ENOSYS, which coreutils
+/// (`cp -a`) takes for a system without lutimes and passes over, where
+/// EOPNOTSUPP would fail the copy (tar passes over both).
+fn unopenable(st: &stat64, attr: &stat64, valid: SetattrValid) -> io::Result<()> {
+    let other_owner = (valid.contains(SetattrValid::UID) && attr.st_uid != st.st_uid)
+        || (valid.contains(SetattrValid::GID) && attr.st_gid != st.st_gid);
+    if valid.contains(SetattrValid::MODE) || other_owner {
+        return Err(err(libc::EOPNOTSUPP));
+    }
+    if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
+        return Err(err(libc::ENOSYS));
+    }
+    Ok(())
 }
 
 /// `mode` with the guest's `umask` applied to its permission bits.
@@ -355,7 +374,8 @@ impl BoundedFs {
     }
 
     /// Changes what `valid` names of `node`'s attributes to `attr`'s,
-    /// through `handle` if given: the attributes after.
+    /// through `handle` if given, else through a descriptor of the node
+    /// (see [`Self::attributes_fd`]): the attributes after.
     pub(super) fn set_attr(
         &self,
         node: u64,
@@ -370,25 +390,34 @@ impl BoundedFs {
         };
         let mut state = self.state();
         let by_handle = handle.as_ref().map(|h| h.file.as_raw_fd());
-        if valid.contains(SetattrValid::MODE) {
-            let mode = attr.st_mode & 0o7777;
-            match by_handle {
-                // SAFETY: fchmod touches no memory of ours.
-                Some(fd) => check(unsafe { libc::fchmod(fd, mode) })?,
-                None => self.chmod_by_name(&mut state, node, mode)?,
+        let metadata =
+            SetattrValid::MODE | SetattrValid::UID | SetattrValid::GID | SetattrValid::ATIME | SetattrValid::MTIME;
+        // Opened before any change, which may take its owner's read right.
+        let opened = match by_handle {
+            None if valid.intersects(metadata) => Some(self.attributes_fd(&mut state, node)?),
+            _ => None,
+        };
+        let fd = match &opened {
+            Some(Ok(file)) => Some(file.as_raw_fd()),
+            Some(Err(st)) => {
+                unopenable(st, &attr, valid)?;
+                None
             }
+            None => by_handle,
+        };
+        if valid.contains(SetattrValid::MODE)
+            && let Some(fd) = fd
+        {
+            // SAFETY: fchmod touches no memory of ours.
+            check(unsafe { libc::fchmod(fd, attr.st_mode & 0o7777) })?;
         }
-        if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+        if valid.intersects(SetattrValid::UID | SetattrValid::GID)
+            && let Some(fd) = fd
+        {
             let uid = if valid.contains(SetattrValid::UID) { attr.st_uid } else { u32::MAX };
             let gid = if valid.contains(SetattrValid::GID) { attr.st_gid } else { u32::MAX };
-            match by_handle {
-                // SAFETY: fchown touches no memory of ours.
-                Some(fd) => check(unsafe { libc::fchown(fd, uid, gid) })?,
-                None => self.checked_at(&mut state, node, |_, dir, name, _| {
-                    // SAFETY: `name` is NUL-terminated; not followed.
-                    check(unsafe { libc::fchownat(dir, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
-                })?,
-            }
+            // SAFETY: fchown touches no memory of ours.
+            check(unsafe { libc::fchown(fd, uid, gid) })?;
         }
         if valid.contains(SetattrValid::SIZE) {
             let truncate = |fd: RawFd| {
@@ -403,7 +432,9 @@ impl BoundedFs {
                 }
             }
         }
-        if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
+        if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME)
+            && let Some(fd) = fd
+        {
             let time = |set: SetattrValid, now: SetattrValid, sec: i64, nsec: i64| {
                 if !valid.contains(set) {
                     libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }
@@ -417,15 +448,8 @@ impl BoundedFs {
                 time(SetattrValid::ATIME, SetattrValid::ATIME_NOW, attr.st_atime, attr.st_atime_nsec),
                 time(SetattrValid::MTIME, SetattrValid::MTIME_NOW, attr.st_mtime, attr.st_mtime_nsec),
             ];
-            match by_handle {
-                // SAFETY: futimens only reads `times`.
-                Some(fd) => check(unsafe { libc::futimens(fd, times.as_ptr()) })?,
-                None => self.checked_at(&mut state, node, |_, dir, name, _| {
-                    // SAFETY: `name` is NUL-terminated; not followed;
-                    // utimensat only reads `times`.
-                    check(unsafe { libc::utimensat(dir, name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
-                })?,
-            }
+            // SAFETY: futimens only reads `times`.
+            check(unsafe { libc::futimens(fd, times.as_ptr()) })?;
         }
         match by_handle {
             Some(fd) => fstat(fd),
@@ -433,25 +457,34 @@ impl BoundedFs {
         }
     }
 
-    /// chmod of `node` found by name. fchmodat follows a symlink, and a
-    /// symlink's mode is not the guest's to change, nor is its target:
-    /// the node is pinned with `O_PATH` first, checked, and changed through
-    /// its link in /proc/self/fd, so a symlink the host puts at the name
-    /// meanwhile is never followed (Landlock does not govern chmod).
-    fn chmod_by_name(&self, state: &mut State, node: u64, mode: u32) -> io::Result<()> {
+    /// `node` opened to have its mode, owner or times changed through the
+    /// descriptor, or the attributes of a node that cannot be opened (see
+    /// [`unopenable`]): the writable shares' worker may not change them by
+    /// name (its seccomp filter has no fchmodat, fchownat or utimensat
+    /// with a path, which could name a read-only share's file, see
+    /// `fs::FS_WRITE`), and an `O_PATH` descriptor refuses the calls. The
+    /// node is pinned with `O_PATH` first, checked to be itself, and
+    /// opened for reading through its link in /proc/thread-self/fd, a
+    /// regular file or a directory only: nothing the host put at the name
+    /// meanwhile is followed or opened.
+    ///
+    /// What this costs besides: a file or directory its owner may not read
+    /// cannot have them changed (EACCES, unless the VMM runs as root: a
+    /// mode without the owner's read right is set, but not taken back). A
+    /// secret is not opened: EACCES, as for a truncation.
+    fn attributes_fd(&self, state: &mut State, node: u64) -> io::Result<Result<OwnedFd, stat64>> {
         let identity = state.nodes.get(&node).map(|n| (n.dev, n.ino)).ok_or_else(|| err(libc::ESTALE))?;
+        self.readable(state, node)?;
         let path = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, libc::O_PATH))?;
         let st = fstat(path.as_raw_fd())?;
         if (st.st_dev, st.st_ino) != identity {
             return Err(err(libc::ESTALE));
         }
-        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-            return Err(err(libc::EOPNOTSUPP));
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => reopen(state, &path, libc::O_RDONLY | libc::O_NONBLOCK).map(Ok),
+            libc::S_IFDIR => reopen(state, &path, libc::O_RDONLY | libc::O_DIRECTORY).map(Ok),
+            _ => Ok(Err(st)),
         }
-        let link = CString::new(format!("/proc/self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
-        // SAFETY: `link` is NUL-terminated; it leads to the inode `path`
-        // holds, checked above to be the node and no symlink.
-        check(unsafe { libc::fchmodat(libc::AT_FDCWD, link.as_ptr(), mode, 0) })
     }
 
     /// Writes `size` bytes from `r` at `offset` through `handle` of `node`.
@@ -736,6 +769,83 @@ mod tests {
         assert_eq!(errno(fs.setattr(&ctx, link, attr, None, SetattrValid::MODE)), Some(libc::EOPNOTSUPP));
         assert_eq!(fs.readlink(&ctx, link).unwrap(), b"/etc/passwd");
         assert!(errno(fs.open(&ctx, link, libc::O_WRONLY.cast_unsigned(), 0)).is_some());
+    }
+
+    /// Modes, owners and times change through a descriptor of the node
+    /// opened for the purpose (the writable worker may not name a file to
+    /// change them), on files and directories, the root among them, and
+    /// the descriptor is closed again. A symlink's are not changed (but
+    /// for the owner it has), nor a secret's, which is not opened (EACCES).
+    #[test]
+    fn modes_owners_and_times_change_through_a_descriptor_of_the_node() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), b"key").unwrap();
+        let secrets = Secrets::at(&[dir.path().join("secret")]);
+        let fs = BoundedFs::new(dir.path(), &secrets, CACHED, &HandleCount::default(), HANDLES, Duration::ZERO)
+            .unwrap()
+            .writable();
+        let ctx = Context::default();
+        let d = fs.mkdir(&ctx, ROOT, &name("d"), 0o755, 0).unwrap().inode;
+        let (f, fh) = create(&fs, d, "f");
+        release(&fs, f, fh);
+        let held_before = held(&fs);
+        let host = |p: &str| std::fs::symlink_metadata(dir.path().join(p)).unwrap();
+        let (uid, gid) = (host("d/f").uid(), host("d/f").gid());
+        for (node, path) in [(f, "d/f"), (d, "d"), (ROOT, "")] {
+            let mut attr = fs.getattr(&ctx, node, None).unwrap().0;
+            attr.st_mode = 0o700;
+            (attr.st_uid, attr.st_gid) = (uid, gid);
+            (attr.st_atime, attr.st_atime_nsec, attr.st_mtime, attr.st_mtime_nsec) = (1, 2, 1_000_000, 3);
+            let valid =
+                SetattrValid::MODE | SetattrValid::UID | SetattrValid::GID | SetattrValid::ATIME | SetattrValid::MTIME;
+            let (after, _) = fs.setattr(&ctx, node, attr, None, valid).unwrap();
+            assert_eq!(
+                (after.st_mode & 0o7777, after.st_mtime, after.st_mtime_nsec),
+                (0o700, 1_000_000, 3),
+                "{path:?}"
+            );
+            let meta = host(path);
+            assert_eq!(meta.permissions().mode() & 0o7777, 0o700, "{path:?}");
+            assert_eq!((meta.atime(), meta.atime_nsec(), meta.mtime(), meta.mtime_nsec()), (1, 2, 1_000_000, 3));
+            assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+        }
+        // The file's owner has no read right now: its times are still
+        // set (the descriptor is opened before the mode changes).
+        let mut attr = fs.getattr(&ctx, f, None).unwrap().0;
+        (attr.st_mode, attr.st_mtime, attr.st_mtime_nsec) = (0o200, 7, 0);
+        fs.setattr(&ctx, f, attr, None, SetattrValid::MODE | SetattrValid::MTIME).unwrap();
+        assert_eq!((host("d/f").permissions().mode() & 0o7777, host("d/f").mtime()), (0o200, 7));
+        assert_eq!(held(&fs), held_before, "no descriptor kept");
+
+        // A symlink's mode and times are refused, its owner taken as it is.
+        let link = fs.symlink(&ctx, &name("f"), d, &name("l")).unwrap().inode;
+        let link_mtime = host("d/l").mtime();
+        let mut attr = fs.getattr(&ctx, link, None).unwrap().0;
+        attr.st_mtime = 5;
+        let refused = [
+            (SetattrValid::MODE, libc::EOPNOTSUPP),
+            (SetattrValid::MTIME, libc::ENOSYS),
+            (SetattrValid::ATIME | SetattrValid::ATIME_NOW, libc::ENOSYS),
+            (SetattrValid::UID | SetattrValid::MTIME, libc::ENOSYS),
+        ];
+        for (valid, errno_wanted) in refused {
+            assert_eq!(errno(fs.setattr(&ctx, link, attr, None, valid)), Some(errno_wanted), "{valid:?}");
+        }
+        fs.setattr(&ctx, link, attr, None, SetattrValid::UID | SetattrValid::GID).unwrap();
+        attr.st_uid = attr.st_uid.wrapping_add(1);
+        assert_eq!(errno(fs.setattr(&ctx, link, attr, None, SetattrValid::UID)), Some(libc::EOPNOTSUPP));
+        assert_eq!(host("d/l").mtime(), link_mtime);
+
+        let secret = lookup(&fs, ROOT, "secret").unwrap();
+        let before = host("secret");
+        let mut attr = fs.getattr(&ctx, secret, None).unwrap().0;
+        (attr.st_mode, attr.st_mtime) = (0o666, 5);
+        for valid in [SetattrValid::MODE, SetattrValid::MTIME] {
+            assert_eq!(errno(fs.setattr(&ctx, secret, attr, None, valid)), Some(libc::EACCES), "{valid:?}");
+        }
+        let after = host("secret");
+        assert_eq!((after.mode(), after.mtime()), (before.mode(), before.mtime()));
     }
 
     /// What the host replaced under the guest is ESTALE for every change,
