@@ -4,8 +4,8 @@ use std::io;
 use std::path::PathBuf;
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, PathBeneath, PathFd, PathFdError, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetError, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, PathFd, PathFdError, RestrictionStatus, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
 };
 use thiserror::Error;
 
@@ -63,6 +63,8 @@ pub enum LandlockError {
         #[source]
         source: PathFdError,
     },
+    #[error("cannot take up the Landlock layer built for this thread")]
+    Layer(#[source] io::Error),
 }
 
 /// A right this kernel's Landlock cannot enforce, and what holds instead.
@@ -118,12 +120,21 @@ pub fn restrict(rules: &FsRules) -> Result<u32, LandlockError> {
     if abi >= 6 {
         ruleset = ruleset.scope(Scope::from_all(TARGET_ABI))?;
     }
-    let mut created = ruleset.create()?;
     let grants = rules
         .read_only
         .iter()
         .map(|p| (p, AccessFs::from_read(TARGET_ABI)))
         .chain(rules.read_write.iter().map(|p| (p, AccessFs::from_all(TARGET_ABI))));
+    let created = granting(ruleset.create()?, grants)?;
+    enforced(created.restrict_self()?)?;
+    Ok(abi)
+}
+
+/// `created` with a rule granting each path its access.
+fn granting<'a>(
+    mut created: RulesetCreated,
+    grants: impl Iterator<Item = (&'a PathBuf, BitFlags<AccessFs>)>,
+) -> Result<RulesetCreated, LandlockError> {
     for (path, access) in grants {
         let fd =
             PathFd::new(path).map_err(|source| LandlockError::Path { path: path.display().to_string(), source })?;
@@ -131,11 +142,37 @@ pub fn restrict(rules: &FsRules) -> Result<u32, LandlockError> {
         let access = if path.is_dir() { access } else { access & AccessFs::from_file(TARGET_ABI) };
         created = created.add_rule(PathBeneath::new(fd, access))?;
     }
-    let status = created.restrict_self()?;
+    Ok(created)
+}
+
+fn enforced(status: RestrictionStatus) -> Result<(), LandlockError> {
     if status.ruleset == RulesetStatus::NotEnforced {
         return Err(LandlockError::Unavailable("the kernel enforced none of the rules".into()));
     }
-    Ok(abi)
+    Ok(())
+}
+
+/// A Landlock layer built once, before the jail closes, and laid on each
+/// thread that needs it when the thread starts (see `jail::thread`).
+#[derive(Debug)]
+pub struct Layer(RulesetCreated);
+
+impl Layer {
+    /// A layer through which nothing but `paths` (and what they hold) can
+    /// be reached at all, each with every right: for a worker that changes
+    /// files beneath them and must reach no other, since Landlock governs
+    /// opens but not changes to modes, owners and times.
+    pub fn only(paths: &[PathBuf]) -> Result<Layer, LandlockError> {
+        let ruleset = Ruleset::default().handle_access(AccessFs::from_all(TARGET_ABI))?.create()?;
+        Ok(Layer(granting(ruleset, paths.iter().map(|p| (p, AccessFs::from_all(TARGET_ABI))))?))
+    }
+
+    /// Lays the layer on the calling thread and the threads it creates
+    /// from now on.
+    pub fn restrict_current(&self) -> Result<(), LandlockError> {
+        let ruleset = self.0.try_clone().map_err(LandlockError::Layer)?;
+        enforced(ruleset.restrict_self()?)
+    }
 }
 
 /// Refuses the calling thread, and the threads it creates from now on,
@@ -145,10 +182,7 @@ pub fn restrict(rules: &FsRules) -> Result<u32, LandlockError> {
 /// opens must change nothing.
 pub fn forbid_changes() -> Result<(), LandlockError> {
     let ruleset = Ruleset::default().handle_access(AccessFs::from_write(TARGET_ABI))?.create()?;
-    if ruleset.restrict_self()?.ruleset == RulesetStatus::NotEnforced {
-        return Err(LandlockError::Unavailable("the kernel enforced none of the rules".into()));
-    }
-    Ok(())
+    enforced(ruleset.restrict_self()?)
 }
 
 #[cfg(test)]
@@ -184,6 +218,33 @@ mod tests {
         .unwrap();
         std::fs::write(&file, b"changed").unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"changed", "other threads are not bound");
+    }
+
+    /// A layer built once binds each thread it is laid on, and only
+    /// those: there nothing outside its paths opens, even to read, while
+    /// everything within them may be read, written and made.
+    #[test]
+    fn a_layer_keeps_the_threads_it_is_laid_on_to_its_paths() {
+        if abi_version().is_err() {
+            eprintln!("skipping: this kernel has no Landlock");
+            return;
+        }
+        let (inside, outside) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(outside.path().join("f"), b"kept").unwrap();
+        let layer = std::sync::Arc::new(Layer::only(&[inside.path().to_path_buf()]).unwrap());
+        for _ in 0..2 {
+            let (layer, inside, outside) = (layer.clone(), inside.path().to_owned(), outside.path().to_owned());
+            std::thread::spawn(move || {
+                layer.restrict_current().unwrap();
+                let denied = std::fs::File::open(outside.join("f")).map(drop).map_err(|e| e.raw_os_error());
+                assert_eq!(denied, Err(Some(libc::EACCES)));
+                std::fs::write(inside.join("new"), b"made").unwrap();
+                assert_eq!(std::fs::read(inside.join("new")).unwrap(), b"made");
+            })
+            .join()
+            .unwrap();
+        }
+        assert_eq!(std::fs::read(outside.path().join("f")).unwrap(), b"kept", "other threads are not bound");
     }
 
     #[test]

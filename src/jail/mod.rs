@@ -45,9 +45,10 @@ pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Close
     // Landlock first: what it enforces decides who may call openat2.
     let landlock_abi = landlock::restrict(rules)?;
     let landlocked = *CLOSED.get_or_init(|| Landlocked { abi: landlock_abi });
-    let filters = Arc::new(seccomp::Filters::build(devices, landlocked)?);
+    let filters = seccomp::Filters::build(devices, landlocked)?;
+    let writable = landlock::Layer::only(&rules.read_write)?;
     sigsys::install().map_err(JailError::Sigsys)?;
-    thread::start_launcher(filters).map_err(JailError::Launcher)?;
+    thread::start_launcher(Arc::new(thread::Confinement { filters, writable })).map_err(JailError::Launcher)?;
     Ok(Closed { landlock_abi })
 }
 

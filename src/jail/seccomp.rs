@@ -65,6 +65,10 @@ pub struct DeviceThread {
     pub syscalls: &'static [&'static [i64]],
     /// Whether `openat` is allowed, and with which flags.
     pub openat: Openat,
+    /// Calls on a directory descriptor and a path, allowed only with a
+    /// null path (argument 1): they then act on the descriptor alone,
+    /// never on a file found by name (`utimensat` as `futimens`).
+    pub on_descriptor: &'static [i64],
 }
 
 /// `openat` for a device worker, and with it `openat2` (which the file
@@ -73,7 +77,9 @@ pub struct DeviceThread {
 /// it comes only where Landlock itself refuses what the flags could do
 /// that the filter refuses (see [`Openat::allows_openat2`]). A `ReadOnly`
 /// worker runs under a Landlock layer of its own that refuses it every
-/// change to files (see `thread`), the writable shares' included.
+/// change to files (see `thread`), the writable shares' included, with
+/// a descriptor table of its own; an `Any` worker under one that reaches
+/// nothing but the writable shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Openat {
     Never,
@@ -288,6 +294,23 @@ pub(crate) fn rules(
             map.insert(libc::SYS_openat, Vec::new());
         }
         _ => {}
+    }
+    // A path names any file the process may reach (Landlock does not
+    // govern the changes these calls make): none, only a descriptor. The
+    // launcher's filter is inherited by every thread it starts.
+    let on_descriptor: Vec<i64> = match kind {
+        ThreadKind::Device(thread) => thread.on_descriptor.to_vec(),
+        ThreadKind::Launcher => devices.iter().flat_map(|d| d.on_descriptor.iter().copied()).collect(),
+        _ => Vec::new(),
+    };
+    for nr in on_descriptor {
+        map.entry(nr).or_insert(vec![SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, 0)?])?]);
+    }
+    // The read-only worker's own descriptor table (see `thread`), taken
+    // before its filter, under the launcher's.
+    if kind == ThreadKind::Launcher && devices.iter().any(|d| d.openat == Openat::ReadOnly) {
+        let files_only = cond(0, SeccompCmpOp::Eq, libc::CLONE_FILES as u64)?;
+        map.insert(libc::SYS_unshare, vec![SeccompRule::new(vec![files_only])?]);
     }
     match kind {
         ThreadKind::Vcpu => {

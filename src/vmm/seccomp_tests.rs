@@ -155,3 +155,38 @@ fn below_landlock_3_no_worker_opens_to_truncate() {
         }
     }
 }
+
+/// Landlock does not govern changes to modes, owners and times: no kind
+/// may make them by path, which could name a read-only share's file (the
+/// writable shares' worker makes them through descriptors it opened, and
+/// its own Landlock layer opens nothing else); utimensat only with a null
+/// path, as futimens. Only the launcher may unshare, and only its
+/// descriptor table, for the read-only worker it starts.
+#[test]
+fn no_kind_changes_modes_owners_or_times_by_path() {
+    for kind in kinds() {
+        let allowed = rules(kind).unwrap();
+        for nr in [
+            libc::SYS_chmod,
+            libc::SYS_fchmodat,
+            libc::SYS_fchmodat2,
+            libc::SYS_chown,
+            libc::SYS_lchown,
+            libc::SYS_fchownat,
+            libc::SYS_utime,
+            libc::SYS_utimes,
+            libc::SYS_futimesat,
+        ] {
+            assert!(!allowed.contains_key(&nr), "{} may call {nr}", kind.name());
+        }
+        let utimensat = allowed.get(&libc::SYS_utimensat);
+        assert!(utimensat.is_none_or(|rules| rules.len() == 1), "{}: utimensat is conditional", kind.name());
+        let unshare = allowed.get(&libc::SYS_unshare);
+        assert_eq!(unshare.is_some(), kind == ThreadKind::Launcher, "{} may call unshare", kind.name());
+        assert!(unshare.is_none_or(|rules| rules.len() == 1), "unshare is conditional");
+    }
+    let rw = rules(ThreadKind::Device(&fs::WRITABLE_THREAD)).unwrap();
+    for nr in [libc::SYS_fchmod, libc::SYS_fchown, libc::SYS_utimensat] {
+        assert!(rw.contains_key(&nr), "the writable worker cannot call {nr}");
+    }
+}

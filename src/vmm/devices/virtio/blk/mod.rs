@@ -45,7 +45,7 @@ const DISK_IO: &[i64] = &[
 
 /// The worker of every disk, scratch or image.
 pub const THREAD: DeviceThread =
-    DeviceThread { name: "virtio-blk", syscalls: &[WORKER, DISK_IO], openat: Openat::Never };
+    DeviceThread { name: "virtio-blk", syscalls: &[WORKER, DISK_IO], openat: Openat::Never, on_descriptor: &[] };
 
 pub const REGISTRATION: Registration = Registration { threads: &[&THREAD], create };
 

@@ -104,6 +104,11 @@ const FS_READ: &[i64] = &[
 
 /// Changing files beneath the writable shares, as the host user (the
 /// server never takes on another uid, and serves no extended attributes).
+/// Modes, owners and times only through a descriptor (`fchmod`, `fchown`,
+/// `utimensat` on a null path, see `FS_WRITE_ON_DESCRIPTOR`): Landlock does
+/// not govern those changes, and a path could name a read-only share's
+/// file; this worker's own Landlock layer keeps it from opening one (see
+/// `jail::thread`). A symlink, which cannot be opened, keeps its times.
 const FS_WRITE: &[i64] = &[
     libc::SYS_mkdirat,
     libc::SYS_mknodat,
@@ -113,10 +118,7 @@ const FS_WRITE: &[i64] = &[
     libc::SYS_symlinkat,
     libc::SYS_linkat,
     libc::SYS_fchmod,
-    libc::SYS_fchmodat,
     libc::SYS_fchown,
-    libc::SYS_fchownat,
-    libc::SYS_utimensat,
     libc::SYS_ftruncate,
     libc::SYS_fallocate,
     libc::SYS_pwrite64,
@@ -125,13 +127,20 @@ const FS_WRITE: &[i64] = &[
     libc::SYS_fdatasync,
 ];
 
+/// `futimens`, which is `utimensat` with a null path.
+const FS_WRITE_ON_DESCRIPTOR: &[i64] = &[libc::SYS_utimensat];
+
 /// The worker of the read-only shares.
 pub const READ_ONLY_THREAD: DeviceThread =
-    DeviceThread { name: "virtio-fs", syscalls: &[WORKER, FS_READ], openat: Openat::ReadOnly };
+    DeviceThread { name: "virtio-fs", syscalls: &[WORKER, FS_READ], openat: Openat::ReadOnly, on_descriptor: &[] };
 
 /// The worker of the shares a policy mounts writable.
-pub const WRITABLE_THREAD: DeviceThread =
-    DeviceThread { name: "virtio-fs (rw)", syscalls: &[WORKER, FS_READ, FS_WRITE], openat: Openat::Any };
+pub const WRITABLE_THREAD: DeviceThread = DeviceThread {
+    name: "virtio-fs (rw)",
+    syscalls: &[WORKER, FS_READ, FS_WRITE],
+    openat: Openat::Any,
+    on_descriptor: FS_WRITE_ON_DESCRIPTOR,
+};
 
 pub const REGISTRATION: Registration = Registration { threads: &[&READ_ONLY_THREAD, &WRITABLE_THREAD], create };
 

@@ -48,7 +48,7 @@ const NET_HDR_LEN: usize = 12;
 /// The worker talks to the proxy over streams the supervisor's broker
 /// connected; smoltcp itself asks nothing of the kernel but the clock.
 pub const THREAD: DeviceThread =
-    DeviceThread { name: "virtio-net", syscalls: &[WORKER, BROKERED], openat: Openat::Never };
+    DeviceThread { name: "virtio-net", syscalls: &[WORKER, BROKERED], openat: Openat::Never, on_descriptor: &[] };
 
 pub const REGISTRATION: Registration = Registration { threads: &[&THREAD], create };
 

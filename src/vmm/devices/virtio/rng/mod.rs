@@ -24,8 +24,12 @@ const QUEUE_SIZE: u16 = 64;
 const MAX_BYTES_PER_REQUEST: usize = 64 * 1024;
 
 /// The worker reads /dev/urandom, opened before the jail closed.
-pub const THREAD: DeviceThread =
-    DeviceThread { name: "virtio-rng", syscalls: &[crate::jail::seccomp::WORKER], openat: Openat::Never };
+pub const THREAD: DeviceThread = DeviceThread {
+    name: "virtio-rng",
+    syscalls: &[crate::jail::seccomp::WORKER],
+    openat: Openat::Never,
+    on_descriptor: &[],
+};
 
 pub const REGISTRATION: Registration = Registration { threads: &[&THREAD], create };
 

@@ -49,7 +49,7 @@ const MAX_GUEST_CID: u64 = u32::MAX as u64 - 1;
 
 /// The worker talks over Unix streams the supervisor's broker connected.
 pub const THREAD: DeviceThread =
-    DeviceThread { name: "virtio-vsock", syscalls: &[WORKER, BROKERED], openat: Openat::Never };
+    DeviceThread { name: "virtio-vsock", syscalls: &[WORKER, BROKERED], openat: Openat::Never, on_descriptor: &[] };
 
 pub const REGISTRATION: Registration = Registration { threads: &[&THREAD], create };
 
