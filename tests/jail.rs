@@ -150,26 +150,93 @@ fn the_writable_worker_cannot_open_to_truncate() {
     assert_result(&s.probe(&format!("write:{}", s.path("rw/file"))), "allowed");
 }
 
-/// Code running in a writable share's worker changes the mode of a file
+/// Code running in a writable share's worker changed the mode of a file
 /// in a read-only share (the workspace): Landlock governs opens, making
-/// and removing, not chmod, and that worker's filter allows fchmodat for
-/// its own share (chown and utimensat likewise). Correct: a read-only
-/// share is never changed, whatever a device thread runs (README: "write
-/// only those a policy mounts `rw`").
+/// and removing, not chmod, and that worker's filter allowed fchmodat for
+/// its own share (chown and utimensat likewise). A read-only share is
+/// never changed, whatever a device thread runs (README: "write only
+/// those a policy mounts `rw`"). Now that worker changes modes only
+/// through descriptors, and its own Landlock layer opens nothing outside
+/// the writable shares; fchmodat ends the VMM.
 #[test]
-#[ignore = "finding: the writable worker may chmod, chown and touch files of the read-only shares"]
 fn the_writable_worker_cannot_change_a_read_only_shares_modes() {
     if !require("the_writable_worker_cannot_change_a_read_only_shares_modes") {
         return;
     }
-    use std::os::unix::fs::PermissionsExt;
     let s = Setup::new("jail-chmod");
-    let mode = |p: &str| std::fs::metadata(s.path(p)).unwrap().permissions().mode();
-    let before = mode("share/file");
+    let before = mode(&s, "share/file");
     assert_result(&s.probe(&format!("chmod:{}", s.path("rw/file"))), "allowed");
     let out = s.probe(&format!("chmod:{}", s.path("share/file")));
-    assert_eq!(mode("share/file"), before, "the read-only share's file changed mode: {}", text(&out));
+    assert_eq!(mode(&s, "share/file"), before, "the read-only share's file changed mode: {}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("denied"), "{}", text(&out));
+    let out = s.probe(&format!("chmod-at:{}", s.path("share/file")));
+    stopped_by_filter(&out, "virtio-fs (rw)", libc::SYS_fchmodat);
+    assert_eq!(mode(&s, "share/file"), before, "the read-only share's file changed mode: {}", text(&out));
+}
+
+fn mode(s: &Setup, file: &str) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(s.path(file)).unwrap().permissions().mode()
+}
+
+/// A file's change time and modification time, to the nanosecond.
+fn times(s: &Setup, file: &str) -> (i64, i64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(s.path(file)).unwrap();
+    (m.ctime(), m.ctime_nsec(), m.mtime(), m.mtime_nsec())
+}
+
+/// The VMM ended as its SIGSYS report does, naming `thread` and `nr`.
+fn stopped_by_filter(out: &Output, thread: &str, nr: i64) {
+    assert_eq!(out.status.code(), Some(159), "{}", text(out));
+    let forbidden = format!("{thread} thread made system call {nr}, which its seccomp allowlist forbids");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&forbidden), "{}", text(out));
+    assert!(out.stdout.is_empty(), "the call returned: {}", text(out));
+}
+
+/// chown and utimensat as chmod above: the writable worker can neither
+/// open a read-only share's file to fchown or futimens it, nor name it
+/// to fchownat or utimensat (the VMM ends), while its own share's files
+/// are still given to their owner and touched through a descriptor.
+#[test]
+fn the_writable_worker_cannot_chown_or_touch_a_read_only_shares_files() {
+    if !require("the_writable_worker_cannot_chown_or_touch_a_read_only_shares_files") {
+        return;
+    }
+    let s = Setup::new("jail-chown-touch");
+    let before = times(&s, "share/file");
+    for probe in ["chown", "touch"] {
+        let out = s.probe(&format!("{probe}:{}", s.path("share/file")));
+        assert_result(&out, "denied: Permission denied (os error 13)");
+    }
+    for (probe, nr) in [("chown-at", libc::SYS_fchownat), ("touch-at", libc::SYS_utimensat)] {
+        for share in ["share/file", "rw/file"] {
+            stopped_by_filter(&s.probe(&format!("{probe}:{}", s.path(share))), "virtio-fs (rw)", nr);
+        }
+    }
+    assert_eq!(times(&s, "share/file"), before, "the read-only share's file changed");
+
+    let rw = times(&s, "rw/file");
+    assert_result(&s.probe(&format!("chown:{}", s.path("rw/file"))), "allowed");
+    assert_result(&s.probe(&format!("touch:{}", s.path("rw/file"))), "allowed");
+    let after = times(&s, "rw/file");
+    assert_ne!((after.0, after.1), (rw.0, rw.1), "the writable share's file was given to its owner");
+    assert_eq!((after.2, after.3), (1_000_000_000, 0), "and touched");
+}
+
+/// What the read-only shares' worker opens for reading, in its own
+/// descriptor table, has no number the writable shares' worker can
+/// fchmod (in a shared table it would, whatever its Landlock layer).
+#[test]
+fn the_writable_worker_cannot_reach_what_the_read_only_worker_opened() {
+    if !require("the_writable_worker_cannot_reach_what_the_read_only_worker_opened") {
+        return;
+    }
+    let s = Setup::new("jail-reach");
+    let before = mode(&s, "share/file");
+    let out = s.probe(&format!("reach:{}", s.path("share/file")));
+    assert_eq!(mode(&s, "share/file"), before, "the read-only share's file changed mode: {}", text(&out));
+    assert_result(&out, "denied: Bad file descriptor (os error 9)");
 }
 
 #[test]

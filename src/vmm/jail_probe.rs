@@ -4,7 +4,11 @@
 //! return: the SIGSYS report ends the process.
 
 use std::ffi::CString;
-use std::path::PathBuf;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::mpsc;
 
@@ -29,8 +33,28 @@ pub enum Probe {
     /// judge the open a read, on any share).
     TruncateRw(PathBuf),
     /// Change a file's mode (its owner's execute bit flipped), from a
-    /// writable share's worker: Landlock does not govern chmod.
+    /// writable share's worker, as its file server does: open the file,
+    /// then fchmod. Landlock does not govern chmod, the worker's own
+    /// layer governs the open.
     Chmod(PathBuf),
+    /// Give a file to its own owner and group (which changes its ctime),
+    /// from a writable share's worker, as its file server does: open,
+    /// then fchown.
+    Chown(PathBuf),
+    /// Set a file's modification time to 2001-09-09, from a writable
+    /// share's worker, as its file server does: open, then futimens.
+    Touch(PathBuf),
+    /// [`Probe::Chmod`] by path (fchmodat), which that worker's filter
+    /// refuses.
+    ChmodAt(PathBuf),
+    /// [`Probe::Chown`] by path (fchownat), likewise refused.
+    ChownAt(PathBuf),
+    /// [`Probe::Touch`] by path (utimensat with a path), likewise refused.
+    TouchAt(PathBuf),
+    /// Open a file for reading on the read-only shares' worker, as its
+    /// file server does to read it, then fchmod that descriptor's number
+    /// from a writable share's worker.
+    Reach(PathBuf),
     /// Make a TCP socket.
     Socket,
     /// Run a program.
@@ -50,13 +74,19 @@ impl FromStr for Probe {
             Some(("truncate-rw", path)) => Ok(Probe::TruncateRw(path.into())),
             Some(("openat2", path)) => Ok(Probe::Openat2(path.into())),
             Some(("chmod", path)) => Ok(Probe::Chmod(path.into())),
+            Some(("chown", path)) => Ok(Probe::Chown(path.into())),
+            Some(("touch", path)) => Ok(Probe::Touch(path.into())),
+            Some(("chmod-at", path)) => Ok(Probe::ChmodAt(path.into())),
+            Some(("chown-at", path)) => Ok(Probe::ChownAt(path.into())),
+            Some(("touch-at", path)) => Ok(Probe::TouchAt(path.into())),
+            Some(("reach", path)) => Ok(Probe::Reach(path.into())),
             Some(("exec", path)) => Ok(Probe::Exec(path.into())),
             None if s == "socket" => Ok(Probe::Socket),
             None if s == "fds" => Ok(Probe::Fds),
-            _ => {
-                Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, exec:PATH, socket or fds"
-                    .into())
-            }
+            _ => Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, \
+                      chown:PATH, touch:PATH, chmod-at:PATH, chown-at:PATH, touch-at:PATH, reach:PATH, exec:PATH, \
+                      socket or fds"
+                .into()),
         }
     }
 }
@@ -66,7 +96,14 @@ impl Probe {
     /// share's worker, everything else from the read-only one.
     fn thread_kind(&self) -> ThreadKind {
         match self {
-            Probe::Write(_) | Probe::TruncateRw(_) | Probe::Chmod(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
+            Probe::Write(_)
+            | Probe::TruncateRw(_)
+            | Probe::Chmod(_)
+            | Probe::Chown(_)
+            | Probe::Touch(_)
+            | Probe::ChmodAt(_)
+            | Probe::ChownAt(_)
+            | Probe::TouchAt(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
             _ => ThreadKind::Device(&fs::READ_ONLY_THREAD),
         }
     }
@@ -77,10 +114,13 @@ impl Probe {
 pub fn run(rules: &FsRules, probe: Probe) -> Result<String, JailError> {
     jail::enter(rules, &device_threads())?;
     let (tx, rx) = mpsc::channel();
-    thread::spawn("probe", probe.thread_kind(), move || {
-        let _ = tx.send(attempt(&probe));
-    })
-    .map_err(JailError::Launcher)?;
+    match probe {
+        Probe::Reach(path) => reach(path, tx).map_err(JailError::Launcher)?,
+        probe => thread::spawn("probe", probe.thread_kind(), move || {
+            let _ = tx.send(attempt(&probe));
+        })
+        .map_err(JailError::Launcher)?,
+    }
     thread::confine_current(ThreadKind::Main);
     Ok(rx.recv().unwrap_or_else(|_| "the probe thread ended without a result".into()))
 }
@@ -98,7 +138,27 @@ fn attempt(probe: &Probe) -> String {
             outcome(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(path).map(drop))
         }
         Probe::Openat2(path) => outcome(openat2_truncating(path)),
-        Probe::Chmod(path) => outcome(flip_owner_execute(path)),
+        Probe::Chmod(path) => outcome(opened(path).and_then(|f| flip_owner_execute(f.as_raw_fd()))),
+        Probe::Chown(path) => outcome(opened(path).and_then(|f| give_to_its_owner(f.as_raw_fd()))),
+        Probe::Touch(path) => outcome(opened(path).and_then(|f| set_mtime(f.as_raw_fd()))),
+        Probe::ChmodAt(path) => outcome(by_path(path, |path, mode| {
+            // SAFETY: `path` is NUL-terminated; fchmodat touches no memory of ours.
+            unsafe { libc::fchmodat(libc::AT_FDCWD, path.as_ptr(), (mode ^ 0o100) & 0o7777, 0) }
+        })),
+        Probe::ChownAt(path) => {
+            let owner = std::fs::symlink_metadata(path).map(|m| (m.uid(), m.gid()));
+            outcome(owner.and_then(|(uid, gid)| {
+                by_path(path, |path, _| {
+                    // SAFETY: `path` is NUL-terminated; fchownat touches no memory of ours.
+                    unsafe { libc::fchownat(libc::AT_FDCWD, path.as_ptr(), uid, gid, 0) }
+                })
+            }))
+        }
+        Probe::TouchAt(path) => outcome(by_path(path, |path, _| {
+            // SAFETY: `path` is NUL-terminated; utimensat only reads `TIMES`.
+            unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), TIMES.as_ptr(), 0) }
+        })),
+        Probe::Reach(_) => "reach runs on two threads".into(),
         Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
         Probe::Exec(path) => {
             let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {
@@ -140,17 +200,95 @@ fn openat2_truncating(path: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `fchmodat(path)` (the call the writable worker makes) flipping the
-/// owner's execute bit.
-fn flip_owner_execute(path: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+/// The times [`Probe::Touch`] sets: the access time left, the
+/// modification time at 1,000,000,000 seconds.
+const TIMES: [libc::timespec; 2] =
+    [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 0 }];
+
+/// `path` opened for reading as the file servers open a node: found with
+/// `O_PATH`, then opened through its link in /proc/thread-self/fd (where
+/// Landlock judges the file reached).
+fn opened(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let found = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path)?;
+    File::open(format!("/proc/thread-self/fd/{}", found.as_raw_fd()))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// fchmod of `fd` flipping its owner's execute bit.
+fn flip_owner_execute(fd: RawFd) -> io::Result<()> {
+    let mode = fstat(fd)?.st_mode;
+    // SAFETY: fchmod touches no memory of ours.
+    check(unsafe { libc::fchmod(fd, (mode ^ 0o100) & 0o7777) })
+}
+
+/// fchown of `fd` to the owner and group it has.
+fn give_to_its_owner(fd: RawFd) -> io::Result<()> {
+    let st = fstat(fd)?;
+    // SAFETY: fchown touches no memory of ours.
+    check(unsafe { libc::fchown(fd, st.st_uid, st.st_gid) })
+}
+
+/// futimens of `fd` to [`TIMES`].
+fn set_mtime(fd: RawFd) -> io::Result<()> {
+    // SAFETY: futimens only reads `TIMES`.
+    check(unsafe { libc::futimens(fd, TIMES.as_ptr()) })
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one stat into `st`, which outlives the call.
+    check(unsafe { libc::fstat(fd, &raw mut st) })?;
+    Ok(st)
+}
+
+/// `call` with `path` as a C string and its mode: a change by path.
+fn by_path(path: &Path, call: impl FnOnce(&CString, u32) -> libc::c_int) -> io::Result<()> {
     let mode = std::fs::symlink_metadata(path)?.permissions().mode();
-    let path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| std::io::Error::other("NUL in path"))?;
-    // SAFETY: `path` is NUL-terminated; fchmodat touches no memory of ours.
-    if unsafe { libc::fchmodat(libc::AT_FDCWD, path.as_ptr(), (mode ^ 0o100) & 0o7777, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    let path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| io::Error::other("NUL in path"))?;
+    check(call(&path, mode))
+}
+
+/// [`Probe::Reach`]: the read-only worker opens `path` for reading and
+/// holds it open while a writable worker tries to fchmod the descriptor
+/// by its number; the result goes to `result`.
+fn reach(path: PathBuf, result: mpsc::Sender<String>) -> io::Result<()> {
+    let (opened_tx, opened_rx) = mpsc::channel::<Result<(RawFd, (u64, u64)), String>>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    thread::spawn("probe (read-only)", ThreadKind::Device(&fs::READ_ONLY_THREAD), move || {
+        let file = opened(&path).and_then(|f| f.metadata().map(|m| (m.dev(), m.ino(), f)));
+        match file {
+            Ok((dev, ino, file)) => {
+                let _ = opened_tx.send(Ok((file.as_raw_fd(), (dev, ino))));
+                let _ = done_rx.recv();
+                drop(file);
+            }
+            Err(e) => {
+                let _ = opened_tx.send(Err(format!("the read-only worker could not open it: {e}")));
+            }
+        }
+    })?;
+    thread::spawn("probe", ThreadKind::Device(&fs::WRITABLE_THREAD), move || {
+        let outcome = match opened_rx.recv() {
+            Ok(Ok((fd, identity))) => match fstat(fd) {
+                // Another file by that number here: never changed.
+                Ok(st) if (st.st_dev, st.st_ino) != identity => format!("denied: descriptor {fd} is another file"),
+                Ok(_) => match flip_owner_execute(fd) {
+                    Ok(()) => "allowed".into(),
+                    Err(e) => format!("denied: {e}"),
+                },
+                Err(e) => format!("denied: {e}"),
+            },
+            Ok(Err(e)) => e,
+            Err(_) => "the read-only probe ended without a descriptor".into(),
+        };
+        let _ = done_tx.send(());
+        let _ = result.send(outcome);
+    })
 }
 
 /// Descriptors without close-on-exec, beyond stdin, stdout and stderr.
