@@ -1,5 +1,5 @@
 //! The worker's events: a kick on either queue (hiprio, requests) answers
-//! every request on it.
+//! every request on it, and those the guest adds meanwhile.
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use fuse_backend_rs::api::server::Server;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::EpollEvent;
 
-use super::request::{Access, process_queue};
+use super::request::{Access, serve_queue};
 use super::tally::Tally;
 use crate::vmm::devices::virtio::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
@@ -37,17 +37,16 @@ impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
         if ready.is_empty() {
             return self.tally.report(&self.tag);
         }
-        let mut notify = false;
         for event in ready {
             let Some(dq) = usize::try_from(event.data()).ok().and_then(|i| self.queues.get_mut(i)) else {
                 continue;
             };
             let _ = dq.kick.read();
             self.tally.notified();
-            notify |= process_queue(&self.server, &self.mem, &mut dq.queue, self.access, &mut self.tally);
-        }
-        if notify {
-            self.interrupt.signal_used_queue();
+            let interrupt = &self.interrupt;
+            serve_queue(&self.server, &self.mem, &mut dq.queue, self.access, &mut self.tally, &mut || {
+                interrupt.signal_used_queue()
+            });
         }
     }
 }

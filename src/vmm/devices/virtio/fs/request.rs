@@ -32,6 +32,30 @@ pub(super) enum Access {
     Writable,
 }
 
+/// Answers requests on `queue` until it is empty with kicks back on. Each
+/// kick is a VM exit: while requests are being served the guest adds more
+/// without one, and the ring is looked at again once kicks are re-enabled,
+/// so none is missed. `signal` runs after each pass whose replies the
+/// driver wants to hear of, so a busy queue holds back no reply.
+pub(super) fn serve_queue<F: FileSystem + Sync>(
+    server: &Server<F>,
+    mem: &GuestMemoryMmap,
+    queue: &mut Queue,
+    access: Access,
+    tally: &mut Tally,
+    signal: &mut dyn FnMut(),
+) {
+    loop {
+        let _ = queue.disable_notification(mem);
+        if process_queue(server, mem, queue, access, tally) {
+            signal();
+        }
+        if !queue.enable_notification(mem).unwrap_or(false) {
+            return;
+        }
+    }
+}
+
 /// Answers every available request on `queue`; returns whether the driver
 /// wants an interrupt for them.
 pub(super) fn process_queue<F: FileSystem + Sync>(

@@ -25,7 +25,7 @@ use vmm_sys_util::tempdir::TempDir;
 
 use super::device::*;
 use super::readonly::{Verdict, gate, opens_for_writing};
-use super::request::{Access, process_queue};
+use super::request::{Access, process_queue, serve_queue};
 use super::secrets::Secrets;
 use super::tally::Tally;
 
@@ -101,20 +101,7 @@ impl Driver {
             self.next_desc = 0;
         }
         let first = self.next_desc;
-        let raw: Vec<RawDescriptor> = descs
-            .iter()
-            .zip(first..)
-            .map(|(&(addr, len, writable), index)| {
-                let mut flags = if writable { DESC_F_WRITE } else { 0 };
-                let mut next = 0;
-                if index + 1 < first + n {
-                    flags |= DESC_F_NEXT;
-                    next = index + 1;
-                }
-                RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
-            })
-            .collect();
-        self.mock.add_desc_chains(&raw, first).unwrap();
+        self.mock.add_desc_chains(&chain(descs, first), first).unwrap();
         self.next_desc += n;
         first
     }
@@ -130,6 +117,25 @@ impl Driver {
         self.used = used_idx;
         len
     }
+}
+
+/// The raw descriptors of a chain of (address, length, device-writable)
+/// buffers placed from descriptor `first` on.
+fn chain(descs: &[(u64, u32, bool)], first: u16) -> Vec<RawDescriptor> {
+    let n = u16::try_from(descs.len()).unwrap();
+    descs
+        .iter()
+        .zip(first..)
+        .map(|(&(addr, len, writable), index)| {
+            let mut flags = if writable { DESC_F_WRITE } else { 0 };
+            let mut next = 0;
+            if index + 1 < first + n {
+                flags |= DESC_F_NEXT;
+                next = index + 1;
+            }
+            RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+        })
+        .collect()
 }
 
 /// A reply as the guest reads it.
@@ -2168,4 +2174,52 @@ fn a_fifo_in_a_share_is_never_opened_on_the_host() {
     // SAFETY: the kernel writes at most `events.len()` bytes into `events`.
     let n = unsafe { libc::read(fd, events.as_mut_ptr().cast(), events.len()) };
     assert!(n < 0, "the host FIFO was opened for the guest ({n} bytes of inotify events)");
+}
+
+/// Requests the guest adds while the device is busy cost no kick (VM exit):
+/// kicks are off while requests are served, the ring is looked at again
+/// once they are back on, each pass's replies are signalled before the
+/// next, and kicks are on when the device goes back to waiting.
+#[test]
+fn requests_added_while_the_device_is_busy_are_answered_without_a_kick() {
+    let dir = share_dir();
+    let mut client = Client::new(&[share("/ws", dir.as_path())]);
+    let (_, len) = client.write_request(Opcode::Getattr as u32, ROOT_ID, GetattrIn::default().as_slice());
+    let half = RESP_LEN / 2;
+    let first = client.driver.offer(&[(REQ_ADDR, len, false), (RESP_ADDR, half, true)]);
+    let before = client.driver.used;
+    let mem = client.mem();
+    let Client { driver, server, access, .. } = &mut client;
+    let Driver { mock, queue, next_desc, .. } = driver;
+    let second = *next_desc;
+    let used_flags =
+        |mock: &MockSplitQueue<'static, GuestMemoryMmap>| -> u16 { mem.read_obj(mock.used_addr()).unwrap() };
+    let mut seen = Vec::new();
+    serve_queue(server, mem, queue, *access, &mut Tally::default(), &mut || {
+        let used_idx: u16 = mem.read_obj(mock.used_addr().unchecked_add(2)).unwrap();
+        seen.push((used_flags(mock), used_idx));
+        if seen.len() == 1 {
+            // The guest adds a request on seeing the first reply, with the
+            // device still in its loop.
+            mock.add_desc_chains(
+                &chain(&[(REQ_ADDR, len, false), (RESP_ADDR + u64::from(half), half, true)], second),
+                second,
+            )
+            .unwrap();
+        }
+    });
+    let no_notify = u16::try_from(virtio_bindings::virtio_ring::VRING_USED_F_NO_NOTIFY).unwrap();
+    assert_eq!(
+        seen,
+        [(no_notify, before + 1), (no_notify, before + 2)],
+        "each pass signalled with kicks off, the second request answered"
+    );
+    assert_eq!(used_flags(mock), 0, "kicks must be back on when the device waits");
+    let attr_reply = len32(HEADER) + len32(size_of::<fuse_backend_rs::abi::fuse_abi::AttrOut>());
+    for (i, head) in [first, second].into_iter().enumerate() {
+        let slot = u64::from((before + u16::try_from(i).unwrap()) % QSIZE);
+        let elem = mock.used_addr().unchecked_add(4 + 8 * slot);
+        let (id, len): (u32, u32) = (mem.read_obj(elem).unwrap(), mem.read_obj(elem.unchecked_add(4)).unwrap());
+        assert_eq!((id, len), (u32::from(head), attr_reply), "request {i} answered in order, in full");
+    }
 }
