@@ -169,8 +169,10 @@ fs_counts() {
     grep -a 'virtio-fs "host" requests:' "$log" | tail -n1 | sed 's/.*requests: //'
 }
 count_run() {
+    # The file server writes its totals once the guest has been quiet for
+    # a moment: the run waits for that before it ends.
     (cd "$ws" && RUST_LOG=stockade::vmm::devices::virtio::fs=info "${run[@]}" -- env BENCH_DROP=1 ONLY="$1" \
-        bash -c "$rows" >/dev/null 2>&1) || true
+        bash -c "$rows; sleep 1" >/dev/null 2>&1) || true
     sleep 1
     fs_counts
 }

@@ -66,3 +66,58 @@ fn the_first_git_status_in_a_run_trusts_the_hosts_index() {
     let staged = out.stdout.lines().find(|l| l.starts_with("staged=")).unwrap_or_else(|| panic!("{out}"));
     assert!(staged.contains("f7.txt") && !staged.contains("index"), "{out}");
 }
+
+/// The first `git status` in a run looks up about a name a directory, not
+/// one a file: once a second name of a directory misses the guest's dentry
+/// cache, its kernel lists the directory (guest-kernel/patches/0001), and
+/// git's next names are found without a round trip. Counted by the file
+/// server (its request tally in the session's vmm.log), less a bare run;
+/// the listing must not cost git its answer either.
+#[test]
+fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
+    let Some(rig) = rig::require("the_first_git_status_lists_each_directory_instead_of_looking_up_each_file") else {
+        return;
+    };
+    let out = rig.sh(
+        &script(
+            r##"ulimit -Hn 524288; ulimit -Sn 524288
+             for d in $(seq 0 19); do
+                 mkdir d$d
+                 for f in $(seq 0 49); do echo "file $f of $d" > d$d/f$f.txt; done
+             done
+             git init -q
+             git add -A
+             git -c user.email=t@example.com -c user.name=t commit -qm init
+             sleep 1; git status --porcelain
+             echo changed >> d11/f42.txt
+             export STOCKADE_DATA_DIR=$ws.data RUST_LOG=stockade::vmm::devices::virtio::fs=info
+             counts() {
+                 sleep 1
+                 log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
+                 grep -a 'virtio-fs "host" requests:' "$log" | tail -n1 | sed 's/.*requests: //' |
+                     tr ' ' '\n' | awk -F= '$1 == "Lookup" { n = $2 } END { print n + 0 }'
+             }
+             # The file server writes its totals once the guest has been
+             # quiet for a moment: each run waits for that before it ends.
+             $S run --apply none -- sleep 1; echo "bare_run=$?"
+             echo "bare=$(counts)"
+             $S run --apply none -- sh -c 'git status --porcelain; sleep 1'; echo "run=$?"
+             echo "status=$(counts)""##,
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains(" M d11/f42.txt"), "the file changed on the host must be reported\n{out}");
+    let count = |key: &str| -> u64 {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} count\n{out}"))
+    };
+    let lookups = count("status=").saturating_sub(count("bare="));
+    // 1,000 files in 20 directories: a lookup a file would be over 1,000;
+    // a few a directory (the two that start the listing, and those that
+    // race it) stay far below.
+    assert!(lookups < 400, "the first git status made {lookups} lookups for 1,000 files in 20 directories\n{out}");
+}
