@@ -70,22 +70,26 @@ fn what_the_guest_saw_decides_conflicts() {
     let Some(rig) = rig::require("what_the_guest_saw_decides_conflicts") else { return };
     let out = rig.sh(
         &script(
-            "for f in read-first looked-only late; do echo base > $f; done; mkdir tree; echo x > tree/x
+            // `late` sits in a directory the guest looks into only when it
+            // writes it: where a program has looked up several names, the
+            // guest kernel lists the directory ahead (guest-kernel/patches),
+            // and a listed name counts as seen.
+            "mkdir later; for f in read-first looked-only later/late; do echo base > $f; done; mkdir tree; echo x > tree/x
              $S run -- sh -c 'cat read-first >/dev/null; stat looked-only >/dev/null; ls tree >/dev/null
                  echo looked; sleep 8
-                 for f in read-first looked-only late; do echo guest > $f; done; rm -rf tree' > guest.out &
+                 for f in read-first looked-only later/late; do echo guest > $f; done; rm -rf tree' > guest.out &
              for i in $(seq 300); do grep -q looked guest.out 2>/dev/null && break; sleep 0.2; done
-             for f in read-first looked-only late; do echo host > $f; done; echo added > tree/added
+             for f in read-first looked-only later/late; do echo host > $f; done; echo added > tree/added
              wait; echo \"run=$?\"
              $S apply; echo \"apply=$?\"
-             for f in read-first looked-only late tree/added; do echo \"$f=$(cat $f)\"; done",
+             for f in read-first looked-only later/late tree/added; do echo \"$f=$(cat $f)\"; done",
         ),
         T,
     );
     assert!(out.stdout.contains("run=0"), "{out}");
     assert!(out.stdout.contains("apply=1"), "{out}");
     assert!(
-        out.stdout.contains("read-first=host\nlooked-only=host\nlate=guest\ntree/added=added"),
+        out.stdout.contains("read-first=host\nlooked-only=host\nlater/late=guest\ntree/added=added"),
         "host edits after the guest read or looked up a file, and a file added to a tree the guest listed, \
          are kept; an edit before the guest's first look is what the guest built on\n{out}"
     );
