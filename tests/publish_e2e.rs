@@ -17,8 +17,14 @@ fn a_dev_server_in_the_guest_answers_on_the_published_port() {
                  until grep -q "GET /hello.txt" /tmp/http.log; do sleep 0.2; done
                  sleep 1' >run.out 2>run.err &
              run=$!
-             # Clients that come while the VM boots wait for it.
-             curl -sS --max-time 150 http://127.0.0.1:18081/ >/dev/null 2>&1; echo "closed=$?"
+             # Clients that come while the VM boots wait for it, once the
+             # run has bound the port (curl's 7: refused, not bound yet).
+             for _ in $(seq 300); do
+                 curl -sS --max-time 150 http://127.0.0.1:18081/ >/dev/null 2>&1; closed=$?
+                 [ "$closed" != 7 ] && break
+                 sleep 0.1
+             done
+             echo "closed=$closed"
              body=
              for _ in $(seq 120); do
                  body=$(curl -sS --max-time 10 http://localhost:18080/hello.txt 2>/dev/null) && [ -n "$body" ] && break
