@@ -33,8 +33,11 @@ fn a_dev_server_in_the_guest_answers_on_the_published_port() {
              echo "body=$body"
              wait $run; echo "run=$?"
              cat run.err
+             # SO_REUSEADDR: a connection of an earlier test to the port may
+             # still be in TIME_WAIT; the listener is what counts.
              python3 -c 'import socket, time
-s = socket.socket(); s.bind(("127.0.0.1", 18082)); s.listen(); time.sleep(120)' &
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 18082)); s.listen(); time.sleep(120)' &
              busy=$!
              sleep 1
              $S run -p 18082:80 -- true; echo "busy=$?"
