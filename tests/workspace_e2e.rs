@@ -4,6 +4,20 @@
 use crate::rig;
 use crate::run_e2e::{T, script};
 
+/// A committed repository of 1,000 files in 20 directories, its index
+/// written again after every file so none is racily clean. The file server
+/// holds a descriptor per inode the guest keeps: a desktop session's
+/// limit, so these tests are about git alone.
+const REPO: &str = r##"ulimit -Hn 524288; ulimit -Sn 524288
+             for d in $(seq 0 19); do
+                 mkdir d$d
+                 for f in $(seq 0 49); do echo "file $f of $d" > d$d/f$f.txt; done
+             done
+             git init -q
+             git add -A
+             git -c user.email=t@example.com -c user.name=t commit -qm init
+             sleep 1; git status --porcelain"##;
+
 /// A committed repository, a fresh run: `git status` reports a clean tree
 /// without opening one tracked file (strace counts git's opens), each file
 /// shows the stat data git recorded on the host, a file the guest then
@@ -13,18 +27,9 @@ fn the_first_git_status_in_a_run_trusts_the_hosts_index() {
     let Some(rig) = rig::require("the_first_git_status_in_a_run_trusts_the_hosts_index") else { return };
     let out = rig.sh(
         &script(
-            r##"# The file server holds a descriptor per inode the guest keeps: a
-             # desktop session's limit, so this test is about git alone.
-             ulimit -Hn 524288; ulimit -Sn 524288
-             for d in $(seq 0 19); do
-                 mkdir d$d
-                 for f in $(seq 0 49); do echo "file $f of $d" > d$d/f$f.txt; done
-             done
-             git init -q
-             git add -A
-             git -c user.email=t@example.com -c user.name=t commit -qm init
-             # The index written again after every file: none is racily clean.
-             sleep 1; git status --porcelain
+            &[
+                REPO,
+                r##"
              echo "host=$(stat -c '%i %Y %Z %u %g %s' d7/f3.txt)"
              $S run --apply none -- sh -c '
                  ino_mtime=$(stat -c "%i %Y %Z %u %g %s" d7/f3.txt)
@@ -37,6 +42,8 @@ fn the_first_git_status_in_a_run_trusts_the_hosts_index() {
                  echo "after=[$(git status --porcelain | tr "\n" " ")]"'
              echo "run=$?"
              echo "staged=[$($S diff --stat 2>&1 | tr "\n" " ")]""##,
+            ]
+            .concat(),
         ),
         T,
     );
@@ -80,15 +87,9 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
     };
     let out = rig.sh(
         &script(
-            r##"ulimit -Hn 524288; ulimit -Sn 524288
-             for d in $(seq 0 19); do
-                 mkdir d$d
-                 for f in $(seq 0 49); do echo "file $f of $d" > d$d/f$f.txt; done
-             done
-             git init -q
-             git add -A
-             git -c user.email=t@example.com -c user.name=t commit -qm init
-             sleep 1; git status --porcelain
+            &[
+                REPO,
+                r##"
              echo changed >> d11/f42.txt
              export STOCKADE_DATA_DIR=$ws.data RUST_LOG=stockade::vmm::devices::virtio::fs=info
              counts() {
@@ -103,6 +104,8 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
              echo "bare=$(counts)"
              $S run --apply none -- sh -c 'git status --porcelain; sleep 1'; echo "run=$?"
              echo "status=$(counts)""##,
+            ]
+            .concat(),
         ),
         T,
     );
