@@ -331,3 +331,16 @@ fn the_read_only_worker_calls_openat2_only_where_landlock_refuses_every_change()
         assert_result(&s.probe(&format!("open:{}", s.path("share/file"))), "allowed");
     }
 }
+
+/// A burst of guest writes allocates and frees many small buffers on the
+/// disk worker, which may not open files: the C library's giving that
+/// memory back must not open one (glibc reads
+/// /proc/sys/vm/overcommit_memory the first time a thread's heap shrinks),
+/// or the VMM stops with SIGSYS in the middle of the guest's work.
+#[test]
+fn the_disk_worker_frees_a_burst_of_buffers_without_opening_a_file() {
+    if !require("the_disk_worker_frees_a_burst_of_buffers_without_opening_a_file") {
+        return;
+    }
+    assert_result(&Setup::new("jail-heap").probe("heap-trim"), "freed");
+}

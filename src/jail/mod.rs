@@ -42,6 +42,7 @@ pub struct Closed {
 /// and the caller confines itself with `thread::confine_current`.
 /// `devices`: the worker threads the VMM's devices will start.
 pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Closed, JailError> {
+    keep_freed_heap();
     // Landlock first: what it enforces decides who may call openat2.
     let landlock_abi = landlock::restrict(rules)?;
     let landlocked = *CLOSED.get_or_init(|| Landlocked { abi: landlock_abi });
@@ -50,6 +51,18 @@ pub fn enter(rules: &FsRules, devices: &[&'static DeviceThread]) -> Result<Close
     sigsys::install().map_err(JailError::Sigsys)?;
     thread::start_launcher(Arc::new(thread::Confinement { filters, writable })).map_err(JailError::Launcher)?;
     Ok(Closed { landlock_abi })
+}
+
+/// Stops the C library from shrinking heaps when memory is freed. The
+/// first time glibc shrinks a thread's heap it opens
+/// /proc/sys/vm/overcommit_memory, a call most workers' filters refuse: a
+/// burst of guest disk writes freed on the disk worker stopped the VMM with
+/// SIGSYS. Freed memory stays with the process for reuse instead (large
+/// buffers are still mapped and unmapped on their own).
+fn keep_freed_heap() {
+    // SAFETY: mallopt only sets an allocator parameter; any value of
+    // M_TRIM_THRESHOLD is valid.
+    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX) };
 }
 
 /// What the jail closed on this process enforces, once it is closed.

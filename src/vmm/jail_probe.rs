@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::mpsc;
 
-use super::devices::virtio::{device_threads, fs};
+use super::devices::virtio::{blk, device_threads, fs};
 use crate::jail::{self, FsRules, JailError, ThreadKind, thread};
 
 #[derive(Debug, Clone)]
@@ -61,6 +61,11 @@ pub enum Probe {
     Exec(PathBuf),
     /// List inherited descriptors that would survive an exec.
     Fds,
+    /// Allocate many small blocks and free them all, on the disk worker
+    /// (which may not open files), as a burst of guest writes does: the
+    /// C library gives the freed memory back, and must not open a file
+    /// to decide how.
+    HeapTrim,
 }
 
 impl FromStr for Probe {
@@ -83,9 +88,10 @@ impl FromStr for Probe {
             Some(("exec", path)) => Ok(Probe::Exec(path.into())),
             None if s == "socket" => Ok(Probe::Socket),
             None if s == "fds" => Ok(Probe::Fds),
+            None if s == "heap-trim" => Ok(Probe::HeapTrim),
             _ => Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, \
                       chown:PATH, touch:PATH, chmod-at:PATH, chown-at:PATH, touch-at:PATH, reach:PATH, exec:PATH, \
-                      socket or fds"
+                      socket, fds or heap-trim"
                 .into()),
         }
     }
@@ -104,6 +110,7 @@ impl Probe {
             | Probe::ChmodAt(_)
             | Probe::ChownAt(_)
             | Probe::TouchAt(_) => ThreadKind::Device(&fs::WRITABLE_THREAD),
+            Probe::HeapTrim => ThreadKind::Device(&blk::THREAD),
             _ => ThreadKind::Device(&fs::READ_ONLY_THREAD),
         }
     }
@@ -172,6 +179,11 @@ fn attempt(probe: &Probe) -> String {
             outcome(Err(std::io::Error::last_os_error()))
         }
         Probe::Fds => inheritable_fds(),
+        Probe::HeapTrim => {
+            let blocks: Vec<Vec<u8>> = (0..8192).map(|_| vec![1u8; 1024]).collect();
+            drop(std::hint::black_box(blocks));
+            "freed".into()
+        }
     }
 }
 
