@@ -124,3 +124,65 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
     // race it) stay far below.
     assert!(lookups < 400, "the first git status made {lookups} lookups for 1,000 files in 20 directories\n{out}");
 }
+
+/// `grep -r` over the workspace reads each file once, and the guest kernel
+/// reads a directory's small files ahead of grep (guest-kernel/patches/0002)
+/// so that many reads go to the file server per notification instead of
+/// one each: counted by the file server (reads and notifications in its
+/// tally, less a bare run). What grep and cat see is the host's content,
+/// including a file changed on the host before the run.
+#[test]
+fn grep_reads_each_file_once_with_the_reads_ahead_of_it_sent_together() {
+    let Some(rig) = rig::require("grep_reads_each_file_once_with_the_reads_ahead_of_it_sent_together") else {
+        return;
+    };
+    let out = rig.sh(
+        &script(
+            &[
+                REPO,
+                r##"
+             echo "file 7 of 13 changed on the host" > d13/f7.txt
+             echo "host_sum=$(find d* -type f | sort | xargs cat | md5sum)"
+             export STOCKADE_DATA_DIR=$ws.data RUST_LOG=stockade::vmm::devices::virtio::fs=info
+             counts() {
+                 sleep 1
+                 log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
+                 grep -a 'virtio-fs "host" requests:' "$log" | tail -n1 | sed 's/.*requests: //' |
+                     tr ' ' '\n' | awk -F= '$1 == "Read" { r = $2 } $1 == "notifications" { n = $2 }
+                                           END { print r + 0, n + 0 }'
+             }
+             $S run --apply none -- sleep 1; echo "bare_run=$?"
+             echo "bare=$(counts)"
+             $S run --apply none -- sh -c 'grep -rl "changed on the host" d*; grep -rc "of" d* | grep -vc ":1$"; sleep 1'
+             echo "run=$?"
+             echo "grep=$(counts)"
+             $S run --apply none -- sh -c 'echo "guest_sum=$(find d* -type f | sort | xargs cat | md5sum)"'"##,
+            ]
+            .concat(),
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
+    let line = |key: &str| -> String {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} line\n{out}"))
+            .to_string()
+    };
+    assert_eq!(line("host_sum="), line("guest_sum="), "the guest must read the host's content\n{out}");
+    assert!(out.stdout.lines().any(|l| l == "d13/f7.txt"), "grep must find the file changed on the host\n{out}");
+    // Each of the 1,000 files has one line with "of": no other count.
+    assert!(out.stdout.lines().any(|l| l == "0"), "grep must count one matching line in every file\n{out}");
+    let pair = |key: &str| -> (u64, u64) {
+        let l = line(key);
+        let mut n = l.split_whitespace().map(|n| n.parse::<u64>().unwrap_or_else(|_| panic!("{l}\n{out}")));
+        (n.next().unwrap_or_default(), n.next().unwrap_or_default())
+    };
+    let ((bare_reads, bare_kicks), (reads, kicks)) = (pair("bare="), pair("grep="));
+    let (reads, kicks) = (reads.saturating_sub(bare_reads), kicks.saturating_sub(bare_kicks));
+    // Two greps over 1,000 files: the second finds them all cached.
+    assert!((1_000..1_300).contains(&reads), "grep -r read {reads} times for 1,000 files\n{out}");
+    // One notification a read without read-ahead; a batch of them with it.
+    assert!(kicks * 2 < reads, "{kicks} notifications for {reads} reads\n{out}");
+}
