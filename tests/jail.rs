@@ -2,6 +2,7 @@
 //! the VMM closes (from a VM description like the supervisor writes) and
 //! then attempts one forbidden operation from a device worker thread.
 
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -35,11 +36,15 @@ fn require(test: &str) -> bool {
 
 struct Setup {
     dir: TempDir,
+    /// The supervisor's end of the vsock broker, so the probe's VMM makes
+    /// its devices as a real one does (nothing is ever dialed).
+    broker: UnixListener,
 }
 
 impl Setup {
-    /// A read-only share, a writable share, and a "home" with an ssh key
-    /// that is shared with nobody.
+    /// A read-only share holding a secret, a writable share, a "home"
+    /// with an ssh key that is shared with nobody, and a copy of the init
+    /// the boot device serves (never the test's own stockade binary).
     fn new(name: &str) -> Setup {
         Setup::with(name, true)
     }
@@ -47,12 +52,15 @@ impl Setup {
     /// As `new`, the writable share left out of the VM if not `writable`.
     fn with(name: &str, writable: bool) -> Setup {
         let dir = TempDir::new(name);
-        for sub in ["share", "rw", "home/.ssh"] {
+        for sub in ["share", "rw", "home/.ssh", "bin"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
         std::fs::write(dir.path().join("share/file"), "shared\n").unwrap();
+        std::fs::write(dir.path().join("share/secret"), "hidden\n").unwrap();
         std::fs::write(dir.path().join("rw/file"), "writable\n").unwrap();
         std::fs::write(dir.path().join("home/.ssh/id_ed25519"), "secret\n").unwrap();
+        std::fs::write(dir.path().join("bin/init"), "the guest's init\n").unwrap();
+        set_mode(&dir.path().join("bin/init"), 0o755);
         let p = |s: &str| dir.path().join(s).display().to_string();
         let mut shares = vec![serde_json::json!({ "guest_path": "/w", "host_path": p("share"), "writable": false })];
         if writable {
@@ -60,18 +68,21 @@ impl Setup {
         }
         let config = serde_json::json!({
             "kernel": "/nonexistent/vmlinux",
-            "init": stockade_bin(),
+            "init": p("bin/init"),
             "vcpus": 1,
             "memory_bytes": 256u64 << 20,
             "kernel_log": p("kernel.log"),
             "vsock_broker": p("broker.sock"),
             "shares": shares,
+            "secrets": [p("share/secret")],
             "disk": null,
             "jail": true,
             "verbose_kernel": false,
         });
         std::fs::write(dir.path().join("vmm.json"), config.to_string()).unwrap();
-        Setup { dir }
+        let broker = UnixListener::bind(dir.path().join("broker.sock")).unwrap();
+        broker.set_nonblocking(true).unwrap();
+        Setup { dir, broker }
     }
 
     fn path(&self, sub: &str) -> String {
@@ -80,11 +91,15 @@ impl Setup {
 
     fn probe(&self, probe: &str) -> Output {
         let config = self.dir.path().join("vmm.json");
-        Command::new(stockade_bin())
+        let out = Command::new(stockade_bin())
             .args(["vmm", "--config", &config.display().to_string(), "--jail-probe", probe])
             .env_clear()
             .output()
-            .expect("run stockade vmm")
+            .expect("run stockade vmm");
+        // The VMM connected once: its connection is taken, so that the
+        // listener's backlog never fills and blocks the next probe.
+        while self.broker.accept().is_ok() {}
+        out
     }
 }
 
@@ -172,6 +187,11 @@ fn the_writable_worker_cannot_change_a_read_only_shares_modes() {
     let out = s.probe(&format!("chmod-at:{}", s.path("share/file")));
     stopped_by_filter(&out, "virtio-fs (rw)", libc::SYS_fchmodat);
     assert_eq!(mode(&s, "share/file"), before, "the read-only share's file changed mode: {}", text(&out));
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 fn mode(s: &Setup, file: &str) -> u32 {
@@ -330,4 +350,56 @@ fn the_read_only_worker_calls_openat2_only_where_landlock_refuses_every_change()
         assert_eq!(std::fs::read_to_string(s.path("rw/file")).unwrap(), "writable\n");
         assert_result(&s.probe(&format!("open:{}", s.path("share/file"))), "allowed");
     }
+}
+
+/// The descriptors of a read-only share the read-only device opened
+/// before the jail closed (its root, `O_PATH`) are in the table the
+/// writable shares' worker shares with the process: through them it
+/// changes nothing (EBADF for fchmod, fchown and futimens on `O_PATH`;
+/// its own Landlock layer refuses opens, reopens through /proc, making,
+/// removing, moving and linking beneath them). Nor does it link the
+/// init the boot device holds into a writable share, where it could be
+/// opened for writing (Landlock refuses the link: EXDEV).
+#[test]
+fn the_writable_worker_changes_nothing_through_descriptors_opened_before_the_jail() {
+    if !require("the_writable_worker_changes_nothing_through_descriptors_opened_before_the_jail") {
+        return;
+    }
+    let s = Setup::new("jail-roots");
+    let before = (mode(&s, "share/file"), times(&s, "share/file"), times(&s, "share"));
+    assert_result(&s.probe(&format!("roots:{}", s.path("share"))), "denied: every change");
+    assert_eq!((mode(&s, "share/file"), times(&s, "share/file"), times(&s, "share")), before);
+    let mut names: Vec<_> = std::fs::read_dir(s.path("share")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["file", "secret"]);
+    let linked = s.path("rw/init");
+    assert_result(&s.probe(&format!("init-link:{linked}")), "denied: Invalid cross-device link (os error 18)");
+    assert!(!Path::new(&linked).exists());
+}
+
+/// From Landlock 6 the jail's ruleset scopes signals to the VMM, which
+/// holds the signals the kernel sends for a descriptor's owner too: the
+/// writable shares' worker sets another process as the owner of a
+/// writable share's directory (F_SETOWN), SIGTERM as the signal and a
+/// watch for files made there (F_NOTIFY), then makes one, and the other
+/// process lives on. (Below ABI 6 only seccomp stands there, and it lets
+/// fcntl through: `seccomp_tests::below_landlock_6_no_thread_signals_another_process`.)
+#[test]
+fn from_landlock_6_no_thread_signals_another_process_through_a_descriptor() {
+    if !require("from_landlock_6_no_thread_signals_another_process_through_a_descriptor") {
+        return;
+    }
+    if landlock_abi() < 6 {
+        eprintln!("skipping: Landlock {} does not scope signals", landlock_abi());
+        return;
+    }
+    let s = Setup::new("jail-signal");
+    let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = s.probe(&format!("signal:{}:{}", victim.id(), s.path("rw")));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let status = victim.try_wait().unwrap();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert_eq!(status, None, "the other process was signalled: {}", text(&out));
+    assert_result(&out, "allowed");
 }
