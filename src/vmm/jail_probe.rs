@@ -103,6 +103,12 @@ pub enum Probe {
     /// directory `dir` (fcntl F_SETOWN, F_SETSIG and F_NOTIFY), then make
     /// one there.
     Signal { pid: i32, dir: PathBuf },
+    /// Read a file's `user.origin` extended attribute by its path (getxattr,
+    /// which Landlock does not govern), from the read-only worker.
+    Xattr(PathBuf),
+    /// Read where a symlink leads (readlinkat by path, which Landlock does
+    /// not govern), from the read-only worker.
+    Readlink(PathBuf),
     /// Make a TCP socket.
     Socket,
     /// Run a program.
@@ -136,6 +142,8 @@ impl FromStr for Probe {
             Some(("init-link", path)) => Ok(Probe::InitLink(path.into())),
             Some(("template-write", path)) => Ok(Probe::TemplateWrite(path.into())),
             Some(("roots", path)) => Ok(Probe::Roots(path.into())),
+            Some(("xattr", path)) => Ok(Probe::Xattr(path.into())),
+            Some(("readlink", path)) => Ok(Probe::Readlink(path.into())),
             Some(("signal", rest)) => {
                 let (pid, dir) = rest.split_once(':').ok_or("use signal:PID:DIR")?;
                 Ok(Probe::Signal { pid: pid.parse().map_err(|_| "signal:PID:DIR takes a number")?, dir: dir.into() })
@@ -145,7 +153,7 @@ impl FromStr for Probe {
             _ => Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, \
                       chown:PATH, touch:PATH, chmod-at:PATH, chown-at:PATH, touch-at:PATH, reach:PATH, exec:PATH, \
                       launch-chmod:PATH, forged-chmod:PATH, fork:PATH, init-chmod:PATH, init-link:PATH, \
-                      template-write:DIR, roots:PATH, signal:PID:DIR, socket or fds"
+                      template-write:DIR, roots:PATH, signal:PID:DIR, xattr:PATH, readlink:PATH, socket or fds"
                 .into()),
         }
     }
@@ -288,6 +296,25 @@ fn attempt(probe: &Probe, init: &Path) -> String {
         })),
         Probe::Roots(root) => changes_through_roots(root),
         Probe::Signal { pid, dir } => outcome(signal_on_notify(*pid, dir)),
+        Probe::Xattr(path) => read_outcome(c_path(path).and_then(|path| {
+            let mut value = [0u8; 256];
+            // SAFETY: the strings are NUL-terminated; getxattr writes at
+            // most `value.len()` bytes into `value`.
+            let n = unsafe {
+                libc::getxattr(path.as_ptr(), c"user.origin".as_ptr(), value.as_mut_ptr().cast(), value.len())
+            };
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            Ok(value[..n].to_vec())
+        })),
+        Probe::Readlink(path) => read_outcome(c_path(path).and_then(|path| {
+            let mut target = [0u8; 256];
+            // SAFETY: `path` is NUL-terminated; readlinkat writes at most
+            // `target.len()` bytes into `target`.
+            let n =
+                unsafe { libc::readlinkat(libc::AT_FDCWD, path.as_ptr(), target.as_mut_ptr().cast(), target.len()) };
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            Ok(target[..n].to_vec())
+        })),
         Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
         Probe::Exec(path) => {
             let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {
@@ -301,6 +328,14 @@ fn attempt(probe: &Probe, init: &Path) -> String {
             outcome(Err(std::io::Error::last_os_error()))
         }
         Probe::Fds => inheritable_fds(),
+    }
+}
+
+/// "read: " and what was read, or why not.
+fn read_outcome(read: io::Result<Vec<u8>>) -> String {
+    match read {
+        Ok(bytes) => format!("read: {}", String::from_utf8_lossy(&bytes)),
+        Err(e) => format!("denied: {e}"),
     }
 }
 
