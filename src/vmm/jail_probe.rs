@@ -109,6 +109,10 @@ pub enum Probe {
     /// Read where a symlink leads (readlinkat by path, which Landlock does
     /// not govern), from the read-only worker.
     Readlink(PathBuf),
+    /// Run a program through the 32-bit system call entry (`int 0x80`,
+    /// whose execve has the number of the 64-bit munmap, which every filter
+    /// allows): a filter that did not check the architecture would let it.
+    Exec32(PathBuf),
     /// Make a TCP socket.
     Socket,
     /// Run a program.
@@ -143,6 +147,7 @@ impl FromStr for Probe {
             Some(("template-write", path)) => Ok(Probe::TemplateWrite(path.into())),
             Some(("roots", path)) => Ok(Probe::Roots(path.into())),
             Some(("xattr", path)) => Ok(Probe::Xattr(path.into())),
+            Some(("exec32", path)) => Ok(Probe::Exec32(path.into())),
             Some(("readlink", path)) => Ok(Probe::Readlink(path.into())),
             Some(("signal", rest)) => {
                 let (pid, dir) = rest.split_once(':').ok_or("use signal:PID:DIR")?;
@@ -153,7 +158,8 @@ impl FromStr for Probe {
             _ => Err("use open:PATH, write:PATH, truncate:PATH, truncate-rw:PATH, openat2:PATH, chmod:PATH, \
                       chown:PATH, touch:PATH, chmod-at:PATH, chown-at:PATH, touch-at:PATH, reach:PATH, exec:PATH, \
                       launch-chmod:PATH, forged-chmod:PATH, fork:PATH, init-chmod:PATH, init-link:PATH, \
-                      template-write:DIR, roots:PATH, signal:PID:DIR, xattr:PATH, readlink:PATH, socket or fds"
+                      template-write:DIR, roots:PATH, signal:PID:DIR, xattr:PATH, readlink:PATH, exec32:PATH, \
+                      socket or fds"
                 .into()),
         }
     }
@@ -315,6 +321,7 @@ fn attempt(probe: &Probe, init: &Path) -> String {
             let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
             Ok(target[..n].to_vec())
         })),
+        Probe::Exec32(path) => outcome(exec_32(path)),
         Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
         Probe::Exec(path) => {
             let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {
@@ -422,6 +429,56 @@ fn signal_on_notify(pid: i32, dir: &Path) -> io::Result<()> {
     // The signal goes when the event is handled: give it time to.
     std::thread::sleep(std::time::Duration::from_millis(200));
     Ok(())
+}
+
+/// [`Probe::Exec32`]: execve through `int 0x80`, its path and argv below
+/// 4 GiB as 32-bit pointers must be. Returns only if the call failed.
+fn exec_32(path: &Path) -> io::Result<()> {
+    /// execve's number in the 32-bit table.
+    const EXECVE_32: u64 = 11;
+    let path = c_path(path)?;
+    let len = path.as_bytes_with_nul().len();
+    // SAFETY: an anonymous private mapping below 4 GiB, new memory no
+    // other code uses; never unmapped (the probe ends with the process).
+    let low = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_32BIT,
+            -1,
+            0,
+        )
+    };
+    if low == libc::MAP_FAILED || len > 4096 - 8 {
+        return Err(io::Error::other("no memory below 4 GiB for the path"));
+    }
+    let base = low as u64;
+    let argv = base + 4096 - 8;
+    // SAFETY: the mapping is 4096 bytes: the path at its start (it fits,
+    // checked above) and argv, two 32-bit words, at its end.
+    unsafe {
+        std::ptr::copy_nonoverlapping(path.as_ptr().cast::<u8>(), low.cast::<u8>(), len);
+        let words = low.cast::<u8>().add(4096 - 8).cast::<u32>();
+        words.write(u32::try_from(base).map_err(io::Error::other)?);
+        words.add(1).write(0);
+    }
+    let ret: u64;
+    // SAFETY: int 0x80 with execve's 32-bit number and pointers into the
+    // mapping above; rbx, which LLVM reserves, is swapped in and back.
+    unsafe {
+        std::arch::asm!(
+            "xchg {b}, rbx",
+            "int 0x80",
+            "xchg {b}, rbx",
+            b = inout(reg) base => _,
+            inlateout("rax") EXECVE_32 => ret,
+            in("rcx") argv,
+            in("rdx") 0u64,
+        );
+    }
+    let errno = i32::try_from(ret.wrapping_neg()).unwrap_or(libc::EIO);
+    Err(io::Error::from_raw_os_error(errno))
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
