@@ -113,6 +113,10 @@ pub enum Probe {
     /// whose execve has the number of the 64-bit munmap, which every filter
     /// allows): a filter that did not check the architecture would let it.
     Exec32(PathBuf),
+    /// From a vCPU thread, write this many bytes (zeros) to stderr, the
+    /// vmm.log the supervisor hands the VMM, past the cap its log writer
+    /// keeps.
+    Flood(u64),
     /// Make a TCP socket.
     Socket,
     /// Run a program.
@@ -148,6 +152,7 @@ impl FromStr for Probe {
             Some(("roots", path)) => Ok(Probe::Roots(path.into())),
             Some(("xattr", path)) => Ok(Probe::Xattr(path.into())),
             Some(("exec32", path)) => Ok(Probe::Exec32(path.into())),
+            Some(("flood", bytes)) => Ok(Probe::Flood(bytes.parse().map_err(|_| "flood:BYTES takes a number")?)),
             Some(("readlink", path)) => Ok(Probe::Readlink(path.into())),
             Some(("signal", rest)) => {
                 let (pid, dir) = rest.split_once(':').ok_or("use signal:PID:DIR")?;
@@ -159,7 +164,7 @@ impl FromStr for Probe {
                       chown:PATH, touch:PATH, chmod-at:PATH, chown-at:PATH, touch-at:PATH, reach:PATH, exec:PATH, \
                       launch-chmod:PATH, forged-chmod:PATH, fork:PATH, init-chmod:PATH, init-link:PATH, \
                       template-write:DIR, roots:PATH, signal:PID:DIR, xattr:PATH, readlink:PATH, exec32:PATH, \
-                      socket or fds"
+                      flood:BYTES, socket or fds"
                 .into()),
         }
     }
@@ -182,6 +187,7 @@ impl Probe {
             | Probe::InitLink(_)
             | Probe::Roots(_)
             | Probe::Signal { .. } => ThreadKind::Device(&fs::WRITABLE_THREAD),
+            Probe::Flood(_) => ThreadKind::Vcpu,
             _ => ThreadKind::Device(&fs::READ_ONLY_THREAD),
         }
     }
@@ -322,6 +328,7 @@ fn attempt(probe: &Probe, init: &Path) -> String {
             Ok(target[..n].to_vec())
         })),
         Probe::Exec32(path) => outcome(exec_32(path)),
+        Probe::Flood(bytes) => outcome(flood_stderr(*bytes)),
         Probe::Socket => outcome(std::net::TcpListener::bind("127.0.0.1:0").map(drop)),
         Probe::Exec(path) => {
             let Ok(program) = CString::new(path.as_os_str().as_encoded_bytes()) else {
@@ -479,6 +486,20 @@ fn exec_32(path: &Path) -> io::Result<()> {
     }
     let errno = i32::try_from(ret.wrapping_neg()).unwrap_or(libc::EIO);
     Err(io::Error::from_raw_os_error(errno))
+}
+
+/// [`Probe::Flood`]: `bytes` zeros written to stderr by its number.
+fn flood_stderr(bytes: u64) -> io::Result<()> {
+    let chunk = vec![0u8; 1 << 16];
+    let mut left = bytes;
+    while left > 0 {
+        let n = usize::try_from(left).unwrap_or(usize::MAX).min(chunk.len());
+        // SAFETY: write reads `n` bytes of `chunk`, which holds more.
+        let wrote = unsafe { libc::write(libc::STDERR_FILENO, chunk.as_ptr().cast(), n) };
+        let wrote = u64::try_from(wrote).map_err(|_| io::Error::last_os_error())?;
+        left = left.saturating_sub(wrote);
+    }
+    Ok(())
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
