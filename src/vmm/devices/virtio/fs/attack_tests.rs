@@ -945,3 +945,89 @@ fn a_big_directory_lists_every_name_once_in_interleaved_pages() {
 }
 
 mod hot_path_bench;
+
+/// `attack` on `guest`'s device, in a child process confined as the jail
+/// confines the read-only shares' worker (`jail::thread`): a Landlock
+/// layer refusing every change, a descriptor table of its own and that
+/// worker's seccomp filter at this kernel's Landlock ABI. How the child
+/// ended: a call the filter refuses kills it with SIGSYS (the VMM's
+/// report of it ends the VMM), a panic exits 101.
+fn in_the_read_only_workers_jail(mut guest: Guest, attack: impl FnOnce(&mut Guest)) -> Result<(), String> {
+    use crate::jail::{Landlocked, ThreadKind, landlock, seccomp::Filters};
+    let abi = landlock::abi_version().map_err(|e| format!("no Landlock: {e}"))?;
+    let filters = Filters::build(&crate::vmm::devices::virtio::device_threads(), Landlocked { abi }).unwrap();
+    // SAFETY: the child has only this thread, and glibc's fork leaves its
+    // allocator usable there; the child ends with _exit, never returning
+    // into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // The default report of a panic reads the working directory, which
+        // the filter refuses: this one only writes.
+        std::panic::set_hook(Box::new(|info| {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("jailed worker: {info}\n").as_bytes());
+        }));
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            landlock::forbid_changes().unwrap();
+            // SAFETY: unshare takes no pointers.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_FILES) }, 0);
+            filters.apply(ThreadKind::Device(&super::READ_ONLY_THREAD)).unwrap();
+            attack(&mut guest);
+        }));
+        // SAFETY: _exit ends the child without running what the parent's
+        // copy of the heap would run at exit.
+        unsafe { libc::_exit(if ran.is_ok() { 0 } else { 101 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid writes the child's status into `status`.
+    assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+    match status {
+        s if libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 0 => Ok(()),
+        s if libc::WIFEXITED(s) => Err(format!("the worker panicked (exit {})", libc::WEXITSTATUS(s))),
+        s if libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGSYS => {
+            Err("the worker made a call its filter refuses (SIGSYS): the VMM stops".into())
+        }
+        s => Err(format!("the worker ended with wait status {s:#x}")),
+    }
+}
+
+/// The read-only shares' worker serves a guest in its real jail: looks
+/// up, reads, lists, reads links, stats and answers every other request,
+/// well formed or not, without a call its filter refuses (which would
+/// stop the VMM). The requests' effects are tested unconfined above; this
+/// keeps the filter and the server in step.
+#[test]
+fn the_read_only_worker_serves_every_request_in_its_jail() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::write(root.join("file"), b"content").unwrap();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::os::unix::fs::symlink("file", root.join("link")).unwrap();
+    let guest = Guest::init(&[share("/ws", root)], &Secrets::default(), FdBudget { inodes: 64, handles: 64 }, false);
+    let served = in_the_read_only_workers_jail(guest, |guest| {
+        let ws = guest.node(ROOT_ID, "ws");
+        let file = guest.node(ws, "file");
+        let (dir, link) = (guest.node(ws, "dir"), guest.node(ws, "link"));
+        assert_eq!(&guest.read(file, 0, 64).ok()[..7], b"content");
+        let fh = guest.opendir(ws).unwrap();
+        let listing = ReadIn { fh, size: 4096, ..Default::default() };
+        guest.call(Opcode::Readdirplus as u32, ws, listing.as_slice()).ok();
+        guest.releasedir(ws, fh);
+        assert_eq!(guest.call(Opcode::Readlink as u32, link, &[]).ok(), b"file");
+        let nodes = [ROOT_ID, ws, file, dir, link, 0, u64::MAX];
+        for opcode in (0..64).filter(|&o| o != Opcode::Destroy as u32) {
+            for &node in &nodes {
+                for body in [&[0u8; 64][..], &[0xff; 64], &[0; 4]] {
+                    let (_, len) = guest.write_request(opcode, node, body);
+                    guest.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+                }
+            }
+        }
+        // The crafted requests forgot the nodes: found again.
+        let file = guest.walk("ws/file");
+        assert_eq!(&guest.read(file, 0, 64).ok()[..7], b"content", "still serving");
+    });
+    if let Err(e) = served {
+        panic!("{e}");
+    }
+}
