@@ -108,7 +108,7 @@ impl<F: FileSystem + Sync> Guest<F> {
     /// Offers a chain of (address, length, device-writable) descriptors and
     /// lets the device process the queue; returns the used length, and
     /// fails unless the chain came back.
-    fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
+    pub(super) fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         // The mock queue serves a few hundred chains; a long test starts
         // another (the server keeps no queue state).
         if self.driver.used >= 200 {
@@ -121,7 +121,7 @@ impl<F: FileSystem + Sync> Guest<F> {
 
     /// Writes request `opcode` on `nodeid` with `body`; returns its unique
     /// and length.
-    fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
+    pub(super) fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
         self.unique += 1;
         let len = u32::try_from(size_of::<InHeader>() + body.len()).unwrap();
         let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, pid: 1, padding: 0 };
@@ -946,16 +946,31 @@ fn a_big_directory_lists_every_name_once_in_interleaved_pages() {
 
 mod hot_path_bench;
 
+/// The confinement of a file server's worker in the jail (`jail::thread`).
+pub(super) enum Worker<'a> {
+    /// The read-only shares': a Landlock layer refusing every change and a
+    /// descriptor table of its own.
+    ReadOnly,
+    /// The writable shares': a Landlock layer reaching these shares only.
+    Writable(&'a [PathBuf]),
+}
+
 /// `attack` on `guest`'s device, in a child process confined as the jail
-/// confines the read-only shares' worker (`jail::thread`): a Landlock
-/// layer refusing every change, a descriptor table of its own and that
-/// worker's seccomp filter at this kernel's Landlock ABI. How the child
-/// ended: a call the filter refuses kills it with SIGSYS (the VMM's
-/// report of it ends the VMM), a panic exits 101.
-fn in_the_read_only_workers_jail(mut guest: Guest, attack: impl FnOnce(&mut Guest)) -> Result<(), String> {
+/// confines `worker`, with its seccomp filter at this kernel's Landlock
+/// ABI. How the child ended: a call the filter refuses kills it with
+/// SIGSYS (the VMM's report of it ends the VMM), a panic exits 101.
+pub(super) fn in_the_workers_jail<F: FileSystem + Sync>(
+    worker: Worker,
+    mut guest: Guest<F>,
+    attack: impl FnOnce(&mut Guest<F>),
+) -> Result<(), String> {
     use crate::jail::{Landlocked, ThreadKind, landlock, seccomp::Filters};
     let abi = landlock::abi_version().map_err(|e| format!("no Landlock: {e}"))?;
     let filters = Filters::build(&crate::vmm::devices::virtio::device_threads(), Landlocked { abi }).unwrap();
+    let layer = match worker {
+        Worker::ReadOnly => None,
+        Worker::Writable(shares) => Some(landlock::Layer::only(shares).unwrap()),
+    };
     // SAFETY: the child has only this thread, and glibc's fork leaves its
     // allocator usable there; the child ends with _exit, never returning
     // into the test harness.
@@ -968,10 +983,19 @@ fn in_the_read_only_workers_jail(mut guest: Guest, attack: impl FnOnce(&mut Gues
             let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("jailed worker: {info}\n").as_bytes());
         }));
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            landlock::forbid_changes().unwrap();
-            // SAFETY: unshare takes no pointers.
-            assert_eq!(unsafe { libc::unshare(libc::CLONE_FILES) }, 0);
-            filters.apply(ThreadKind::Device(&super::READ_ONLY_THREAD)).unwrap();
+            let kind = match layer {
+                None => {
+                    landlock::forbid_changes().unwrap();
+                    // SAFETY: unshare takes no pointers.
+                    assert_eq!(unsafe { libc::unshare(libc::CLONE_FILES) }, 0);
+                    ThreadKind::Device(&super::READ_ONLY_THREAD)
+                }
+                Some(layer) => {
+                    layer.restrict_current().unwrap();
+                    ThreadKind::Device(&super::WRITABLE_THREAD)
+                }
+            };
+            filters.apply(kind).unwrap();
             attack(&mut guest);
         }));
         // SAFETY: _exit ends the child without running what the parent's
@@ -1004,7 +1028,7 @@ fn the_read_only_worker_serves_every_request_in_its_jail() {
     std::fs::create_dir(root.join("dir")).unwrap();
     std::os::unix::fs::symlink("file", root.join("link")).unwrap();
     let guest = Guest::init(&[share("/ws", root)], &Secrets::default(), FdBudget { inodes: 64, handles: 64 }, false);
-    let served = in_the_read_only_workers_jail(guest, |guest| {
+    let served = in_the_workers_jail(Worker::ReadOnly, guest, |guest| {
         let ws = guest.node(ROOT_ID, "ws");
         let file = guest.node(ws, "file");
         let (dir, link) = (guest.node(ws, "dir"), guest.node(ws, "link"));
@@ -1046,7 +1070,7 @@ fn a_destroy_leaves_the_read_only_worker_serving_in_its_jail() {
     let dir = temp_dir();
     std::fs::write(dir.as_path().join("file"), b"content").unwrap();
     let guest = Guest::of_share(dir.as_path(), &Secrets::default());
-    let served = in_the_read_only_workers_jail(guest, |guest| {
+    let served = in_the_workers_jail(Worker::ReadOnly, guest, |guest| {
         let ws = guest.node(ROOT_ID, "ws");
         let file = guest.node(ws, "file");
         assert_eq!(&guest.read(file, 0, 64).ok()[..7], b"content");
