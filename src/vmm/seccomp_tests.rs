@@ -239,3 +239,74 @@ fn below_landlock_6_no_thread_signals_another_process() {
     let _ = victim.wait();
     assert_eq!(status, None, "another process was signalled from a vCPU thread (fcntl results, write: {calls:?})");
 }
+
+/// Calls that would reach past the filters, the process or the jail: no
+/// kind has them. io_uring runs operations no filter sees; bpf, ptrace,
+/// process_vm_*, pidfd_getfd and the keyrings reach other processes or
+/// the kernel's state; mounts, namespaces, chroot and file handles
+/// (open_by_handle_at finds any file of a filesystem, Landlock's rules
+/// aside) change what paths mean; personality's READ_IMPLIES_EXEC would
+/// make readable memory executable behind mmap's PROT_EXEC check;
+/// userfaultfd and perf_event_open widen what a bug in the kernel gives;
+/// signals by other means than tgkill go outside the process. (The
+/// launcher's clone, clone3, unshare, prctl, seccomp and Landlock calls
+/// start threads, and are tested above.)
+#[test]
+fn no_kind_may_reach_past_the_filters() {
+    let beyond = [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_open,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_pidfd_send_signal,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_setns,
+        libc::SYS_chroot,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_fsopen,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_personality,
+        libc::SYS_memfd_create,
+        libc::SYS_socketpair,
+        libc::SYS_fork,
+        libc::SYS_vfork,
+        libc::SYS_setuid,
+        libc::SYS_setresuid,
+        libc::SYS_setgid,
+        libc::SYS_setresgid,
+        libc::SYS_capset,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_kexec_load,
+        libc::SYS_modify_ldt,
+        libc::SYS_pkey_mprotect,
+        libc::SYS_remap_file_pages,
+        libc::SYS_vmsplice,
+    ];
+    for (landlocked, _) in JAILS {
+        for kind in kinds() {
+            let allowed = seccomp::rules(kind, &device_threads(), landlocked).unwrap();
+            for nr in beyond {
+                assert!(!allowed.contains_key(&nr), "{} may call {nr} under {landlocked:?}", kind.name());
+            }
+        }
+    }
+}
