@@ -208,27 +208,20 @@ fn below_landlock_6_no_thread_signals_another_process() {
     /// `F_SETSIG` (Linux), which the libc crate does not name.
     const F_SETSIG: libc::c_int = 10;
 
-    let filters = Filters::build(&device_threads(), Landlocked { abi: 5 }).unwrap();
     let mut victim = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     let pid = i32::try_from(victim.id()).unwrap();
     let (owned, peer) = std::os::unix::net::UnixStream::pair().unwrap();
-    let calls = std::thread::spawn(move || {
-        filters.apply(ThreadKind::Vcpu).unwrap();
+    let ended = under_the_filter(ThreadKind::Vcpu, Landlocked { abi: 5 }, || {
         let fd = owned.as_raw_fd();
         // SAFETY: these fcntl commands take integers, no pointers.
-        let set = unsafe {
-            [
-                libc::fcntl(fd, libc::F_SETOWN, pid),
-                libc::fcntl(fd, F_SETSIG, libc::SIGTERM),
-                libc::fcntl(fd, libc::F_SETFL, libc::O_ASYNC),
-            ]
-        };
+        unsafe {
+            libc::fcntl(fd, libc::F_SETOWN, pid);
+            libc::fcntl(fd, F_SETSIG, libc::SIGTERM);
+            libc::fcntl(fd, libc::F_SETFL, libc::O_ASYNC);
+        }
         // SAFETY: write reads one byte of a static.
-        let wrote = unsafe { libc::write(peer.as_raw_fd(), b"x".as_ptr().cast(), 1) };
-        (set, wrote)
-    })
-    .join()
-    .unwrap();
+        unsafe { libc::write(peer.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+    });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let mut status = None;
     while status.is_none() && std::time::Instant::now() < deadline {
@@ -237,7 +230,7 @@ fn below_landlock_6_no_thread_signals_another_process() {
     }
     let _ = victim.kill();
     let _ = victim.wait();
-    assert_eq!(status, None, "another process was signalled from a vCPU thread (fcntl results, write: {calls:?})");
+    assert_eq!(status, None, "another process was signalled from a vCPU's filter (the child: {ended})");
 }
 
 /// Calls that would reach past the filters, the process or the jail: no
@@ -308,5 +301,52 @@ fn no_kind_may_reach_past_the_filters() {
                 assert!(!allowed.contains_key(&nr), "{} may call {nr} under {landlocked:?}", kind.name());
             }
         }
+    }
+}
+
+/// Any thread's code can have the launcher start it under the launcher's
+/// own kind (`jail::no_thread_escapes_its_confinement_through_the_launcher`),
+/// so the launcher's filter is what code in the VMM gets at most. Below
+/// Landlock 3, which judges an `O_RDONLY | O_TRUNC` open as a read, the
+/// workers' filters refuse O_TRUNC so that no read-only share's file is
+/// emptied; the launcher's openat takes any flag (no worker needs
+/// O_TRUNC), and under it a thread empties a file it may only read.
+#[test]
+#[ignore = "finding: below Landlock 3 the launcher's filter opens with O_TRUNC, which code in any thread gets through the launcher"]
+fn below_landlock_3_the_launcher_opens_nothing_to_truncate() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workspace-file");
+    std::fs::write(&file, b"kept").unwrap();
+    let ended = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 2 }, || {
+        let _ = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(&file);
+    });
+    assert_eq!(std::fs::read(&file).unwrap(), b"kept", "a file was emptied under the launcher's filter ({ended})");
+}
+
+/// Runs `f` in a child process under the filter of `kind` built for a
+/// jail of `landlocked` (no Landlock ruleset: what the filter alone
+/// allows), and says how the child ended: a call the filter refuses
+/// kills it with SIGSYS (no report is installed), never the test.
+fn under_the_filter(kind: ThreadKind, landlocked: Landlocked, f: impl FnOnce()) -> String {
+    let filters = Filters::build(&device_threads(), landlocked).unwrap();
+    // SAFETY: the child has only this thread, and glibc's fork leaves its
+    // allocator usable there; it ends with _exit, never returning into
+    // the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        filters.apply(kind).unwrap();
+        f();
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid writes the child's status into `status`.
+    assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+    if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS {
+        "stopped by its filter".into()
+    } else {
+        format!("wait status {status:#x}")
     }
 }
