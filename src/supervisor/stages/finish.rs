@@ -375,4 +375,33 @@ mod tests {
         let setup = Outcome::of(&ended(Ok(Conversation::Ended { report: setup, staged: None })), None);
         assert_eq!(setup.failure.as_deref(), Some(setup.text.as_str()));
     }
+
+    /// A VM that ends without a report gets the kernel log's first
+    /// "Kernel panic" line, or the VMM log's last line, quoted to the
+    /// user's terminal. The guest writes the kernel log (its console,
+    /// `/dev/ttyS0` for root): a line it printed, then a reset, must not
+    /// drive the terminal (set its title, write the clipboard with OSC 52,
+    /// clear the screen, hide text with bidi marks), as nothing else the
+    /// guest chose is shown unescaped (`util::text::display_bytes`).
+    #[test]
+    #[ignore = "finding: the guest's own 'Kernel panic' line from its console reaches the terminal with its escape sequences"]
+    fn a_vm_that_ended_is_explained_without_the_guests_control_characters() {
+        let data = tempfile::tempdir().unwrap();
+        let session = session::Session::create(data.path()).unwrap();
+        let hostile =
+            "Kernel panic - not syncing: \x1b]52;c;ZWNobyBvd25lZA==\x07\x1b]0;stockade: ok\x07\x1b[2J\u{202e}";
+        std::fs::write(session.kernel_log(), format!("[    1.0] {hostile}\n")).unwrap();
+        let message = vm_ended_message(&session);
+        assert!(
+            !message.chars().any(|c| c.is_control() || crate::util::text::is_invisible(c)),
+            "the message quotes the guest's control characters: {message:?}"
+        );
+        std::fs::remove_file(session.kernel_log()).unwrap();
+        std::fs::write(session.vmm_log(), format!("stockade: error: {hostile}\n")).unwrap();
+        let message = vm_ended_message(&session);
+        assert!(
+            !message.chars().any(|c| c.is_control() || crate::util::text::is_invisible(c)),
+            "the message quotes the VMM log's control characters: {message:?}"
+        );
+    }
 }
