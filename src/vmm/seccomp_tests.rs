@@ -350,3 +350,36 @@ fn under_the_filter(kind: ThreadKind, landlocked: Landlocked, f: impl FnOnce()) 
         format!("wait status {status:#x}")
     }
 }
+
+/// The launcher's filter (every thread's, inherited) makes threads and
+/// nothing else: a thread starts as the C library starts one (`clone3`
+/// fails with ENOSYS, then `clone` with a thread's flags), and a fork,
+/// whose child would outlive the VMM with its descriptors and Landlock
+/// rights, is stopped.
+#[test]
+fn the_launcher_makes_threads_and_no_process() {
+    let started = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 6 }, || {
+        // SAFETY: clone3 with a null argument reads nothing; the filter
+        // answers before the kernel looks.
+        let clone3 = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        if clone3 != -1 || errno != Some(libc::ENOSYS) {
+            // SAFETY: _exit ends the child at once.
+            unsafe { libc::_exit(3) };
+        }
+        if std::thread::spawn(|| 7).join().ok() != Some(7) {
+            // SAFETY: as above.
+            unsafe { libc::_exit(4) };
+        }
+    });
+    assert_eq!(started, "wait status 0x0", "a thread under the launcher's filter");
+    let forked = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 6 }, || {
+        // SAFETY: a fork's child only exits.
+        let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+        if pid == 0 {
+            // SAFETY: _exit ends the forked child at once.
+            unsafe { libc::_exit(0) };
+        }
+    });
+    assert_eq!(forked, "stopped by its filter", "a fork under the launcher's filter");
+}
