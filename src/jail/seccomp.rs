@@ -316,9 +316,15 @@ pub(crate) fn rules(
             map.insert(libc::SYS_openat, open_without(libc::O_TRUNC as u64)?);
         }
         // The launcher's filter is inherited by every thread it starts,
-        // whose own filter then narrows the call.
-        ThreadKind::Launcher if devices.iter().any(|d| d.openat != Openat::Never) => {
-            map.insert(libc::SYS_openat, Vec::new());
+        // whose own filter then narrows the call; it refuses what every
+        // worker's refuses, as code in any thread can have the launcher
+        // start a thread under the launcher's kind (O_TRUNC below
+        // Landlock 3 would empty a read-only share's file).
+        ThreadKind::Launcher if devices.iter().any(|d| d.openat == Openat::Any) => {
+            map.insert(libc::SYS_openat, open_without(libc::O_TRUNC as u64)?);
+        }
+        ThreadKind::Launcher if devices.iter().any(|d| d.openat == Openat::ReadOnly) => {
+            map.insert(libc::SYS_openat, open_without(MODIFYING_OPEN_FLAGS)?);
         }
         _ => {}
     }
