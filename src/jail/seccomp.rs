@@ -287,6 +287,22 @@ fn clone_a_thread() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     Ok(vec![SeccompRule::new(vec![flags])?])
 }
 
+/// `fcntl` for what the VMM and its libraries ask of it: duplicating a
+/// descriptor and reading or setting its flags (F_SETFL without O_ASYNC).
+/// Not F_SETOWN, F_SETSIG, F_SETLEASE or F_NOTIFY, whose signals below
+/// Landlock 6 (which scopes signals to the VMM) reach any process of the
+/// user: nothing but this filter would keep a thread from them.
+fn fcntl_without_signals() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    let command = |cmd: libc::c_int| SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd as u64);
+    let mut rules = [libc::F_DUPFD, libc::F_DUPFD_CLOEXEC, libc::F_GETFD, libc::F_SETFD, libc::F_GETFL]
+        .into_iter()
+        .map(|cmd| SeccompRule::new(vec![command(cmd)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let no_async = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(libc::O_ASYNC as u64), 0)?;
+    rules.push(SeccompRule::new(vec![command(libc::F_SETFL)?, no_async])?);
+    Ok(rules)
+}
+
 /// `openat` with flags (argument 2, an int) without any of `refused`.
 fn open_without(refused: u64) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let flags = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(refused), 0)?;
@@ -308,6 +324,9 @@ pub(crate) fn rules(
     };
     map.insert(libc::SYS_mmap, no_exec()?);
     map.insert(libc::SYS_mprotect, no_exec()?);
+    if let Some(fcntl) = map.get_mut(&libc::SYS_fcntl) {
+        *fcntl = fcntl_without_signals()?;
+    }
     match kind {
         ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }) => {
             map.insert(libc::SYS_openat, open_without(MODIFYING_OPEN_FLAGS)?);

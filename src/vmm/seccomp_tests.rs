@@ -193,16 +193,16 @@ fn no_kind_changes_modes_owners_or_times_by_path() {
 
 /// Below Landlock 6, which scopes signals to the VMM, nothing but seccomp
 /// keeps a VMM thread from signalling other processes (`landlock::gaps`:
-/// "no VMM thread may ... send a signal"). Yet every kind's filter but
-/// main's and irq-watch's allows fcntl whatever its command: F_SETOWN
+/// "no VMM thread may ... send a signal"). Every kind's filter but
+/// main's and irq-watch's allowed fcntl whatever its command: F_SETOWN
 /// names any process (or, negative, any process group) of the user,
 /// F_SETSIG any signal, and O_ASYNC has the kernel send it whenever the
 /// descriptor becomes readable. Here a vCPU thread (the guest's MMIO
 /// exits run there) has SIGTERM sent to another process by a socket of
 /// the VMM (as the broker's); F_SETLEASE and F_NOTIFY send it the same
-/// way. Kernels before 6.12 (Landlock below 6) are most hosts'.
+/// way. Kernels before 6.12 (Landlock below 6) are most hosts'. The
+/// filters now take only the commands the VMM uses.
 #[test]
-#[ignore = "finding: below Landlock 6 a VMM thread signals any process of the user through fcntl F_SETOWN/F_SETSIG/O_ASYNC"]
 fn below_landlock_6_no_thread_signals_another_process() {
     use std::os::fd::AsRawFd;
     /// `F_SETSIG` (Linux), which the libc crate does not name.
