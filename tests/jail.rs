@@ -464,14 +464,14 @@ fn no_process_outlives_the_vmm() {
 
 /// What the VMM opened before its jail closed is in the descriptor table
 /// the writable shares' worker shares with the process: the boot device
-/// holds the guest's init, the host's own stockade binary, open for
-/// reading, and code in that worker fchmods it by its number (Landlock
+/// held the guest's init, the host's own stockade binary, open for
+/// reading, and code in that worker fchmodded it by its number (Landlock
 /// governs opens, not chmod): setuid and world-writable here, for the
 /// next user of the host who runs it, or any other mode; fchown and
 /// futimens alike. Only the host's files the writable shares hold may
-/// change.
+/// change: the boot device now pins the init with an `O_PATH`
+/// descriptor (EBADF) and reads it through one in its own table.
 #[test]
-#[ignore = "finding: the writable shares' worker fchmods the host's stockade binary through the descriptor the boot device opened before the jail"]
 fn the_writable_worker_cannot_change_the_init_the_boot_device_holds() {
     if !require("the_writable_worker_cannot_change_the_init_the_boot_device_holds") {
         return;
@@ -480,6 +480,9 @@ fn the_writable_worker_cannot_change_the_init_the_boot_device_holds() {
     let before = mode(&s, "bin/init");
     let out = s.probe(&format!("init-chmod:{}", s.path("bin/init")));
     assert_eq!(mode(&s, "bin/init"), before, "the host's init changed mode: {}", text(&out));
+    assert_result(&out, "denied: Bad file descriptor (os error 9)");
+    // The read-only worker (the boot device's) may read it, to reopen it.
+    assert_result(&s.probe(&format!("open:{}", s.path("bin/init"))), "allowed");
 }
 
 /// Whether this host lets the tests make a VM.

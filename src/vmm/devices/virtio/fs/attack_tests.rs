@@ -1079,3 +1079,34 @@ fn a_destroy_leaves_the_read_only_worker_serving_in_its_jail() {
         panic!("{e}");
     }
 }
+
+/// The boot device's worker (a read-only worker) serves the guest's init
+/// in its real jail: it reopens the init from the `O_PATH` descriptor
+/// pinning it at the first read, and answers every other request, well
+/// formed or not, without a call its filter refuses.
+#[test]
+fn the_boot_worker_serves_the_init_and_every_request_in_its_jail() {
+    let dir = temp_dir();
+    let init = dir.as_path().join("init");
+    std::fs::write(&init, b"\x7fELF and the rest").unwrap();
+    let fs = Fs::boot("boot", &init).unwrap();
+    let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+    let guest = Guest::past_init(fs.server, Access::ReadOnly, flags);
+    let served = in_the_workers_jail(Worker::ReadOnly, guest, |guest| {
+        let node = guest.node(ROOT_ID, "init");
+        assert_eq!(guest.read(node, 0, 64).ok(), b"\x7fELF and the rest");
+        let nodes = [ROOT_ID, node, 3, 4, 0, u64::MAX];
+        for opcode in 0..64 {
+            for &node in &nodes {
+                for body in [&[0u8; 64][..], &[0xff; 64], &[0; 4]] {
+                    let (_, len) = guest.write_request(opcode, node, body);
+                    guest.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+                }
+            }
+        }
+        assert_eq!(guest.read(node, 4, 64).ok(), b" and the rest", "still serving");
+    });
+    if let Err(e) = served {
+        panic!("{e}");
+    }
+}
