@@ -30,7 +30,7 @@ pub fn run(args: VmmArgs) -> anyhow::Result<ExitCode> {
     let config: VmConfig =
         serde_json::from_str(&text).with_context(|| format!("malformed VM config {}", args.config.display()))?;
     if let Some(probe) = args.jail_probe {
-        println!("{}", vmm::jail_probe::run(&vmm::jail_rules(&config), probe)?);
+        println!("{}", vmm::jail_probe::run(&config, probe)?);
         return Ok(ExitCode::SUCCESS);
     }
     vmm::run(&config)?;

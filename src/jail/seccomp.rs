@@ -207,10 +207,12 @@ pub const BROKERED: &[i64] =
 
 /// Creating a thread: its stack and guard page, its name, its own filter
 /// (and a read-only worker's own Landlock layer, which only narrows).
+/// `clone` only with a thread's flags (`THREAD_CLONE`, in `rules`);
+/// `clone3`, whose flags no filter reads, always fails with ENOSYS (see
+/// `no_clone3`), and the C library then makes the thread with `clone`.
 const LAUNCH: &[i64] = &[
     libc::SYS_landlock_create_ruleset,
     libc::SYS_landlock_restrict_self,
-    libc::SYS_clone,
     libc::SYS_clone3,
     libc::SYS_prctl,
     libc::SYS_seccomp,
@@ -260,6 +262,47 @@ pub(crate) const MODIFYING_OPEN_FLAGS: u64 =
 /// `__O_TMPFILE`: O_TMPFILE without the O_DIRECTORY bit it includes.
 const TMPFILE_BIT: libc::c_int = libc::O_TMPFILE & !libc::O_DIRECTORY;
 
+/// The `clone` flags every new thread has: it shares this process's
+/// memory and signal handlers and is one of its threads, so it ends when
+/// the VMM does (a process forked from the VMM would outlive it, with its
+/// descriptors and its Landlock rights on the writable shares).
+const THREAD_CLONE: u64 = (libc::CLONE_VM | libc::CLONE_SIGHAND | libc::CLONE_THREAD) as u64;
+/// The `clone` flags a new thread may also have, as the C library's
+/// `pthread_create` sets them; any other flag (a namespace, CLONE_PARENT,
+/// CLONE_VFORK, CLONE_PTRACE, CLONE_PIDFD, an exit signal) is refused.
+const THREAD_CLONE_OPTIONAL: u64 = (libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SYSVSEM
+    | libc::CLONE_SETTLS
+    | libc::CLONE_PARENT_SETTID
+    | libc::CLONE_CHILD_CLEARTID
+    | libc::CLONE_CHILD_SETTID) as u64;
+
+/// `clone` making a thread of this process, nothing else: its flags
+/// (argument 0; the kernel reads only their low 32 bits) hold every bit of
+/// `THREAD_CLONE` and none outside it and `THREAD_CLONE_OPTIONAL`.
+fn clone_a_thread() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    let others = u64::from(u32::MAX) & !THREAD_CLONE_OPTIONAL;
+    let flags = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(others), THREAD_CLONE)?;
+    Ok(vec![SeccompRule::new(vec![flags])?])
+}
+
+/// `fcntl` for what the VMM and its libraries ask of it: duplicating a
+/// descriptor and reading or setting its flags (F_SETFL without O_ASYNC).
+/// Not F_SETOWN, F_SETSIG, F_SETLEASE or F_NOTIFY, whose signals below
+/// Landlock 6 (which scopes signals to the VMM) reach any process of the
+/// user: nothing but this filter would keep a thread from them.
+fn fcntl_without_signals() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    let command = |cmd: libc::c_int| SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd as u64);
+    let mut rules = [libc::F_DUPFD, libc::F_DUPFD_CLOEXEC, libc::F_GETFD, libc::F_SETFD, libc::F_GETFL]
+        .into_iter()
+        .map(|cmd| SeccompRule::new(vec![command(cmd)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let no_async = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(libc::O_ASYNC as u64), 0)?;
+    rules.push(SeccompRule::new(vec![command(libc::F_SETFL)?, no_async])?);
+    Ok(rules)
+}
+
 /// `openat` with flags (argument 2, an int) without any of `refused`.
 fn open_without(refused: u64) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let flags = SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(refused), 0)?;
@@ -281,6 +324,9 @@ pub(crate) fn rules(
     };
     map.insert(libc::SYS_mmap, no_exec()?);
     map.insert(libc::SYS_mprotect, no_exec()?);
+    if let Some(fcntl) = map.get_mut(&libc::SYS_fcntl) {
+        *fcntl = fcntl_without_signals()?;
+    }
     match kind {
         ThreadKind::Device(DeviceThread { openat: Openat::ReadOnly, .. }) => {
             map.insert(libc::SYS_openat, open_without(MODIFYING_OPEN_FLAGS)?);
@@ -289,9 +335,15 @@ pub(crate) fn rules(
             map.insert(libc::SYS_openat, open_without(libc::O_TRUNC as u64)?);
         }
         // The launcher's filter is inherited by every thread it starts,
-        // whose own filter then narrows the call.
-        ThreadKind::Launcher if devices.iter().any(|d| d.openat != Openat::Never) => {
-            map.insert(libc::SYS_openat, Vec::new());
+        // whose own filter then narrows the call; it refuses what every
+        // worker's refuses, as code in any thread can have the launcher
+        // start a thread under the launcher's kind (O_TRUNC below
+        // Landlock 3 would empty a read-only share's file).
+        ThreadKind::Launcher if devices.iter().any(|d| d.openat == Openat::Any) => {
+            map.insert(libc::SYS_openat, open_without(libc::O_TRUNC as u64)?);
+        }
+        ThreadKind::Launcher if devices.iter().any(|d| d.openat == Openat::ReadOnly) => {
+            map.insert(libc::SYS_openat, open_without(MODIFYING_OPEN_FLAGS)?);
         }
         _ => {}
     }
@@ -311,6 +363,9 @@ pub(crate) fn rules(
     if kind == ThreadKind::Launcher && devices.iter().any(|d| d.openat == Openat::ReadOnly) {
         let files_only = cond(0, SeccompCmpOp::Eq, libc::CLONE_FILES as u64)?;
         map.insert(libc::SYS_unshare, vec![SeccompRule::new(vec![files_only])?]);
+    }
+    if kind == ThreadKind::Launcher {
+        map.insert(libc::SYS_clone, clone_a_thread()?);
     }
     match kind {
         ThreadKind::Vcpu => {
@@ -332,9 +387,22 @@ pub(crate) fn rules(
 /// What a thread outside its allowlist gets: SIGSYS, reported by `sigsys`.
 const MISMATCH: SeccompAction = SeccompAction::Trap;
 
+/// A filter of its own, stacked under the launcher's (and so inherited
+/// by every thread): `clone3` fails with ENOSYS. Its flags sit behind a
+/// pointer no filter reads, so it cannot be held to a thread's flags as
+/// `clone` is; the C library falls back to `clone` on ENOSYS. (The
+/// launcher's own filter allows `clone3`, as a refusal there would trap
+/// before this filter's answer counted; every other kind's traps it.)
+fn no_clone3() -> Result<BpfProgram, seccompiler::BackendError> {
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let enosys = SeccompAction::Errno(libc::ENOSYS.cast_unsigned());
+    SeccompFilter::new(rules, SeccompAction::Allow, enosys, TargetArch::x86_64)?.try_into()
+}
+
 /// The compiled filter of every kind, by kind name.
 pub struct Filters {
     programs: BTreeMap<&'static str, BpfProgram>,
+    no_clone3: BpfProgram,
 }
 
 impl Filters {
@@ -356,13 +424,19 @@ impl Filters {
                 return Err(SeccompError::DuplicateName(kind.name()));
             }
         }
-        Ok(Filters { programs })
+        let no_clone3 =
+            no_clone3().map_err(|source| SeccompError::Build { kind: ThreadKind::Launcher.name(), source })?;
+        Ok(Filters { programs, no_clone3 })
     }
 
     /// Confines the calling thread to the allowlist of `kind`, for good.
     pub fn apply(&self, kind: ThreadKind) -> Result<(), SeccompError> {
         let program = self.programs.get(kind.name()).ok_or(SeccompError::Unknown(kind.name()))?;
-        seccompiler::apply_filter(program).map_err(|source| SeccompError::Install { kind: kind.name(), source })
+        let install = |source| SeccompError::Install { kind: kind.name(), source };
+        if kind == ThreadKind::Launcher {
+            seccompiler::apply_filter(&self.no_clone3).map_err(install)?;
+        }
+        seccompiler::apply_filter(program).map_err(install)
     }
 }
 

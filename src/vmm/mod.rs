@@ -457,12 +457,15 @@ fn watch_interrupts(lines: Vec<(&'static str, Interrupt)>) -> std::io::Result<()
 }
 
 /// The files the jailed VMM may still reach: the shares, read-only unless a
-/// policy made them writable. Everything else it needs is already open (the
-/// init it serves too).
+/// policy made them writable, and the init it serves, to read. Everything
+/// else it needs is already open.
 pub fn jail_rules(config: &VmConfig) -> FsRules {
     let (writable, read_only): (Vec<_>, Vec<_>) = config.shares.iter().partition(|s| s.writable);
+    // The init, which the boot device reopens for reading from the
+    // descriptor pinning it (see `BootFs`).
+    let init = std::iter::once(config.init.clone());
     FsRules {
-        read_only: read_only.into_iter().map(|s| s.host_path.clone()).collect(),
+        read_only: read_only.into_iter().map(|s| s.host_path.clone()).chain(init).collect(),
         read_write: writable.into_iter().map(|s| s.host_path.clone()).collect(),
     }
 }

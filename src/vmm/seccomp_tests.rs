@@ -190,3 +190,196 @@ fn no_kind_changes_modes_owners_or_times_by_path() {
         assert!(rw.contains_key(&nr), "the writable worker cannot call {nr}");
     }
 }
+
+/// Below Landlock 6, which scopes signals to the VMM, nothing but seccomp
+/// keeps a VMM thread from signalling other processes (`landlock::gaps`:
+/// "no VMM thread may ... send a signal"). Every kind's filter but
+/// main's and irq-watch's allowed fcntl whatever its command: F_SETOWN
+/// names any process (or, negative, any process group) of the user,
+/// F_SETSIG any signal, and O_ASYNC has the kernel send it whenever the
+/// descriptor becomes readable. Here a vCPU thread (the guest's MMIO
+/// exits run there) has SIGTERM sent to another process by a socket of
+/// the VMM (as the broker's); F_SETLEASE and F_NOTIFY send it the same
+/// way. Kernels before 6.12 (Landlock below 6) are most hosts'. The
+/// filters now take only the commands the VMM uses.
+#[test]
+fn below_landlock_6_no_thread_signals_another_process() {
+    use std::os::fd::AsRawFd;
+    /// `F_SETSIG` (Linux), which the libc crate does not name.
+    const F_SETSIG: libc::c_int = 10;
+
+    let mut victim = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = i32::try_from(victim.id()).unwrap();
+    let (owned, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let ended = under_the_filter(ThreadKind::Vcpu, Landlocked { abi: 5 }, || {
+        let fd = owned.as_raw_fd();
+        // SAFETY: these fcntl commands take integers, no pointers.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETOWN, pid);
+            libc::fcntl(fd, F_SETSIG, libc::SIGTERM);
+            libc::fcntl(fd, libc::F_SETFL, libc::O_ASYNC);
+        }
+        // SAFETY: write reads one byte of a static.
+        unsafe { libc::write(peer.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut status = None;
+    while status.is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        status = victim.try_wait().unwrap();
+    }
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert_eq!(status, None, "another process was signalled from a vCPU's filter (the child: {ended})");
+}
+
+/// Calls that would reach past the filters, the process or the jail: no
+/// kind has them. io_uring runs operations no filter sees; bpf, ptrace,
+/// process_vm_*, pidfd_getfd and the keyrings reach other processes or
+/// the kernel's state; mounts, namespaces, chroot and file handles
+/// (open_by_handle_at finds any file of a filesystem, Landlock's rules
+/// aside) change what paths mean; personality's READ_IMPLIES_EXEC would
+/// make readable memory executable behind mmap's PROT_EXEC check;
+/// userfaultfd and perf_event_open widen what a bug in the kernel gives;
+/// signals by other means than tgkill go outside the process. (The
+/// launcher's clone, clone3, unshare, prctl, seccomp and Landlock calls
+/// start threads, and are tested above.)
+#[test]
+fn no_kind_may_reach_past_the_filters() {
+    let beyond = [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_open,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_pidfd_send_signal,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_setns,
+        libc::SYS_chroot,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_fsopen,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_personality,
+        libc::SYS_memfd_create,
+        libc::SYS_socketpair,
+        libc::SYS_fork,
+        libc::SYS_vfork,
+        libc::SYS_setuid,
+        libc::SYS_setresuid,
+        libc::SYS_setgid,
+        libc::SYS_setresgid,
+        libc::SYS_capset,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_kexec_load,
+        libc::SYS_modify_ldt,
+        libc::SYS_pkey_mprotect,
+        libc::SYS_remap_file_pages,
+        libc::SYS_vmsplice,
+    ];
+    for (landlocked, _) in JAILS {
+        for kind in kinds() {
+            let allowed = seccomp::rules(kind, &device_threads(), landlocked).unwrap();
+            for nr in beyond {
+                assert!(!allowed.contains_key(&nr), "{} may call {nr} under {landlocked:?}", kind.name());
+            }
+        }
+    }
+}
+
+/// Any thread's code can have the launcher start it under the launcher's
+/// own kind (`jail::no_thread_escapes_its_confinement_through_the_launcher`),
+/// so the launcher's filter is what code in the VMM gets at most. Below
+/// Landlock 3, which judges an `O_RDONLY | O_TRUNC` open as a read, the
+/// workers' filters refuse O_TRUNC so that no read-only share's file is
+/// emptied; the launcher's openat took any flag (no worker needs
+/// O_TRUNC), and under it a thread emptied a file it may only read.
+#[test]
+fn below_landlock_3_the_launcher_opens_nothing_to_truncate() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workspace-file");
+    std::fs::write(&file, b"kept").unwrap();
+    let ended = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 2 }, || {
+        let _ = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_TRUNC).open(&file);
+    });
+    assert_eq!(std::fs::read(&file).unwrap(), b"kept", "a file was emptied under the launcher's filter ({ended})");
+}
+
+/// Runs `f` in a child process under the filter of `kind` built for a
+/// jail of `landlocked` (no Landlock ruleset: what the filter alone
+/// allows), and says how the child ended: a call the filter refuses
+/// kills it with SIGSYS (no report is installed), never the test.
+fn under_the_filter(kind: ThreadKind, landlocked: Landlocked, f: impl FnOnce()) -> String {
+    let filters = Filters::build(&device_threads(), landlocked).unwrap();
+    // SAFETY: the child has only this thread, and glibc's fork leaves its
+    // allocator usable there; it ends with _exit, never returning into
+    // the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        filters.apply(kind).unwrap();
+        f();
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid writes the child's status into `status`.
+    assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+    if libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS {
+        "stopped by its filter".into()
+    } else {
+        format!("wait status {status:#x}")
+    }
+}
+
+/// The launcher's filter (every thread's, inherited) makes threads and
+/// nothing else: a thread starts as the C library starts one (`clone3`
+/// fails with ENOSYS, then `clone` with a thread's flags), and a fork,
+/// whose child would outlive the VMM with its descriptors and Landlock
+/// rights, is stopped.
+#[test]
+fn the_launcher_makes_threads_and_no_process() {
+    let started = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 6 }, || {
+        // SAFETY: clone3 with a null argument reads nothing; the filter
+        // answers before the kernel looks.
+        let clone3 = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        if clone3 != -1 || errno != Some(libc::ENOSYS) {
+            // SAFETY: _exit ends the child at once.
+            unsafe { libc::_exit(3) };
+        }
+        if std::thread::spawn(|| 7).join().ok() != Some(7) {
+            // SAFETY: as above.
+            unsafe { libc::_exit(4) };
+        }
+    });
+    assert_eq!(started, "wait status 0x0", "a thread under the launcher's filter");
+    let forked = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 6 }, || {
+        // SAFETY: a fork's child only exits.
+        let pid =
+            unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+        if pid == 0 {
+            // SAFETY: _exit ends the forked child at once.
+            unsafe { libc::_exit(0) };
+        }
+    });
+    assert_eq!(forked, "stopped by its filter", "a fork under the launcher's filter");
+}

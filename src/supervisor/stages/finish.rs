@@ -17,6 +17,7 @@ use crate::session;
 use crate::supervisor::guest_view::{agent_state, home_tools};
 use crate::supervisor::vm;
 use crate::supervisor::{Finished, RunConfig};
+use crate::util::text::display_bytes;
 
 /// After the command ends, how long the VMM gets to power off by itself.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -325,17 +326,21 @@ fn stalled_message(bound: Duration, received: u64, exported: bool) -> String {
     }
 }
 
-/// What to tell the user when the VM ended without a report.
+/// What to tell the user when the VM ended without a report. Both logs
+/// hold what the guest chose (its console; names and messages the VMM
+/// quotes), so a line is escaped (`display_bytes`) before it reaches the
+/// terminal, and bytes that are not UTF-8 do not hide the line.
 fn vm_ended_message(session: &session::Session) -> String {
     let log = session.kernel_log();
-    let kernel_log = std::fs::read_to_string(&log).unwrap_or_default();
-    let vmm_log = std::fs::read_to_string(session.vmm_log()).unwrap_or_default();
+    let read = |path: &std::path::Path| String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned();
+    let (kernel_log, vmm_log) = (read(&log), read(&session.vmm_log()));
     if let Some(line) = kernel_log.lines().find(|l| l.contains("Kernel panic")) {
         let what = line.split_once("] ").map_or(line, |(_, rest)| rest);
-        format!("the guest kernel panicked ({}); the kernel log is {}", what.trim(), log.display())
+        let what = display_bytes(what.trim().as_bytes());
+        format!("the guest kernel panicked ({what}); the kernel log is {}", log.display())
     } else if let Some(line) = vmm_log.lines().rev().find(|l| !l.trim().is_empty()) {
         // The VMM's own error line repeats our prefix.
-        let line = line.trim().trim_start_matches("stockade: error: ");
+        let line = display_bytes(line.trim().trim_start_matches("stockade: error: ").as_bytes());
         format!("the VM stopped before the command finished: {line}; the kernel log is {}", log.display())
     } else {
         format!("the VM stopped before the command finished; the kernel log is {}", log.display())
@@ -374,5 +379,33 @@ mod tests {
         let setup = ExitReport::SetupFailed { message: "no overlay".into() };
         let setup = Outcome::of(&ended(Ok(Conversation::Ended { report: setup, staged: None })), None);
         assert_eq!(setup.failure.as_deref(), Some(setup.text.as_str()));
+    }
+
+    /// A VM that ends without a report gets the kernel log's first
+    /// "Kernel panic" line, or the VMM log's last line, quoted to the
+    /// user's terminal. The guest writes the kernel log (its console,
+    /// `/dev/ttyS0` for root): a line it printed, then a reset, must not
+    /// drive the terminal (set its title, write the clipboard with OSC 52,
+    /// clear the screen, hide text with bidi marks), as nothing else the
+    /// guest chose is shown unescaped (`util::text::display_bytes`).
+    #[test]
+    fn a_vm_that_ended_is_explained_without_the_guests_control_characters() {
+        let data = tempfile::tempdir().unwrap();
+        let session = session::Session::create(data.path()).unwrap();
+        let hostile =
+            "Kernel panic - not syncing: \x1b]52;c;ZWNobyBvd25lZA==\x07\x1b]0;stockade: ok\x07\x1b[2J\u{202e}";
+        std::fs::write(session.kernel_log(), format!("[    1.0] {hostile}\n")).unwrap();
+        let message = vm_ended_message(&session);
+        assert!(
+            !message.chars().any(|c| c.is_control() || crate::util::text::is_invisible(c)),
+            "the message quotes the guest's control characters: {message:?}"
+        );
+        std::fs::remove_file(session.kernel_log()).unwrap();
+        std::fs::write(session.vmm_log(), format!("stockade: error: {hostile}\n")).unwrap();
+        let message = vm_ended_message(&session);
+        assert!(
+            !message.chars().any(|c| c.is_control() || crate::util::text::is_invisible(c)),
+            "the message quotes the VMM log's control characters: {message:?}"
+        );
     }
 }

@@ -108,7 +108,7 @@ impl<F: FileSystem + Sync> Guest<F> {
     /// Offers a chain of (address, length, device-writable) descriptors and
     /// lets the device process the queue; returns the used length, and
     /// fails unless the chain came back.
-    fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
+    pub(super) fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         // The mock queue serves a few hundred chains; a long test starts
         // another (the server keeps no queue state).
         if self.driver.used >= 200 {
@@ -121,7 +121,7 @@ impl<F: FileSystem + Sync> Guest<F> {
 
     /// Writes request `opcode` on `nodeid` with `body`; returns its unique
     /// and length.
-    fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
+    pub(super) fn write_request(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> (u64, u32) {
         self.unique += 1;
         let len = u32::try_from(size_of::<InHeader>() + body.len()).unwrap();
         let header = InHeader { len, opcode, unique: self.unique, nodeid, uid: 0, gid: 0, pid: 1, padding: 0 };
@@ -945,3 +945,168 @@ fn a_big_directory_lists_every_name_once_in_interleaved_pages() {
 }
 
 mod hot_path_bench;
+
+/// The confinement of a file server's worker in the jail (`jail::thread`).
+pub(super) enum Worker<'a> {
+    /// The read-only shares': a Landlock layer refusing every change and a
+    /// descriptor table of its own.
+    ReadOnly,
+    /// The writable shares': a Landlock layer reaching these shares only.
+    Writable(&'a [PathBuf]),
+}
+
+/// `attack` on `guest`'s device, in a child process confined as the jail
+/// confines `worker`, with its seccomp filter at this kernel's Landlock
+/// ABI. How the child ended: a call the filter refuses kills it with
+/// SIGSYS (the VMM's report of it ends the VMM), a panic exits 101.
+pub(super) fn in_the_workers_jail<F: FileSystem + Sync>(
+    worker: Worker,
+    mut guest: Guest<F>,
+    attack: impl FnOnce(&mut Guest<F>),
+) -> Result<(), String> {
+    use crate::jail::{Landlocked, ThreadKind, landlock, seccomp::Filters};
+    let abi = landlock::abi_version().map_err(|e| format!("no Landlock: {e}"))?;
+    let filters = Filters::build(&crate::vmm::devices::virtio::device_threads(), Landlocked { abi }).unwrap();
+    let layer = match worker {
+        Worker::ReadOnly => None,
+        Worker::Writable(shares) => Some(landlock::Layer::only(shares).unwrap()),
+    };
+    // SAFETY: the child has only this thread, and glibc's fork leaves its
+    // allocator usable there; the child ends with _exit, never returning
+    // into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // The default report of a panic reads the working directory, which
+        // the filter refuses: this one only writes.
+        std::panic::set_hook(Box::new(|info| {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("jailed worker: {info}\n").as_bytes());
+        }));
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let kind = match layer {
+                None => {
+                    landlock::forbid_changes().unwrap();
+                    // SAFETY: unshare takes no pointers.
+                    assert_eq!(unsafe { libc::unshare(libc::CLONE_FILES) }, 0);
+                    ThreadKind::Device(&super::READ_ONLY_THREAD)
+                }
+                Some(layer) => {
+                    layer.restrict_current().unwrap();
+                    ThreadKind::Device(&super::WRITABLE_THREAD)
+                }
+            };
+            filters.apply(kind).unwrap();
+            attack(&mut guest);
+        }));
+        // SAFETY: _exit ends the child without running what the parent's
+        // copy of the heap would run at exit.
+        unsafe { libc::_exit(if ran.is_ok() { 0 } else { 101 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waitpid writes the child's status into `status`.
+    assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+    match status {
+        s if libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 0 => Ok(()),
+        s if libc::WIFEXITED(s) => Err(format!("the worker panicked (exit {})", libc::WEXITSTATUS(s))),
+        s if libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGSYS => {
+            Err("the worker made a call its filter refuses (SIGSYS): the VMM stops".into())
+        }
+        s => Err(format!("the worker ended with wait status {s:#x}")),
+    }
+}
+
+/// The read-only shares' worker serves a guest in its real jail: looks
+/// up, reads, lists, reads links, stats and answers every other request,
+/// well formed or not, without a call its filter refuses (which would
+/// stop the VMM). The requests' effects are tested unconfined above; this
+/// keeps the filter and the server in step.
+#[test]
+fn the_read_only_worker_serves_every_request_in_its_jail() {
+    let dir = temp_dir();
+    let root = dir.as_path();
+    std::fs::write(root.join("file"), b"content").unwrap();
+    std::fs::create_dir(root.join("dir")).unwrap();
+    std::os::unix::fs::symlink("file", root.join("link")).unwrap();
+    let guest = Guest::init(&[share("/ws", root)], &Secrets::default(), FdBudget { inodes: 64, handles: 64 }, false);
+    let served = in_the_workers_jail(Worker::ReadOnly, guest, |guest| {
+        let ws = guest.node(ROOT_ID, "ws");
+        let file = guest.node(ws, "file");
+        let (dir, link) = (guest.node(ws, "dir"), guest.node(ws, "link"));
+        assert_eq!(&guest.read(file, 0, 64).ok()[..7], b"content");
+        let fh = guest.opendir(ws).unwrap();
+        let listing = ReadIn { fh, size: 4096, ..Default::default() };
+        guest.call(Opcode::Readdirplus as u32, ws, listing.as_slice()).ok();
+        guest.releasedir(ws, fh);
+        assert_eq!(guest.call(Opcode::Readlink as u32, link, &[]).ok(), b"file");
+        let nodes = [ROOT_ID, ws, file, dir, link, 0, u64::MAX];
+        for opcode in 0..64 {
+            for &node in &nodes {
+                for body in [&[0u8; 64][..], &[0xff; 64], &[0; 4]] {
+                    let (_, len) = guest.write_request(opcode, node, body);
+                    guest.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+                }
+            }
+        }
+        // The crafted requests forgot the nodes: found again.
+        let file = guest.walk("ws/file");
+        assert_eq!(&guest.read(file, 0, 64).ok()[..7], b"content", "still serving");
+    });
+    if let Err(e) = served {
+        panic!("{e}");
+    }
+}
+
+/// The guest's kernel sends FUSE_DESTROY when the last mount of a virtiofs
+/// goes (Linux sets `destroy` for every virtiofs): a guest (root, or a
+/// command that unmounts the shares' tree) must not stop the VMM with it.
+/// The read-only device's filesystem kept the process umask around its
+/// inner destroy (for a PassthroughFs that set it), and umask is in no
+/// filter: the worker was stopped by SIGSYS and the run ended in "please
+/// report this" (exit 159) instead of its command's status.
+#[test]
+fn a_destroy_leaves_the_read_only_worker_serving_in_its_jail() {
+    let dir = temp_dir();
+    std::fs::write(dir.as_path().join("file"), b"content").unwrap();
+    let guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let served = in_the_workers_jail(Worker::ReadOnly, guest, |guest| {
+        let ws = guest.node(ROOT_ID, "ws");
+        let file = guest.node(ws, "file");
+        assert_eq!(&guest.read(file, 0, 64).ok()[..7], b"content");
+        let (_, len) = guest.write_request(Opcode::Destroy as u32, 0, &[]);
+        guest.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+    });
+    if let Err(e) = served {
+        panic!("{e}");
+    }
+}
+
+/// The boot device's worker (a read-only worker) serves the guest's init
+/// in its real jail: it reopens the init from the `O_PATH` descriptor
+/// pinning it at the first read, and answers every other request, well
+/// formed or not, without a call its filter refuses.
+#[test]
+fn the_boot_worker_serves_the_init_and_every_request_in_its_jail() {
+    let dir = temp_dir();
+    let init = dir.as_path().join("init");
+    std::fs::write(&init, b"\x7fELF and the rest").unwrap();
+    let fs = Fs::boot("boot", &init).unwrap();
+    let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
+    let guest = Guest::past_init(fs.server, Access::ReadOnly, flags);
+    let served = in_the_workers_jail(Worker::ReadOnly, guest, |guest| {
+        let node = guest.node(ROOT_ID, "init");
+        assert_eq!(guest.read(node, 0, 64).ok(), b"\x7fELF and the rest");
+        let nodes = [ROOT_ID, node, 3, 4, 0, u64::MAX];
+        for opcode in 0..64 {
+            for &node in &nodes {
+                for body in [&[0u8; 64][..], &[0xff; 64], &[0; 4]] {
+                    let (_, len) = guest.write_request(opcode, node, body);
+                    guest.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+                }
+            }
+        }
+        assert_eq!(guest.read(node, 4, 64).ok(), b" and the rest", "still serving");
+    });
+    if let Err(e) = served {
+        panic!("{e}");
+    }
+}

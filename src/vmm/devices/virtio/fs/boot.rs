@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! /          directory
-//! /init      the stockade binary, read from a descriptor opened before the jail
+//! /init      the stockade binary, pinned by a descriptor opened before the jail
 //! /dev       empty: the kernel mounts devtmpfs here
 //! /newroot   empty: the init mounts its writable root here
 //! ```
@@ -81,20 +81,40 @@ impl Node {
 
 /// The boot tree, serving `init` from an open descriptor.
 pub struct BootFs {
-    init: Mutex<File>,
+    /// The init, pinned by an `O_PATH` descriptor opened before the jail
+    /// closed. Every thread that shares the process's descriptor table
+    /// holds it, the writable shares' worker among them, whose filter
+    /// allows fchmod, fchown and futimens: on an `O_PATH` descriptor they
+    /// fail (EBADF), where a descriptor open for reading would let code
+    /// in that worker make the host's stockade binary setuid or writable.
+    pinned: File,
+    /// The init open for reading, reopened from `pinned` by the thread
+    /// serving the device at its first read, into that thread's own
+    /// descriptor table (a read-only worker's, see `jail::thread`), out
+    /// of the other threads' reach. The jail lets it read the init
+    /// (`vmm::jail_rules`).
+    init: Mutex<Option<File>>,
     init_size: u64,
     mtime: i64,
 }
 
 impl BootFs {
-    /// Opens `init` now, while the VMM may still open files.
+    /// Pins `init` now, while the VMM may still open files.
     pub fn new(init: &Path) -> io::Result<BootFs> {
-        let file = File::open(init)?;
-        let meta = file.metadata()?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let pinned = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(init)?;
+        let meta = pinned.metadata()?;
         if !meta.is_file() {
             return Err(io::Error::other(format!("{} is not a file", init.display())));
         }
-        Ok(BootFs { init: Mutex::new(file), init_size: meta.len(), mtime: meta.mtime() })
+        Ok(BootFs { pinned, init: Mutex::new(None), init_size: meta.len(), mtime: meta.mtime() })
+    }
+
+    /// The init open for reading in the calling thread's descriptor table:
+    /// the file `pinned` holds, whatever has since taken its path.
+    fn reopen(&self) -> io::Result<File> {
+        use std::os::fd::AsRawFd;
+        File::open(format!("/proc/thread-self/fd/{}", self.pinned.as_raw_fd()))
     }
 
     fn attr(&self, node: Node) -> stat64 {
@@ -197,8 +217,12 @@ impl FileSystem for BootFs {
             return Ok(0);
         }
         let count = usize::try_from(u64::from(size).min(self.init_size - offset)).unwrap_or(0);
-        let mut file = self.init.lock().unwrap_or_else(|p| p.into_inner());
-        w.write_from(&mut *file, count, offset)
+        let mut init = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        let file = match &mut *init {
+            Some(file) => file,
+            empty => empty.insert(self.reopen()?),
+        };
+        w.write_from(file, count, offset)
     }
 
     fn release(
@@ -308,6 +332,23 @@ mod tests {
         })
         .unwrap();
         assert_eq!(names, ["newroot"], "a listing goes on from its offset");
+    }
+
+    /// The descriptor every thread of the VMM shares pins the init without
+    /// opening it: through it, no thread changes the host's file.
+    #[test]
+    fn the_shared_descriptor_changes_nothing() {
+        use std::os::fd::AsRawFd;
+        let (_dir, fs) = boot();
+        let fd = fs.pinned.as_raw_fd();
+        // SAFETY: fchmod and fchown take no pointers; futimens reads no
+        // times when given none.
+        let changes =
+            unsafe { [libc::fchmod(fd, 0o4777), libc::fchown(fd, 0, 0), libc::futimens(fd, std::ptr::null())] };
+        for (call, ret) in ["fchmod", "fchown", "futimens"].into_iter().zip(changes) {
+            assert_eq!(ret, -1, "{call}");
+        }
+        assert!(fs.init.lock().unwrap().is_none(), "opened for reading only at the first read");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use fuse_backend_rs::api::Vfs;
 use vm_memory::ByteValued;
 use vmm_sys_util::tempdir::TempDir;
 
-use super::attack_tests::{Guest, Reply};
+use super::attack_tests::{Guest, REQ_ADDR, RESP_ADDR, RESP_LEN, Reply, Worker, in_the_workers_jail};
 use super::bounded::FdBudget;
 use super::device::{Fs, Share};
 use super::request::Access;
@@ -771,4 +771,58 @@ fn a_file_removed_while_open_still_counts_against_the_limit() {
     }
     guest.release(node, fh);
     assert!(written <= LIMIT, "{} KiB written in a share limited to {} KiB", written >> 10, LIMIT >> 10);
+}
+
+/// The writable shares' worker serves a guest in its real jail: makes,
+/// writes, sizes, allocates, syncs, seeks, changes modes and times, links,
+/// renames and removes, and answers every other request, well formed or
+/// not, without a call its filter refuses (which would stop the VMM). The
+/// requests' effects are tested unconfined above; this keeps the filter
+/// and the server in step.
+#[test]
+fn the_writable_worker_serves_every_request_in_its_jail() {
+    use fuse_backend_rs::abi::fuse_abi::{FallocateIn, FsyncIn, LseekIn, SetattrIn};
+    let dir = host();
+    let rw = dir.as_path().join("rw");
+    let guest = Guest::of_share(&rw);
+    let shares = [rw.clone()];
+    let served = in_the_workers_jail(Worker::Writable(&shares), guest, |guest| {
+        let share = guest.walk("rw");
+        let (file, fh) = guest.create(share, b"made", libc::O_RDWR).unwrap();
+        assert_eq!(guest.write(file, fh, 0, b"written").errno(), 0);
+        let setattr = |valid, size, mode| SetattrIn { valid, fh, size, mode, mtime: 1, ..Default::default() };
+        // Size, mode, then times (FATTR_SIZE, FATTR_MODE, FATTR_MTIME | FATTR_ATIME_NOW).
+        for attr in [setattr(1 << 3, 3, 0), setattr(1 << 0, 0, 0o600), setattr((1 << 5) | (1 << 7), 0, 0)] {
+            assert_eq!(guest.call(Opcode::Setattr as u32, file, attr.as_slice()).errno(), 0);
+        }
+        let allocate = FallocateIn { fh, offset: 0, length: 4096, mode: 0, padding: 0 };
+        assert_eq!(guest.call(Opcode::Fallocate as u32, file, allocate.as_slice()).errno(), 0);
+        let sync = FsyncIn { fh, fsync_flags: 1, padding: 0 };
+        assert_eq!(guest.call(Opcode::Fsync as u32, file, sync.as_slice()).errno(), 0);
+        let seek = LseekIn { fh, offset: 0, whence: libc::SEEK_DATA.cast_unsigned(), padding: 0 };
+        guest.call(Opcode::Lseek as u32, file, seek.as_slice());
+        assert_eq!(guest.release(file, fh), 0);
+        assert_eq!(guest.mkdir(share, b"dir").errno(), 0);
+        assert_eq!(guest.symlink(share, b"link", b"made").errno(), 0);
+        assert_eq!(guest.link(file, share, b"linked").errno(), 0);
+        assert_eq!(guest.rename(share, b"linked", share, b"renamed").errno(), 0);
+        assert_eq!(guest.unlink(share, b"renamed").errno(), 0);
+        let dir = guest.node(share, "dir");
+        let link = guest.node(share, "link");
+        let nodes = [ROOT_ID, share, file, dir, link, 0, u64::MAX];
+        for opcode in 0..64 {
+            for &node in &nodes {
+                for body in [&[0u8; 64][..], &[0xff; 64], &[0; 4]] {
+                    let (_, len) = guest.write_request(opcode, node, body);
+                    guest.run(&[(REQ_ADDR, len, false), (RESP_ADDR, RESP_LEN, true)]);
+                }
+            }
+        }
+        // The crafted requests forgot the nodes (and FUSE_DESTROY all else).
+        let share = guest.walk("rw");
+        guest.node(share, "made");
+    });
+    if let Err(e) = served {
+        panic!("{e}");
+    }
 }
