@@ -395,7 +395,7 @@ const MISMATCH: SeccompAction = SeccompAction::Trap;
 /// before this filter's answer counted; every other kind's traps it.)
 fn no_clone3() -> Result<BpfProgram, seccompiler::BackendError> {
     let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
-    let enosys = SeccompAction::Errno(libc::ENOSYS.cast_unsigned());
+    let enosys = SeccompAction::Errno(libc::ENOSYS.unsigned_abs());
     SeccompFilter::new(rules, SeccompAction::Allow, enosys, TargetArch::x86_64)?.try_into()
 }
 
