@@ -18,6 +18,22 @@ const REPO: &str = r##"ulimit -Hn 524288; ulimit -Sn 524288
              git -c user.email=t@example.com -c user.name=t commit -qm init
              sleep 1; git status --porcelain"##;
 
+/// `counts FIELD...` prints the file server's totals of the named fields
+/// (a request kind, or "notifications") for the latest run: its request
+/// tally in the session's vmm.log, which the server writes once the guest
+/// has been quiet for a moment.
+const TALLY: &str = r##"
+             export STOCKADE_DATA_DIR=$ws.data RUST_LOG=stockade::vmm::devices::virtio::fs=info
+             counts() {
+                 sleep 1
+                 log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
+                 grep -a 'virtio-fs "host" requests:' "$log" | tail -n1 | sed 's/.*requests: //' |
+                     tr ' ' '\n' | awk -F= -v want="$*" '
+                         BEGIN { n = split(want, w, " ") }
+                         { v[$1] = $2 }
+                         END { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? " " : ""), v[w[i]] + 0; print "" }'
+             }"##;
+
 /// A committed repository, a fresh run: `git status` reports a clean tree
 /// without opening one tracked file (strace counts git's opens), each file
 /// shows the stat data git recorded on the host, a file the guest then
@@ -91,19 +107,15 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
                 REPO,
                 r##"
              echo changed >> d11/f42.txt
-             export STOCKADE_DATA_DIR=$ws.data RUST_LOG=stockade::vmm::devices::virtio::fs=info
-             counts() {
-                 sleep 1
-                 log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
-                 grep -a 'virtio-fs "host" requests:' "$log" | tail -n1 | sed 's/.*requests: //' |
-                     tr ' ' '\n' | awk -F= '$1 == "Lookup" { n = $2 } END { print n + 0 }'
-             }
+"##,
+                TALLY,
+                r##"
              # The file server writes its totals once the guest has been
              # quiet for a moment: each run waits for that before it ends.
              $S run --apply none -- sleep 1; echo "bare_run=$?"
-             echo "bare=$(counts)"
+             echo "bare=$(counts Lookup)"
              $S run --apply none -- sh -c 'git status --porcelain; sleep 1'; echo "run=$?"
-             echo "status=$(counts)""##,
+             echo "status=$(counts Lookup)""##,
             ]
             .concat(),
         ),
@@ -143,19 +155,14 @@ fn grep_reads_each_file_once_with_the_reads_ahead_of_it_sent_together() {
                 r##"
              echo "file 7 of 13 changed on the host" > d13/f7.txt
              echo "host_sum=$(find d* -type f | sort | xargs cat | md5sum)"
-             export STOCKADE_DATA_DIR=$ws.data RUST_LOG=stockade::vmm::devices::virtio::fs=info
-             counts() {
-                 sleep 1
-                 log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
-                 grep -a 'virtio-fs "host" requests:' "$log" | tail -n1 | sed 's/.*requests: //' |
-                     tr ' ' '\n' | awk -F= '$1 == "Read" { r = $2 } $1 == "notifications" { n = $2 }
-                                           END { print r + 0, n + 0 }'
-             }
+"##,
+                TALLY,
+                r##"
              $S run --apply none -- sleep 1; echo "bare_run=$?"
-             echo "bare=$(counts)"
+             echo "bare=$(counts Read notifications)"
              $S run --apply none -- sh -c 'grep -rl "changed on the host" d*; grep -rc "of" d* | grep -vc ":1$"; sleep 1'
              echo "run=$?"
-             echo "grep=$(counts)"
+             echo "grep=$(counts Read notifications)"
              $S run --apply none -- sh -c 'echo "guest_sum=$(find d* -type f | sort | xargs cat | md5sum)"'"##,
             ]
             .concat(),
