@@ -395,7 +395,7 @@ const MISMATCH: SeccompAction = SeccompAction::Trap;
 /// before this filter's answer counted; every other kind's traps it.)
 fn no_clone3() -> Result<BpfProgram, seccompiler::BackendError> {
     let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
-    let enosys = SeccompAction::Errno(libc::ENOSYS.cast_unsigned());
+    let enosys = SeccompAction::Errno(libc::ENOSYS as u32);
     SeccompFilter::new(rules, SeccompAction::Allow, enosys, TargetArch::x86_64)?.try_into()
 }
 
@@ -424,7 +424,8 @@ impl Filters {
                 return Err(SeccompError::DuplicateName(kind.name()));
             }
         }
-        let no_clone3 = no_clone3().map_err(|source| SeccompError::Build { kind: ThreadKind::Launcher.name(), source })?;
+        let no_clone3 =
+            no_clone3().map_err(|source| SeccompError::Build { kind: ThreadKind::Launcher.name(), source })?;
         Ok(Filters { programs, no_clone3 })
     }
 

@@ -374,7 +374,8 @@ fn the_launcher_makes_threads_and_no_process() {
     assert_eq!(started, "wait status 0x0", "a thread under the launcher's filter");
     let forked = under_the_filter(ThreadKind::Launcher, Landlocked { abi: 6 }, || {
         // SAFETY: a fork's child only exits.
-        let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+        let pid =
+            unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
         if pid == 0 {
             // SAFETY: _exit ends the forked child at once.
             unsafe { libc::_exit(0) };

@@ -343,9 +343,8 @@ mod tests {
         let fd = fs.pinned.as_raw_fd();
         // SAFETY: fchmod and fchown take no pointers; futimens reads no
         // times when given none.
-        let changes = unsafe {
-            [libc::fchmod(fd, 0o4777), libc::fchown(fd, 0, 0), libc::futimens(fd, std::ptr::null())]
-        };
+        let changes =
+            unsafe { [libc::fchmod(fd, 0o4777), libc::fchown(fd, 0, 0), libc::futimens(fd, std::ptr::null())] };
         for (call, ret) in ["fchmod", "fchown", "futimens"].into_iter().zip(changes) {
             assert_eq!(ret, -1, "{call}");
         }
