@@ -490,9 +490,11 @@ fn kvm_available() -> bool {
     std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok()
 }
 
-/// A run that records a template keeps the template's memory and state
-/// files open for writing from before its jail closes until it exits,
-/// long after the template point, while the command runs; the supervisor
+/// A run that records a template kept the template's memory and state
+/// files open for writing from before its jail closes until it exited,
+/// long after the template point, while the command ran (now they close
+/// when the recording ends, at the template point: the probe ends it as
+/// the guest would before its code runs); the supervisor
 /// adopts the recording once the VMM has exited, and later runs of the
 /// same shape (whatever their workspace, policy or credentials: the key
 /// holds no share's path) resume the guest memory it holds. Code in any
@@ -501,7 +503,6 @@ fn kvm_available() -> bool {
 /// writes the start of guest memory. A guest that gets code into the VMM
 /// of the run that records would come back in every later run.
 #[test]
-#[ignore = "finding: any VMM thread of a recording run rewrites the template's memory file, which later runs resume"]
 fn no_thread_can_rewrite_the_template_being_recorded() {
     if !require("no_thread_can_rewrite_the_template_being_recorded") {
         return;
