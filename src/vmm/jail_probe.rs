@@ -217,11 +217,16 @@ pub fn run(config: &VmConfig, probe: Probe) -> Result<String, ProbeError> {
     let dialer = Dialer::connect(&config.vsock_broker, Instant::now())
         .map_err(|source| VmmError::Device { device: vsock::THREAD.name, source })?;
     let _devices = super::virtio_devices(config, &dialer)?;
-    let _recording = match &probe {
+    let recording = match &probe {
         Probe::TemplateWrite(dir) => Some(recording(dir)?),
         _ => None,
     };
     jail::enter(&super::jail_rules(config), &device_threads())?;
+    // The guest reached the template point: the recording is over before
+    // its command runs (the probe's code stands for the command's).
+    if let Some(recorder) = &recording {
+        recorder.finish();
+    }
     let (tx, rx) = mpsc::channel();
     let init = config.init.clone();
     match probe {

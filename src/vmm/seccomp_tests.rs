@@ -383,3 +383,28 @@ fn the_launcher_makes_threads_and_no_process() {
     });
     assert_eq!(forked, "stopped by its filter", "a fork under the launcher's filter");
 }
+
+/// Landlock governs opens, not what a path tells without one: no kind
+/// reads extended attributes (the file servers serve none), or asks
+/// statfs or access of a path; the servers use fstatfs and their own
+/// check on a stat.
+#[test]
+fn no_kind_reads_attributes_by_path() {
+    for kind in kinds() {
+        let allowed = rules(kind).unwrap();
+        for nr in [
+            libc::SYS_getxattr,
+            libc::SYS_lgetxattr,
+            libc::SYS_listxattr,
+            libc::SYS_llistxattr,
+            libc::SYS_fgetxattr,
+            libc::SYS_flistxattr,
+            libc::SYS_statfs,
+            libc::SYS_access,
+            libc::SYS_faccessat,
+            libc::SYS_faccessat2,
+        ] {
+            assert!(!allowed.contains_key(&nr), "{} may call {nr}", kind.name());
+        }
+    }
+}

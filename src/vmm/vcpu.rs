@@ -130,6 +130,7 @@ impl Vcpu {
             recorder.save(me, mine, others, khz)
         });
         recorder.pause.release();
+        recorder.finish();
         if let Err(e) = result {
             tracing::warn!("no template recorded: {e}");
         }

@@ -209,12 +209,22 @@ pub struct Recorder {
     vm: Arc<VmFd>,
     mem: GuestMemoryMmap,
     touched: pages::Touched,
-    memory: File,
-    state: File,
+    /// The template's files, open for writing from before the jail closes
+    /// until the recording ends (`finish`): at the template point, before
+    /// the guest runs its command. Nothing of the VMM may write them once
+    /// a guest that could have taken over a thread runs; the supervisor
+    /// adopts them after the VMM exits, and later runs resume them.
+    files: Mutex<Option<Files>>,
     cpuid: Vec<String>,
     transports: Vec<Arc<Mutex<MmioTransport>>>,
     uart: Box<dyn Fn() -> UartState + Send + Sync>,
     done: AtomicBool,
+}
+
+/// The files a recording writes: `MEMORY_FILE` and `STATE_FILE`.
+struct Files {
+    memory: File,
+    state: File,
 }
 
 /// Creates `name` in `dir` for writing; the directory is the supervisor's
@@ -254,8 +264,7 @@ impl Recorder {
             vm: parts.vm,
             mem: parts.mem,
             touched: pages::Touched::open().map_err(TemplateError::Read)?,
-            memory,
-            state: create(dir, STATE_FILE)?,
+            files: Mutex::new(Some(Files { memory, state: create(dir, STATE_FILE)? })),
             cpuid: parts.cpuid,
             transports: parts.transports,
             uart: parts.uart,
@@ -267,6 +276,12 @@ impl Recorder {
     /// one is recorded, later writes of the port change nothing.
     pub fn first_arrival(&self) -> bool {
         !self.done.swap(true, Ordering::SeqCst)
+    }
+
+    /// Closes the template's files, saved or not: the recording is over.
+    /// A recording never saved stays incomplete (an empty state).
+    pub fn finish(&self) {
+        drop(self.files.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     /// Saves the VM, given vCPU `me`'s state, the others parked by
@@ -289,6 +304,8 @@ impl Recorder {
             .into_iter()
             .collect::<Option<_>>()
             .ok_or_else(|| TemplateError::Refused("a vCPU is missing".into()))?;
+        let files = self.files.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let files = files.ok_or_else(|| TemplateError::Refused("the recording is over".into()))?;
         worker::park_all(STOP_TIMEOUT).map_err(TemplateError::Refused)?;
         let result = (|| {
             let machine = MachineState::save(&self.vm)?;
@@ -304,9 +321,9 @@ impl Recorder {
                     Ok(SavedDevice { transport: t.save(), state })
                 })
                 .collect::<Result<_, TemplateError>>()?;
-            let written = pages::write(&self.mem, &self.touched, &self.memory)?;
+            let written = pages::write(&self.mem, &self.touched, &files.memory)?;
             let saved = Saved {
-                memory_bytes: self.memory.metadata().map_err(TemplateError::Write)?.len(),
+                memory_bytes: files.memory.metadata().map_err(TemplateError::Write)?.len(),
                 cpuid: self.cpuid.clone(),
                 tsc_khz,
                 vcpus,
@@ -315,8 +332,8 @@ impl Recorder {
                 uart: (self.uart)(),
             };
             let bytes = seal(&saved)?;
-            self.state.write_all_at(&bytes, 0).map_err(TemplateError::Write)?;
-            self.state.sync_data().map_err(TemplateError::Write)?;
+            files.state.write_all_at(&bytes, 0).map_err(TemplateError::Write)?;
+            files.state.sync_data().map_err(TemplateError::Write)?;
             Ok(written)
         })();
         worker::open_all();

@@ -78,6 +78,15 @@ const CACHE_TIMEOUT: Duration = Duration::from_secs(300);
 /// here: the read-only worker gets it only without modifying flags, the
 /// writable one gets it plain; `openat2` likewise comes with the worker's
 /// `Openat` (see `jail::seccomp`).
+///
+/// Landlock governs opens, not what a path tells without one, so nothing
+/// here takes a path the servers do not need: no extended attributes (the
+/// servers serve none; by path they read any host file's, where browsers
+/// keep the URL of a download), no statfs or access by path (the servers
+/// use fstatfs and their own check on a stat). The stat and readlinkat
+/// calls the servers make relative to a descriptor they hold (one name,
+/// or the descriptor itself) still take a path, which seccomp cannot read:
+/// code in a worker can stat any host file and read any symlink's target.
 const FS_READ: &[i64] = &[
     libc::SYS_newfstatat,
     libc::SYS_fstat,
@@ -88,17 +97,8 @@ const FS_READ: &[i64] = &[
     libc::SYS_preadv,
     libc::SYS_lseek,
     libc::SYS_fstatfs,
-    libc::SYS_statfs,
-    libc::SYS_fgetxattr,
-    libc::SYS_flistxattr,
-    libc::SYS_getxattr,
-    libc::SYS_lgetxattr,
-    libc::SYS_listxattr,
-    libc::SYS_llistxattr,
     libc::SYS_dup,
     libc::SYS_dup3,
-    libc::SYS_faccessat,
-    libc::SYS_faccessat2,
     libc::SYS_fadvise64,
 ];
 
