@@ -860,10 +860,14 @@ impl BoundedFs {
         }
     }
 
-    /// Reads up to `size` bytes of the listing of `handle` from `offset`,
-    /// and hands each entry but "." and ".." to `each` until it takes none.
+    /// Reads up to `size` bytes of the listing of directory `node` from
+    /// `offset`, through `handle` or, for a guest that lists without
+    /// opening (the read-only shares), a descriptor opened for this read
+    /// alone, and hands each entry but "." and ".." to `each` until it
+    /// takes none.
     fn list(
         &self,
+        node: u64,
         handle: u64,
         size: u32,
         offset: u64,
@@ -872,23 +876,23 @@ impl BoundedFs {
         if size == 0 {
             return Ok(());
         }
-        let handle = self.handle(handle)?;
-        // A directory the host renamed into a secret's place since it was
-        // opened is refused, as a lookup in it is.
-        self.readable(&self.state(), handle.node)?;
         // The guest names the size; a page or a few is what Linux asks.
         let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
-        let read = {
+        let read = if handle == NO_HANDLE {
+            // Counted as an open handle while it lives, so the guest's
+            // listings in flight stay within the share's descriptors.
+            let dir = self.counted(|| self.open_file(&mut self.state(), node, true))?;
+            let read = list_at(dir.as_raw_fd(), offset, &mut buf);
+            drop(dir);
+            self.open_handles.fetch_sub(1, Ordering::AcqRel);
+            read?
+        } else {
+            let handle = self.handle(handle)?;
+            // A directory the host renamed into a secret's place since it
+            // was opened is refused, as a lookup in it is.
+            self.readable(&self.state(), handle.node)?;
             let _listing = handle.listing.lock().unwrap_or_else(|p| p.into_inner());
-            let fd = handle.file.as_raw_fd();
-            let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
-            // SAFETY: lseek64 only moves the offset of `fd`, a directory we own.
-            if unsafe { libc::lseek64(fd, offset, libc::SEEK_SET) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-            let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
-            usize::try_from(n).map_err(|_| io::Error::last_os_error())?
+            list_at(handle.file.as_raw_fd(), offset, &mut buf)?
         };
         // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
         const NAME_AT: usize = 19;
@@ -913,6 +917,19 @@ impl BoundedFs {
         }
         Ok(())
     }
+}
+
+/// The entries of directory `fd` from `offset` into `buf`, as
+/// `linux_dirent64` records: the bytes written.
+fn list_at(fd: RawFd, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
+    // SAFETY: lseek64 only moves the offset of `fd`, a directory we own.
+    if unsafe { libc::lseek64(fd, offset, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// Up to `size` bytes of the file `fd` from `offset` into `w`.
@@ -1300,13 +1317,13 @@ impl FileSystem for BoundedFs {
     fn readdir(
         &self,
         _ctx: &Context,
-        _inode: u64,
+        inode: u64,
         handle: u64,
         size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(handle, size, offset, add_entry)
+        self.list(inode, handle, size, offset, add_entry)
     }
 
     fn readdirplus(
@@ -1318,7 +1335,7 @@ impl FileSystem for BoundedFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(handle, size, offset, &mut |mut dir_entry| {
+        self.list(inode, handle, size, offset, &mut |mut dir_entry| {
             let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
             let entry = match self.lookup(ctx, inode, &name) {
                 Ok(entry) => entry,

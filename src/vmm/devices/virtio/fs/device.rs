@@ -276,15 +276,16 @@ pub(super) fn vfs_options() -> VfsOptions {
 }
 
 /// [`vfs_options`] for the read-only shares, where the guest opens files
-/// without asking: an open and its release are two round trips per file
-/// read (half the requests of a `grep -r`), and every read still comes
-/// here, where [`BoundedFs`] refuses the secrets. Writes cannot follow
-/// from a skipped open: the guest mounts these shares read-only, and
-/// `ReadOnlyFs` refuses every request that would change a file whatever
-/// the guest's kernel sends. Directories are still opened, so a listing
-/// keeps one host descriptor from its first page to its last (and the
-/// guest's kernel keeps no listing cache of its own, which it would for a
-/// directory it lists unopened).
+/// and directories without asking: an open and its release are two round
+/// trips per file read (half the requests of a `grep -r`) and per
+/// directory listed (half those of a `find`), and every read and listing
+/// still comes here, where [`BoundedFs`] refuses the secrets. Writes
+/// cannot follow from a skipped open: the guest mounts these shares
+/// read-only, and `ReadOnlyFs` refuses every request that would change a
+/// file whatever the guest's kernel sends. A listing page opens the
+/// directory for itself and seeks to the guest's offset, as it would on a
+/// kept descriptor; the guest's kernel keeps the listing it read, as it
+/// did with an open that said so.
 ///
 /// Every page of a listing comes with the entries' attributes
 /// (READDIRPLUS, not only the first page as READDIRPLUS_AUTO would have
@@ -292,7 +293,7 @@ pub(super) fn vfs_options() -> VfsOptions {
 /// name, whose answer would be the same entry with the same timeout.
 pub(super) fn read_only_vfs_options() -> VfsOptions {
     let options = vfs_options();
-    VfsOptions { no_open: true, out_opts: options.out_opts - FsOptions::READDIRPLUS_AUTO, ..options }
+    VfsOptions { no_open: true, no_opendir: true, out_opts: options.out_opts - FsOptions::READDIRPLUS_AUTO, ..options }
 }
 
 /// The passthrough configuration of one share: what the per-file cost

@@ -295,16 +295,19 @@ fn cat(parts: &[&[u8]]) -> Vec<u8> {
     parts.concat()
 }
 
-/// FUSE_INIT from a kernel offering everything but reads without opens.
+/// FUSE_INIT from a kernel offering everything but reads and listings
+/// without opens.
 fn init_in() -> InitIn {
     let flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
-    let flags = flags & !FsOptions::ZERO_MESSAGE_OPEN.bits();
+    let flags = flags & !(FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR).bits();
     InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: u32::try_from(flags).unwrap() }
 }
 
-/// FUSE_INIT from a kernel offering everything, reads without opens too.
+/// FUSE_INIT from a kernel offering everything, reads and listings without
+/// opens too.
 fn init_in_without_opens() -> InitIn {
-    let flags = init_in().flags | u32::try_from(FsOptions::ZERO_MESSAGE_OPEN.bits()).unwrap();
+    let without = FsOptions::ZERO_MESSAGE_OPEN | FsOptions::ZERO_MESSAGE_OPENDIR;
+    let flags = init_in().flags | u32::try_from(without.bits()).unwrap();
     InitIn { flags, ..init_in() }
 }
 
@@ -344,17 +347,20 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, i64, Vec<u8>)> {
 }
 
 /// The names in a READDIR reply.
-fn dirent_names(mut body: &[u8]) -> Vec<String> {
-    let mut names = Vec::new();
+fn dirent_names(body: &[u8]) -> Vec<String> {
+    dirents(body).into_iter().map(|(_, name)| name).collect()
+}
+
+/// The (offset, name) of each entry of a READDIR reply.
+fn dirents(mut body: &[u8]) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
     while body.len() >= size_of::<Dirent>() {
         let dirent = *Dirent::from_slice(&body[..size_of::<Dirent>()]).unwrap();
-        let name_start = size_of::<Dirent>();
-        let name_end = name_start + dirent.namelen as usize;
-        names.push(String::from_utf8(body[name_start..name_end].to_vec()).unwrap());
-        let record = (name_end + 7) & !7;
-        body = &body[record.min(body.len())..];
+        let name_end = size_of::<Dirent>() + dirent.namelen as usize;
+        out.push((dirent.off, String::from_utf8(body[size_of::<Dirent>()..name_end].to_vec()).unwrap()));
+        body = &body[((name_end + 7) & !7).min(body.len())..];
     }
-    names
+    out
 }
 
 /// The names and entries in a READDIRPLUS reply.
@@ -1104,10 +1110,10 @@ fn a_secret_is_listed_but_never_opened_however_the_guest_reaches_it() {
     assert_eq!(client.read(inner.nodeid, open.fh, 0, 4096).ok(), b"inner");
 }
 
-/// A kernel that offers to read without opening is taken up on it by the
-/// read-only shares: an open is answered ENOSYS (the guest then sends no
-/// more opens or releases), reads name no handle and still meet the
-/// secrets, by any name, and a listing still opens its directory.
+/// A kernel that offers to read and list without opening is taken up on it
+/// by the read-only shares: an open or opendir is answered ENOSYS (the
+/// guest then sends no more opens or releases), reads and listings name no
+/// handle, and reads still meet the secrets, by any name.
 #[test]
 fn read_only_shares_are_read_without_opens_and_still_refuse_the_secrets() {
     let dir = share_dir();
@@ -1134,13 +1140,52 @@ fn read_only_shares_are_read_without_opens_and_still_refuse_the_secrets() {
     let sub = client.lookup_node(etc.nodeid, "sub");
     let linked = client.lookup_node(sub.nodeid, "linked");
     assert_eq!(client.read(linked.nodeid, 0, 0, 4096).errno(), libc::EACCES, "a hard link");
-    let dir_open: OpenOut = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY).obj();
-    let list = ReadIn { fh: dir_open.fh, size: 4096, ..Default::default() };
+    let opendir = client.open(Opcode::Opendir, ssh.nodeid, libc::O_RDONLY | libc::O_DIRECTORY);
+    assert_eq!(opendir.errno(), libc::ENOSYS);
+    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
     let listed = direntplus(client.call(Opcode::Readdirplus as u32, ssh.nodeid, list.as_slice()).ok());
     let (_, listed_key) = listed.iter().find(|(name, _)| name == "host_key").expect("the secret is listed");
     assert_eq!(client.read(listed_key.nodeid, 0, 0, 4096).errno(), libc::EACCES);
     // A node the guest never looked up is no file to read.
     assert_ne!(client.read(hello.nodeid + 1_000_000, 0, 0, 4096).errno(), 0);
+}
+
+/// A listing of a read-only share that names no handle goes page by page
+/// from the offsets it gave, as one through an open directory does: every
+/// name once, past the last nothing; a file is no directory to list, and a
+/// secret directory is not listed.
+#[test]
+fn read_only_listings_without_opens_go_page_by_page() {
+    let dir = share_dir();
+    let root = dir.as_path();
+    std::fs::create_dir(root.join("many")).unwrap();
+    for i in 0..200 {
+        std::fs::write(root.join(format!("many/file-with-a-longish-name-{i:03}")), b"x").unwrap();
+    }
+    std::fs::create_dir(root.join("keys")).unwrap();
+    let secrets = Secrets::at(&[root.join("keys")]);
+    let mut client = Client::started_without_opens(fs_keeping("host", &[share("/ws", root)], &secrets).unwrap().server);
+    let ws = client.lookup_node(ROOT_ID, "ws");
+    let many = client.lookup_node(ws.nodeid, "many");
+    let (mut names, mut offset, mut pages) = (Vec::new(), 0, 0);
+    loop {
+        let list = ReadIn { fh: 0, offset, size: 4096, ..Default::default() };
+        let entries = dirents(client.call(Opcode::Readdir as u32, many.nodeid, list.as_slice()).ok());
+        let Some(&(last_offset, _)) = entries.last() else { break };
+        names.extend(entries.into_iter().map(|(_, name)| name));
+        offset = last_offset;
+        pages += 1;
+    }
+    assert!(pages > 1, "the listing took {pages} page(s)");
+    names.sort();
+    let want: Vec<String> = (0..200).map(|i| format!("file-with-a-longish-name-{i:03}")).collect();
+    assert_eq!(names, want);
+
+    let hello = client.lookup_node(ws.nodeid, "hello.txt");
+    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
+    assert_eq!(client.call(Opcode::Readdirplus as u32, hello.nodeid, list.as_slice()).errno(), libc::ENOTDIR);
+    let keys = client.lookup_node(ws.nodeid, "keys");
+    assert_eq!(client.call(Opcode::Readdirplus as u32, keys.nodeid, list.as_slice()).errno(), libc::EACCES);
 }
 
 /// A client of the writable device serving `shares`, as a policy's `rw`
@@ -1811,7 +1856,8 @@ fn the_files_of_a_secret_directory_are_unreadable() {
     let etc = client.lookup_node(ROOT_ID, "etc");
     let private = client.lookup_node(etc.nodeid, "private");
     let keys = client.lookup_node(private.nodeid, "keys");
-    let listing = client.open(Opcode::Opendir, keys.nodeid, libc::O_RDONLY | libc::O_DIRECTORY);
+    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
+    let listing = client.call(Opcode::Readdirplus as u32, keys.nodeid, list.as_slice());
     assert_eq!(listing.errno(), libc::EACCES, "the secret directory is not listed");
     assert_eq!(client.lookup(keys.nodeid, "server.pem").errno(), libc::EACCES, "nothing in it is found to be read");
 }
@@ -2003,8 +2049,7 @@ fn reading_a_read_only_share_leaves_host_access_times_alone() {
     let before = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
 
     assert_eq!(client.read(hello, 0, 0, 4096).ok(), CONTENT);
-    let fh = client.open(Opcode::Opendir, sub, libc::O_RDONLY | libc::O_DIRECTORY).obj::<OpenOut>().fh;
-    let list = ReadIn { fh, size: 4096, ..Default::default() };
+    let list = ReadIn { fh: 0, size: 4096, ..Default::default() };
     assert_eq!(dirent_names(client.call(Opcode::Readdir as u32, sub, list.as_slice()).ok()), ["inner.txt"]);
     let after = (atime(&root.join("hello.txt")), atime(&root.join("sub")));
     assert_eq!(after, before, "host access times (file, directory) changed by guest reads");
