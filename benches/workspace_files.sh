@@ -6,10 +6,13 @@
 # big file, writing 5,000 small files and one 128 MiB file) the host's time,
 # the guest's time (timed inside the guest of one `stockade run`) and their
 # ratio, next to a CPU-only control (sha256 of 64 MiB in tmpfs) that shows
-# how much of a ratio is just the guest's CPU. The guest drops its caches
-# before each row but the second git status, so each row starts as the first
-# touch of those files in a run does. Then the first git status in a
-# repository of MANY files.
+# how much of a ratio is just the guest's CPU, and the guest's time for the
+# same row on a copy of the workspace in its own tmpfs, which shows how much
+# is the nested machine's memory and system calls rather than the shared
+# files (the rig's software CPU slows those more than it slows hashing).
+# The guest drops its caches before each row but the second git status, so
+# each row starts as the first touch of those files in a run does. Then the
+# first git status in a repository of MANY files.
 #
 # p50 and p90 over RUNS runs (one `stockade run` each). Runs where a
 # standard guest boots: here on hardware KVM, or in the rig:
@@ -97,7 +100,7 @@ t() {
     start=$(date +%s.%N)
     "$@" >/dev/null 2>&1 || true
     end=$(date +%s.%N)
-    printf 'T\t%s\t%s\n' "$name" "$(echo "$end - $start" | bc)"
+    printf '%s\t%s\t%s\n' "${TAG:-T}" "$name" "$(echo "$end - $start" | bc)"
 }
 head -c 64M /dev/zero >"$shm/control"
 t "sha256 of 64 MiB in tmpfs (control)" sha256sum "$shm/control"
@@ -119,16 +122,29 @@ rm -f out.bin
 ROWS
 )
 
-declare -A host guest
+declare -A host guest copy
 order=()
+# Lines tagged T are the side's own; C, the guest's rows on its tmpfs copy.
 record() {
     local side=$1 name secs
     while IFS=$'\t' read -r tag name secs; do
-        [[ $tag == T ]] || continue
+        [[ $tag == T || $tag == C ]] || continue
         [[ -v "host[$name]" || -v "guest[$name]" ]] || order+=("$name")
-        if [[ $side == host ]]; then host[$name]+="$secs "; else guest[$name]+="$secs "; fi
+        if [[ $side == host ]]; then
+            host[$name]+="$secs "
+        elif [[ $tag == C ]]; then
+            copy[$name]+="$secs "
+        else
+            guest[$name]+="$secs "
+        fi
     done
 }
+# The same rows on a copy of the workspace in the guest's tmpfs, its index
+# refreshed there first: the guest's own cost of the work (its CPU, memory
+# and system calls in the nested machine) without the file server, against
+# which the workspace's rows show what the shared files alone cost.
+in_copy='cp -a . /dev/shm/ws-copy && cd /dev/shm/ws-copy && git status --porcelain >/dev/null 2>&1 && TAG=C bash -c "$ROWS"'
+
 # p50 and p90 of a list of numbers.
 pct() {
     local sorted n
@@ -143,18 +159,24 @@ make_repo "$ws" "$dirs" "$big_mib"
 for i in $(seq "$runs"); do
     echo "round $i of $runs" >&2
     record host < <(cd "$ws" && bash -c "$rows")
-    record guest < <(cd "$ws" && "${run[@]}" -- env BENCH_DROP=1 bash -c "$rows")
+    record guest < <(cd "$ws" && "${run[@]}" -- env BENCH_DROP=1 ROWS="$rows" bash -c "$rows; $in_copy")
 done
 
-printf '\n%-40s %14s %14s %8s %10s\n' "work ($((dirs * 50)) files, $runs runs)" "host p50/p90" "guest p50/p90" "ratio" "/control"
+# ratio: guest ÷ host; /control: that ÷ the control's; tmpfs: the row on
+# the guest's tmpfs copy; /tmpfs: the guest's time ÷ that, what the shared
+# files cost over the same work on files of the guest's own.
+printf '\n%-40s %14s %14s %8s %10s %8s %8s\n' "work ($((dirs * 50)) files, $runs runs)" "host p50/p90" "guest p50/p90" \
+    "ratio" "/control" "tmpfs" "/tmpfs"
 control=
 for name in "${order[@]}"; do
     read -r h50 h90 <<<"$(pct "${host[$name]:-}")"
     read -r g50 g90 <<<"$(pct "${guest[$name]:-}")"
+    read -r c50 _ <<<"$(pct "${copy[$name]:-}")"
     ratio=$(echo "$g50 / $h50" | bc -l)
     [[ -n $control ]] || control=$ratio
-    printf '%-40s %6.2f/%6.2f %6.2f/%6.2f %7.2fx %9.2fx\n' "$name" "$h50" "$h90" "$g50" "$g90" "$ratio" \
-        "$(echo "$ratio / $control" | bc -l)"
+    if [[ -n $c50 ]]; then by_copy=$(printf '%7.2fx' "$(echo "$g50 / $c50" | bc -l)"); else c50=0 by_copy='     -'; fi
+    printf '%-40s %6.2f/%6.2f %6.2f/%6.2f %7.2fx %9.2fx %8.2f %8s\n' "$name" "$h50" "$h90" "$g50" "$g90" "$ratio" \
+        "$(echo "$ratio / $control" | bc -l)" "$c50" "$by_copy"
 done
 
 # What each row costs the workspace's file server: requests by opcode and
