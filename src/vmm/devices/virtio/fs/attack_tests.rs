@@ -79,7 +79,7 @@ impl Guest {
 
     /// [`Guest::of`], a kernel that sends opens (`without_opens` false):
     /// every open the guest asks for then reaches the filesystem.
-    fn init(shares: &[Share], secrets: &Secrets, budget: FdBudget, without_opens: bool) -> Guest {
+    pub(super) fn init(shares: &[Share], secrets: &Secrets, budget: FdBudget, without_opens: bool) -> Guest {
         let fs = Fs::within("attack", shares, secrets, budget).unwrap();
         let mut flags = FsOptions::all().bits() & 0xffff_ffff & !FsOptions::INIT_EXT.bits();
         if !without_opens {
@@ -187,7 +187,7 @@ impl<F: FileSystem + Sync> Guest<F> {
     /// A handle of the directory `node` (FUSE_OPENDIR), as the guest opens
     /// one before listing it; none (0) where the device declines opendir,
     /// as Linux then lists naming no handle.
-    fn opendir(&mut self, node: u64) -> Result<u64, i32> {
+    pub(super) fn opendir(&mut self, node: u64) -> Result<u64, i32> {
         let reply = self.open(Opcode::Opendir, node);
         match reply.header.error {
             0 => Ok(reply.obj::<OpenOut>().fh),
@@ -197,7 +197,7 @@ impl<F: FileSystem + Sync> Guest<F> {
     }
 
     /// FUSE_RELEASEDIR of `fh`, which Linux sends only for a handle it got.
-    fn releasedir(&mut self, node: u64, fh: u64) {
+    pub(super) fn releasedir(&mut self, node: u64, fh: u64) {
         if fh == 0 {
             return;
         }
@@ -206,14 +206,14 @@ impl<F: FileSystem + Sync> Guest<F> {
     }
 
     /// One READDIRPLUS page of the open directory `fh`, from `offset`.
-    fn page(&mut self, opcode: Opcode, node: u64, fh: u64, offset: u64) -> Reply {
+    pub(super) fn page(&mut self, opcode: Opcode, node: u64, fh: u64, offset: u64) -> Reply {
         let list = ReadIn { fh, offset, size: 4096, ..Default::default() };
         self.call(opcode as u32, node, list.as_slice())
     }
 
     /// One READDIRPLUS page of `node` from `offset`, through a handle opened
     /// for it and released after (the opendir's reply if it is refused).
-    fn listing(&mut self, node: u64, offset: u64) -> Reply {
+    pub(super) fn listing(&mut self, node: u64, offset: u64) -> Reply {
         let opened = self.open(Opcode::Opendir, node);
         let fh = match opened.header.error {
             0 => opened.obj::<OpenOut>().fh,
@@ -227,7 +227,7 @@ impl<F: FileSystem + Sync> Guest<F> {
 
     /// Every name READDIRPLUS gives for `node`, page after page, through
     /// one handle.
-    fn list_all(&mut self, node: u64) -> Result<Vec<(String, EntryOut)>, i32> {
+    pub(super) fn list_all(&mut self, node: u64) -> Result<Vec<(String, EntryOut)>, i32> {
         let fh = self.opendir(node)?;
         let mut all = Vec::new();
         let mut offset = 0;
@@ -255,7 +255,7 @@ impl<F: FileSystem + Sync> Guest<F> {
     }
 
     /// Every name READDIR gives through the open directory `fh`.
-    fn names_through(&mut self, node: u64, fh: u64) -> Result<Vec<String>, i32> {
+    pub(super) fn names_through(&mut self, node: u64, fh: u64) -> Result<Vec<String>, i32> {
         let mut all = Vec::new();
         let mut offset = 0;
         loop {
@@ -278,7 +278,7 @@ impl<F: FileSystem + Sync> Guest<F> {
         }
     }
 
-    fn open(&mut self, opcode: Opcode, node: u64) -> Reply {
+    pub(super) fn open(&mut self, opcode: Opcode, node: u64) -> Reply {
         let open = OpenIn { flags: libc::O_RDONLY as u32, fuse_flags: 0 };
         self.call(opcode as u32, node, open.as_slice())
     }
@@ -289,7 +289,7 @@ pub(super) fn read_only_guest(host: &Path, secrets: &Secrets) -> Guest {
     Guest::of_share(host, secrets)
 }
 
-fn share(guest_path: &str, host: &Path) -> Share {
+pub(super) fn share(guest_path: &str, host: &Path) -> Share {
     Share { guest_path: guest_path.into(), host_path: host.to_path_buf(), record: None, limit: None }
 }
 
@@ -298,7 +298,7 @@ pub(super) fn temp_dir() -> TempDir {
 }
 
 /// The names, entries and next offsets of a READDIRPLUS reply.
-fn direntplus(mut body: &[u8]) -> Vec<(String, EntryOut, u64)> {
+pub(super) fn direntplus(mut body: &[u8]) -> Vec<(String, EntryOut, u64)> {
     let mut out = Vec::new();
     while body.len() >= size_of::<Direntplus>() {
         let plus = *Direntplus::from_slice(&body[..size_of::<Direntplus>()]).unwrap();
@@ -312,7 +312,7 @@ fn direntplus(mut body: &[u8]) -> Vec<(String, EntryOut, u64)> {
     out
 }
 
-fn ino(path: &Path) -> u64 {
+pub(super) fn ino(path: &Path) -> u64 {
     std::fs::symlink_metadata(path).unwrap().ino()
 }
 
@@ -664,7 +664,7 @@ fn a_directory_renamed_into_a_secret_directorys_place_is_not_listed() {
 
 /// Host descriptors the device holds for the share at `root`, found by
 /// their links in /proc (other tests' descriptors name other directories).
-fn descriptors_under(root: &Path) -> usize {
+pub(super) fn descriptors_under(root: &Path) -> usize {
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .flatten()

@@ -43,6 +43,8 @@ mod writable;
 #[cfg(test)]
 mod attack_tests;
 #[cfg(test)]
+mod list_attack_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod walk_attack_tests;
