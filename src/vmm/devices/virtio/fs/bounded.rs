@@ -710,6 +710,20 @@ impl BoundedFs {
         self.at_node(state, node, |_, place| place.stat().map(|st| ((), st)))
     }
 
+    /// What a request through `handle` checks: its node is no secret and,
+    /// while it has a name, is still where that name leads beneath the
+    /// root. Since the open, the host may have moved it out of the share or
+    /// renamed it into a secret's place, where reads, listings and writes
+    /// through the descriptor would reach what the guest may not. A file
+    /// the guest removed while holding it open has only the handle.
+    fn still_held(&self, handle: &Handle) -> io::Result<()> {
+        let mut state = self.state();
+        if handle.node == ROOT || state.nodes.get(&handle.node).is_some_and(|n| n.names.is_empty()) {
+            return self.readable(&state, handle.node);
+        }
+        self.still_readable(&mut state, handle.node)
+    }
+
     fn open_counted(&self, node: u64, directory: bool, flags: u32) -> io::Result<u64> {
         let mut state = self.state();
         let file = if self.writable && !directory && super::readonly::opens_for_writing(flags) {
@@ -888,9 +902,7 @@ impl BoundedFs {
             read?
         } else {
             let handle = self.handle(handle)?;
-            // A directory the host renamed into a secret's place since it
-            // was opened is refused, as a lookup in it is.
-            self.readable(&self.state(), handle.node)?;
+            self.still_held(&handle)?;
             let _listing = handle.listing.lock().unwrap_or_else(|p| p.into_inner());
             list_at(handle.file.as_raw_fd(), offset, &mut buf)?
         };
@@ -1172,9 +1184,7 @@ impl FileSystem for BoundedFs {
             return read_from(fd.as_raw_fd(), w, size, offset);
         }
         let handle = self.handle(handle)?;
-        // What was opened may have been renamed into a secret's place
-        // since, where the host may write a secret into it.
-        self.readable(&self.state(), handle.node)?;
+        self.still_held(&handle)?;
         read_from(handle.file.as_raw_fd(), w, size, offset)
     }
 
@@ -1335,7 +1345,8 @@ impl FileSystem for BoundedFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.list(inode, handle, size, offset, &mut |mut dir_entry| {
+        let mut handed = Vec::new();
+        let listed = self.list(inode, handle, size, offset, &mut |mut dir_entry| {
             let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
             let entry = match self.lookup(ctx, inode, &name) {
                 Ok(entry) => entry,
@@ -1352,9 +1363,20 @@ impl FileSystem for BoundedFs {
             })?;
             if took == 0 {
                 Self::forget_one(&mut self.state(), entry.inode, 1);
+            } else {
+                handed.push(entry.inode);
             }
             Ok(took)
-        })
+        });
+        // A page that fails midway is answered with the error alone: the
+        // guest never hears of the entries before it, nor forgets them.
+        if listed.is_err() {
+            let mut state = self.state();
+            for node in handed {
+                Self::forget_one(&mut state, node, 1);
+            }
+        }
+        listed
     }
 
     fn releasedir(&self, _ctx: &Context, _inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
@@ -1395,7 +1417,7 @@ impl FileSystem for BoundedFs {
             return seek(self.reader(inode)?.as_raw_fd());
         }
         let handle = self.handle(handle)?;
-        self.readable(&self.state(), handle.node)?;
+        self.still_held(&handle)?;
         seek(handle.file.as_fd().as_raw_fd())
     }
 }

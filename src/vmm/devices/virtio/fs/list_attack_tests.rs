@@ -4,9 +4,8 @@
 //! releases and with changes the host makes to the directory. Each goes
 //! through the device's queue processing, the FUSE server, the Vfs and the
 //! bounded filesystem, as the guest's requests do, unless it says
-//! otherwise. A test marked `ignore = "finding N: ..."` shows an attack
-//! that succeeds on the current code and asserts the correct behaviour;
-//! the others guard attacks that are held.
+//! otherwise. A test headed "Found by attack, now fixed" is an attack that
+//! once succeeded; the others guard attacks that held.
 
 use std::ffi::CString;
 use std::mem::size_of;
@@ -79,7 +78,7 @@ fn list_held_directory_renamed_into_secret<F: FileSystem + Sync>(
     listed
 }
 
-// Finding 1. The guest holds a directory open (FUSE_OPENDIR: always on the
+// Found by attack, now fixed (finding 1). The guest holds a directory open (FUSE_OPENDIR: always on the
 // writable device; on the read-only one when the guest's INIT does not
 // announce FUSE_NO_OPENDIR_SUPPORT), the host renames it into a secret
 // directory's place (a key directory made during the run) and writes keys
@@ -89,10 +88,9 @@ fn list_held_directory_renamed_into_secret<F: FileSystem + Sync>(
 // where the open directory now is: READDIR lists the secret directory's
 // names. (`a_directory_renamed_into_a_secret_directorys_place_is_not_listed`
 // holds only because that guest looks the secret's name up first.)
-// Correct: EACCES (or ESTALE: the directory is no longer where it was
+// Now: EACCES (or ESTALE: the directory is no longer where it was
 // found), as for a listing naming no handle.
 #[test]
-#[ignore = "finding 1: a directory held open and renamed by the host into a secret's place is listed through the handle"]
 fn a_directory_held_open_and_renamed_into_a_secrets_place_is_not_listed_unlooked_up() {
     let dir = temp_dir();
     let root = dir.as_path().join("ro");
@@ -137,7 +135,7 @@ fn list_held_directory_moved_out<F: FileSystem + Sync>(
     listed
 }
 
-// Finding 2. The guest holds a directory open, the host moves it out of
+// Found by attack, now fixed (finding 2). The guest holds a directory open, the host moves it out of
 // the share (to a private place) and keeps working there: READDIR
 // through the handle lists what the host now has outside every share
 // (here a file created after the move), on the read-only device (guest
@@ -146,9 +144,8 @@ fn list_held_directory_moved_out<F: FileSystem + Sync>(
 // module promises that "a directory the host moved out of the share is
 // not served from its new place"; reads naming no handle check the
 // node's place on each read (`a_file_moved_out_of_the_share_is_not_read_
-// from_its_new_place`), listings through a handle do not. Correct: ESTALE.
+// from_its_new_place`), listings through a handle do not. Now: ESTALE.
 #[test]
-#[ignore = "finding 2: a directory held open and moved out of the share by the host is still listed through the handle"]
 fn a_directory_held_open_and_moved_out_of_the_share_is_not_listed() {
     let dir = temp_dir();
     let outside = dir.as_path().join("outside");
@@ -174,7 +171,7 @@ fn a_directory_held_open_and_moved_out_of_the_share_is_not_listed() {
     );
 }
 
-// Finding 3, by the guest alone. A READDIRPLUS whose reply buffer holds
+// Found by attack, now fixed (finding 3, by the guest alone). A READDIRPLUS whose reply buffer holds
 // exactly `size` bytes: the server checks each entry against `size`, but
 // the header already took 16 bytes of the buffer, so the entry that fills
 // the last 16 bytes fails to encode. The bounded filesystem forgets that
@@ -184,9 +181,8 @@ fn a_directory_held_open_and_moved_out_of_the_share_is_not_listed() {
 // counted for nodes the guest never got, so they are held for the life of
 // the mount (a guest repeats this over every directory: the nodes, their
 // names and their parents pile up) and a guessed node id (the host inode
-// number) reaches them. Correct: none of the page's nodes is held.
+// number) reaches them. Now: none of the page's nodes is held.
 #[test]
-#[ignore = "finding 3: a READDIRPLUS page failing midway (reply buffer of exactly `size`) keeps the lookups of the entries before"]
 fn a_listing_whose_reply_fails_after_some_entries_holds_none_of_them() {
     let dir = temp_dir();
     let root = dir.as_path();
@@ -215,7 +211,7 @@ fn a_listing_whose_reply_fails_after_some_entries_holds_none_of_them() {
     assert_eq!(held, Vec::<&str>::new(), "nodes held for entries the guest never got");
 }
 
-// Finding 3, with the host. The same when the page fails on a lookup:
+// Found by attack, now fixed (finding 3, with the host). The same when the page fails on a lookup:
 // a READDIRPLUS page counts a lookup for each entry it encodes,
 // then looks the next name up; when that lookup fails with anything but
 // ENOENT (here ESTALE: the host renamed the directory while the page was
@@ -226,11 +222,10 @@ fn a_listing_whose_reply_fails_after_some_entries_holds_none_of_them() {
 // of the mount, and a guessed node id reaches them. Played on the bounded
 // filesystem itself, its `add_entry` standing for the server's encoder:
 // the host's rename happens after the first entry is encoded, which is
-// where a concurrent `mv` on the host lands in a real listing. Correct:
+// where a concurrent `mv` on the host lands in a real listing. Now:
 // the entries already encoded are forgotten when the page fails (or the
 // page ends short, successfully, before the failing name).
 #[test]
-#[ignore = "finding 3: a READDIRPLUS page failing on a lookup the host made fail keeps the lookups of the entries before"]
 fn a_listing_failing_midway_keeps_no_lookup_the_guest_never_got() {
     let dir = temp_dir();
     let root = dir.as_path();
@@ -261,7 +256,7 @@ fn a_listing_failing_midway_keeps_no_lookup_the_guest_never_got() {
     );
 }
 
-// Finding 4. The writable device has no `ReadOnlyFs` in front of its Vfs,
+// Found by attack, now fixed (finding 4). The writable device has no `ReadOnlyFs` in front of its Vfs,
 // so the guard that keeps the Vfs's own directory above the shares from
 // computing `offset + 1` at u64::MAX (fixed for the read-only device by
 // `a_listing_above_the_shares_at_the_last_offset_is_answered`) is missing
@@ -269,9 +264,8 @@ fn a_listing_failing_midway_keeps_no_lookup_the_guest_never_got() {
 // overflows in fuse-backend-rs's PseudoFs, a panic where overflow checks
 // are on (debug builds, the tests): caught, the request goes back with
 // no reply written, not even a header. (A release build wraps to an
-// empty page.) Correct: an empty page, as on the read-only device.
+// empty page.) Now: an empty page, as on the read-only device.
 #[test]
-#[ignore = "finding 4: the writable device's root listed at offset u64::MAX panics in the Vfs (debug builds) and goes unanswered"]
 fn a_writable_devices_root_listed_at_the_last_offset_is_answered() {
     let dir = temp_dir();
     let mut guest = writable(&[share("/rw", dir.as_path())], &Secrets::default());
@@ -567,7 +561,8 @@ fn without_opendir_a_directory_the_host_moved_is_not_listed_at_all() {
     }
 }
 
-// Finding 5 (beside the listings, the same gap for files). The guest holds
+// Found by attack, now fixed (finding 5, beside the listings: the same gap
+// for files). The guest holds
 // a file open (FUSE_OPEN: on the writable device, or on the read-only one
 // when its INIT does not announce FUSE_NO_OPEN_SUPPORT), the host moves the
 // file's directory out of the share and writes the file there: a read
@@ -577,9 +572,8 @@ fn without_opendir_a_directory_the_host_moved_is_not_listed_at_all() {
 // checks nothing and changes the host's file outside the share. Reads
 // naming no handle refuse it (ESTALE, see
 // `a_file_moved_out_of_the_share_is_not_read_from_its_new_place`).
-// Correct: ESTALE, as for those reads.
+// Now: ESTALE, as for those reads.
 #[test]
-#[ignore = "finding 5: a file held open and moved out of the share by the host is still read (and written) through the handle"]
 fn a_file_held_open_and_moved_out_of_the_share_is_not_read_or_written() {
     use fuse_backend_rs::abi::fuse_abi::{OpenIn, OpenOut, WriteIn};
     let dir = temp_dir();

@@ -92,6 +92,9 @@ fn handle_chain<F: FileSystem + Sync>(
             return 0;
         }
     };
+    // A second writer over the same buffers answers a request whose
+    // handling panicked.
+    let spare = chain.clone();
     let writer: Writer<'_> = match VirtioFsWriter::new(mem, chain) {
         Ok(w) => w.into(),
         Err(e) => {
@@ -128,7 +131,9 @@ fn handle_chain<F: FileSystem + Sync>(
                 }
                 Err(_) => {
                     tracing::warn!("virtio-fs: request {} (opcode {}) panicked", header.unique, header.opcode);
-                    0
+                    // EIO, written over whatever part of a reply came first:
+                    // the guest's caller gets an error, not a wait for ever.
+                    VirtioFsWriter::new(mem, spare).map_or(0, |w| reply_error(w.into(), header.unique, libc::EIO))
                 }
             }
         }

@@ -162,12 +162,14 @@ impl BoundedFs {
         Err(last)
     }
 
-    /// The open handle `handle` of `node`.
+    /// The open handle `handle` of `node`, still where it was (see
+    /// `still_held`).
     fn handle_of(&self, handle: u64, node: u64) -> io::Result<Arc<Handle>> {
         let handle = self.handle(handle)?;
         if handle.node != node {
             return Err(err(libc::EBADF));
         }
+        self.still_held(&handle)?;
         Ok(handle)
     }
 
