@@ -77,6 +77,9 @@ for i in range(ndirs):
 PY
     ((mib)) && head -c "${mib}M" /dev/urandom >"$dir/big.bin"
     git -C "$dir" init -q
+    # No automatic gc: past 6,700 loose objects a commit packs them in the
+    # background, and the tree would change under the rows.
+    git -C "$dir" config gc.auto 0
     git -C "$dir" add -A
     git -C "$dir" -c user.email=b@example.com -c user.name=b commit -qm init
     # What a host's own git status does once: the index written again after
