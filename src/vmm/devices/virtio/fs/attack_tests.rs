@@ -970,6 +970,30 @@ pub(super) enum Worker<'a> {
 /// confines `worker`, with its seccomp filter at this kernel's Landlock
 /// ABI. How the child ended: a call the filter refuses kills it with
 /// SIGSYS (the VMM's report of it ends the VMM), a panic exits 101.
+/// Set in a forked jailed worker: its panics are reported by
+/// [`jailed_panic_hook`]'s own words.
+static IN_JAILED_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Installs, once and before any fork, a panic hook that in a jailed child
+/// only writes (the default report reads the working directory, which the
+/// filter refuses) and elsewhere reports as the default does. Installing
+/// it in the child instead waited for the hook's lock, which a test
+/// panicking in another thread at the fork held for ever.
+fn jailed_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_JAILED_CHILD.load(std::sync::atomic::Ordering::Relaxed) {
+                let report = format!("jailed worker: {info}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), report.as_bytes());
+            } else {
+                default(info);
+            }
+        }));
+    });
+}
+
 pub(super) fn in_the_workers_jail<F: FileSystem + Sync>(
     worker: Worker,
     mut guest: Guest<F>,
@@ -982,17 +1006,14 @@ pub(super) fn in_the_workers_jail<F: FileSystem + Sync>(
         Worker::ReadOnly => None,
         Worker::Writable(shares) => Some(landlock::Layer::only(shares).unwrap()),
     };
+    jailed_panic_hook();
     // SAFETY: the child has only this thread, and glibc's fork leaves its
     // allocator usable there; the child ends with _exit, never returning
     // into the test harness.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
-        // The default report of a panic reads the working directory, which
-        // the filter refuses: this one only writes.
-        std::panic::set_hook(Box::new(|info| {
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("jailed worker: {info}\n").as_bytes());
-        }));
+        IN_JAILED_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let kind = match layer {
                 None => {
