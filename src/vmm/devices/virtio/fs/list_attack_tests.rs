@@ -26,6 +26,7 @@ use super::bounded::{BoundedFs, FdBudget, HandleCount, ROOT};
 use super::device::{Fs, Share};
 use super::request::Access;
 use super::secrets::Secrets;
+use super::tests::{age_atime, atime};
 
 /// A guest of the read-only device serving `shares` whose kernel sends
 /// FUSE_OPENDIR (it does not announce FUSE_NO_OPENDIR_SUPPORT at INIT, as
@@ -458,17 +459,6 @@ fn failed_listings_leave_no_descriptor_and_no_handle_counted() {
     for (node, fh) in again {
         guest.releasedir(node, fh);
     }
-}
-
-/// The host's access time of `path`, in seconds.
-fn atime(path: &Path) -> i64 {
-    std::os::unix::fs::MetadataExt::atime(&std::fs::metadata(path).unwrap())
-}
-
-/// Sets the access time of `path` long ago, so that relatime updates it.
-fn age_atime(path: &Path) {
-    let old = std::fs::FileTimes::new().set_accessed(std::time::UNIX_EPOCH + Duration::from_secs(1_000_000));
-    std::fs::File::open(path).unwrap().set_times(old).unwrap();
 }
 
 /// Listings through a handle on the read-only device (a guest kernel

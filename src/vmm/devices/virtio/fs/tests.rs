@@ -2022,13 +2022,13 @@ fn a_listing_of_any_size_the_guest_names_leaves_the_vmm_running() {
 }
 
 /// The host's access time of `path`, in seconds.
-fn atime(path: &Path) -> i64 {
+pub(super) fn atime(path: &Path) -> i64 {
     std::fs::metadata(path).unwrap().atime()
 }
 
 /// Sets the host's access time of `path` to a day and more ago, old enough
 /// for a relatime mount to update it on the next read.
-fn age_atime(path: &Path) {
+pub(super) fn age_atime(path: &Path) {
     let old = std::fs::FileTimes::new().set_accessed(std::time::UNIX_EPOCH + Duration::from_secs(1_000_000));
     std::fs::File::open(path).unwrap().set_times(old).unwrap();
 }
