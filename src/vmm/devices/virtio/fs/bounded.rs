@@ -892,20 +892,48 @@ impl BoundedFs {
         }
         // The guest names the size; a page or a few is what Linux asks.
         let mut buf = vec![0u8; (size as usize).min(MAX_LISTING)];
-        let read = if handle == NO_HANDLE {
+        if handle == NO_HANDLE {
             // Counted as an open handle while it lives, so the guest's
             // listings in flight stay within the share's descriptors.
             let dir = self.counted(|| self.open_file(&mut self.state(), node, true))?;
-            let read = list_at(dir.as_raw_fd(), offset, &mut buf);
+            let listed = list_from(dir.as_raw_fd(), offset, &mut buf, each);
             drop(dir);
             self.open_handles.fetch_sub(1, Ordering::AcqRel);
-            read?
+            listed
         } else {
             let handle = self.handle(handle)?;
             self.still_held(&handle)?;
             let _listing = handle.listing.lock().unwrap_or_else(|p| p.into_inner());
-            list_at(handle.file.as_raw_fd(), offset, &mut buf)?
-        };
+            list_from(handle.file.as_raw_fd(), offset, &mut buf, each)
+        }
+    }
+}
+
+/// The entries of directory `fd` from `offset` on, handed to `each` until
+/// it takes no more (returns 0) or the directory ends. A reply therefore
+/// ends short only at the directory's end, whatever the host's batches
+/// (a filesystem may return fewer than fit) and whatever `each` skips: the
+/// guest kernel takes a reply with room left for the longest entry as the
+/// end and does not ask for the empty one after it (guest kernel patch
+/// 0004).
+fn list_from(
+    fd: RawFd,
+    offset: u64,
+    buf: &mut [u8],
+    each: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+) -> io::Result<()> {
+    let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
+    // SAFETY: lseek64 only moves the offset of `fd`, a directory we own.
+    if unsafe { libc::lseek64(fd, offset, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+        let read = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+        if read == 0 {
+            return Ok(());
+        }
         // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
         const NAME_AT: usize = 19;
         let mut rest = &buf[..read];
@@ -924,24 +952,10 @@ impl BoundedFs {
                 continue;
             }
             if each(DirEntry { ino, offset: off, type_, name })? == 0 {
-                break;
+                return Ok(());
             }
         }
-        Ok(())
     }
-}
-
-/// The entries of directory `fd` from `offset` into `buf`, as
-/// `linux_dirent64` records: the bytes written.
-fn list_at(fd: RawFd, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-    let offset = libc::off64_t::try_from(offset).map_err(|_| err(libc::EINVAL))?;
-    // SAFETY: lseek64 only moves the offset of `fd`, a directory we own.
-    if unsafe { libc::lseek64(fd, offset, libc::SEEK_SET) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
-    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// Up to `size` bytes of the file `fd` from `offset` into `w`.
@@ -1462,6 +1476,51 @@ mod tests {
         let late = ids.id(9999, 2).unwrap();
         assert!(late >= OVERFLOW_SLOT << HOST_INO_BITS && !distinct.contains(&late));
         assert_eq!(ids.id(9999, 2).unwrap(), late);
+    }
+
+    /// A listing hands out entries until the reply takes no more or the
+    /// directory ends, however few names each of the host's batches holds:
+    /// the guest kernel takes a reply with room left as the directory's end
+    /// (guest kernel patch 0004), so a short batch must not end a reply.
+    #[test]
+    fn a_listing_stops_only_when_full_or_at_the_end_of_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let want: Vec<String> = (0..300).map(|i| format!("entry-{i:03}")).collect();
+        for name in &want {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        let fs = fs(dir.path(), &Secrets::default());
+        // 256 bytes take eight of these names from the host at once.
+        let mut all = Vec::new();
+        fs.list(ROOT, NO_HANDLE, 256, 0, &mut |e| {
+            all.push(String::from_utf8(e.name.to_vec()).unwrap());
+            Ok(1)
+        })
+        .unwrap();
+        all.sort();
+        assert_eq!(all, want);
+
+        // A reply that fills ends there; the next resumes after its last.
+        let mut pages = 0;
+        let (mut names, mut offset) = (Vec::new(), 0);
+        loop {
+            let mut page = Vec::new();
+            fs.list(ROOT, NO_HANDLE, 256, offset, &mut |e| {
+                if page.len() == 20 {
+                    return Ok(0);
+                }
+                page.push((e.offset, String::from_utf8(e.name.to_vec()).unwrap()));
+                Ok(1)
+            })
+            .unwrap();
+            let Some(&(last, _)) = page.last() else { break };
+            offset = last;
+            pages += 1;
+            names.extend(page.into_iter().map(|(_, name)| name));
+        }
+        assert_eq!(pages, 15);
+        names.sort();
+        assert_eq!(names, want);
     }
 
     /// Hard links are one node, opened by whichever name still leads to the
