@@ -137,6 +137,52 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
     assert!(lookups < 400, "the first git status made {lookups} lookups for 1,000 files in 20 directories\n{out}");
 }
 
+/// A directory that one reply holds is listed in one request: the file
+/// server fills each reply until its next entry does not fit, and the guest
+/// kernel takes a reply with room left as the end of the listing instead of
+/// asking for the empty reply after it (guest-kernel/patches/0004). A
+/// directory longer than a reply is still listed whole, and then from the
+/// guest's cache. Counted by the file server, less a bare run.
+#[test]
+fn a_listing_one_reply_holds_takes_one_request() {
+    let Some(rig) = rig::require("a_listing_one_reply_holds_takes_one_request") else { return };
+    let out = rig.sh(
+        &script(
+            &[
+                REPO,
+                r##"
+             mkdir long
+             for i in $(seq 1 700); do : > long/a-name-long-enough-that-this-listing-takes-several-replies-$i; done
+"##,
+                TALLY,
+                r##"
+             $S run --apply none -- sleep 1; echo "bare_run=$?"
+             echo "bare=$(counts Readdir Readdirplus)"
+             $S run --apply none -- sh -c 'echo "found=$(find d* | wc -l)"
+                 echo "long=$(ls long | wc -l) $(ls long | wc -l)"; sleep 1'; echo "run=$?"
+             echo "listed=$(counts Readdir Readdirplus)""##,
+            ]
+            .concat(),
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
+    assert!(out.stdout.contains("found=1020"), "find must list 20 directories of 50 files whole\n{out}");
+    assert!(
+        out.stdout.contains("long=700 700"),
+        "a listing of several replies must be whole, also from the cache\n{out}"
+    );
+    let sum = |key: &str| -> u64 {
+        let line = out.stdout.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key}\n{out}"));
+        line.split_whitespace().map(|n| n.parse::<u64>().unwrap()).sum()
+    };
+    let listings = sum("listed=").saturating_sub(sum("bare="));
+    // One request for the workspace's root (the shell's d*), one for each
+    // of the 20 directories, about five for the long one, none for its
+    // second listing. Ending each at an empty reply would take 47 or so.
+    assert!(listings <= 32, "{listings} listing requests for 22 directories\n{out}");
+}
+
 /// `grep -r` over the workspace reads each file once, and the guest kernel
 /// reads a directory's small files ahead of grep (guest-kernel/patches/0002)
 /// so that many reads go to the file server per notification instead of
