@@ -45,6 +45,8 @@ mod attack_tests;
 #[cfg(test)]
 mod list_attack_tests;
 #[cfg(test)]
+mod eof_attack_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod walk_attack_tests;
