@@ -232,7 +232,11 @@ fn eof_attack_many_entries_within_a_small_budget() {
         let listed = list_paged(&mut guest, opcode, d, 4096, &names, &mut |_| {}).unwrap();
         assert_each_once(opcode, 4096, &listed, &names);
     }
-    assert!(descriptors_under(root) <= before.max(4), "descriptors left open: {} (from {before})", descriptors_under(root));
+    assert!(
+        descriptors_under(root) <= before.max(4),
+        "descriptors left open: {} (from {before})",
+        descriptors_under(root)
+    );
 }
 
 /// Guard. The host removes names not yet listed and adds new ones
@@ -266,7 +270,8 @@ fn eof_attack_host_changes_between_pages() {
                 let _ = std::fs::remove_file(host.join(n));
             }
             for k in 0..5 {
-                std::fs::write(host.join(format!("new-{opcode:?}-{page}-{k}-{}", "y".repeat(page % 250))), b"n").unwrap();
+                std::fs::write(host.join(format!("new-{opcode:?}-{page}-{k}-{}", "y".repeat(page % 250))), b"n")
+                    .unwrap();
             }
         };
         let listed = list_paged(&mut guest, opcode, d, 4096, &staying, &mut between).unwrap();
@@ -394,7 +399,8 @@ fn eof_attack_secret_in_listed_directory_does_not_break_the_listing() {
     for opcode in [Opcode::Readdirplus, Opcode::Readdir] {
         for size in [512u32, 4096] {
             let listed = list_paged(&mut guest, opcode, d, size, &names, &mut |_| {});
-            let listed = listed.unwrap_or_else(|e| panic!("{opcode:?} size {size}: a directory holding a secret fails: {e}"));
+            let listed =
+                listed.unwrap_or_else(|e| panic!("{opcode:?} size {size}: a directory holding a secret fails: {e}"));
             assert_each_once(opcode, size, &listed, &names);
         }
     }

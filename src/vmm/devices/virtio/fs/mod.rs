@@ -43,9 +43,9 @@ mod writable;
 #[cfg(test)]
 mod attack_tests;
 #[cfg(test)]
-mod list_attack_tests;
-#[cfg(test)]
 mod eof_attack_tests;
+#[cfg(test)]
+mod list_attack_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
