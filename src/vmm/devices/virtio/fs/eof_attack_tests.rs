@@ -83,7 +83,7 @@ fn varied_names() -> Vec<String> {
         let prefix = format!("{i:03}");
         let mut name = prefix.clone();
         while name.len() < len.max(3) {
-            name.push((b'a' + (name.len() % 26) as u8) as char);
+            name.push(char::from(b"abcdefghijklmnopqrstuvwxyz"[name.len() % 26]));
         }
         name.truncate(len.max(3));
         names.push(name);
@@ -156,7 +156,22 @@ fn assert_each_once(opcode: Opcode, size: u32, listed: &[String], expected: &[St
 
 fn sizes(opcode: Opcode) -> Vec<u32> {
     let l = u32::try_from(largest(opcode)).unwrap();
-    vec![l, l + 1, l + 7, l + 8, 2 * l - 1, 2 * l, 1000, 1024, 4095, 4096, 4097, 8192, 65536, RESP_LEN - HEADER as u32]
+    vec![
+        l,
+        l + 1,
+        l + 7,
+        l + 8,
+        2 * l - 1,
+        2 * l,
+        1000,
+        1024,
+        4095,
+        4096,
+        4097,
+        8192,
+        65536,
+        RESP_LEN - u32::try_from(HEADER).unwrap(),
+    ]
 }
 
 /// Guard. READDIR and READDIRPLUS at every size from one longest entry
