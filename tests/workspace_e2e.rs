@@ -298,8 +298,10 @@ fn grep_reads_each_file_once_with_the_reads_ahead_of_it_sent_together() {
     };
     let ((bare_reads, bare_kicks), (reads, kicks)) = (pair("bare="), pair("grep="));
     let (reads, kicks) = (reads.saturating_sub(bare_reads), kicks.saturating_sub(bare_kicks));
-    // Two greps over 1,000 files: the second finds them all cached.
-    assert!((1_000..1_300).contains(&reads), "grep -r read {reads} times for 1,000 files\n{out}");
+    // Two greps over 1,000 files: the second finds them all cached. (That
+    // grep read every file is shown by its counts above; the bare run's
+    // programs read a few files more or fewer than these, hence 990.)
+    assert!((990..1_300).contains(&reads), "grep -r read {reads} times for 1,000 files\n{out}");
     // One notification a read without read-ahead; a batch of them with it.
     assert!(kicks * 2 < reads, "{kicks} notifications for {reads} reads\n{out}");
 }
