@@ -1,8 +1,19 @@
 //! The workspace in the guest as git sees it: the index the host committed
 //! stays valid, so the guest's first `git status` reads no file's contents.
 
-use crate::rig;
+use crate::rig::{self, Output};
 use crate::run_e2e::{T, script};
+
+/// What follows `key` on the first line of `out`'s stdout that starts with
+/// it; a test without it fails, showing the whole output.
+fn line<'a>(out: &'a Output, key: &str) -> &'a str {
+    out.stdout.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line\n{out}"))
+}
+
+/// The numbers on `out`'s line after `key`.
+fn numbers(out: &Output, key: &str) -> Vec<u64> {
+    line(out, key).split_whitespace().map(|n| n.parse().unwrap_or_else(|_| panic!("{key}: {n}?\n{out}"))).collect()
+}
 
 /// A committed repository of 1,000 files in 20 directories, its index
 /// written again after every file so none is racily clean. The file server
@@ -66,16 +77,7 @@ fn the_first_git_status_in_a_run_trusts_the_hosts_index() {
     assert!(out.stdout.contains("run=0"), "{out}");
     assert!(out.stdout.contains("status=0"), "git status failed in the guest\n{out}");
     assert!(out.stdout.contains("clean=[]"), "an untouched repository must be clean in the guest\n{out}");
-    let field = |key: &str| -> Vec<u64> {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .unwrap_or_else(|| panic!("no {key} line\n{out}"))
-            .split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect()
-    };
-    let (host, guest) = (field("host="), field("guest="));
+    let (host, guest) = (numbers(&out, "host="), numbers(&out, "guest="));
     assert_eq!(host[0] & 0xffff_ffff, guest[0] & 0xffff_ffff, "git records the low 32 bits of the inode number\n{out}");
     assert_eq!(host[1..], guest[1..], "mtime, ctime, owner and size must be the host's\n{out}");
     assert!(
@@ -123,14 +125,7 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
     );
     assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
     assert!(out.stdout.contains(" M d11/f42.txt"), "the file changed on the host must be reported\n{out}");
-    let count = |key: &str| -> u64 {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {key} count\n{out}"))
-    };
-    let lookups = count("status=").saturating_sub(count("bare="));
+    let lookups = numbers(&out, "status=")[0].saturating_sub(numbers(&out, "bare=")[0]);
     // 1,000 files in 20 directories: a lookup a file would be over 1,000;
     // a few a directory (the two that start the listing, and those that
     // race it) stay far below.
@@ -172,10 +167,7 @@ fn a_listing_one_reply_holds_takes_one_request() {
         out.stdout.contains("long=700 700"),
         "a listing of several replies must be whole, also from the cache\n{out}"
     );
-    let sum = |key: &str| -> u64 {
-        let line = out.stdout.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key}\n{out}"));
-        line.split_whitespace().map(|n| n.parse::<u64>().unwrap()).sum()
-    };
+    let sum = |key: &str| -> u64 { numbers(&out, key).iter().sum() };
     let listings = sum("listed=").saturating_sub(sum("bare="));
     // One request for the workspace's root (the shell's d*), one for each
     // of the 20 directories, about five for the long one, none for its
@@ -229,11 +221,7 @@ fn names_a_complete_listing_lacks_cost_no_lookup() {
     }
     assert!(out.stdout.contains("present=file 7 of 3"), "a listed file must read as on the host\n{out}");
     assert!(out.stdout.contains(" M d11/f42.txt"), "the file changed on the host must be reported\n{out}");
-    let counts = |key: &str| -> Vec<u64> {
-        let line = out.stdout.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key}\n{out}"));
-        line.split_whitespace().map(|n| n.parse().unwrap()).collect()
-    };
-    let (bare, probe, status) = (counts("bare="), counts("probe="), counts("status="));
+    let (bare, probe, status) = (numbers(&out, "bare="), numbers(&out, "probe="), numbers(&out, "status="));
     let lookups = probe[0].saturating_sub(bare[0]);
     // ls, wc, seq, cat and their libraries take about 40 (the bare run
     // starts sleep alone), then d3, d4, d4/f1.txt, d5 and d5/gone: not 100
@@ -280,21 +268,13 @@ fn grep_reads_each_file_once_with_the_reads_ahead_of_it_sent_together() {
         T,
     );
     assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
-    let line = |key: &str| -> String {
-        out.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .unwrap_or_else(|| panic!("no {key} line\n{out}"))
-            .to_string()
-    };
-    assert_eq!(line("host_sum="), line("guest_sum="), "the guest must read the host's content\n{out}");
+    assert_eq!(line(&out, "host_sum="), line(&out, "guest_sum="), "the guest must read the host's content\n{out}");
     assert!(out.stdout.lines().any(|l| l == "d13/f7.txt"), "grep must find the file changed on the host\n{out}");
     // Each of the 1,000 files has one line with "of": no other count.
     assert!(out.stdout.lines().any(|l| l == "0"), "grep must count one matching line in every file\n{out}");
     let pair = |key: &str| -> (u64, u64) {
-        let l = line(key);
-        let mut n = l.split_whitespace().map(|n| n.parse::<u64>().unwrap_or_else(|_| panic!("{l}\n{out}")));
-        (n.next().unwrap_or_default(), n.next().unwrap_or_default())
+        let n = numbers(&out, key);
+        (n.first().copied().unwrap_or_default(), n.get(1).copied().unwrap_or_default())
     };
     let ((bare_reads, bare_kicks), (reads, kicks)) = (pair("bare="), pair("grep="));
     let (reads, kicks) = (reads.saturating_sub(bare_reads), kicks.saturating_sub(bare_kicks));

@@ -72,6 +72,17 @@ fn page_of<F: FileSystem + Sync>(
     Ok(body)
 }
 
+/// Creates `root/d` holding a file for each of `varied_names()`; returns
+/// the names.
+fn varied_dir(root: &std::path::Path) -> Vec<String> {
+    std::fs::create_dir(root.join("d")).unwrap();
+    let names = varied_names();
+    for n in &names {
+        std::fs::write(root.join("d").join(n), b"x").unwrap();
+    }
+    names
+}
+
 /// Names of every length, 1 to 255 bytes, some near the 8-byte padding.
 fn varied_names() -> Vec<String> {
     let mut names = Vec::new();
@@ -181,11 +192,7 @@ fn sizes(opcode: Opcode) -> Vec<u32> {
 fn eof_attack_every_size_ends_short_only_at_the_end() {
     let dir = temp_dir();
     let root = dir.as_path();
-    std::fs::create_dir(root.join("d")).unwrap();
-    let names = varied_names();
-    for n in &names {
-        std::fs::write(root.join("d").join(n), b"x").unwrap();
-    }
+    let names = varied_dir(root);
     let mut guest = read_only_guest(root, &Secrets::default());
     let d = guest.walk("ws/d");
     for opcode in [Opcode::Readdir, Opcode::Readdirplus] {
@@ -314,11 +321,7 @@ fn eof_attack_host_changes_between_pages() {
 fn eof_attack_made_up_offsets() {
     let dir = temp_dir();
     let root = dir.as_path();
-    std::fs::create_dir(root.join("d")).unwrap();
-    let names = varied_names();
-    for n in &names {
-        std::fs::write(root.join("d").join(n), b"x").unwrap();
-    }
+    let names = varied_dir(root);
     let mut guest = read_only_guest(root, &Secrets::default());
     let d = guest.walk("ws/d");
     let mut offsets = vec![1u64, 2, 3, 12345, 1 << 31, (1 << 32) + 1, i64::MAX as u64, 1 << 63, u64::MAX - 1, u64::MAX];
@@ -356,11 +359,7 @@ fn eof_attack_made_up_offsets() {
 fn eof_attack_readdirplus_lookups_balance() {
     let dir = temp_dir();
     let root = dir.as_path();
-    std::fs::create_dir(root.join("d")).unwrap();
-    let names = varied_names();
-    for n in &names {
-        std::fs::write(root.join("d").join(n), b"x").unwrap();
-    }
+    varied_dir(root);
     let fs = BoundedFs::new(root, &Secrets::default(), 16, &HandleCount::default(), 16, Duration::ZERO).unwrap();
     let ctx = Context::default();
     let d = fs.lookup(&ctx, ROOT, &CString::new("d").unwrap()).unwrap().inode;
