@@ -137,6 +137,55 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
     assert!(lookups < 400, "the first git status made {lookups} lookups for 1,000 files in 20 directories\n{out}");
 }
 
+/// The first `git status` finds most directories listed before it gets
+/// there: once the workspace's root was listed for its misses, the guest
+/// kernel lists its subdirectories ahead of git's walk, many requests at a
+/// time (guest-kernel/patches/0007), so git's stat of each file misses in
+/// two or three directories, not in all 20, and what it reports is still
+/// the host's. Counted by the file server, less a bare run.
+#[test]
+fn the_first_git_status_finds_directories_listed_ahead_of_its_walk() {
+    let Some(rig) = rig::require("the_first_git_status_finds_directories_listed_ahead_of_its_walk") else {
+        return;
+    };
+    let out = rig.sh(
+        &script(
+            &[
+                REPO,
+                r##"
+             echo changed >> d17/f42.txt
+             rm d12/f3.txt
+             echo new > d5/untracked.txt
+"##,
+                TALLY,
+                r##"
+             $S run --apply none -- sleep 1; echo "bare_run=$?"
+             echo "bare=$(counts Lookup)"
+             $S run --apply none -- sh -c 'git status --porcelain | tr "\n" " "; echo; sleep 1'; echo "run=$?"
+             echo "status=$(counts Lookup)""##,
+            ]
+            .concat(),
+        ),
+        T,
+    );
+    assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
+    for change in [" M d17/f42.txt", " D d12/f3.txt", "?? d5/untracked.txt"] {
+        assert!(out.stdout.contains(change), "git status must report {change:?}\n{out}");
+    }
+    let count = |key: &str| -> u64 {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} count\n{out}"))
+    };
+    let lookups = count("status=").saturating_sub(count("bare="));
+    // 131 with a kernel that lists a directory only for its own misses
+    // (about six a directory, and git's own in .git); 61 with the walk
+    // listed ahead, where git still overtakes a few listings.
+    assert!(lookups < 95, "the first git status made {lookups} lookups in 20 directories\n{out}");
+}
+
 /// A directory that one reply holds is listed in one request: the file
 /// server fills each reply until its next entry does not fit, and the guest
 /// kernel takes a reply with room left as the end of the listing instead of
@@ -298,8 +347,10 @@ fn grep_reads_each_file_once_with_the_reads_ahead_of_it_sent_together() {
     };
     let ((bare_reads, bare_kicks), (reads, kicks)) = (pair("bare="), pair("grep="));
     let (reads, kicks) = (reads.saturating_sub(bare_reads), kicks.saturating_sub(bare_kicks));
-    // Two greps over 1,000 files: the second finds them all cached.
-    assert!((1_000..1_300).contains(&reads), "grep -r read {reads} times for 1,000 files\n{out}");
+    // Two greps over 1,000 files: the second finds them all cached. (That
+    // grep read every file is shown by its counts above; the bare run's
+    // programs read a few files more or fewer than these, hence 990.)
+    assert!((990..1_300).contains(&reads), "grep -r read {reads} times for 1,000 files\n{out}");
     // One notification a read without read-ahead; a batch of them with it.
     assert!(kicks * 2 < reads, "{kicks} notifications for {reads} reads\n{out}");
 }
