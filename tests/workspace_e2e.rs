@@ -92,12 +92,14 @@ fn the_first_git_status_in_a_run_trusts_the_hosts_index() {
     assert!(staged.contains("f7.txt") && !staged.contains("index"), "{out}");
 }
 
-/// The first `git status` in a run looks up about a name a directory, not
+/// The first `git status` in a run looks up a few names a directory, not
 /// one a file: once a second name of a directory misses the guest's dentry
 /// cache, its kernel lists the directory (guest-kernel/patches/0001), and
-/// git's next names are found without a round trip. Counted by the file
-/// server (its request tally in the session's vmm.log), less a bare run;
-/// the listing must not cost git its answer either.
+/// once two subdirectories of the root were walked, it lists the others
+/// ahead of git, many requests at a time (0007), so git finds most
+/// directories listed when it gets there. Counted by the file server (its
+/// request tally in the session's vmm.log), less a bare run; the listings
+/// must not cost git its answer either.
 #[test]
 fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
     let Some(rig) = rig::require("the_first_git_status_lists_each_directory_instead_of_looking_up_each_file") else {
@@ -109,6 +111,8 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
                 REPO,
                 r##"
              echo changed >> d11/f42.txt
+             rm d12/f3.txt
+             echo new > d5/untracked.txt
 "##,
                 TALLY,
                 r##"
@@ -124,12 +128,15 @@ fn the_first_git_status_lists_each_directory_instead_of_looking_up_each_file() {
         T,
     );
     assert!(out.stdout.contains("bare_run=0") && out.stdout.contains("run=0"), "{out}");
-    assert!(out.stdout.contains(" M d11/f42.txt"), "the file changed on the host must be reported\n{out}");
+    for change in [" M d11/f42.txt", " D d12/f3.txt", "?? d5/untracked.txt"] {
+        assert!(out.stdout.contains(change), "git status must report the host's change {change:?}\n{out}");
+    }
     let lookups = numbers(&out, "status=")[0].saturating_sub(numbers(&out, "bare=")[0]);
     // 1,000 files in 20 directories: a lookup a file would be over 1,000;
-    // a few a directory (the two that start the listing, and those that
-    // race it) stay far below.
-    assert!(lookups < 400, "the first git status made {lookups} lookups for 1,000 files in 20 directories\n{out}");
+    // listing each directory for its own misses, about six a directory and
+    // git's own in .git (131); with the walk listed ahead, 61, where git
+    // still overtakes a few listings.
+    assert!(lookups < 95, "the first git status made {lookups} lookups for 1,000 files in 20 directories\n{out}");
 }
 
 /// A directory that one reply holds is listed in one request: the file
