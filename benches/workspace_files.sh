@@ -190,7 +190,11 @@ done
 # the VMM, one fresh run per row less a run that runs no row. The second git
 # status is left out: alone in a run it would be the first. Forget and
 # BatchForget come from the guest's cache drop before the row, and nothing
-# waits for their answer.
+# waits for their answer. Beside them, the row's time in that run and the
+# seconds the server spent serving it (busy): the host's own filesystem
+# work, at host speed. What is left of the row's time over its tmpfs time
+# and busy is the trips themselves, shown per notification (trip ms): the
+# part a hardware host shrinks to tens of microseconds.
 fs_counts() {
     local log
     log=$(ls -td "$STOCKADE_DATA_DIR"/sessions/*/ | head -n1)vmm.log
@@ -199,23 +203,29 @@ fs_counts() {
 count_run() {
     # The file server writes its totals once the guest has been quiet for
     # a moment: the run waits for that before it ends.
-    (cd "$ws" && RUST_LOG=stockade::vmm::devices::virtio::fs=info "${run[@]}" -- env BENCH_DROP=1 ONLY="$1" \
-        bash -c "$rows; sleep 1" >/dev/null 2>&1) || true
+    local secs
+    secs=$(cd "$ws" && RUST_LOG=stockade::vmm::devices::virtio::fs=info "${run[@]}" -- env BENCH_DROP=1 ONLY="$1" \
+        bash -c "$rows; sleep 1" 2>/dev/null | awk -F'\t' '$1 == "T" { print $3 }') || true
     sleep 1
-    fs_counts
+    echo "secs=${secs:-0} $(fs_counts)"
 }
 if ((count)); then
     echo "counting requests" >&2
     base=$(count_run none)
     printf '\n%-40s %s\n' "requests (less a bare run)" \
-        "total notifications Lookup Getattr Open Release Opendir Releasedir Read Readdir Readdirplus Flush Getxattr Statfs Forget BatchForget"
+        "secs busy_s trip_ms total notifications Lookup Getattr Open Release Opendir Releasedir Read Readdir Readdirplus Flush Getxattr Statfs Forget BatchForget"
 fi
 field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 + 0; f = 1 } END { if (!f) print 0 }'; }
 for name in "${order[@]}"; do
     ((count)) || break
     [[ $name == *second* ]] && continue
     got=$(count_run "$name")
-    line=
+    secs=$(field "$got" secs)
+    busy=$(echo "($(field "$got" busy_us) - $(field "$base" busy_us)) / 1000000" | bc -l)
+    notes=$(($(field "$got" notifications) - $(field "$base" notifications)))
+    read -r c50 _ <<<"$(pct "${copy[$name]:-0}")"
+    trip=$(echo "t = ($secs - $c50 - $busy) * 1000 / ($notes + 1); if (t < 0) t = 0; t" | bc -l)
+    line=$(printf ' %5.2f %6.2f %7.2f' "$secs" "$busy" "$trip")
     for k in total notifications Lookup Getattr Open Release Opendir Releasedir Read Readdir Readdirplus Flush Getxattr Statfs Forget BatchForget; do
         line+=" $(($(field "$got" "$k") - $(field "$base" "$k")))"
     done

@@ -42,11 +42,12 @@ impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
                 continue;
             };
             let _ = dq.kick.read();
-            self.tally.notified();
+            let started = self.tally.notified();
             let interrupt = &self.interrupt;
             serve_queue(&self.server, &self.mem, &mut dq.queue, self.access, &mut self.tally, &mut || {
                 interrupt.signal_used_queue()
             });
+            self.tally.done(started);
         }
     }
 }

@@ -1,8 +1,12 @@
-//! How many FUSE requests a device served, by opcode, and how many guest
-//! notifications brought them: each is a round trip (and a VM exit) that a
-//! benchmark can count. Written to the session's vmm.log at info level
+//! How many FUSE requests a device served, by opcode, how many guest
+//! notifications brought them (each a round trip, and a VM exit, that a
+//! benchmark can count), and how long the device spent serving them: what a
+//! row's time owes the host's own filesystem work, apart from the trips
+//! between guest and host. Written to the session's vmm.log at info level
 //! (`RUST_LOG=stockade::vmm::devices::virtio::fs=info`), as running totals,
 //! once the guest has been quiet for a moment; nothing is counted otherwise.
+
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 
@@ -15,6 +19,7 @@ pub(super) struct Tally {
     enabled: bool,
     notifications: u64,
     requests: [u64; OPCODES],
+    busy: Duration,
     unreported: bool,
 }
 
@@ -24,17 +29,28 @@ impl Default for Tally {
             enabled: tracing::enabled!(tracing::Level::INFO),
             notifications: 0,
             requests: [0; OPCODES],
+            busy: Duration::ZERO,
             unreported: false,
         }
     }
 }
 
 impl Tally {
-    /// The guest notified the device of new requests.
-    pub(super) fn notified(&mut self) {
+    /// The guest notified the device of new requests; the device starts
+    /// serving them (the instant is only read when counting).
+    pub(super) fn notified(&mut self) -> Option<Instant> {
         if self.enabled {
             self.notifications += 1;
             self.unreported = true;
+            return Some(Instant::now());
+        }
+        None
+    }
+
+    /// The device served what the notification that `started` brought.
+    pub(super) fn done(&mut self, started: Option<Instant>) {
+        if let Some(started) = started {
+            self.busy += started.elapsed();
         }
     }
 
@@ -64,8 +80,9 @@ impl Tally {
             .map(|(op, n)| format!("{:?}={n}", Opcode::from(op)))
             .collect();
         tracing::info!(
-            "virtio-fs {tag:?} requests: total={total} notifications={} {}",
+            "virtio-fs {tag:?} requests: total={total} notifications={} busy_us={} {}",
             self.notifications,
+            self.busy.as_micros(),
             by_opcode.join(" ")
         );
     }
@@ -79,19 +96,24 @@ mod tests {
     fn totals_are_due_once_after_requests_and_not_counted_unless_logged() {
         let mut tally = Tally { enabled: true, ..Tally::default() };
         assert_eq!(tally.timeout_ms(), -1, "nothing to write, no wake-ups");
-        tally.notified();
+        let started = tally.notified();
+        assert!(started.is_some());
         tally.served(Opcode::Lookup as u32);
         tally.served(Opcode::Read as u32);
         tally.served(Opcode::Read as u32);
         tally.served(1000);
+        std::thread::sleep(Duration::from_millis(2));
+        tally.done(started);
+        assert!(tally.busy >= Duration::from_millis(2), "the time serving is counted");
         assert_eq!(tally.timeout_ms(), QUIET_MS);
         assert_eq!((tally.notifications, tally.requests[15], tally.requests[OPCODES - 1]), (1, 2, 1));
         tally.report("host");
         assert_eq!(tally.timeout_ms(), -1, "written once until more comes");
 
         let mut off = Tally { enabled: false, ..Tally::default() };
-        off.notified();
+        let started = off.notified();
         off.served(Opcode::Read as u32);
-        assert_eq!((off.timeout_ms(), off.notifications, off.requests[15]), (-1, 0, 0));
+        off.done(started);
+        assert_eq!((off.timeout_ms(), off.notifications, off.requests[15], off.busy), (-1, 0, 0, Duration::ZERO));
     }
 }
