@@ -1024,8 +1024,30 @@ fn open_at_mode(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u3
 /// thread's own link: the read-only worker has a descriptor table of its
 /// own (see `jail::thread`), and /proc/self/fd is the main thread's.
 fn reopen(state: &mut State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
+    if let Some(fd_dir) = own_fd_dir() {
+        let link = CString::new(path.as_raw_fd().to_string()).map_err(|_| err(libc::EINVAL))?;
+        return open_following(state, fd_dir, &link, flags, 0);
+    }
     let link = CString::new(format!("/proc/thread-self/fd/{}", path.as_raw_fd())).map_err(|_| err(libc::EINVAL))?;
     open_following(state, libc::AT_FDCWD, &link, flags, 0)
+}
+
+/// The calling thread's /proc/thread-self/fd, found once (`O_PATH`, which
+/// opens nothing): a reopen then resolves the descriptor's link alone, not
+/// /proc, the thread's directory and fd again, which was half of what the
+/// first read of a small file cost the host. It lists the thread's own
+/// table whenever it is read, so a table unshared later is the one seen.
+/// None where procfs did not give it: the whole path is used.
+fn own_fd_dir() -> Option<RawFd> {
+    thread_local! {
+        static FD_DIR: Option<OwnedFd> = File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open("/proc/thread-self/fd")
+            .ok()
+            .map(OwnedFd::from);
+    }
+    FD_DIR.with(|dir| dir.as_ref().map(AsRawFd::as_raw_fd))
 }
 
 /// [`open_at_mode`] with symlinks followed (`flags` may forbid them).
