@@ -4,7 +4,10 @@
 # depths 1 to 64, through the same queue processing the guest's requests
 # take, beside the host's own pread, open+read and fstatat of the same file
 # and a request refused at the gate (the queue and the harness alone, taken
-# off the others). Each number is the median of five batches.
+# off the others); and the first read of each of 5,000 small files (as grep
+# -r reads a tree: every read opens its file) and a lookup of one, beside
+# the host's open+read+close and fstatat. Each number is the median of five
+# batches.
 #   benches/file_server.sh
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -874,6 +874,26 @@ impl BoundedFs {
         }
     }
 
+    /// The directory `parent` found from the root (see [`Self::dir_fd`]),
+    /// for names to be looked up in it: refused when it is no directory,
+    /// and EACCES when it is a secret, as nothing in a secret directory is
+    /// found and so nothing beneath it is a node to read.
+    fn lookup_dir(&self, state: &mut State, parent: u64) -> io::Result<Arc<OwnedFd>> {
+        match state.nodes.get(&parent) {
+            Some(n) if n.is_dir && self.is_secret(state, parent)? => Err(err(libc::EACCES)),
+            Some(n) if n.is_dir => self.dir_fd(state, parent),
+            Some(_) => Err(err(libc::ENOTDIR)),
+            None => Err(err(libc::ESTALE)),
+        }
+    }
+
+    /// The entry of `name` (one component) in `parent`, found through
+    /// `dir`, the descriptor [`Self::lookup_dir`] gave for it.
+    fn lookup_in(&self, state: &mut State, parent: u64, dir: &OwnedFd, name: &CStr) -> io::Result<Entry> {
+        let st = fstatat(dir.as_raw_fd(), name)?;
+        self.enter(state, parent, name, st)
+    }
+
     /// Reads up to `size` bytes of the listing of directory `node` from
     /// `offset`, through `handle` or, for a guest that lists without
     /// opening (the read-only shares), a descriptor opened for this read
@@ -1139,17 +1159,8 @@ impl FileSystem for BoundedFs {
         // ".." of the share's root is the host directory above it.
         component(name)?;
         let mut state = self.state();
-        match state.nodes.get(&parent) {
-            // Nothing in a secret directory is found, so nothing beneath it
-            // is a node to read.
-            Some(n) if n.is_dir && self.is_secret(&state, parent)? => return Err(err(libc::EACCES)),
-            Some(n) if n.is_dir => {}
-            Some(_) => return Err(err(libc::ENOTDIR)),
-            None => return Err(err(libc::ESTALE)),
-        }
-        let dir = self.dir_fd(&mut state, parent)?;
-        let st = fstatat(dir.as_raw_fd(), name)?;
-        self.enter(&mut state, parent, name, st)
+        let dir = self.lookup_dir(&mut state, parent)?;
+        self.lookup_in(&mut state, parent, &dir, name)
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
@@ -1374,17 +1385,35 @@ impl FileSystem for BoundedFs {
 
     fn readdirplus(
         &self,
-        ctx: &Context,
+        _ctx: &Context,
         inode: u64,
         handle: u64,
         size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
+        // The directory is found from the root and checked once for the
+        // page (at its first entry, after the listing's own checks) and
+        // once after it, and each entry looked up through it: a walk or an
+        // `openat2` per entry cost a deep directory's listing four system
+        // calls a name where the host's takes one.
+        let mut page_dir: Option<Arc<OwnedFd>> = None;
         let mut handed = Vec::new();
         let listed = self.list(inode, handle, size, offset, &mut |mut dir_entry| {
             let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
-            let entry = match self.lookup(ctx, inode, &name) {
+            component(&name)?;
+            let mut state = self.state();
+            let dir = match &page_dir {
+                Some(dir) => Arc::clone(dir),
+                None => {
+                    let dir = self.lookup_dir(&mut state, inode)?;
+                    page_dir = Some(Arc::clone(&dir));
+                    dir
+                }
+            };
+            let found = self.lookup_in(&mut state, inode, &dir, &name);
+            drop(state);
+            let entry = match found {
                 Ok(entry) => entry,
                 // Gone since it was listed: the guest hears of it no more
                 // than of a name removed before the listing.
@@ -1403,6 +1432,15 @@ impl FileSystem for BoundedFs {
                 handed.push(entry.inode);
             }
             Ok(took)
+        });
+        // The directory must still be where it was found once the page is
+        // made: a page during which the host moved it (into a secret's
+        // place, out of the share) is refused, so no entry stat'ed after
+        // the move through the page's descriptor is handed over.
+        let listed = listed.and_then(|()| match page_dir {
+            Some(_) if inode == ROOT => self.readable(&self.state(), inode),
+            Some(_) => self.still_readable(&mut self.state(), inode),
+            None => Ok(()),
         });
         // A page that fails midway is answered with the error alone: the
         // guest never hears of the entries before it, nor forgets them.
@@ -1681,6 +1719,34 @@ mod tests {
         let f = fs.lookup(&ctx, c, &name("f")).unwrap().inode;
         assert_eq!(read(fs, f).unwrap(), b"data");
         ([a, b, c], f)
+    }
+
+    /// A listing finds its directory from the root once a page, not once
+    /// an entry: a page of 40 names in a deep directory costs three
+    /// `openat2`s (the directory opened for the listing, found for the
+    /// entries, and found again after them), where it cost one more for
+    /// each name; and the entries are the host's.
+    #[test]
+    fn a_listing_finds_its_directory_once_a_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs(dir.path(), &Secrets::default()).beneath_from(1);
+        let ([_, _, c], _) = deep_file(&fs, dir.path());
+        for i in 0..40 {
+            std::fs::write(dir.path().join(format!("a/b/c/n{i:02}")), b"x").unwrap();
+        }
+        let before = beneath(&fs);
+        let mut names = Vec::new();
+        fs.readdirplus(&Context::default(), c, NO_HANDLE, 64 << 10, 0, &mut |entry, attr| {
+            names.push((String::from_utf8_lossy(entry.name).into_owned(), attr.attr.st_ino));
+            Ok(1)
+        })
+        .unwrap();
+        assert_eq!(names.len(), 41);
+        for (name, ino) in &names {
+            let host = std::fs::symlink_metadata(dir.path().join("a/b/c").join(name)).unwrap();
+            assert_eq!(*ino, std::os::unix::fs::MetadataExt::ino(&host));
+        }
+        assert_eq!(beneath(&fs) - before, 3, "the directory opened and found twice for the page");
     }
 
     /// A symlink the host plants where a directory of the path was (the

@@ -212,20 +212,18 @@ fn a_listing_whose_reply_fails_after_some_entries_holds_none_of_them() {
     assert_eq!(held, Vec::<&str>::new(), "nodes held for entries the guest never got");
 }
 
-// Found by attack, now fixed (finding 3, with the host). The same when the page fails on a lookup:
-// a READDIRPLUS page counts a lookup for each entry it encodes,
-// then looks the next name up; when that lookup fails with anything but
-// ENOENT (here ESTALE: the host renamed the directory while the page was
-// being made), the listing returns the error, the FUSE server replies
-// with it and drops the encoded entries, and the lookups counted for them
-// stay: the guest never heard of those nodes and never forgets them, so
-// the server holds them (and their names, and their parents) for the life
-// of the mount, and a guessed node id reaches them. Played on the bounded
-// filesystem itself, its `add_entry` standing for the server's encoder:
-// the host's rename happens after the first entry is encoded, which is
-// where a concurrent `mv` on the host lands in a real listing. Now:
-// the entries already encoded are forgotten when the page fails (or the
-// page ends short, successfully, before the failing name).
+// Found by attack, now fixed (finding 3, with the host). The same when the page fails midway:
+// a READDIRPLUS page counts a lookup for each entry it encodes; when the
+// page then fails (the attack's way was a lookup failing with ESTALE as
+// the host renamed the directory while the page was made; the page now
+// finds its directory once, so the encoder failing stands for it here),
+// the listing returns the error, the FUSE server replies with it and
+// drops the encoded entries, and the lookups counted for them stayed: the
+// guest never heard of those nodes and never forgets them, so the server
+// held them (and their names, and their parents) for the life of the
+// mount, and a guessed node id reached them. Played on the bounded
+// filesystem itself, its `add_entry` standing for the server's encoder.
+// Now the entries already encoded are forgotten when the page fails.
 #[test]
 fn a_listing_failing_midway_keeps_no_lookup_the_guest_never_got() {
     let dir = temp_dir();
@@ -239,22 +237,59 @@ fn a_listing_failing_midway_keeps_no_lookup_the_guest_never_got() {
     let d = fs.lookup(&ctx, ROOT, &CString::new("d").unwrap()).unwrap().inode;
     let mut encoded = Vec::new();
     let listed = fs.readdirplus(&ctx, d, 0, 4096, 0, &mut |_, entry| {
-        if encoded.is_empty() {
-            // The host renames the directory while the page is made.
-            std::fs::rename(root.join("d"), root.join("d.moved")).unwrap();
+        if !encoded.is_empty() {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
         encoded.push(entry.inode);
         Ok(1)
     });
-    assert_eq!(encoded.len(), 1, "one entry encoded before the failing lookup");
-    assert_eq!(listed.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)), "the page fails: the guest gets none");
-    std::fs::rename(root.join("d.moved"), root.join("d")).unwrap();
+    assert_eq!(encoded.len(), 1, "one entry encoded before the failing one");
+    assert_eq!(listed.map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "the page fails: the guest gets none");
     let held = fs.getattr(&ctx, encoded[0], None);
     assert!(
         held.is_err(),
         "node {:#x} of an entry the guest never got is still held (a lookup it never forgets)",
         encoded[0]
     );
+}
+
+/// A page finds its directory once, as its listing does, and again once
+/// it is made: the host moving the directory out of the share, or into a
+/// secret's place, while a page is made fails the page (ESTALE), so no
+/// entry stat'ed through the page's descriptor after the move reaches the
+/// guest, and the guest holds none of its entries. Found by attack on the
+/// page's one descriptor: the rest of the page was stat'ed inside the
+/// secret directory and handed over.
+#[test]
+fn a_directory_moved_while_a_page_is_made_fails_the_page() {
+    for secret_place in [false, true] {
+        let dir = temp_dir();
+        let root = dir.as_path().join("share");
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        for name in ["a", "b", "c"] {
+            std::fs::write(root.join("d").join(name), "").unwrap();
+        }
+        let secrets = Secrets::at(&[root.join("private")]);
+        let fs = BoundedFs::new(&root, &secrets, 16, &HandleCount::default(), 16, Duration::ZERO).unwrap();
+        let ctx = Context::default();
+        let d = fs.lookup(&ctx, ROOT, &CString::new("d").unwrap()).unwrap().inode;
+        let place = if secret_place { root.join("private") } else { dir.as_path().join("outside") };
+        let mut encoded = Vec::new();
+        let listed = fs.readdirplus(&ctx, d, 0, 4096, 0, &mut |_, entry| {
+            if encoded.is_empty() {
+                std::fs::rename(root.join("d"), &place).unwrap();
+                for name in ["a", "b", "c"] {
+                    std::fs::write(place.join(name), b"PRIVATE KEY").unwrap();
+                }
+            }
+            encoded.push(entry.inode);
+            Ok(1)
+        });
+        assert_eq!(listed.map_err(|e| e.raw_os_error()), Err(Some(libc::ESTALE)), "secret place: {secret_place}");
+        for node in encoded.into_iter().chain([d]) {
+            assert!(fs.getattr(&ctx, node, None).is_err(), "node {node:#x} is held or served from its new place");
+        }
+    }
 }
 
 // Found by attack, now fixed (finding 4). The writable device has no `ReadOnlyFs` in front of its Vfs,

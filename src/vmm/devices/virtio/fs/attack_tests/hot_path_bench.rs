@@ -76,3 +76,81 @@ fn a_read_and_a_getattr_against_the_host_by_depth() {
         );
     }
 }
+
+/// A file's first read, as `grep -r` or `cat` of a tree makes them: many
+/// small files, each read once, so every read opens its file (the kept
+/// readers are far fewer than the files). Beside the host's own open, read
+/// and close of each, and a lookup beside the host's fstatat.
+#[test]
+#[ignore = "benchmark: benches/file_server.sh"]
+fn a_first_read_of_many_small_files_against_the_host() {
+    const DIRS: usize = 100;
+    const FILES: usize = 50;
+    let dir = temp_dir();
+    let mut paths = Vec::new();
+    for d in 0..DIRS {
+        std::fs::create_dir(dir.as_path().join(format!("d{d:03}"))).unwrap();
+        for f in 0..FILES {
+            let name = format!("d{d:03}/f{f:02}.txt");
+            std::fs::write(dir.as_path().join(&name), vec![b'x'; 1024]).unwrap();
+            paths.push(name);
+        }
+    }
+    let mut guest = Guest::of_share(dir.as_path(), &Secrets::default());
+    let null = per_call(|| {
+        assert_eq!(guest.call(Opcode::Ioctl as u32, ROOT_ID, &[0; 32]).errno(), libc::ENOTTY);
+    });
+    let nodes: Vec<u64> = paths.iter().map(|p| guest.walk(&format!("ws/{p}"))).collect();
+    let mut next = 0;
+    let read = per_call(|| {
+        assert_eq!(guest.read(nodes[next % nodes.len()], 0, 4096).ok().len(), 1024);
+        next += 1;
+    }) - null;
+    let dirs: Vec<u64> = (0..DIRS).map(|d| guest.walk(&format!("ws/d{d:03}"))).collect();
+    let lookup = per_call(|| {
+        let (d, f) = (next % DIRS, (next / DIRS) % FILES);
+        guest.lookup(dirs[d], format!("f{f:02}.txt").as_bytes()).obj::<EntryOut>();
+        next += 1;
+    }) - null;
+    let full: Vec<_> = paths.iter().map(|p| dir.as_path().join(p)).collect();
+    // After the harness's "test ... " line, which has no newline.
+    println!();
+    let mut buf = [0u8; 4096];
+    let host_read = per_call(|| {
+        let file = std::fs::File::open(&full[next % full.len()]).unwrap();
+        assert_eq!(file.read_at(&mut buf, 0).unwrap(), 1024);
+        next += 1;
+    });
+    let host_stat = per_call(|| {
+        std::fs::symlink_metadata(&full[next % full.len()]).unwrap();
+        next += 1;
+    });
+    println!(
+        "first read of one of {} files of 1 KiB: {read:.2} µs, host open+read+close {host_read:.2} µs ({:.2}x)",
+        DIRS * FILES,
+        read / host_read
+    );
+    println!("lookup of one of them: {lookup:.2} µs, host fstatat {host_stat:.2} µs ({:.2}x)", lookup / host_stat);
+    // A whole listing with attributes, as find, os.walk and git's first
+    // status take each directory (READDIRPLUS pages of 4 KiB, so several).
+    let listing = per_call(|| {
+        assert_eq!(guest.list_all(dirs[next % DIRS]).unwrap().len(), FILES);
+        next += 1;
+    }) - null;
+    let host_listing = per_call(|| {
+        let d = dir.as_path().join(format!("d{:03}", next % DIRS));
+        let mut n = 0;
+        for e in std::fs::read_dir(&d).unwrap() {
+            std::fs::symlink_metadata(e.unwrap().path()).unwrap();
+            n += 1;
+        }
+        assert_eq!(n, FILES);
+        next += 1;
+    });
+    println!(
+        "listing of a directory of {FILES} with attributes: {:.2} µs an entry, host readdir+lstat {:.2} µs ({:.2}x)",
+        listing / FILES as f64,
+        host_listing / FILES as f64,
+        listing / host_listing
+    );
+}
