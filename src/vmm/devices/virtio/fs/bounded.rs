@@ -717,11 +717,16 @@ impl BoundedFs {
     /// through the descriptor would reach what the guest may not. A file
     /// the guest removed while holding it open has only the handle.
     fn still_held(&self, handle: &Handle) -> io::Result<()> {
-        let mut state = self.state();
-        if handle.node == ROOT || state.nodes.get(&handle.node).is_some_and(|n| n.names.is_empty()) {
-            return self.readable(&state, handle.node);
+        self.still_there(&mut self.state(), handle.node)
+    }
+
+    /// What [`Self::still_held`] checks, of `node`: no secret and, while it
+    /// has a name, still where that name leads beneath the root.
+    fn still_there(&self, state: &mut State, node: u64) -> io::Result<()> {
+        if node == ROOT || state.nodes.get(&node).is_some_and(|n| n.names.is_empty()) {
+            return self.readable(state, node);
         }
-        self.still_readable(&mut state, handle.node)
+        self.still_readable(state, node)
     }
 
     fn open_counted(&self, node: u64, directory: bool, flags: u32) -> io::Result<u64> {
@@ -1438,8 +1443,7 @@ impl FileSystem for BoundedFs {
         // place, out of the share) is refused, so no entry stat'ed after
         // the move through the page's descriptor is handed over.
         let listed = listed.and_then(|()| match page_dir {
-            Some(_) if inode == ROOT => self.readable(&self.state(), inode),
-            Some(_) => self.still_readable(&mut self.state(), inode),
+            Some(_) => self.still_there(&mut self.state(), inode),
             None => Ok(()),
         });
         // A page that fails midway is answered with the error alone: the

@@ -3,7 +3,8 @@
 //! benchmark can count), and how long the device spent serving them: what a
 //! row's time owes the host's own filesystem work, apart from the trips
 //! between guest and host, and how much of that the worker was on a CPU
-//! (the rest it waited for one, or for the host's disk). Written to the session's vmm.log at info level
+//! (the rest it waited for one, or for the host's disk). Written to the
+//! session's vmm.log at info level
 //! (`RUST_LOG=stockade::vmm::devices::virtio::fs=info`), as running totals,
 //! once the guest has been quiet for a moment; nothing is counted otherwise.
 

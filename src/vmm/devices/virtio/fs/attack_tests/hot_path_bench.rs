@@ -107,9 +107,10 @@ fn a_first_read_of_many_small_files_against_the_host() {
         next += 1;
     }) - null;
     let dirs: Vec<u64> = (0..DIRS).map(|d| guest.walk(&format!("ws/d{d:03}"))).collect();
+    let names: Vec<String> = (0..FILES).map(|f| format!("f{f:02}.txt")).collect();
     let lookup = per_call(|| {
         let (d, f) = (next % DIRS, (next / DIRS) % FILES);
-        guest.lookup(dirs[d], format!("f{f:02}.txt").as_bytes()).obj::<EntryOut>();
+        guest.lookup(dirs[d], names[f].as_bytes()).obj::<EntryOut>();
         next += 1;
     }) - null;
     let full: Vec<_> = paths.iter().map(|p| dir.as_path().join(p)).collect();
