@@ -48,6 +48,11 @@
 //! file or a directory: a FIFO or device the host put in a node's place is
 //! never opened. A lookup takes the node's kind afresh, since a host inode
 //! number freed and reused may come back as another kind of file.
+//!
+//! Requests may come from several threads at once (a read-only device's
+//! workers): what only reads the nodes, system calls included, runs side
+//! by side; a lookup stats its name that way and enters the node alone
+//! (see [`State`]).
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -57,8 +62,10 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+#[cfg(test)]
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions, OpenOptions, SetattrValid, stat64, statvfs64};
@@ -297,17 +304,33 @@ struct Handle {
     listing: Mutex<()>,
 }
 
+/// What the filesystem knows of the guest's nodes. Requests that only
+/// read it (getattr, a read, a listing's checks) hold it shared, system
+/// calls included, and run side by side; what changes it (a lookup's
+/// entry, a forget, the writable shares' changes) holds it alone. The
+/// descriptor caches have locks of their own, taken inside this one and
+/// briefly: a shared holder may fill them.
 struct State {
     nodes: HashMap<u64, Node>,
     ids: NodeIds,
-    cache: FdCache,
+    cache: Mutex<FdCache>,
     /// Files opened for reads that name no handle, by node.
-    readers: FdCache,
-    handles: HashMap<u64, Arc<Handle>>,
-    next_handle: u64,
+    readers: Mutex<FdCache>,
     /// Nodes found in one `openat2`, for the tests to see which way was taken.
     #[cfg(test)]
-    beneath: u64,
+    beneath: AtomicU64,
+}
+
+/// The guest's open handles, and the number of the next.
+struct Handles {
+    open: HashMap<u64, Arc<Handle>>,
+    next: u64,
+}
+
+/// `m` locked, whatever a panicking holder left: the caches and the
+/// handles hold nothing a half-done change could make unsafe to use.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The passthrough of one host directory (see the module).
@@ -315,7 +338,9 @@ pub struct BoundedFs {
     root: Arc<OwnedFd>,
     secrets: Secrets,
     timeout: Duration,
-    state: Mutex<State>,
+    state: RwLock<State>,
+    /// Taken after `state` when both are.
+    handles: Mutex<Handles>,
     /// Open handles of every share of the device, and their cap.
     open_handles: Arc<AtomicUsize>,
     max_handles: usize,
@@ -353,7 +378,7 @@ impl Place<'_> {
     }
 
     /// An `O_PATH` descriptor of what is there.
-    fn into_path(self, state: &mut State) -> io::Result<OwnedFd> {
+    fn into_path(self, state: &State) -> io::Result<OwnedFd> {
         match self {
             Place::Named(dir, name) => open_at(state, dir, name, libc::O_PATH),
             Place::Opened(fd) => Ok(fd),
@@ -403,16 +428,15 @@ impl BoundedFs {
             root: Arc::new(root),
             secrets: secrets.clone(),
             timeout,
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 nodes,
                 ids: NodeIds::new(st.st_dev),
-                cache: FdCache::new(cached),
-                readers: FdCache::new(READERS),
-                handles: HashMap::new(),
-                next_handle: 1,
+                cache: Mutex::new(FdCache::new(cached)),
+                readers: Mutex::new(FdCache::new(READERS)),
                 #[cfg(test)]
-                beneath: 0,
+                beneath: AtomicU64::new(0),
             }),
+            handles: Mutex::new(Handles { open: HashMap::new(), next: 1 }),
             open_handles: Arc::clone(&handles.0),
             max_handles,
             writable: false,
@@ -456,12 +480,12 @@ impl BoundedFs {
 
     /// `path` opened beneath the root with `flags` (see `beneath`), or
     /// `None` when the walk is to decide.
-    fn open_beneath(&self, state: &mut State, path: &CStr, flags: i32) -> io::Result<Option<OwnedFd>> {
-        let opened =
-            beneath::open(self.root.as_raw_fd(), path, flags, || state.cache.shrink()).map_err(stale_if_gone)?;
+    fn open_beneath(&self, state: &State, path: &CStr, flags: i32) -> io::Result<Option<OwnedFd>> {
+        let opened = beneath::open(self.root.as_raw_fd(), path, flags, || locked(&state.cache).shrink())
+            .map_err(stale_if_gone)?;
         #[cfg(test)]
         if opened.is_some() {
-            state.beneath += 1;
+            state.beneath.fetch_add(1, Ordering::Relaxed);
         }
         Ok(opened)
     }
@@ -478,8 +502,14 @@ impl BoundedFs {
         if self.writable { OpenOptions::empty() } else { keep }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// The nodes, shared (see [`State`]).
+    fn shared(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The nodes, to change them.
+    fn exclusive(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
     }
 
     fn entry(&self, node: u64, attr: stat64) -> Entry {
@@ -500,7 +530,7 @@ impl BoundedFs {
     /// opened again; a step whose name leads elsewhere or nowhere is
     /// ESTALE. So a directory the host moved (out of the share, maybe) is
     /// never served from where it went, cached or not.
-    fn dir_fd(&self, state: &mut State, node: u64) -> io::Result<Arc<OwnedFd>> {
+    fn dir_fd(&self, state: &State, node: u64) -> io::Result<Arc<OwnedFd>> {
         let chain = chain_of(state, node)?;
         if let Some(path) = self.beneath_path(state, &chain, None)
             && let Some(found) = self.open_beneath(state, &path, libc::O_PATH | libc::O_DIRECTORY)?
@@ -508,7 +538,7 @@ impl BoundedFs {
             let st = fstat(found.as_raw_fd())?;
             let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
             if (st.st_dev, st.st_ino) != (n.dev, n.ino) {
-                state.cache.remove(node);
+                locked(&state.cache).remove(node);
                 return Err(err(libc::ESTALE));
             }
             // Not cached: a cached descriptor saves nothing here, where
@@ -520,26 +550,26 @@ impl BoundedFs {
             let n = state.nodes.get(&step).ok_or_else(|| err(libc::ESTALE))?;
             let (dev, ino) = (n.dev, n.ino);
             let name = &n.names.first().ok_or_else(|| err(libc::ESTALE))?.1;
-            if state.cache.fds.contains_key(&step) {
+            // Taken from the cache before its name is checked: another
+            // request may evict it meanwhile, and what was checked is used.
+            let cached = locked(&state.cache).get(step);
+            if let Some(cached) = cached {
                 let there = fstatat(fd.as_raw_fd(), name).map_err(stale_if_gone)?;
                 if (there.st_dev, there.st_ino) != (dev, ino) {
-                    state.cache.remove(step);
+                    locked(&state.cache).remove(step);
                     return Err(err(libc::ESTALE));
                 }
-                if let Some(cached) = state.cache.get(step) {
-                    fd = cached;
-                    continue;
-                }
+                fd = cached;
+                continue;
             }
-            let name = name.clone();
             let opened =
-                open_at(state, fd.as_raw_fd(), &name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
+                open_at(state, fd.as_raw_fd(), name, libc::O_PATH | libc::O_DIRECTORY).map_err(stale_if_gone)?;
             let st = fstat(opened.as_raw_fd())?;
             if (st.st_dev, st.st_ino) != (dev, ino) {
                 return Err(err(libc::ESTALE));
             }
             fd = Arc::new(opened);
-            state.cache.insert(step, Arc::clone(&fd));
+            locked(&state.cache).insert(step, Arc::clone(&fd));
         }
         Ok(fd)
     }
@@ -549,21 +579,19 @@ impl BoundedFs {
     /// (the stat `op` returns) is the node's answers, and none is ESTALE.
     fn at_node<T>(
         &self,
-        state: &mut State,
+        state: &State,
         node: u64,
-        mut op: impl FnMut(&mut State, Place<'_>) -> io::Result<(T, stat64)>,
+        mut op: impl FnMut(&State, Place<'_>) -> io::Result<(T, stat64)>,
     ) -> io::Result<T> {
-        let (names, dev, ino) = {
-            let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-            (n.names.clone(), n.dev, n.ino)
-        };
+        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        let (dev, ino) = (n.dev, n.ino);
         let mut last = err(libc::ESTALE);
-        for (parent, name) in names {
-            let found = self.node_beneath(state, parent, &name).and_then(|opened| match opened {
+        for (parent, name) in &n.names {
+            let found = self.node_beneath(state, *parent, name).and_then(|opened| match opened {
                 Some(fd) => op(state, Place::Opened(fd)),
                 None => {
-                    let dir = self.dir_fd(state, parent)?;
-                    op(state, Place::Named(dir.as_raw_fd(), &name))
+                    let dir = self.dir_fd(state, *parent)?;
+                    op(state, Place::Named(dir.as_raw_fd(), name))
                 }
             });
             match found {
@@ -577,7 +605,7 @@ impl BoundedFs {
 
     /// What `name` in `parent` leads to, opened `O_PATH` in one `openat2`
     /// (see `beneath`), or `None` when it is to be walked to.
-    fn node_beneath(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Option<OwnedFd>> {
+    fn node_beneath(&self, state: &State, parent: u64, name: &CStr) -> io::Result<Option<OwnedFd>> {
         let chain = chain_of(state, parent)?;
         match self.beneath_path(state, &chain, Some(name)) {
             Some(path) => self.open_beneath(state, &path, libc::O_PATH | libc::O_NOFOLLOW),
@@ -588,12 +616,12 @@ impl BoundedFs {
     /// The host's attributes of `node`, which must still be what it was.
     /// A file the guest removed while holding it open (no name left) is
     /// stat'ed through one of its handles.
-    fn stat_node(&self, state: &mut State, node: u64) -> io::Result<stat64> {
+    fn stat_node(&self, state: &State, node: u64) -> io::Result<stat64> {
         if node == ROOT {
             return fstat(self.root.as_raw_fd());
         }
         if state.nodes.get(&node).is_some_and(|n| n.names.is_empty())
-            && let Some(open) = state.handles.values().find(|h| h.node == node)
+            && let Some(open) = locked(&self.handles).open.values().find(|h| h.node == node).cloned()
         {
             return fstat(open.file.as_raw_fd());
         }
@@ -658,7 +686,7 @@ impl BoundedFs {
 
     /// A new descriptor of `node` for reading, if it may be read and is
     /// still what it was.
-    fn open_file(&self, state: &mut State, node: u64, directory: bool) -> io::Result<OwnedFd> {
+    fn open_file(&self, state: &State, node: u64, directory: bool) -> io::Result<OwnedFd> {
         self.readable(state, node)?;
         // A device, FIFO or socket on the host is not the guest's to open:
         // its kind is known from the lookup, before any open reaches it.
@@ -689,23 +717,24 @@ impl BoundedFs {
 
     /// The file `node` open for a read that names no handle.
     fn reader(&self, node: u64) -> io::Result<Arc<OwnedFd>> {
-        let mut state = self.state();
-        if let Some(fd) = state.readers.get(node) {
-            if let Err(e) = self.still_readable(&mut state, node) {
-                state.readers.remove(node);
+        let state = self.shared();
+        let kept = locked(&state.readers).get(node);
+        if let Some(fd) = kept {
+            if let Err(e) = self.still_readable(&state, node) {
+                locked(&state.readers).remove(node);
                 return Err(e);
             }
             return Ok(fd);
         }
-        let fd = Arc::new(self.open_file(&mut state, node, false)?);
-        state.readers.insert(node, Arc::clone(&fd));
+        let fd = Arc::new(self.open_file(&state, node, false)?);
+        locked(&state.readers).insert(node, Arc::clone(&fd));
         Ok(fd)
     }
 
     /// What an open of `node` checks, for a descriptor kept from an
     /// earlier one: not a secret (by identity or by any name), and still
     /// where it was found, beneath the root (see [`Self::at_node`]).
-    fn still_readable(&self, state: &mut State, node: u64) -> io::Result<()> {
+    fn still_readable(&self, state: &State, node: u64) -> io::Result<()> {
         self.readable(state, node)?;
         self.at_node(state, node, |_, place| place.stat().map(|st| ((), st)))
     }
@@ -717,12 +746,12 @@ impl BoundedFs {
     /// through the descriptor would reach what the guest may not. A file
     /// the guest removed while holding it open has only the handle.
     fn still_held(&self, handle: &Handle) -> io::Result<()> {
-        self.still_there(&mut self.state(), handle.node)
+        self.still_there(&self.shared(), handle.node)
     }
 
     /// What [`Self::still_held`] checks, of `node`: no secret and, while it
     /// has a name, still where that name leads beneath the root.
-    fn still_there(&self, state: &mut State, node: u64) -> io::Result<()> {
+    fn still_there(&self, state: &State, node: u64) -> io::Result<()> {
         if node == ROOT || state.nodes.get(&node).is_some_and(|n| n.names.is_empty()) {
             return self.readable(state, node);
         }
@@ -730,29 +759,31 @@ impl BoundedFs {
     }
 
     fn open_counted(&self, node: u64, directory: bool, flags: u32) -> io::Result<u64> {
-        let mut state = self.state();
+        let state = self.shared();
         let file = if self.writable && !directory && super::readonly::opens_for_writing(flags) {
-            self.open_writing(&mut state, node, write::open_flags(flags)?)?
+            self.open_writing(&state, node, write::open_flags(flags)?)?
         } else {
-            self.open_file(&mut state, node, directory)?
+            self.open_file(&state, node, directory)?
         };
-        Ok(Self::new_handle(&mut state, node, file))
+        Ok(self.new_handle(node, file))
     }
 
     /// A handle of `file`, opened as `node`, already counted.
-    fn new_handle(state: &mut State, node: u64, file: OwnedFd) -> u64 {
-        let handle = state.next_handle;
-        state.next_handle += 1;
-        state.handles.insert(handle, Arc::new(Handle { file: File::from(file), node, listing: Mutex::new(()) }));
+    fn new_handle(&self, node: u64, file: OwnedFd) -> u64 {
+        let mut handles = locked(&self.handles);
+        let handle = handles.next;
+        handles.next += 1;
+        handles.open.insert(handle, Arc::new(Handle { file: File::from(file), node, listing: Mutex::new(()) }));
         handle
     }
 
     fn handle(&self, handle: u64) -> io::Result<Arc<Handle>> {
-        self.state().handles.get(&handle).cloned().ok_or_else(|| err(libc::EBADF))
+        locked(&self.handles).open.get(&handle).cloned().ok_or_else(|| err(libc::EBADF))
     }
 
     fn close(&self, handle: u64) -> io::Result<()> {
-        match self.state().handles.remove(&handle) {
+        let closed = locked(&self.handles).open.remove(&handle);
+        match closed {
             Some(_) => {
                 self.open_handles.fetch_sub(1, Ordering::AcqRel);
                 Ok(())
@@ -775,8 +806,8 @@ impl BoundedFs {
                 continue;
             }
             let Some(gone) = state.nodes.remove(&node) else { continue };
-            state.cache.remove(node);
-            state.readers.remove(node);
+            locked(&state.cache).remove(node);
+            locked(&state.readers).remove(node);
             for (parent, _) in gone.names {
                 if let Some(p) = state.nodes.get_mut(&parent) {
                     p.children = p.children.saturating_sub(1);
@@ -796,8 +827,8 @@ impl BoundedFs {
         let (is_dir, is_file) = (kind == libc::S_IFDIR, kind == libc::S_IFREG);
         if (n.is_dir, n.is_file) != (is_dir, is_file) {
             (n.is_dir, n.is_file) = (is_dir, is_file);
-            state.cache.remove(node);
-            state.readers.remove(node);
+            locked(&state.cache).remove(node);
+            locked(&state.readers).remove(node);
         }
     }
 
@@ -817,8 +848,13 @@ impl BoundedFs {
     }
 
     /// The entry of what the host has at `name` in `parent`, whose
-    /// attributes are `st`, counted as a lookup of its node.
+    /// attributes are `st`, counted as a lookup of its node. A parent
+    /// forgotten since it was found is stale: a name is never kept under
+    /// a node that cannot be found.
     fn enter(&self, state: &mut State, parent: u64, name: &CStr, st: stat64) -> io::Result<Entry> {
+        if !state.nodes.contains_key(&parent) {
+            return Err(err(libc::ESTALE));
+        }
         let id = state.ids.id(st.st_dev, st.st_ino)?;
         if state.nodes.contains_key(&id) {
             Self::refresh_kind(state, id, &st);
@@ -883,7 +919,7 @@ impl BoundedFs {
     /// for names to be looked up in it: refused when it is no directory,
     /// and EACCES when it is a secret, as nothing in a secret directory is
     /// found and so nothing beneath it is a node to read.
-    fn lookup_dir(&self, state: &mut State, parent: u64) -> io::Result<Arc<OwnedFd>> {
+    fn lookup_dir(&self, state: &State, parent: u64) -> io::Result<Arc<OwnedFd>> {
         match state.nodes.get(&parent) {
             Some(n) if n.is_dir && self.is_secret(state, parent)? => Err(err(libc::EACCES)),
             Some(n) if n.is_dir => self.dir_fd(state, parent),
@@ -893,10 +929,11 @@ impl BoundedFs {
     }
 
     /// The entry of `name` (one component) in `parent`, found through
-    /// `dir`, the descriptor [`Self::lookup_dir`] gave for it.
-    fn lookup_in(&self, state: &mut State, parent: u64, dir: &OwnedFd, name: &CStr) -> io::Result<Entry> {
+    /// `dir`, the descriptor [`Self::lookup_dir`] gave for it: stat'ed
+    /// without holding the nodes, entered holding them alone.
+    fn lookup_in(&self, parent: u64, dir: &OwnedFd, name: &CStr) -> io::Result<Entry> {
         let st = fstatat(dir.as_raw_fd(), name)?;
-        self.enter(state, parent, name, st)
+        self.enter(&mut self.exclusive(), parent, name, st)
     }
 
     /// Reads up to `size` bytes of the listing of directory `node` from
@@ -920,7 +957,7 @@ impl BoundedFs {
         if handle == NO_HANDLE {
             // Counted as an open handle while it lives, so the guest's
             // listings in flight stay within the share's descriptors.
-            let dir = self.counted(|| self.open_file(&mut self.state(), node, true))?;
+            let dir = self.counted(|| self.open_file(&self.shared(), node, true))?;
             let listed = list_from(dir.as_raw_fd(), offset, &mut buf, each);
             drop(dir);
             self.open_handles.fetch_sub(1, Ordering::AcqRel);
@@ -1033,12 +1070,12 @@ fn stale_if_gone(e: io::Error) -> io::Error {
 /// What is opened for reading is opened with O_NOATIME where the host
 /// allows it (files the host user owns): the guest's reads leave the
 /// host's access times alone.
-fn open_at(state: &mut State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
+fn open_at(state: &State, dir: RawFd, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
     open_at_mode(state, dir, name, flags, 0)
 }
 
 /// [`open_at`], with the `mode` of a file O_CREAT makes.
-fn open_at_mode(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+fn open_at_mode(state: &State, dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     open_following(state, dir, name, flags | libc::O_NOFOLLOW, mode)
 }
 
@@ -1048,7 +1085,7 @@ fn open_at_mode(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u3
 /// reached, which is in a share, and seccomp the flags.) The calling
 /// thread's own link: the read-only worker has a descriptor table of its
 /// own (see `jail::thread`), and /proc/self/fd is the main thread's.
-fn reopen(state: &mut State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
+fn reopen(state: &State, path: &OwnedFd, flags: i32) -> io::Result<OwnedFd> {
     if let Some(fd_dir) = own_fd_dir() {
         let link = CString::new(path.as_raw_fd().to_string()).map_err(|_| err(libc::EINVAL))?;
         return open_following(state, fd_dir, &link, flags, 0);
@@ -1076,7 +1113,7 @@ fn own_fd_dir() -> Option<RawFd> {
 }
 
 /// [`open_at_mode`] with symlinks followed (`flags` may forbid them).
-fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+fn open_following(state: &State, dir: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let once = |flags: i32| {
         // SAFETY: `name` is a NUL-terminated string; openat returns a new
         // descriptor that we own or -1.
@@ -1101,7 +1138,7 @@ fn open_following(state: &mut State, dir: RawFd, name: &CStr, flags: i32, mode: 
     };
     match attempt(flags) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-            state.cache.shrink();
+            locked(&state.cache).shrink();
             attempt(flags)
         }
         other => other,
@@ -1147,12 +1184,13 @@ impl FileSystem for BoundedFs {
 
     /// A remount starts from the root alone.
     fn destroy(&self) {
-        let mut state = self.state();
-        let closed = state.handles.len();
-        state.handles.clear();
+        let mut state = self.exclusive();
+        let mut handles = locked(&self.handles);
+        let closed = handles.open.len();
+        handles.open.clear();
         self.open_handles.fetch_sub(closed, Ordering::AcqRel);
-        state.cache.clear();
-        state.readers.clear();
+        locked(&state.cache).clear();
+        locked(&state.readers).clear();
         state.nodes.retain(|&id, _| id == ROOT);
         if let Some(root) = state.nodes.get_mut(&ROOT) {
             root.children = 0;
@@ -1163,17 +1201,16 @@ impl FileSystem for BoundedFs {
         // The Vfs lets "." and ".." through to lookups (for NFS exports):
         // ".." of the share's root is the host directory above it.
         component(name)?;
-        let mut state = self.state();
-        let dir = self.lookup_dir(&mut state, parent)?;
-        self.lookup_in(&mut state, parent, &dir, name)
+        let dir = self.lookup_dir(&self.shared(), parent)?;
+        self.lookup_in(parent, &dir, name)
     }
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
-        Self::forget_one(&mut self.state(), inode, count);
+        Self::forget_one(&mut self.exclusive(), inode, count);
     }
 
     fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
-        let mut state = self.state();
+        let mut state = self.exclusive();
         for (inode, count) in requests {
             Self::forget_one(&mut state, inode, count);
         }
@@ -1182,18 +1219,18 @@ impl FileSystem for BoundedFs {
     fn getattr(&self, _ctx: &Context, inode: u64, handle: Option<u64>) -> io::Result<(stat64, Duration)> {
         let st = match handle {
             Some(h) if h != NO_HANDLE => fstat(self.handle(h)?.file.as_raw_fd())?,
-            _ => self.stat_node(&mut self.state(), inode)?,
+            _ => self.stat_node(&self.shared(), inode)?,
         };
         Ok((st, self.timeout))
     }
 
     fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
-        let mut state = self.state();
+        let state = self.shared();
         self.readable(&state, inode)?;
         if inode == ROOT {
             return Err(err(libc::EINVAL));
         }
-        self.at_node(&mut state, inode, |_, place| {
+        self.at_node(&state, inode, |_, place| {
             let st = place.stat()?;
             if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
                 return Err(err(libc::EINVAL));
@@ -1352,13 +1389,13 @@ impl FileSystem for BoundedFs {
     }
 
     fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<statvfs64> {
-        let mut state = self.state();
+        let state = self.shared();
         let dir = match state.nodes.get(&inode) {
             Some(n) if n.is_dir => inode,
             Some(_) => first_parent(&state, inode)?,
             None => return Err(err(libc::ESTALE)),
         };
-        let fd = self.dir_fd(&mut state, dir)?;
+        let fd = self.dir_fd(&state, dir)?;
         let mut out = std::mem::MaybeUninit::<statvfs64>::zeroed();
         // SAFETY: the kernel writes only `out`.
         if unsafe { libc::fstatvfs64(fd.as_raw_fd(), out.as_mut_ptr()) } != 0 {
@@ -1369,7 +1406,7 @@ impl FileSystem for BoundedFs {
     }
 
     fn opendir(&self, _ctx: &Context, inode: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
-        if !self.state().nodes.get(&inode).is_some_and(|n| n.is_dir) {
+        if !self.shared().nodes.get(&inode).is_some_and(|n| n.is_dir) {
             return Err(err(libc::ENOTDIR));
         }
         let handle = self.open_node(inode, true, 0)?;
@@ -1407,17 +1444,15 @@ impl FileSystem for BoundedFs {
         let listed = self.list(inode, handle, size, offset, &mut |mut dir_entry| {
             let name = CString::new(dir_entry.name).map_err(|_| err(libc::EIO))?;
             component(&name)?;
-            let mut state = self.state();
             let dir = match &page_dir {
                 Some(dir) => Arc::clone(dir),
                 None => {
-                    let dir = self.lookup_dir(&mut state, inode)?;
+                    let dir = self.lookup_dir(&self.shared(), inode)?;
                     page_dir = Some(Arc::clone(&dir));
                     dir
                 }
             };
-            let found = self.lookup_in(&mut state, inode, &dir, &name);
-            drop(state);
+            let found = self.lookup_in(inode, &dir, &name);
             let entry = match found {
                 Ok(entry) => entry,
                 // Gone since it was listed: the guest hears of it no more
@@ -1429,10 +1464,10 @@ impl FileSystem for BoundedFs {
             // A node the guest was not told of is not kept: an entry the
             // reply could not take, or one that failed to encode.
             let took = add_entry(dir_entry, entry).inspect_err(|_| {
-                Self::forget_one(&mut self.state(), entry.inode, 1);
+                Self::forget_one(&mut self.exclusive(), entry.inode, 1);
             })?;
             if took == 0 {
-                Self::forget_one(&mut self.state(), entry.inode, 1);
+                Self::forget_one(&mut self.exclusive(), entry.inode, 1);
             } else {
                 handed.push(entry.inode);
             }
@@ -1443,13 +1478,13 @@ impl FileSystem for BoundedFs {
         // place, out of the share) is refused, so no entry stat'ed after
         // the move through the page's descriptor is handed over.
         let listed = listed.and_then(|()| match page_dir {
-            Some(_) => self.still_there(&mut self.state(), inode),
+            Some(_) => self.still_there(&self.shared(), inode),
             None => Ok(()),
         });
         // A page that fails midway is answered with the error alone: the
         // guest never hears of the entries before it, nor forgets them.
         if listed.is_err() {
-            let mut state = self.state();
+            let mut state = self.exclusive();
             for node in handed {
                 Self::forget_one(&mut state, node, 1);
             }
@@ -1462,7 +1497,7 @@ impl FileSystem for BoundedFs {
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
-        let st = self.stat_node(&mut self.state(), inode)?;
+        let st = self.stat_node(&self.shared(), inode)?;
         let mode = i32::try_from(mask & 0o7).unwrap_or(0) & (libc::R_OK | libc::W_OK | libc::X_OK);
         let allowed = |bits: u32| -> bool {
             (st.st_uid == ctx.uid && st.st_mode & (bits << 6) != 0)
@@ -1628,12 +1663,12 @@ mod tests {
             let n = fs.read(&ctx, node, NO_HANDLE, &mut out, 4096, 0, None, 0).unwrap();
             assert_eq!(n, format!("file {i}").len());
             nodes.push(node);
-            assert!(fs.state().readers.fds.len() <= READERS);
+            assert!(locked(&fs.shared().readers).fds.len() <= READERS);
         }
         let last = *nodes.last().unwrap();
-        assert!(fs.state().readers.fds.contains_key(&last));
+        assert!(locked(&fs.shared().readers).fds.contains_key(&last));
         fs.forget(&ctx, last, 1);
-        assert!(!fs.state().readers.fds.contains_key(&last), "a forgotten file is closed");
+        assert!(!locked(&fs.shared().readers).fds.contains_key(&last), "a forgotten file is closed");
         assert!(fs.read(&ctx, last, NO_HANDLE, &mut out, 4096, 0, None, 0).is_err());
     }
 
@@ -1667,6 +1702,63 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// Requests served side by side (the read-only shares' workers) get
+    /// what one thread gets: every listing whole, every file's own
+    /// content and attributes, and once each thread has forgotten what it
+    /// was told, nothing is left held but the root.
+    #[test]
+    fn requests_from_many_threads_get_what_one_thread_gets() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = ["top", "a/b/deep", "a/b/deep/er"];
+        for d in dirs {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+            for i in 0..40 {
+                std::fs::write(dir.path().join(d).join(format!("f{i}")), format!("{d}/f{i}")).unwrap();
+            }
+        }
+        let fs = fs(dir.path(), &Secrets::default());
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let ctx = Context::default();
+                    for _ in 0..5 {
+                        let mut told: Vec<u64> = Vec::new();
+                        for d in dirs {
+                            let mut at = ROOT;
+                            for part in d.split('/') {
+                                at = fs.lookup(&ctx, at, &name(part)).unwrap().inode;
+                                told.push(at);
+                            }
+                            let mut files = Vec::new();
+                            fs.readdirplus(&ctx, at, NO_HANDLE, 1 << 16, 0, &mut |e, entry| {
+                                told.push(entry.inode);
+                                files.push((String::from_utf8(e.name.to_vec()).unwrap(), entry));
+                                Ok(1)
+                            })
+                            .unwrap();
+                            let regular: Vec<_> = files.iter().filter(|(n, _)| n.starts_with('f')).collect();
+                            assert_eq!(regular.len(), 40, "{d}: the whole listing");
+                            for (file, entry) in regular {
+                                let want = format!("{d}/{file}");
+                                assert_eq!(read(&fs, entry.inode).unwrap(), want.as_bytes());
+                                let (st, _) = fs.getattr(&ctx, entry.inode, None).unwrap();
+                                assert_eq!(usize::try_from(st.st_size).unwrap(), want.len());
+                                assert_eq!(st.st_ino, entry.attr.st_ino);
+                            }
+                        }
+                        for node in told {
+                            fs.forget(&ctx, node, 1);
+                        }
+                    }
+                });
+            }
+        });
+        let state = fs.shared();
+        assert_eq!(state.nodes.len(), 1, "only the root is held");
+        assert!(locked(&state.readers).fds.is_empty(), "forgotten files are closed");
+        assert_eq!(fs.open_handles.load(Ordering::Acquire), 0);
     }
 
     /// A secret directory (here named through a symlink, which the secret
@@ -1703,7 +1795,7 @@ mod tests {
 
     /// Nodes found in one `openat2` so far.
     fn beneath(fs: &BoundedFs) -> u64 {
-        fs.state().beneath
+        fs.shared().beneath.load(Ordering::Relaxed)
     }
 
     /// Both ways of finding a node: in one `openat2` whatever the depth,
@@ -1892,11 +1984,11 @@ mod tests {
         let fs = fs(dir.path(), &Secrets::default());
         let ctx = Context::default();
         let d = fs.lookup(&ctx, ROOT, &name("d")).unwrap().inode;
-        let mut state = fs.state();
+        let mut state = fs.exclusive();
         BoundedFs::add_name(&mut state, d, d, &name("again"));
         assert_eq!(state.nodes[&d].names.len(), 1);
         assert_eq!(state.nodes[&d].children, 0);
-        state.cache.clear();
-        assert!(fs.dir_fd(&mut state, d).is_ok());
+        locked(&state.cache).clear();
+        assert!(fs.dir_fd(&state, d).is_ok());
     }
 }

@@ -36,7 +36,7 @@ use fuse_backend_rs::abi::fuse_abi::{SetattrValid, stat64};
 use fuse_backend_rs::api::filesystem::{Entry, ZeroCopyReader};
 
 use super::{
-    BoundedFs, Handle, NO_HANDLE, ROOT, State, component, err, fstat, fstatat, open_at, open_at_mode, reopen,
+    BoundedFs, Handle, NO_HANDLE, ROOT, State, component, err, fstat, fstatat, locked, open_at, open_at_mode, reopen,
     stale_if_gone,
 };
 
@@ -97,7 +97,7 @@ impl BoundedFs {
     /// one component, not "." or "..". Nothing in a secret directory is
     /// changed, as nothing in it is found: a rename would take its files
     /// out by their names.
-    fn parent_dir(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
+    fn parent_dir(&self, state: &State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
         self.writing()?;
         component(name)?;
         match state.nodes.get(&parent) {
@@ -112,7 +112,7 @@ impl BoundedFs {
     /// never a secret's place. A file of the guest's there would be where
     /// the host writes the secret, and the guest may hold it by another
     /// name, where it is no secret.
-    fn made_at(&self, state: &mut State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
+    fn made_at(&self, state: &State, parent: u64, name: &CStr) -> io::Result<Arc<OwnedFd>> {
         let dir = self.parent_dir(state, parent, name)?;
         if self.secret_place(state, parent, name) {
             return Err(err(libc::EACCES));
@@ -131,30 +131,28 @@ impl BoundedFs {
     /// none leads to the node.
     fn checked_at<T>(
         &self,
-        state: &mut State,
+        state: &State,
         node: u64,
-        mut act: impl FnMut(&mut State, RawFd, &CStr, stat64) -> io::Result<T>,
+        mut act: impl FnMut(&State, RawFd, &CStr, stat64) -> io::Result<T>,
     ) -> io::Result<T> {
         if node == ROOT {
             let root = Arc::clone(&self.root);
             let st = fstat(root.as_raw_fd())?;
             return act(state, root.as_raw_fd(), c".", st);
         }
-        let (names, dev, ino) = {
-            let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
-            (n.names.clone(), n.dev, n.ino)
-        };
+        let n = state.nodes.get(&node).ok_or_else(|| err(libc::ESTALE))?;
+        let (dev, ino) = (n.dev, n.ino);
         let mut last = err(libc::ESTALE);
-        for (parent, name) in names {
-            let dir = match self.dir_fd(state, parent) {
+        for (parent, name) in &n.names {
+            let dir = match self.dir_fd(state, *parent) {
                 Ok(dir) => dir,
                 Err(e) => {
                     last = stale_if_gone(e);
                     continue;
                 }
             };
-            match fstatat(dir.as_raw_fd(), &name) {
-                Ok(st) if (st.st_dev, st.st_ino) == (dev, ino) => return act(state, dir.as_raw_fd(), &name, st),
+            match fstatat(dir.as_raw_fd(), name) {
+                Ok(st) if (st.st_dev, st.st_ino) == (dev, ino) => return act(state, dir.as_raw_fd(), name, st),
                 Ok(_) => last = err(libc::ESTALE),
                 Err(e) => last = stale_if_gone(e),
             }
@@ -175,8 +173,8 @@ impl BoundedFs {
 
     /// Makes `what` at `name` in `parent`, entered as a lookup.
     pub(super) fn make(&self, parent: u64, name: &CStr, what: Make<'_>, umask: u32) -> io::Result<Entry> {
-        let mut state = self.state();
-        let dir = self.made_at(&mut state, parent, name)?;
+        let mut state = self.exclusive();
+        let dir = self.made_at(&state, parent, name)?;
         let fd = dir.as_raw_fd();
         // SAFETY: `name` and `target` are NUL-terminated; these calls only
         // make a name in the directory `fd`, which we hold.
@@ -203,25 +201,25 @@ impl BoundedFs {
         flags: u32,
     ) -> io::Result<(Entry, u64)> {
         self.counted(|| {
-            let mut state = self.state();
-            let dir = self.made_at(&mut state, parent, name)?;
+            let mut state = self.exclusive();
+            let dir = self.made_at(&state, parent, name)?;
             let guest_flags = open_flags(flags)?;
             let flags = guest_flags & PASSED_FLAGS | libc::O_NONBLOCK;
             let mode = masked(mode & 0o7777, umask);
             // A file made is empty: O_TRUNC is for one that exists (see `reopen_file`).
             let making = flags & !libc::O_TRUNC | libc::O_CREAT | libc::O_EXCL;
-            let made = open_at_mode(&mut state, dir.as_raw_fd(), name, making, mode);
+            let made = open_at_mode(&state, dir.as_raw_fd(), name, making, mode);
             let file = match made {
                 Ok(file) => file,
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && guest_flags & libc::O_EXCL == 0 => {
-                    let path = open_at(&mut state, dir.as_raw_fd(), name, libc::O_PATH)?;
-                    self.reopen_file(&mut state, &path, None, flags)?
+                    let path = open_at(&state, dir.as_raw_fd(), name, libc::O_PATH)?;
+                    self.reopen_file(&state, &path, None, flags)?
                 }
                 Err(e) => return Err(e),
             };
             let st = fstat(file.as_raw_fd())?;
             let entry = self.enter(&mut state, parent, name, st)?;
-            Ok((entry, Self::new_handle(&mut state, entry.inode, file)))
+            Ok((entry, self.new_handle(entry.inode, file)))
         })
     }
 
@@ -231,7 +229,7 @@ impl BoundedFs {
     /// alone wakes, or one of its secrets.
     fn reopen_file(
         &self,
-        state: &mut State,
+        state: &State,
         path: &OwnedFd,
         identity: Option<(u64, u64)>,
         flags: i32,
@@ -269,7 +267,7 @@ impl BoundedFs {
 
     /// A new descriptor of the regular file `node` for writing, unless it
     /// is a secret.
-    pub(super) fn open_writing(&self, state: &mut State, node: u64, flags: i32) -> io::Result<OwnedFd> {
+    pub(super) fn open_writing(&self, state: &State, node: u64, flags: i32) -> io::Result<OwnedFd> {
         self.writing()?;
         let identity = match state.nodes.get(&node) {
             Some(n) if n.is_dir => return Err(err(libc::EISDIR)),
@@ -284,8 +282,8 @@ impl BoundedFs {
 
     /// Removes the name (a directory, if `dir`) from `parent`.
     pub(super) fn remove(&self, parent: u64, name: &CStr, dir: bool) -> io::Result<()> {
-        let mut state = self.state();
-        let at = self.parent_dir(&mut state, parent, name)?;
+        let mut state = self.exclusive();
+        let at = self.parent_dir(&state, parent, name)?;
         let st = fstatat(at.as_raw_fd(), name)?;
         let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
         // SAFETY: `name` is NUL-terminated; unlinkat touches no memory of ours.
@@ -308,12 +306,12 @@ impl BoundedFs {
         if flags & !RENAME_FLAGS != 0 {
             return Err(err(libc::EINVAL));
         }
-        let mut state = self.state();
+        let mut state = self.exclusive();
         // A secret made where one is named is a secret by its place alone:
         // moved from it, it would be read; moved to it, the guest's file
         // would take it (an exchange does both).
-        let from = self.made_at(&mut state, olddir, oldname)?;
-        let to = self.made_at(&mut state, newdir, newname)?;
+        let from = self.made_at(&state, olddir, oldname)?;
+        let to = self.made_at(&state, newdir, newname)?;
         let moved = fstatat(from.as_raw_fd(), oldname)?;
         let replaced = match fstatat(to.as_raw_fd(), newname) {
             Ok(st) => Some(st),
@@ -359,14 +357,14 @@ impl BoundedFs {
 
     /// Links the file `node` as `newname` in `newparent`, entered as a lookup.
     pub(super) fn link_node(&self, node: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
-        let mut state = self.state();
-        let to = self.made_at(&mut state, newparent, newname)?;
+        let mut state = self.exclusive();
+        let to = self.made_at(&state, newparent, newname)?;
         // A new name of a secret by its place alone, the old one removed,
         // would be no secret.
         if self.is_secret(&state, node)? {
             return Err(err(libc::EACCES));
         }
-        self.checked_at(&mut state, node, |_, dir, name, _| {
+        self.checked_at(&state, node, |_, dir, name, _| {
             // SAFETY: the names are NUL-terminated; linkat (which does not
             // follow a symlink it links) touches no memory of ours.
             check(unsafe { libc::linkat(dir, name.as_ptr(), to.as_raw_fd(), newname.as_ptr(), 0) })
@@ -390,13 +388,13 @@ impl BoundedFs {
             Some(h) if h != NO_HANDLE => Some(self.handle_of(h, node)?),
             _ => None,
         };
-        let mut state = self.state();
+        let state = self.exclusive();
         let by_handle = handle.as_ref().map(|h| h.file.as_raw_fd());
         let metadata =
             SetattrValid::MODE | SetattrValid::UID | SetattrValid::GID | SetattrValid::ATIME | SetattrValid::MTIME;
         // Opened before any change, which may take its owner's read right.
         let opened = match by_handle {
-            None if valid.intersects(metadata) => Some(self.attributes_fd(&mut state, node)?),
+            None if valid.intersects(metadata) => Some(self.attributes_fd(&state, node)?),
             _ => None,
         };
         let fd = match &opened {
@@ -429,7 +427,7 @@ impl BoundedFs {
             match by_handle {
                 Some(fd) => truncate(fd)?,
                 None => {
-                    let file = self.open_writing(&mut state, node, libc::O_WRONLY)?;
+                    let file = self.open_writing(&state, node, libc::O_WRONLY)?;
                     truncate(file.as_raw_fd())?;
                 }
             }
@@ -455,7 +453,7 @@ impl BoundedFs {
         }
         match by_handle {
             Some(fd) => fstat(fd),
-            None => self.stat_node(&mut state, node),
+            None => self.stat_node(&state, node),
         }
     }
 
@@ -474,7 +472,7 @@ impl BoundedFs {
     /// cannot have them changed (EACCES, unless the VMM runs as root: a
     /// mode without the owner's read right is set, but not taken back). A
     /// secret is not opened: EACCES, as for a truncation.
-    fn attributes_fd(&self, state: &mut State, node: u64) -> io::Result<Result<OwnedFd, stat64>> {
+    fn attributes_fd(&self, state: &State, node: u64) -> io::Result<Result<OwnedFd, stat64>> {
         let identity = state.nodes.get(&node).map(|n| (n.dev, n.ino)).ok_or_else(|| err(libc::ESTALE))?;
         self.readable(state, node)?;
         let path = self.checked_at(state, node, |state, dir, name, _| open_at(state, dir, name, libc::O_PATH))?;
@@ -539,8 +537,8 @@ impl BoundedFs {
             p.children = p.children.saturating_sub(1);
         }
         if nameless {
-            state.cache.remove(id);
-            state.readers.remove(id);
+            locked(&state.cache).remove(id);
+            locked(&state.readers).remove(id);
         }
         Self::forget_one(state, id, 0);
         Self::forget_one(state, parent, 0);
@@ -590,8 +588,8 @@ mod tests {
 
     /// Descriptors the filesystem holds besides its root.
     fn held(fs: &BoundedFs) -> usize {
-        let state = fs.state();
-        state.cache.fds.len() + state.readers.fds.len() + state.handles.len()
+        let state = fs.shared();
+        locked(&state.cache).fds.len() + locked(&state.readers).fds.len() + locked(&fs.handles).open.len()
     }
 
     fn create(fs: &BoundedFs, parent: u64, file: &str) -> (u64, u64) {
@@ -693,7 +691,7 @@ mod tests {
         }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         assert!(most <= CACHED + super::super::READERS + HANDLES, "{most} descriptors held at most");
-        assert_eq!(fs.state().nodes.len(), 1, "only the root is left");
+        assert_eq!(fs.shared().nodes.len(), 1, "only the root is left");
     }
 
     /// Renames, links, exchanges and unlinks by the guest, with every
@@ -879,7 +877,7 @@ mod tests {
         std::fs::rename(dir.path().join("d"), dir.path().join("moved")).unwrap();
         std::fs::create_dir(dir.path().join("d")).unwrap();
         std::fs::write(dir.path().join("d/keep"), b"").unwrap();
-        fs.state().cache.clear();
+        locked(&fs.shared().cache).clear();
         assert_eq!(errno(fs.mkdir(&ctx, d, &name("x"), 0o755, 0)), Some(libc::ESTALE));
         assert_eq!(errno(fs.unlink(&ctx, d, &name("keep"))), Some(libc::ESTALE));
         assert_eq!(errno(fs.rename(&ctx, d, &name("keep"), ROOT, &name("k"), 0)), Some(libc::ESTALE));
@@ -893,7 +891,7 @@ mod tests {
         };
         assert_eq!(names("d"), ["keep"]);
         assert_eq!(names("moved"), ["f"]);
-        assert_eq!(held(&fs), fs.state().cache.fds.len(), "no handle left open by the refusals");
+        assert_eq!(held(&fs), locked(&fs.shared().cache).fds.len(), "no handle left open by the refusals");
     }
 
     /// Files opened for writing count against the cap like the others,
