@@ -111,11 +111,24 @@ pub fn open_all() {
 /// Starts the worker thread `thread` serving `handler`; the thread runs
 /// under the seccomp allowlist `thread` declares once the jail is closed.
 pub fn spawn(thread: &'static DeviceThread, handler: impl EventHandler) -> Result<(), ActivateError> {
+    spawn_with_helpers(thread, handler, Vec::new())
+}
+
+/// [`spawn`], with `helpers` started beside the worker in its group (see
+/// `jail::thread::spawn_group`): confined as the worker is, sharing its
+/// descriptors. The gate knows only the worker: helpers must touch guest
+/// memory only while the worker is inside `EventHandler::handle`, so that
+/// a parked worker means parked helpers.
+pub fn spawn_with_helpers(
+    thread: &'static DeviceThread,
+    handler: impl EventHandler,
+    helpers: Vec<jail::thread::Job>,
+) -> Result<(), ActivateError> {
     let wake = EventFd::new(EFD_NONBLOCK).map_err(ActivateError::Thread)?;
     let gate = Arc::new(Gate { wake, state: Mutex::new(GateState::Open), changed: Condvar::new() });
     lock(&GATES).push(gate.clone());
-    jail::thread::spawn(thread.name, ThreadKind::Device(thread), move || run(thread.name, handler, &gate))
-        .map_err(ActivateError::Thread)
+    let leader = Box::new(move || run(thread.name, handler, &gate));
+    jail::thread::spawn_group(thread.name, ThreadKind::Device(thread), leader, helpers).map_err(ActivateError::Thread)
 }
 
 /// Runs until the process exits, or until epoll fails (logged).

@@ -16,6 +16,7 @@ use thiserror::Error;
 use super::boot::BootFs;
 use super::bounded::{BoundedFs, FdBudget, HandleCount};
 use super::event_handler::FsHandler;
+use super::pool::Pool;
 use super::readonly::ReadOnlyFs;
 use super::request::Access;
 use super::secrets::Secrets;
@@ -74,6 +75,30 @@ pub struct Fs<F: FileSystem + Send + Sync + 'static> {
     config: [u8; CONFIG_LEN],
     pub(super) server: Arc<Server<F>>,
     access: Access,
+    /// Threads serving requests beside the worker (see `pool`): read-only
+    /// devices only.
+    helpers: usize,
+}
+
+/// The most helpers a read-only device's worker gets: the guest sends a
+/// few dozen requests at once at most (a directory's files read ahead, 16
+/// directories listed), each a few host calls.
+const MAX_HELPERS: usize = 3;
+
+/// Helpers for a read-only device: one fewer than the host's CPUs the
+/// process may use (the worker is the other), at most `MAX_HELPERS`.
+/// Read before the jail closes: finding the CPUs reads cgroup files.
+fn default_helpers() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get() - 1).min(MAX_HELPERS)
+}
+
+impl<F: FileSystem + Send + Sync + 'static> Fs<F> {
+    /// The device with `helpers` threads beside its worker, if it is
+    /// read-only (tests).
+    #[cfg(test)]
+    pub(super) fn with_helpers(self, helpers: usize) -> Self {
+        Fs { helpers, ..self }
+    }
 }
 
 impl Fs<ReadOnlyFs<Vfs>> {
@@ -91,16 +116,18 @@ impl Fs<ReadOnlyFs<Vfs>> {
         let config = config_space(tag)?;
         let guest_paths = check_guest_paths(shares)?;
         let vfs = mount_shares(shares, &guest_paths, budget, secrets)?;
-        Ok(Fs { config, server: Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT))), access: Access::ReadOnly })
+        let server = Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT)));
+        Ok(Fs { config, server, access: Access::ReadOnly, helpers: default_helpers() })
     }
 }
 
 impl Fs<BootFs> {
     /// The device of the guest's first root, serving `init` as /init.
+    /// Without helpers: its server reads the one file behind one lock.
     pub fn boot(tag: &str, init: &Path) -> Result<Self, FsError> {
         let config = config_space(tag)?;
         let fs = BootFs::new(init).map_err(|source| FsError::Init { path: init.to_owned(), source })?;
-        Ok(Fs { config, server: Arc::new(Server::new(fs)), access: Access::ReadOnly })
+        Ok(Fs { config, server: Arc::new(Server::new(fs)), access: Access::ReadOnly, helpers: 0 })
     }
 }
 
@@ -142,7 +169,7 @@ impl Fs<Vfs> {
                 source,
             })?;
         }
-        Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: Access::Writable })
+        Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: Access::Writable, helpers: 0 })
     }
 }
 
@@ -199,13 +226,17 @@ impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
         }
         let server = Arc::clone(&self.server);
         let access = self.access;
-        let thread = match access {
-            Access::ReadOnly => &READ_ONLY_THREAD,
-            Access::Writable => &WRITABLE_THREAD,
+        // The writable shares' worker serves alone: what it keeps between
+        // requests relies on one thread.
+        let (thread, helpers) = match access {
+            Access::ReadOnly => (&READ_ONLY_THREAD, self.helpers),
+            Access::Writable => (&WRITABLE_THREAD, 0),
         };
         let tag = String::from_utf8_lossy(&self.config[..TAG_LEN]).trim_end_matches('\0').to_owned();
         let tally = Tally::default();
-        worker::spawn(thread, FsHandler { mem, queues, interrupt, server, access, tag, tally })
+        let (pool, helpers) = Pool::new(helpers);
+        let handler = FsHandler { mem: Arc::new(mem), queues, interrupt, server, access, pool, tag, tally };
+        worker::spawn_with_helpers(thread, handler, helpers)
     }
 }
 

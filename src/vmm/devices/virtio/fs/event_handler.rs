@@ -1,5 +1,6 @@
 //! The worker's events: a kick on either queue (hiprio, requests) answers
-//! every request on it, and those the guest adds meanwhile.
+//! every request on it, and those the guest adds meanwhile, with the help
+//! of the device's pool if it has helpers.
 
 use std::sync::Arc;
 
@@ -8,17 +9,22 @@ use fuse_backend_rs::api::server::Server;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::EpollEvent;
 
-use super::request::{Access, serve_queue};
+use super::pool::Pool;
+use super::request::{Access, Served, serve_queue};
 use super::tally::Tally;
 use crate::vmm::devices::virtio::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
 
 pub(super) struct FsHandler<F: FileSystem + Send + Sync + 'static> {
-    pub mem: GuestMemoryMmap,
+    /// Shared with the requests the pool's helpers serve.
+    pub mem: Arc<GuestMemoryMmap>,
     pub queues: Vec<DeviceQueue>,
     pub interrupt: Interrupt,
     pub server: Arc<Server<F>>,
     pub access: Access,
+    /// Helpers serving the requests of a notification beside the worker
+    /// (none for the writable shares' device, whose worker is alone).
+    pub pool: Pool<Served>,
     /// The device's tag, naming its totals in the log.
     pub tag: String,
     pub tally: Tally,
@@ -44,9 +50,8 @@ impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
             let _ = dq.kick.read();
             let started = self.tally.notified();
             let interrupt = &self.interrupt;
-            serve_queue(&self.server, &self.mem, &mut dq.queue, self.access, &mut self.tally, &mut || {
-                interrupt.signal_used_queue()
-            });
+            let signal = &mut || interrupt.signal_used_queue();
+            serve_queue(&self.server, &self.mem, &mut dq.queue, self.access, &self.pool, &mut self.tally, signal);
             self.tally.done(started);
         }
     }

@@ -22,16 +22,18 @@
 //!
 //! `device` is what the transport sees and builds the filesystem,
 //! `request` serves one FUSE request, `event_handler` what the worker does
-//! on a kick; `readonly` wraps the Vfs, and `watched` a recorded share's
-//! filesystem, with `sightings` (what the guest saw of the workspace) as
-//! its watch; `secrets` are the host files the bounded filesystem never
-//! lets the guest read.
+//! on a kick, `pool` the threads serving a read-only device's requests
+//! beside its worker; `readonly` wraps the Vfs, and `watched` a recorded
+//! share's filesystem, with `sightings` (what the guest saw of the
+//! workspace) as its watch; `secrets` are the host files the bounded
+//! filesystem never lets the guest read.
 
 mod boot;
 pub mod bounded;
 mod budget;
 mod device;
 mod event_handler;
+mod pool;
 pub mod readonly;
 mod request;
 mod secrets;

@@ -24,8 +24,9 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::tempdir::TempDir;
 
 use super::device::*;
+use super::pool::Pool;
 use super::readonly::{Verdict, gate, opens_for_writing};
-use super::request::{Access, process_queue, serve_queue};
+use super::request::{Access, Served, process_queue, serve_queue};
 use super::secrets::Secrets;
 use super::tally::Tally;
 
@@ -2240,7 +2241,7 @@ fn requests_added_while_the_device_is_busy_are_answered_without_a_kick() {
     let used_flags =
         |mock: &MockSplitQueue<'static, GuestMemoryMmap>| -> u16 { mem.read_obj(mock.used_addr()).unwrap() };
     let mut seen = Vec::new();
-    serve_queue(server, mem, queue, *access, &mut Tally::default(), &mut || {
+    serve_queue(server, &mem, queue, *access, &Pool::serial(), &mut Tally::default(), &mut || {
         let used_idx: u16 = mem.read_obj(mock.used_addr().unchecked_add(2)).unwrap();
         seen.push((used_flags(mock), used_idx));
         if seen.len() == 1 {
@@ -2267,4 +2268,272 @@ fn requests_added_while_the_device_is_busy_are_answered_without_a_kick() {
         let (id, len): (u32, u32) = (mem.read_obj(elem).unwrap(), mem.read_obj(elem.unchecked_add(4)).unwrap());
         assert_eq!((id, len), (u32::from(head), attr_reply), "request {i} answered in order, in full");
     }
+}
+
+/// Where the `i`th request of a batch and its reply are (64 at most).
+const BATCH_MAX: usize = 64;
+const BATCH_REQ: u64 = 0x1000;
+const BATCH_RESP: u32 = 0x8000;
+
+impl Driver {
+    /// Every chain the device returned since the last look, in order:
+    /// (head, used length).
+    fn take_all_used(&mut self) -> Vec<(u32, u32)> {
+        let used_idx: u16 = self.mem.read_obj(self.mock.used_addr().unchecked_add(2)).unwrap();
+        let mut used = Vec::new();
+        while self.used != used_idx {
+            let elem = self.mock.used_addr().unchecked_add(4 + 8 * u64::from(self.used % QSIZE));
+            used.push((self.mem.read_obj(elem).unwrap(), self.mem.read_obj(elem.unchecked_add(4)).unwrap()));
+            self.used = self.used.wrapping_add(1);
+        }
+        used
+    }
+}
+
+impl<F: FileSystem + Send + Sync + 'static> Client<F> {
+    /// Offers every request of `requests` (opcode, node, body), each in
+    /// buffers of its own, then lets the device serve the queue once with
+    /// `pool` (the guest notified once); returns the replies in order,
+    /// after checking that every chain came back once, in order.
+    fn call_all(&mut self, requests: &[(u32, u64, Vec<u8>)], pool: &Pool<Served>, tally: &mut Tally) -> Vec<Reply> {
+        assert!(requests.len() <= BATCH_MAX);
+        // The mock's used ring begins where its available ring's 129th
+        // entry would be.
+        if usize::from(self.driver.used) + requests.len() > 128 {
+            self.driver = Driver::new(self.driver.mem, GuestAddress(0));
+        }
+        let mem = self.mem();
+        let (uid, gid) = self.creds;
+        let mut sent = Vec::new();
+        for (i, (opcode, nodeid, body)) in (0u64..).zip(requests) {
+            self.unique += 1;
+            let len = len32(size_of::<InHeader>() + body.len());
+            let header =
+                InHeader { len, opcode: *opcode, unique: self.unique, nodeid: *nodeid, uid, gid, pid: 42, padding: 0 };
+            let (req, resp) = (REQ_ADDR + i * BATCH_REQ, RESP_ADDR + i * u64::from(BATCH_RESP));
+            mem.write_slice(&cat(&[header.as_slice(), body]), GuestAddress(req)).unwrap();
+            mem.write_slice(&vec![0xa5; BATCH_RESP as usize], GuestAddress(resp)).unwrap();
+            let head = self.driver.offer(&[(req, len, false), (resp, BATCH_RESP, true)]);
+            sent.push((head, self.unique, resp));
+        }
+        let mut signals = 0;
+        serve_queue(&self.server, &mem, &mut self.driver.queue, self.access, pool, tally, &mut || signals += 1);
+        assert_eq!(signals, 1, "one pass, one interrupt");
+        let used = self.driver.take_all_used();
+        let heads: Vec<u32> = sent.iter().map(|&(head, _, _)| u32::from(head)).collect();
+        assert_eq!(used.iter().map(|&(head, _)| head).collect::<Vec<_>>(), heads, "every chain back once, in order");
+        sent.iter()
+            .zip(used)
+            .map(|(&(_, unique, resp), (_, len))| {
+                let header: OutHeader = mem.read_obj(GuestAddress(resp)).unwrap();
+                assert_eq!((header.unique, header.len), (unique, len), "each reply in its own chain, in full");
+                let mut body = vec![0u8; len as usize - HEADER];
+                mem.read_slice(&mut body, GuestAddress(resp + HEADER as u64)).unwrap();
+                Reply { used: len, header, body }
+            })
+            .collect()
+    }
+}
+
+/// A pool of `helpers` running on threads of their own, and the threads.
+fn helped_pool(helpers: usize) -> (Pool<Served>, Vec<std::thread::JoinHandle<()>>) {
+    let (pool, loops) = Pool::new(helpers);
+    (pool, loops.into_iter().map(std::thread::spawn).collect())
+}
+
+/// What the `i`th file of a batch holds: a length and a letter of its own.
+fn batch_content(i: usize) -> Vec<u8> {
+    vec![b'a' + u8::try_from(i % 26).unwrap(); i + 1]
+}
+
+/// A read-only device with helpers answers a notification's 64 lookups,
+/// then 64 reads, then a mix, each reply in the request's own chain, and
+/// counts every request.
+#[test]
+fn a_pool_answers_many_requests_of_one_notification_each_in_its_own_chain() {
+    let dir = share_dir();
+    for i in 0..BATCH_MAX {
+        std::fs::write(dir.as_path().join(format!("f{i:02}")), batch_content(i)).unwrap();
+    }
+    let mut client = Client::started_without_opens(new_fs("host", &[share("/ws", dir.as_path())]).unwrap().server);
+    let ws = client.lookup_node(ROOT_ID, "ws").nodeid;
+    let (pool, helpers) = helped_pool(2);
+    let mut tally = Tally::counting();
+
+    let lookups: Vec<_> = (0..BATCH_MAX).map(|i| (Opcode::Lookup as u32, ws, cstr(&format!("f{i:02}")))).collect();
+    let entries: Vec<EntryOut> = client.call_all(&lookups, &pool, &mut tally).iter().map(Reply::obj).collect();
+    for (i, entry) in entries.iter().enumerate() {
+        assert_eq!(entry.attr.size, i as u64 + 1, "f{i:02}");
+    }
+
+    let reads: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            let read = ReadIn { fh: 0, offset: 0, size: 4096, flags: libc::O_RDONLY as u32, ..Default::default() };
+            (Opcode::Read as u32, e.nodeid, read.as_slice().to_vec())
+        })
+        .collect();
+    for (i, reply) in client.call_all(&reads, &pool, &mut tally).iter().enumerate() {
+        assert_eq!(reply.ok(), batch_content(i), "f{i:02}");
+    }
+
+    let mixed = vec![
+        (Opcode::Lookup as u32, ws, cstr("hello.txt")),
+        (Opcode::Lookup as u32, ws, cstr("missing")),
+        (Opcode::Getattr as u32, ROOT_ID, GetattrIn::default().as_slice().to_vec()),
+        (Opcode::Mkdir as u32, ws, cat(&[MkdirIn { mode: 0o755, umask: 0 }.as_slice(), &cstr("new")])),
+    ];
+    let replies = client.call_all(&mixed, &pool, &mut tally);
+    assert_eq!(replies[0].obj::<EntryOut>().attr.size, CONTENT.len() as u64);
+    assert_eq!(replies[1].obj::<EntryOut>().nodeid, 0, "a name that is not there, to be cached");
+    assert_eq!(replies[2].errno(), 0);
+    assert_eq!(replies[3].errno(), libc::EROFS);
+    assert_eq!(tally.counted().0, 2 * BATCH_MAX as u64 + 4, "every request counted");
+
+    let lone = client.call_all(&lookups[..1], &pool, &mut tally);
+    assert_eq!(lone[0].obj::<EntryOut>().attr.size, 1, "a lone request is served too");
+    drop(pool);
+    for helper in helpers {
+        helper.join().unwrap();
+    }
+}
+
+/// Two lookups of `MEET` wait for each other (for a while), so that they
+/// are answered only if served at once; one of `BOOM` panics.
+struct Meeting {
+    waiting: std::sync::Mutex<u32>,
+    met: std::sync::Condvar,
+}
+
+const MEET: &[u8] = b"meet";
+const BOOM: &[u8] = b"boom";
+
+impl FileSystem for Meeting {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn lookup(
+        &self,
+        _ctx: &fuse_backend_rs::api::filesystem::Context,
+        _parent: u64,
+        name: &std::ffi::CStr,
+    ) -> std::io::Result<fuse_backend_rs::api::filesystem::Entry> {
+        match name.to_bytes() {
+            BOOM => panic!("a lookup that panics"),
+            MEET => {
+                let mut waiting = self.waiting.lock().unwrap();
+                *waiting += 1;
+                self.met.notify_all();
+                let (waiting, timeout) =
+                    self.met.wait_timeout_while(waiting, Duration::from_secs(10), |n| *n % 2 == 1).unwrap();
+                drop(waiting);
+                if timeout.timed_out() {
+                    return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+                }
+            }
+            _ => {}
+        }
+        // SAFETY: stat64 is plain data, valid all zeros.
+        let mut attr: fuse_backend_rs::abi::fuse_abi::stat64 = unsafe { std::mem::zeroed() };
+        attr.st_ino = 2;
+        attr.st_mode = libc::S_IFREG | 0o444;
+        Ok(fuse_backend_rs::api::filesystem::Entry {
+            inode: 2,
+            generation: 0,
+            attr,
+            attr_flags: 0,
+            attr_timeout: Duration::ZERO,
+            entry_timeout: Duration::ZERO,
+        })
+    }
+}
+
+/// Requests of one notification are served at once (two that wait for
+/// each other are answered), a request whose serving panics gets EIO in
+/// its own chain while the others get their answers, and the pool serves
+/// the next notification in full.
+#[test]
+fn a_pool_serves_at_once_and_a_panicking_request_fails_alone() {
+    let fs = Meeting { waiting: std::sync::Mutex::new(0), met: std::sync::Condvar::new() };
+    let mut client = Client::started(Arc::new(Server::new(fs)));
+    let (pool, helpers) = helped_pool(1);
+    let mut tally = Tally::counting();
+    let lookup = |name: &[u8]| (Opcode::Lookup as u32, ROOT_ID, cat(&[name, b"\0"]));
+    for round in 0..3 {
+        let batch = vec![lookup(MEET), lookup(MEET), lookup(BOOM), lookup(b"a"), lookup(BOOM), lookup(b"b")];
+        let replies = client.call_all(&batch, &pool, &mut tally);
+        let errnos: Vec<i32> = replies.iter().map(Reply::errno).collect();
+        assert_eq!(errnos, [0, 0, libc::EIO, 0, libc::EIO, 0], "round {round}");
+        assert_eq!(replies[3].obj::<EntryOut>().nodeid, 2);
+    }
+    let (counted, cpu) = tally.counted();
+    assert_eq!(counted, 18);
+    assert!(cpu > Duration::ZERO, "the helper's CPU time is counted");
+    drop(pool);
+    for helper in helpers {
+        helper.join().unwrap();
+    }
+}
+
+/// An activated read-only device with helpers answers a notification's
+/// requests on its worker and helpers, and raises the interrupt.
+#[test]
+fn an_activated_device_with_helpers_answers_a_batch() {
+    let dir = share_dir();
+    let mut fs = new_fs("host", &[share("/ws", dir.as_path())]).unwrap().with_helpers(2);
+    let mem = leaked_memory();
+    let hiprio = Driver::new(mem, GuestAddress(0));
+    let mut request = Driver::new(mem, GuestAddress(0x8_0000));
+    let request_kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
+    let interrupt = Interrupt::new(irqfd.try_clone().unwrap());
+    let queues = vec![
+        DeviceQueue { queue: hiprio.mock.create_queue().unwrap(), kick: EventFd::new(EFD_NONBLOCK).unwrap() },
+        DeviceQueue { queue: request.mock.create_queue().unwrap(), kick: request_kick.try_clone().unwrap() },
+    ];
+    fs.activate(Activation { mem: mem.clone(), queues, interrupt, acked_features: VIRTIO_F_VERSION_1 }).unwrap();
+
+    let init = cat(&[
+        InHeader {
+            len: len32(size_of::<InHeader>() + size_of::<InitIn>()),
+            opcode: Opcode::Init as u32,
+            unique: 1,
+            ..Default::default()
+        }
+        .as_slice(),
+        init_in().as_slice(),
+    ]);
+    mem.write_slice(&init, GuestAddress(REQ_ADDR)).unwrap();
+    let head = request.offer(&[(REQ_ADDR, len32(init.len()), false), (RESP_ADDR, RESP_LEN, true)]);
+    request_kick.write(1).unwrap();
+    wait_for(&irqfd);
+    assert!(request.take_used(head) as usize > HEADER);
+
+    let mut heads = Vec::new();
+    for i in 0..16u64 {
+        let unique = 2 + i;
+        let body = GetattrIn::default();
+        let len = len32(size_of::<InHeader>() + size_of::<GetattrIn>());
+        let header = InHeader { len, opcode: Opcode::Getattr as u32, unique, nodeid: ROOT_ID, ..Default::default() };
+        let (req, resp) = (REQ_ADDR + i * BATCH_REQ, RESP_ADDR + i * u64::from(BATCH_RESP));
+        mem.write_slice(&cat(&[header.as_slice(), body.as_slice()]), GuestAddress(req)).unwrap();
+        heads.push((request.offer(&[(req, len, false), (resp, BATCH_RESP, true)]), unique, resp));
+    }
+    request_kick.write(1).unwrap();
+    let mut used = Vec::new();
+    for _ in 0..500 {
+        used.extend(request.take_all_used());
+        if used.len() >= heads.len() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let attr_reply = len32(HEADER) + len32(size_of::<fuse_backend_rs::abi::fuse_abi::AttrOut>());
+    let want: Vec<(u32, u32)> = heads.iter().map(|&(head, _, _)| (u32::from(head), attr_reply)).collect();
+    assert_eq!(used, want, "every request answered, in order, in full");
+    for (_, unique, resp) in heads {
+        let header: OutHeader = mem.read_obj(GuestAddress(resp)).unwrap();
+        assert_eq!((header.error, header.unique), (0, unique));
+    }
+    wait_for(&irqfd);
 }

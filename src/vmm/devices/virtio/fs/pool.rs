@@ -1,0 +1,285 @@
+//! Helper threads that serve a read-only device's requests beside its
+//! worker, fork and join once per notification: the worker hands
+//! `Pool::run` every request the guest sent at once as a job, serves jobs
+//! from the same queue itself, and returns only once every job is done.
+//! The jobs own what they use (the server and guest memory are shared
+//! handles), and only the worker touches the virtqueue: it puts the
+//! replies on the used ring after `run`.
+//!
+//! Helpers touch guest memory only inside a job, and every job ends before
+//! `run` returns, while the worker is still inside its event handler.
+//! Recording a template parks each worker between two events (the gate in
+//! `worker`), so no helper is at work either while the VM is saved,
+//! without the helpers knowing of the gate.
+//!
+//! A job that panics leaves its result empty and its thread serving. The
+//! worker waits only for jobs a helper has taken, never for a helper to
+//! wake: one that never started or never wakes leaves its jobs to the
+//! worker.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::tally::thread_cpu_time;
+
+/// One piece of work, run once on whichever thread takes it.
+pub(super) type Job<T> = Box<dyn FnOnce() -> T + Send + 'static>;
+
+/// A helper thread's whole life, for the device to start beside its
+/// worker (see `worker::spawn_with_helpers`); it returns once the pool is
+/// dropped.
+pub(super) type Helper = Box<dyn FnOnce() + Send + 'static>;
+
+/// The worker's side of the pool.
+pub(super) struct Pool<T> {
+    shared: Arc<Shared<T>>,
+    helpers: usize,
+}
+
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    /// Jobs were queued, or the pool closed: wakes the helpers.
+    work: Condvar,
+    /// A run's last job is done: wakes the worker.
+    done: Condvar,
+}
+
+/// One run at a time: the worker's.
+struct State<T> {
+    /// Jobs nobody has taken yet, with their place among the run's.
+    queue: VecDeque<(usize, Job<T>)>,
+    results: Vec<Option<T>>,
+    /// Jobs queued or being run.
+    unfinished: usize,
+    /// The CPU time helpers spent on this run's jobs.
+    helper_cpu: Duration,
+    closed: bool,
+}
+
+/// What a run gave back.
+pub(super) struct Ran<T> {
+    /// Each job's result, in the order the jobs came; `None` for a job that
+    /// panicked.
+    pub results: Vec<Option<T>>,
+    /// The CPU time the helpers spent on the run's jobs (the worker's own
+    /// is its thread's).
+    pub helper_cpu: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<T: Send + 'static> Pool<T> {
+    /// A pool whose worker is helped by `helpers` threads, and those
+    /// threads' loops for the caller to start. With none, `run` serves
+    /// every job on the calling thread.
+    pub(super) fn new(helpers: usize) -> (Pool<T>, Vec<Helper>) {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                results: Vec::new(),
+                unfinished: 0,
+                helper_cpu: Duration::ZERO,
+                closed: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let loops = (0..helpers)
+            .map(|_| {
+                let shared = Arc::clone(&shared);
+                Box::new(move || help(&shared)) as Helper
+            })
+            .collect();
+        (Pool { shared, helpers }, loops)
+    }
+
+    /// A pool without helpers.
+    #[cfg(test)]
+    pub(super) fn serial() -> Pool<T> {
+        Pool::new(0).0
+    }
+
+    /// How many helpers the pool was made with.
+    pub(super) fn helpers(&self) -> usize {
+        self.helpers
+    }
+
+    /// Runs every job, on this thread and the helpers, and returns once all
+    /// are done.
+    pub(super) fn run(&self, jobs: Vec<Job<T>>) -> Ran<T> {
+        let shared = &*self.shared;
+        let mut state = lock(&shared.state);
+        state.results = jobs.iter().map(|_| None).collect();
+        state.unfinished = jobs.len();
+        state.helper_cpu = Duration::ZERO;
+        state.queue.extend(jobs.into_iter().enumerate());
+        drop(state);
+        if self.helpers > 0 {
+            shared.work.notify_all();
+        }
+        let mut state = lock(&shared.state);
+        while let Some((index, job)) = state.queue.pop_front() {
+            drop(state);
+            let result = run_one(job);
+            state = lock(&shared.state);
+            state.results[index] = result;
+            state.unfinished -= 1;
+        }
+        while state.unfinished > 0 {
+            state = shared.done.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        Ran { results: std::mem::take(&mut state.results), helper_cpu: state.helper_cpu }
+    }
+}
+
+impl<T> Drop for Pool<T> {
+    /// Lets the helpers return.
+    fn drop(&mut self) {
+        lock(&self.shared.state).closed = true;
+        self.shared.work.notify_all();
+    }
+}
+
+/// A helper's loop: takes jobs while there are any, then waits for more.
+fn help<T>(shared: &Shared<T>) {
+    let mut state = lock(&shared.state);
+    loop {
+        if state.closed {
+            return;
+        }
+        let Some(mut next) = state.queue.pop_front() else {
+            state = shared.work.wait(state).unwrap_or_else(PoisonError::into_inner);
+            continue;
+        };
+        drop(state);
+        let started = thread_cpu_time();
+        state = loop {
+            let (index, job) = next;
+            let result = run_one(job);
+            let now = thread_cpu_time();
+            let mut state = lock(&shared.state);
+            state.results[index] = result;
+            state.unfinished -= 1;
+            if state.unfinished == 0 {
+                shared.done.notify_one();
+            }
+            match state.queue.pop_front() {
+                Some(job) => {
+                    drop(state);
+                    next = job;
+                }
+                // Counted with the last result this helper gives the run,
+                // so before the worker can see the run done.
+                None => {
+                    state.helper_cpu += now.saturating_sub(started);
+                    break state;
+                }
+            }
+        };
+    }
+}
+
+/// `job`'s result, or `None` if it panicked.
+fn run_one<T>(job: Job<T>) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(job)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Barrier;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::thread::JoinHandle;
+    use std::time::Instant;
+
+    use super::*;
+
+    fn started<T: Send + 'static>(helpers: usize) -> (Pool<T>, Vec<JoinHandle<()>>) {
+        let (pool, loops) = Pool::new(helpers);
+        (pool, loops.into_iter().map(std::thread::spawn).collect())
+    }
+
+    fn spin(d: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Every job's result comes back in its place, the helpers serve some
+    /// (two jobs that each wait for the other meet only on two threads),
+    /// their CPU time is counted, and dropping the pool ends them.
+    #[test]
+    fn jobs_run_on_the_worker_and_the_helpers_and_come_back_in_order() {
+        let (pool, threads) = started::<usize>(2);
+        assert_eq!(pool.helpers(), 2);
+        for _ in 0..20 {
+            let meet = Arc::new(Barrier::new(2));
+            let jobs: Vec<Job<usize>> = (0..64usize)
+                .map(|i| {
+                    let meet = Arc::clone(&meet);
+                    Box::new(move || {
+                        if i < 2 {
+                            meet.wait();
+                            spin(Duration::from_millis(2));
+                        }
+                        i * 10
+                    }) as Job<usize>
+                })
+                .collect();
+            let ran = pool.run(jobs);
+            let want: Vec<Option<usize>> = (0..64).map(|i| Some(i * 10)).collect();
+            assert_eq!(ran.results, want);
+            assert!(ran.helper_cpu > Duration::ZERO, "a helper spun for one of the jobs");
+        }
+        drop(pool);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+
+    /// A job that panics has no result; the others have theirs, and the
+    /// pool serves the next run in full.
+    #[test]
+    fn a_panicking_job_fails_alone() {
+        let (pool, threads) = started::<usize>(1);
+        let ran_on = Arc::new(AtomicUsize::new(0));
+        for _ in 0..2 {
+            let jobs: Vec<Job<usize>> = (0..16usize)
+                .map(|i| {
+                    let ran_on = Arc::clone(&ran_on);
+                    Box::new(move || {
+                        ran_on.fetch_add(1, Ordering::Relaxed);
+                        assert!(i % 5 != 3, "job {i} fails");
+                        i
+                    }) as Job<usize>
+                })
+                .collect();
+            let ran = pool.run(jobs);
+            let want: Vec<Option<usize>> = (0..16).map(|i| Some(i).filter(|i| i % 5 != 3)).collect();
+            assert_eq!(ran.results, want);
+        }
+        assert_eq!(ran_on.load(Ordering::Relaxed), 32, "every job ran once");
+        drop(pool);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+
+    /// Helpers that never start leave every job to the worker.
+    #[test]
+    fn the_worker_serves_alone_without_its_helpers() {
+        let (pool, loops) = Pool::<u8>::new(3);
+        drop(loops);
+        let ran = pool.run((0..8u8).map(|i| Box::new(move || i) as Job<u8>).collect());
+        assert_eq!(ran.results, (0..8).map(Some).collect::<Vec<_>>());
+        assert_eq!(ran.helper_cpu, Duration::ZERO);
+        let serial = Pool::<u8>::serial();
+        assert_eq!(serial.helpers(), 0);
+        assert_eq!(serial.run(vec![Box::new(|| 7)]).results, [Some(7)]);
+        assert!(serial.run(Vec::new()).results.is_empty());
+    }
+}
