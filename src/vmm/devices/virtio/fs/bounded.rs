@@ -1218,7 +1218,13 @@ impl FileSystem for BoundedFs {
 
     fn getattr(&self, _ctx: &Context, inode: u64, handle: Option<u64>) -> io::Result<(stat64, Duration)> {
         let st = match handle {
-            Some(h) if h != NO_HANDLE => fstat(self.handle(h)?.file.as_raw_fd())?,
+            // Checked as a read through it is: a file the host moved out
+            // of the share since the open is not stat'ed there.
+            Some(h) if h != NO_HANDLE => {
+                let handle = self.handle(h)?;
+                self.still_held(&handle)?;
+                fstat(handle.file.as_raw_fd())?
+            }
             _ => self.stat_node(&self.shared(), inode)?,
         };
         Ok((st, self.timeout))

@@ -45,6 +45,8 @@ mod writable;
 #[cfg(test)]
 mod attack_tests;
 #[cfg(test)]
+mod concurrency_attack_tests;
+#[cfg(test)]
 mod eof_attack_tests;
 #[cfg(test)]
 mod list_attack_tests;
