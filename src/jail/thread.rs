@@ -217,7 +217,17 @@ mod tests {
 
     use super::*;
     use crate::jail::Landlocked;
-    use crate::vmm::devices::virtio::{device_threads, fs};
+    use crate::jail::seccomp::WORKER;
+
+    /// A read-only worker's kind as a file server's is (the VMM's own
+    /// kinds are the VMM's; the jail does not import them): it opens
+    /// without modifying flags and stats what it opened.
+    const READ_ONLY_WORKER: DeviceThread = DeviceThread {
+        name: "read-only worker",
+        syscalls: &[WORKER, &[libc::SYS_fstat, libc::SYS_newfstatat, libc::SYS_statx]],
+        openat: Openat::ReadOnly,
+        on_descriptor: &[],
+    };
 
     /// What a thread tells of itself: its name and, from its status in
     /// procfs, its seccomp mode and how many filters it runs under.
@@ -265,7 +275,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("opened by the worker");
         std::fs::write(&file, b"shared").unwrap();
-        let filters = Filters::build(&device_threads(), Landlocked { abi }).unwrap();
+        let filters = Filters::build(&[&READ_ONLY_WORKER], Landlocked { abi }).unwrap();
         let confinement = Confinement { filters, writable: Layer::only(&[]).unwrap() };
         // SAFETY: the child only runs `in_a_group` and ends with _exit,
         // never returning into the test harness; glibc's fork leaves its
@@ -324,7 +334,7 @@ mod tests {
             });
             let _ = report_tx.send(said);
         });
-        spawn_group("fs-group", ThreadKind::Device(&fs::READ_ONLY_THREAD), leader, vec![helper])
+        spawn_group("fs-group", ThreadKind::Device(&READ_ONLY_WORKER), leader, vec![helper])
             .map_err(|e| e.to_string())?;
         let mut said = Vec::new();
         for _ in 0..2 {
