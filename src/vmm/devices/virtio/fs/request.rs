@@ -15,7 +15,7 @@ use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode, OutHeader};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{ByteValued, GuestMemoryMmap};
 
 use super::pool::{Job, Pool};
@@ -68,6 +68,14 @@ pub(super) fn serve_queue<F, M>(
         if !queue.enable_notification(&**mem).unwrap_or(false) {
             return;
         }
+        // The ring says requests wait, but one the queue refuses to pop
+        // from (an available index more than the queue's size past the
+        // device or behind it, a ring at address 0) would bring this loop
+        // round for ever: it waits for the guest's next kick instead.
+        if let Err(e) = queue.iter(&**mem).map(drop) {
+            tracing::warn!("virtio-fs: the guest's available ring is unusable: {e}");
+            return;
+        }
     }
 }
 
@@ -107,7 +115,11 @@ where
     F: FileSystem + Send + Sync + 'static,
     M: Deref<Target = GuestMemoryMmap> + Clone + Send + 'static,
 {
-    let chains: Vec<DescriptorChain<M>> = std::iter::from_fn(|| queue.pop_descriptor_chain(mem.clone())).collect();
+    // A ring's worth at most: a guest adding requests as fast as they are
+    // taken would otherwise keep this pass collecting, its list growing.
+    let most = usize::from(queue.size());
+    let chains: Vec<DescriptorChain<M>> =
+        std::iter::from_fn(|| queue.pop_descriptor_chain(mem.clone())).take(most).collect();
     if chains.is_empty() {
         return false;
     }

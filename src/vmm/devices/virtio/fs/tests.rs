@@ -2336,7 +2336,7 @@ impl<F: FileSystem + Send + Sync + 'static> Client<F> {
 }
 
 /// A pool of `helpers` running on threads of their own, and the threads.
-fn helped_pool(helpers: usize) -> (Pool<Served>, Vec<std::thread::JoinHandle<()>>) {
+pub(super) fn helped_pool(helpers: usize) -> (Pool<Served>, Vec<std::thread::JoinHandle<()>>) {
     let (pool, loops) = Pool::new(helpers);
     (pool, loops.into_iter().map(std::thread::spawn).collect())
 }
