@@ -254,22 +254,33 @@ impl FdCache {
         Some(Arc::clone(fd))
     }
 
-    fn insert(&mut self, node: u64, fd: Arc<OwnedFd>) {
-        self.remove(node);
+    /// Keeps `fd` as `node`'s, and returns the descriptors that made room
+    /// for it, for the caller to close once it lets go of the cache's lock
+    /// (a close is a system call other threads would wait behind).
+    #[must_use = "closing what was evicted under the cache's lock makes other threads wait"]
+    fn insert(&mut self, node: u64, fd: Arc<OwnedFd>) -> Vec<Arc<OwnedFd>> {
+        let mut evicted: Vec<Arc<OwnedFd>> = self.take(node).into_iter().collect();
         while self.fds.len() >= self.capacity {
-            if !self.evict_one() {
-                break;
+            match self.by_use.pop_first() {
+                Some((_, oldest)) => evicted.extend(self.fds.remove(&oldest).map(|(fd, _)| fd)),
+                None => break,
             }
         }
         self.clock += 1;
         self.fds.insert(node, (fd, self.clock));
         self.by_use.insert(self.clock, node);
+        evicted
+    }
+
+    /// Takes `node`'s descriptor out of the cache.
+    fn take(&mut self, node: u64) -> Option<Arc<OwnedFd>> {
+        let (fd, used) = self.fds.remove(&node)?;
+        self.by_use.remove(&used);
+        Some(fd)
     }
 
     fn remove(&mut self, node: u64) {
-        if let Some((_, used)) = self.fds.remove(&node) {
-            self.by_use.remove(&used);
-        }
+        drop(self.take(node));
     }
 
     fn evict_one(&mut self) -> bool {
@@ -569,7 +580,8 @@ impl BoundedFs {
                 return Err(err(libc::ESTALE));
             }
             fd = Arc::new(opened);
-            locked(&state.cache).insert(step, Arc::clone(&fd));
+            let evicted = locked(&state.cache).insert(step, Arc::clone(&fd));
+            drop(evicted);
         }
         Ok(fd)
     }
@@ -727,7 +739,8 @@ impl BoundedFs {
             return Ok(fd);
         }
         let fd = Arc::new(self.open_file(&state, node, false)?);
-        locked(&state.readers).insert(node, Arc::clone(&fd));
+        let evicted = locked(&state.readers).insert(node, Arc::clone(&fd));
+        drop(evicted);
         Ok(fd)
     }
 

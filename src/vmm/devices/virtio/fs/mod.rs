@@ -66,6 +66,7 @@ use crate::jail::seccomp::WORKER;
 use crate::jail::{DeviceThread, Openat};
 use crate::protocol::shares::{BOOT_TAG, FS_TAG, FS_TAG_RW};
 
+use device::helpers_beside;
 pub use device::{Fs, FsError, Share};
 pub use secrets::Secrets;
 
@@ -176,8 +177,10 @@ fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
     let secrets = Secrets::at(&env.config.secrets);
     let read_only = shares(false);
     if !read_only.is_empty() {
-        devices
-            .push(Instance { name: READ_ONLY_THREAD.name, device: Box::new(Fs::new(FS_TAG, &read_only, &secrets)?) });
+        devices.push(Instance {
+            name: READ_ONLY_THREAD.name,
+            device: Box::new(Fs::new(FS_TAG, &read_only, &secrets)?.with_helpers(helpers_beside(env.config.vcpus))),
+        });
     }
     let writable = shares(true);
     if !writable.is_empty() {

@@ -12,6 +12,10 @@
 //! `worker`), so no helper is at work either while the VM is saved,
 //! without the helpers knowing of the gate.
 //!
+//! Between runs a helper, and the worker waiting for a helper's last job,
+//! watch for a moment (`WATCH`) before they sleep: waking a sleeping
+//! thread cost more than the jobs of a run gained from it.
+//!
 //! A job that panics leaves its result empty and its thread serving. The
 //! worker waits only for jobs a helper has taken, never for a helper to
 //! wake: one that never started or never wakes leaves its jobs to the
@@ -19,8 +23,9 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::tally::thread_cpu_time;
 
@@ -44,6 +49,12 @@ struct Shared<T> {
     work: Condvar,
     /// A run's last job is done: wakes the worker.
     done: Condvar,
+    /// Runs started so far: a helper that has just run out of jobs
+    /// watches it for a moment before it sleeps.
+    runs: AtomicUsize,
+    /// Jobs queued or being run, as `State::unfinished`, for the worker to
+    /// watch without the lock.
+    unfinished: AtomicUsize,
 }
 
 /// One run at a time: the worker's.
@@ -87,6 +98,8 @@ impl<T: Send + 'static> Pool<T> {
             }),
             work: Condvar::new(),
             done: Condvar::new(),
+            runs: AtomicUsize::new(0),
+            unfinished: AtomicUsize::new(0),
         });
         let loops = (0..helpers)
             .map(|_| {
@@ -116,9 +129,11 @@ impl<T: Send + 'static> Pool<T> {
         state.results = jobs.iter().map(|_| None).collect();
         state.unfinished = jobs.len();
         state.helper_cpu = Duration::ZERO;
+        shared.unfinished.store(jobs.len(), Ordering::Release);
         state.queue.extend(jobs.into_iter().enumerate());
         drop(state);
         if self.helpers > 0 {
+            shared.runs.fetch_add(1, Ordering::Release);
             shared.work.notify_all();
         }
         let mut state = lock(&shared.state);
@@ -128,6 +143,12 @@ impl<T: Send + 'static> Pool<T> {
             state = lock(&shared.state);
             state.results[index] = result;
             state.unfinished -= 1;
+            shared.unfinished.store(state.unfinished, Ordering::Release);
+        }
+        if state.unfinished > 0 {
+            drop(state);
+            watch(|| shared.unfinished.load(Ordering::Acquire) == 0);
+            state = lock(&shared.state);
         }
         while state.unfinished > 0 {
             state = shared.done.wait(state).unwrap_or_else(PoisonError::into_inner);
@@ -152,7 +173,13 @@ fn help<T>(shared: &Shared<T>) {
             return;
         }
         let Some(mut next) = state.queue.pop_front() else {
-            state = shared.work.wait(state).unwrap_or_else(PoisonError::into_inner);
+            let runs = shared.runs.load(Ordering::Acquire);
+            drop(state);
+            let woken = watch(|| shared.runs.load(Ordering::Acquire) != runs);
+            state = lock(&shared.state);
+            if !woken && state.queue.is_empty() && !state.closed {
+                state = shared.work.wait(state).unwrap_or_else(PoisonError::into_inner);
+            }
             continue;
         };
         drop(state);
@@ -164,6 +191,7 @@ fn help<T>(shared: &Shared<T>) {
             let mut state = lock(&shared.state);
             state.results[index] = result;
             state.unfinished -= 1;
+            shared.unfinished.store(state.unfinished, Ordering::Release);
             if state.unfinished == 0 {
                 shared.done.notify_one();
             }
@@ -180,6 +208,25 @@ fn help<T>(shared: &Shared<T>) {
                 }
             }
         };
+    }
+}
+
+/// How long a thread of the pool watches for what it waits for before it
+/// sleeps: a sleeping thread takes tens of microseconds to wake (more
+/// where the host's own CPUs are virtual), a job a few.
+const WATCH: Duration = Duration::from_micros(50);
+
+/// Whether `ready` became true within `WATCH`, looking again and again.
+fn watch(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if ready() {
+            return true;
+        }
+        if start.elapsed() >= WATCH {
+            return false;
+        }
+        std::hint::spin_loop();
     }
 }
 
