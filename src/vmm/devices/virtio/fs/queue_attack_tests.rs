@@ -31,7 +31,7 @@ use super::event_handler::FsHandler;
 use super::pool::Pool;
 use super::request::{Access, Served, serve_queue};
 use super::tally::Tally;
-use super::tests::helped_pool;
+use super::tests::{a_file_entry, helped_pool};
 use crate::vmm::devices::virtio::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
 
@@ -196,18 +196,7 @@ impl FileSystem for Probe {
             b"slow" => std::thread::sleep(Duration::from_millis(40)),
             _ => {}
         }
-        // SAFETY: stat64 is plain data, valid all zeros.
-        let mut attr: fuse_backend_rs::abi::fuse_abi::stat64 = unsafe { std::mem::zeroed() };
-        attr.st_ino = 2;
-        attr.st_mode = libc::S_IFREG | 0o444;
-        Ok(Entry {
-            inode: 2,
-            generation: 0,
-            attr,
-            attr_flags: 0,
-            attr_timeout: Duration::ZERO,
-            entry_timeout: Duration::ZERO,
-        })
+        Ok(a_file_entry())
     }
 }
 

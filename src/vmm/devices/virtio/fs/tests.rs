@@ -2448,18 +2448,7 @@ impl FileSystem for Meeting {
             }
             _ => {}
         }
-        // SAFETY: stat64 is plain data, valid all zeros.
-        let mut attr: fuse_backend_rs::abi::fuse_abi::stat64 = unsafe { std::mem::zeroed() };
-        attr.st_ino = 2;
-        attr.st_mode = libc::S_IFREG | 0o444;
-        Ok(fuse_backend_rs::api::filesystem::Entry {
-            inode: 2,
-            generation: 0,
-            attr,
-            attr_flags: 0,
-            attr_timeout: Duration::ZERO,
-            entry_timeout: Duration::ZERO,
-        })
+        Ok(a_file_entry())
     }
 }
 
@@ -2631,4 +2620,21 @@ fn helpers_leave_the_worker_and_every_vcpu_a_cpu() {
         );
     }
     assert_eq!(super::helpers_beside(u8::MAX), 0);
+}
+
+/// What a made-up filesystem answers a lookup with: a read-only file,
+/// inode 2, cached for no time.
+pub(super) fn a_file_entry() -> fuse_backend_rs::api::filesystem::Entry {
+    // SAFETY: stat64 is plain data, valid all zeros.
+    let mut attr: fuse_backend_rs::abi::fuse_abi::stat64 = unsafe { std::mem::zeroed() };
+    attr.st_ino = 2;
+    attr.st_mode = libc::S_IFREG | 0o444;
+    fuse_backend_rs::api::filesystem::Entry {
+        inode: 2,
+        generation: 0,
+        attr,
+        attr_flags: 0,
+        attr_timeout: Duration::ZERO,
+        entry_timeout: Duration::ZERO,
+    }
 }
