@@ -16,14 +16,18 @@
 //! watch for a moment (`WATCH`) before they sleep: waking a sleeping
 //! thread cost more than the jobs of a run gained from it.
 //!
+//! A run's jobs are claimed by index from one counter and each result has
+//! a slot of its own: the threads share no lock per job, only the run's
+//! counters (a lock word bounced between two CPUs on every job cost as much
+//! as the second CPU gained).
+//!
 //! A job that panics leaves its result empty and its thread serving. The
 //! worker waits only for jobs a helper has taken, never for a helper to
 //! wake: one that never started or never wakes leaves its jobs to the
 //! worker.
 
-use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -45,28 +49,50 @@ pub(super) struct Pool<T> {
 
 struct Shared<T> {
     state: Mutex<State<T>>,
-    /// Jobs were queued, or the pool closed: wakes the helpers.
+    /// A run started, or the pool closed: wakes the helpers.
     work: Condvar,
     /// A run's last job is done: wakes the worker.
     done: Condvar,
     /// Runs started so far: a helper that has just run out of jobs
     /// watches it for a moment before it sleeps.
     runs: AtomicUsize,
-    /// Jobs queued or being run, as `State::unfinished`, for the worker to
-    /// watch without the lock.
-    unfinished: AtomicUsize,
 }
 
-/// One run at a time: the worker's.
 struct State<T> {
-    /// Jobs nobody has taken yet, with their place among the run's.
-    queue: VecDeque<(usize, Job<T>)>,
-    results: Vec<Option<T>>,
-    /// Jobs queued or being run.
-    unfinished: usize,
-    /// The CPU time helpers spent on this run's jobs.
-    helper_cpu: Duration,
+    /// The run being served, with its number among `runs`.
+    run: Option<(usize, Arc<Run<T>>)>,
     closed: bool,
+}
+
+/// One run's jobs, each taken by the thread that claims its index.
+struct Run<T> {
+    jobs: Vec<Mutex<Option<Job<T>>>>,
+    results: Vec<Mutex<Option<T>>>,
+    /// The next index to claim.
+    next: AtomicUsize,
+    /// Jobs not yet done.
+    unfinished: AtomicUsize,
+    /// The CPU time helpers spent on this run's jobs, in nanoseconds.
+    helper_cpu_ns: AtomicU64,
+}
+
+impl<T> Run<T> {
+    /// Claims and runs jobs until none is left to claim, and calls `last`
+    /// if this thread finished the run's last job. `ran_one` is told after
+    /// each job, before the job counts as done.
+    fn serve(&self, mut ran_one: impl FnMut(&Self), last: impl FnOnce()) {
+        loop {
+            let index = self.next.fetch_add(1, Ordering::AcqRel);
+            let Some(slot) = self.jobs.get(index) else { return };
+            let result = lock(slot).take().and_then(run_one);
+            *lock(&self.results[index]) = result;
+            ran_one(self);
+            if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+                last();
+                return;
+            }
+        }
+    }
 }
 
 /// What a run gave back.
@@ -89,17 +115,10 @@ impl<T: Send + 'static> Pool<T> {
     /// every job on the calling thread.
     pub(super) fn new(helpers: usize) -> (Pool<T>, Vec<Helper>) {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                queue: VecDeque::new(),
-                results: Vec::new(),
-                unfinished: 0,
-                helper_cpu: Duration::ZERO,
-                closed: false,
-            }),
+            state: Mutex::new(State { run: None, closed: false }),
             work: Condvar::new(),
             done: Condvar::new(),
             runs: AtomicUsize::new(0),
-            unfinished: AtomicUsize::new(0),
         });
         let loops = (0..helpers)
             .map(|_| {
@@ -125,35 +144,36 @@ impl<T: Send + 'static> Pool<T> {
     /// are done.
     pub(super) fn run(&self, jobs: Vec<Job<T>>) -> Ran<T> {
         let shared = &*self.shared;
-        let mut state = lock(&shared.state);
-        state.results = jobs.iter().map(|_| None).collect();
-        state.unfinished = jobs.len();
-        state.helper_cpu = Duration::ZERO;
-        shared.unfinished.store(jobs.len(), Ordering::Release);
-        state.queue.extend(jobs.into_iter().enumerate());
-        drop(state);
+        let run = Arc::new(Run {
+            results: jobs.iter().map(|_| Mutex::new(None)).collect(),
+            unfinished: AtomicUsize::new(jobs.len()),
+            jobs: jobs.into_iter().map(|job| Mutex::new(Some(job))).collect(),
+            next: AtomicUsize::new(0),
+            helper_cpu_ns: AtomicU64::new(0),
+        });
+        if run.jobs.is_empty() {
+            return Ran { results: Vec::new(), helper_cpu: Duration::ZERO };
+        }
         if self.helpers > 0 {
-            shared.runs.fetch_add(1, Ordering::Release);
+            let number = shared.runs.load(Ordering::Relaxed) + 1;
+            lock(&shared.state).run = Some((number, Arc::clone(&run)));
+            shared.runs.store(number, Ordering::Release);
             shared.work.notify_all();
         }
-        let mut state = lock(&shared.state);
-        while let Some((index, job)) = state.queue.pop_front() {
-            drop(state);
-            let result = run_one(job);
-            state = lock(&shared.state);
-            state.results[index] = result;
-            state.unfinished -= 1;
-            shared.unfinished.store(state.unfinished, Ordering::Release);
+        // The last job done here needs nobody woken.
+        run.serve(|_| {}, || {});
+        if run.unfinished.load(Ordering::Acquire) > 0 {
+            watch(|| run.unfinished.load(Ordering::Acquire) == 0);
+            let mut state = lock(&shared.state);
+            while run.unfinished.load(Ordering::Acquire) > 0 {
+                state = shared.done.wait(state).unwrap_or_else(PoisonError::into_inner);
+            }
         }
-        if state.unfinished > 0 {
-            drop(state);
-            watch(|| shared.unfinished.load(Ordering::Acquire) == 0);
-            state = lock(&shared.state);
+        lock(&shared.state).run = None;
+        Ran {
+            results: run.results.iter().map(|slot| lock(slot).take()).collect(),
+            helper_cpu: Duration::from_nanos(run.helper_cpu_ns.load(Ordering::Acquire)),
         }
-        while state.unfinished > 0 {
-            state = shared.done.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-        Ran { results: std::mem::take(&mut state.results), helper_cpu: state.helper_cpu }
     }
 }
 
@@ -165,49 +185,44 @@ impl<T> Drop for Pool<T> {
     }
 }
 
-/// A helper's loop: takes jobs while there are any, then waits for more.
+/// A helper's loop: serves each run it finds, then waits for the next.
 fn help<T>(shared: &Shared<T>) {
+    let mut served = 0;
     let mut state = lock(&shared.state);
     loop {
         if state.closed {
             return;
         }
-        let Some(mut next) = state.queue.pop_front() else {
-            let runs = shared.runs.load(Ordering::Acquire);
+        let next = state.run.as_ref().filter(|(number, _)| *number != served).map(|(n, run)| (*n, Arc::clone(run)));
+        if let Some((number, run)) = next {
             drop(state);
-            let woken = watch(|| shared.runs.load(Ordering::Acquire) != runs);
-            state = lock(&shared.state);
-            if !woken && state.queue.is_empty() && !state.closed {
-                state = shared.work.wait(state).unwrap_or_else(PoisonError::into_inner);
-            }
-            continue;
-        };
-        drop(state);
-        let started = thread_cpu_time();
-        state = loop {
-            let (index, job) = next;
-            let result = run_one(job);
-            let now = thread_cpu_time();
-            let mut state = lock(&shared.state);
-            state.results[index] = result;
-            state.unfinished -= 1;
-            shared.unfinished.store(state.unfinished, Ordering::Release);
-            if state.unfinished == 0 {
+            served = number;
+            let mut before = thread_cpu_time();
+            // Counted before the job counts as done, so before the worker
+            // can see the run done.
+            let count = |run: &Run<T>| {
+                let now = thread_cpu_time();
+                let spent = u64::try_from(now.saturating_sub(before).as_nanos()).unwrap_or(u64::MAX);
+                run.helper_cpu_ns.fetch_add(spent, Ordering::AcqRel);
+                before = now;
+            };
+            // Under the lock the worker checks the count in before it
+            // sleeps: it cannot miss this.
+            let wake = || {
+                drop(lock(&shared.state));
                 shared.done.notify_one();
-            }
-            match state.queue.pop_front() {
-                Some(job) => {
-                    drop(state);
-                    next = job;
-                }
-                // Counted with the last result this helper gives the run,
-                // so before the worker can see the run done.
-                None => {
-                    state.helper_cpu += now.saturating_sub(started);
-                    break state;
-                }
-            }
-        };
+            };
+            run.serve(count, wake);
+            state = lock(&shared.state);
+            continue;
+        }
+        drop(state);
+        let woken = watch(|| shared.runs.load(Ordering::Acquire) != served);
+        state = lock(&shared.state);
+        let waiting = state.run.as_ref().is_none_or(|(number, _)| *number == served);
+        if !woken && waiting && !state.closed {
+            state = shared.work.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
     }
 }
 
