@@ -51,6 +51,8 @@ mod eof_attack_tests;
 #[cfg(test)]
 mod list_attack_tests;
 #[cfg(test)]
+mod pool_attack_tests;
+#[cfg(test)]
 mod queue_attack_tests;
 #[cfg(test)]
 mod tests;

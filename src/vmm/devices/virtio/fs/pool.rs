@@ -26,6 +26,7 @@
 //! wake: one that never started or never wakes leaves its jobs to the
 //! worker.
 
+use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -187,16 +188,16 @@ impl<T> Drop for Pool<T> {
 
 /// A helper's loop: serves each run it finds, then waits for the next.
 fn help<T>(shared: &Shared<T>) {
-    let mut served = 0;
+    let mut seen = 0;
     let mut state = lock(&shared.state);
     loop {
         if state.closed {
             return;
         }
-        let next = state.run.as_ref().filter(|(number, _)| *number != served).map(|(n, run)| (*n, Arc::clone(run)));
+        let next = state.run.as_ref().filter(|(number, _)| *number != seen).map(|(n, run)| (*n, Arc::clone(run)));
         if let Some((number, run)) = next {
             drop(state);
-            served = number;
+            seen = number;
             let mut before = thread_cpu_time();
             // Counted before the job counts as done, so before the worker
             // can see the run done.
@@ -207,19 +208,27 @@ fn help<T>(shared: &Shared<T>) {
                 before = now;
             };
             // Under the lock the worker checks the count in before it
-            // sleeps: it cannot miss this.
+            // sleeps: it cannot miss this. All are woken: `run` takes
+            // `&self`, so two threads may wait, each for its own run.
             let wake = || {
                 drop(lock(&shared.state));
-                shared.done.notify_one();
+                shared.done.notify_all();
             };
             run.serve(count, wake);
             state = lock(&shared.state);
             continue;
         }
+        // A run that ended before this helper looked is seen too: else
+        // `runs` would differ from `seen` until the next run, and the
+        // helper would spin. `runs` counts a run only once it is in
+        // `state`, so with none there it counts only runs that ended.
+        if state.run.is_none() {
+            seen = shared.runs.load(Ordering::Acquire);
+        }
         drop(state);
-        let woken = watch(|| shared.runs.load(Ordering::Acquire) != served);
+        let woken = watch(|| shared.runs.load(Ordering::Acquire) != seen);
         state = lock(&shared.state);
-        let waiting = state.run.as_ref().is_none_or(|(number, _)| *number == served);
+        let waiting = state.run.as_ref().is_none_or(|(number, _)| *number == seen);
         if !woken && waiting && !state.closed {
             state = shared.work.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
@@ -247,7 +256,15 @@ fn watch(ready: impl Fn() -> bool) -> bool {
 
 /// `job`'s result, or `None` if it panicked.
 fn run_one<T>(job: Job<T>) -> Option<T> {
-    catch_unwind(AssertUnwindSafe(job)).ok()
+    catch_unwind(AssertUnwindSafe(job)).map_err(drop_payload).ok()
+}
+
+/// Drops a panic's payload, whose own drop may panic: that must not unwind
+/// out of the loop that serves the run, leaving its job never done.
+fn drop_payload(payload: Box<dyn Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(|| drop(payload))) {
+        std::mem::forget(again);
+    }
 }
 
 #[cfg(test)]
