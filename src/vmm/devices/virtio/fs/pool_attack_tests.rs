@@ -37,6 +37,21 @@ fn started<T: Send + 'static>(helpers: usize) -> (Pool<T>, Vec<JoinHandle<()>>) 
 
 /// Joins the helpers, failing if one has not returned within a second or
 /// died of a panic.
+/// `n` jobs, the `i`th giving `i`, that each wait for all the others: a
+/// run of them ends only if `n` threads serve it at once.
+fn meeting(n: usize) -> Vec<Job<usize>> {
+    let meet = Arc::new(Barrier::new(n));
+    (0..n)
+        .map(|i| {
+            let meet = Arc::clone(&meet);
+            Box::new(move || {
+                meet.wait();
+                i
+            }) as Job<usize>
+        })
+        .collect()
+}
+
 fn joined(threads: Vec<JoinHandle<()>>) {
     let died = within(Duration::from_secs(2), "helpers returning after the pool was dropped", move || {
         threads.into_iter().map(JoinHandle::join).filter(Result::is_err).count()
@@ -135,16 +150,7 @@ fn helpers_that_missed_short_runs_sleep_when_idle() {
 #[test]
 fn helpers_that_served_a_run_sleep_when_idle() {
     let (pool, threads) = started::<usize>(3);
-    let meet = Arc::new(Barrier::new(4));
-    let jobs: Vec<Job<usize>> = (0..4usize)
-        .map(|i| {
-            let meet = Arc::clone(&meet);
-            Box::new(move || {
-                meet.wait();
-                i
-            }) as Job<usize>
-        })
-        .collect();
+    let jobs = meeting(4);
     let (pool, ran) = within(Duration::from_secs(5), "a run needing all four threads", move || {
         let ran = pool.run(jobs);
         (pool, ran)
@@ -322,16 +328,7 @@ fn panics_in_the_last_jobs_on_helpers_leave_the_runs_whole() {
             }
         }
         assert!(on_helpers > 0, "no job ever ran on a helper");
-        let meet = Arc::new(Barrier::new(2));
-        let jobs: Vec<Job<usize>> = (0..2usize)
-            .map(|i| {
-                let meet = Arc::clone(&meet);
-                Box::new(move || {
-                    meet.wait();
-                    i
-                }) as Job<usize>
-            })
-            .collect();
+        let jobs = meeting(2);
         assert_eq!(pool.run(jobs).results, [Some(0), Some(1)]);
         drop(pool);
         joined(threads);
@@ -381,16 +378,7 @@ fn a_panic_whose_payload_panics_on_drop_fails_its_job_alone() {
     });
     assert_eq!(ran.iter().filter(|r| r.is_none()).count(), 1, "{ran:?}");
     // The helper still serves.
-    let meet = Arc::new(Barrier::new(2));
-    let jobs: Vec<Job<usize>> = (0..2usize)
-        .map(|i| {
-            let meet = Arc::clone(&meet);
-            Box::new(move || {
-                meet.wait();
-                i
-            }) as Job<usize>
-        })
-        .collect();
+    let jobs = meeting(2);
     let (pool, ran) = within(Duration::from_secs(3), "the next run, needing the helper", move || {
         let ran = pool.run(jobs).results;
         (pool, ran)
@@ -442,16 +430,7 @@ fn helpers_started_late_serve_the_next_run() {
         assert_eq!(pool.run((0..r % 4).map(|i| Box::new(move || i) as Job<usize>).collect()).results.len(), r % 4);
     }
     let threads: Vec<JoinHandle<()>> = loops.into_iter().map(thread::spawn).collect();
-    let meet = Arc::new(Barrier::new(3));
-    let jobs: Vec<Job<usize>> = (0..3usize)
-        .map(|i| {
-            let meet = Arc::clone(&meet);
-            Box::new(move || {
-                meet.wait();
-                i
-            }) as Job<usize>
-        })
-        .collect();
+    let jobs = meeting(3);
     let (pool, ran) = within(Duration::from_secs(3), "a run needing both late helpers", move || {
         let ran = pool.run(jobs).results;
         (pool, ran)
