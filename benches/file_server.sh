@@ -8,12 +8,14 @@
 # -r reads a tree: every read opens its file) and a lookup of one, beside
 # the host's open+read+close and fstatat; then those first reads sent 32 a
 # notification, as the guest reads a directory's files ahead, served by the
-# worker alone and with one helper. Each number is the median of five
-# batches.
+# worker alone and with one helper; and the round trip of a lone request
+# sent a moment after the last reply, with the worker asleep until a kick
+# and with it watching the ring (p50/p90). Each number is the median of
+# five batches.
 #   benches/file_server.sh
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 nice cargo test --release --bin stockade --no-run >/dev/null 2>&1
-nice cargo test --release --bin stockade -- hot_path_bench batch_bench --ignored --nocapture --test-threads=1 2>/dev/null |
+nice cargo test --release --bin stockade -- hot_path_bench batch_bench linger_bench --ignored --nocapture --test-threads=1 2>/dev/null |
     grep -vE '^(running|test |$)|test result'

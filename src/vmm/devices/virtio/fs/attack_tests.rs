@@ -115,7 +115,7 @@ impl<F: FileSystem + Sync> Guest<F> {
             self.driver = Driver::new(self.mem, GuestAddress(0));
         }
         let head = self.driver.offer(descs);
-        process_queue(&self.server, self.mem, &mut self.driver.queue, self.access, &mut Tally::default());
+        process_queue(&self.server, self.mem, &mut self.driver.queue, self.access, &mut Tally::default(), None);
         self.driver.take_used(head)
     }
 

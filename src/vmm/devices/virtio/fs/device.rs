@@ -4,6 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use fuse_backend_rs::api::filesystem::FileSystem;
@@ -16,6 +17,7 @@ use thiserror::Error;
 use super::boot::BootFs;
 use super::bounded::{BoundedFs, FdBudget, HandleCount};
 use super::event_handler::FsHandler;
+use super::linger::Linger;
 use super::pool::Pool;
 use super::readonly::ReadOnlyFs;
 use super::request::Access;
@@ -78,6 +80,8 @@ pub struct Fs<F: FileSystem + Send + Sync + 'static> {
     /// Threads serving requests beside the worker (see `pool`): read-only
     /// devices only.
     helpers: usize,
+    /// The longest watch of the request ring after serving it.
+    linger: Duration,
 }
 
 /// The most helpers a read-only device's worker gets: the guest sends a
@@ -102,6 +106,12 @@ impl<F: FileSystem + Send + Sync + 'static> Fs<F> {
     pub fn with_helpers(self, helpers: usize) -> Self {
         Fs { helpers, ..self }
     }
+
+    /// The device with a worker that watches its ring for at most
+    /// `longest` after serving it (see `Linger`).
+    pub fn with_linger(self, longest: Duration) -> Self {
+        Fs { linger: longest, ..self }
+    }
 }
 
 impl Fs<ReadOnlyFs<Vfs>> {
@@ -120,7 +130,7 @@ impl Fs<ReadOnlyFs<Vfs>> {
         let guest_paths = check_guest_paths(shares)?;
         let vfs = mount_shares(shares, &guest_paths, budget, secrets)?;
         let server = Arc::new(Server::new(ReadOnlyFs::new(vfs, CACHE_TIMEOUT)));
-        Ok(Fs { config, server, access: Access::ReadOnly, helpers: 0 })
+        Ok(Fs { config, server, access: Access::ReadOnly, helpers: 0, linger: Duration::ZERO })
     }
 }
 
@@ -130,7 +140,13 @@ impl Fs<BootFs> {
     pub fn boot(tag: &str, init: &Path) -> Result<Self, FsError> {
         let config = config_space(tag)?;
         let fs = BootFs::new(init).map_err(|source| FsError::Init { path: init.to_owned(), source })?;
-        Ok(Fs { config, server: Arc::new(Server::new(fs)), access: Access::ReadOnly, helpers: 0 })
+        Ok(Fs {
+            config,
+            server: Arc::new(Server::new(fs)),
+            access: Access::ReadOnly,
+            helpers: 0,
+            linger: Duration::ZERO,
+        })
     }
 }
 
@@ -172,7 +188,13 @@ impl Fs<Vfs> {
                 source,
             })?;
         }
-        Ok(Fs { config, server: Arc::new(Server::new(vfs)), access: Access::Writable, helpers: 0 })
+        Ok(Fs {
+            config,
+            server: Arc::new(Server::new(vfs)),
+            access: Access::Writable,
+            helpers: 0,
+            linger: Duration::ZERO,
+        })
     }
 }
 
@@ -238,7 +260,8 @@ impl<F: FileSystem + Send + Sync + 'static> VirtioDevice for Fs<F> {
         let tag = String::from_utf8_lossy(&self.config[..TAG_LEN]).trim_end_matches('\0').to_owned();
         let tally = Tally::default();
         let (pool, helpers) = Pool::new(helpers);
-        let handler = FsHandler { mem: Arc::new(mem), queues, interrupt, server, access, pool, tag, tally };
+        let linger = Linger::new(self.linger);
+        let handler = FsHandler { mem: Arc::new(mem), queues, interrupt, server, access, pool, tag, tally, linger };
         worker::spawn_with_helpers(thread, handler, helpers)
     }
 }

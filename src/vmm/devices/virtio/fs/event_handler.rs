@@ -9,8 +9,9 @@ use fuse_backend_rs::api::server::Server;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::EpollEvent;
 
+use super::linger::Linger;
 use super::pool::Pool;
-use super::request::{Access, Served, serve_queue};
+use super::request::{Access, Left, Served, Serving, serve_queue};
 use super::tally::Tally;
 use crate::vmm::devices::virtio::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
@@ -28,7 +29,13 @@ pub(super) struct FsHandler<F: FileSystem + Send + Sync + 'static> {
     /// The device's tag, naming its totals in the log.
     pub tag: String,
     pub tally: Tally,
+    /// How the worker watches the request queue after serving it (the
+    /// hiprio queue, seldom used, gets no watch).
+    pub linger: Linger,
 }
+
+/// The request queue's index; the hiprio queue's is 0.
+const REQUESTS: usize = 1;
 
 impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
     fn queues(&self) -> &[DeviceQueue] {
@@ -48,11 +55,26 @@ impl<F: FileSystem + Send + Sync + 'static> EventHandler for FsHandler<F> {
                 continue;
             };
             let _ = dq.kick.read();
+            let mut none = Linger::never();
+            let linger = if event.data() == REQUESTS as u64 {
+                self.linger.kicked();
+                &mut self.linger
+            } else {
+                &mut none
+            };
             let started = self.tally.notified();
             let interrupt = &self.interrupt;
             let signal = &mut || interrupt.signal_used_queue();
-            serve_queue(&self.server, &self.mem, &mut dq.queue, self.access, &self.pool, &mut self.tally, signal);
+            let serving = &mut Serving { access: self.access, pool: &self.pool, tally: &mut self.tally, linger };
+            let left = serve_queue(&self.server, &self.mem, &mut dq.queue, serving, signal);
             self.tally.done(started);
+            // Kicks are still off: a kick of our own brings the worker back
+            // to this queue after whatever else is ready.
+            if left == Left::Requests
+                && let Err(e) = dq.kick.write(1)
+            {
+                tracing::warn!("virtio-fs: cannot come back to the queue: {e}");
+            }
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod bounded;
 mod budget;
 mod device;
 mod event_handler;
+mod linger;
 mod pool;
 pub mod readonly;
 mod request;
@@ -48,6 +49,8 @@ mod attack_tests;
 mod concurrency_attack_tests;
 #[cfg(test)]
 mod eof_attack_tests;
+#[cfg(test)]
+mod linger_attack_tests;
 #[cfg(test)]
 mod list_attack_tests;
 #[cfg(test)]
@@ -178,17 +181,23 @@ fn create(env: &Env) -> Result<Vec<Instance>, DeviceError> {
     };
     let secrets = Secrets::at(&env.config.secrets);
     let read_only = shares(false);
+    let vcpus = env.config.vcpus;
+    let helpers = helpers_beside(vcpus);
     if !read_only.is_empty() {
+        let linger = linger::longest_beside(vcpus, helpers);
         devices.push(Instance {
             name: READ_ONLY_THREAD.name,
-            device: Box::new(Fs::new(FS_TAG, &read_only, &secrets)?.with_helpers(helpers_beside(env.config.vcpus))),
+            device: Box::new(Fs::new(FS_TAG, &read_only, &secrets)?.with_helpers(helpers).with_linger(linger)),
         });
     }
     let writable = shares(true);
     if !writable.is_empty() {
+        // The read-only worker may be watching too: it needs a CPU of its own.
+        let others = if read_only.is_empty() { 0 } else { helpers + 1 };
+        let linger = linger::longest_beside(vcpus, others);
         devices.push(Instance {
             name: WRITABLE_THREAD.name,
-            device: Box::new(Fs::writable(FS_TAG_RW, &writable, &secrets)?),
+            device: Box::new(Fs::writable(FS_TAG_RW, &writable, &secrets)?.with_linger(linger)),
         });
     }
     Ok(devices)

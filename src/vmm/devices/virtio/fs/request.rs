@@ -7,17 +7,21 @@
 
 use std::io::Write;
 use std::mem::size_of;
+use std::num::Wrapping;
 use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode, OutHeader};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{ByteValued, GuestMemoryMmap};
 
+use super::linger::Linger;
 use super::pool::{Job, Pool};
 use super::readonly::{Verdict, gate};
 use super::tally::Tally;
@@ -35,67 +39,154 @@ pub(super) enum Access {
     Writable,
 }
 
+/// How long one call of [`serve_queue`] may keep the worker from its event
+/// loop (the other queue, a template's recording) while the guest keeps
+/// adding requests.
+pub(super) const PASS_BUDGET: Duration = Duration::from_millis(20);
+
+/// The most requests one pooled pass takes off the ring: more than the
+/// guest sends a notification (7 to 32 seen), few enough that slow
+/// requests keep a pass short of what the budget allows.
+const POOLED_PASS_MOST: usize = 64;
+
+/// What the worker serves a queue with, besides the queue itself.
+pub(super) struct Serving<'a> {
+    pub access: Access,
+    pub pool: &'a Pool<Served>,
+    pub tally: &'a mut Tally,
+    pub linger: &'a mut Linger,
+}
+
+/// What a call of [`serve_queue`] left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Left {
+    /// The ring is empty and kicks are on: the next request kicks.
+    Nothing,
+    /// The pass's time ran out with requests waiting and kicks still off:
+    /// the caller must come back without waiting for a kick.
+    Requests,
+}
+
 /// Answers requests on `queue` until it is empty with kicks back on. Each
 /// kick is a VM exit: while requests are being served the guest adds more
 /// without one, and the ring is looked at again once kicks are re-enabled,
-/// so none is missed. `signal` runs after each pass whose replies the
-/// driver wants to hear of, so a busy queue holds back no reply. A pool
-/// with helpers serves each pass's requests together
-/// ([`process_queue_pooled`]); one without serves them one by one
-/// ([`process_queue`]).
+/// so none is missed. Before kicks go back on, the worker watches the ring
+/// a moment for the guest's next request (see [`Linger`]). `signal` runs
+/// after each pass whose replies the driver wants to hear of, so a busy
+/// queue holds back no reply. A pool with helpers serves each pass's
+/// requests together ([`process_queue_pooled`]); one without serves them
+/// one by one ([`process_queue`]). Stops, kicks still off, once
+/// [`PASS_BUDGET`] is spent with requests waiting.
 pub(super) fn serve_queue<F, M>(
     server: &Arc<Server<F>>,
     mem: &M,
     queue: &mut Queue,
-    access: Access,
-    pool: &Pool<Served>,
-    tally: &mut Tally,
+    serving: &mut Serving<'_>,
     signal: &mut dyn FnMut(),
-) where
+) -> Left
+where
     F: FileSystem + Send + Sync + 'static,
     M: Deref<Target = GuestMemoryMmap> + Clone + Send + 'static,
 {
+    let started = Instant::now();
+    let (mut fruitless, mut took, mut first) = (0, 0, true);
+    let _ = queue.disable_notification(&**mem);
     loop {
-        let _ = queue.disable_notification(&**mem);
-        let notify = if pool.helpers() == 0 {
-            process_queue(server, mem, queue, access, tally)
+        let access = serving.access;
+        let pass = if serving.pool.helpers() == 0 {
+            process_queue(server, mem, queue, access, serving.tally, Some(started + PASS_BUDGET))
         } else {
-            process_queue_pooled(server, mem, queue, access, pool, tally)
+            process_queue_pooled(server, mem, queue, access, serving.pool, serving.tally)
         };
-        if notify {
+        if std::mem::take(&mut first) {
+            serving.linger.learn(pass.taken > 0);
+        }
+        took += pass.taken;
+        if pass.notify {
             signal();
         }
+        let more = waiting(queue, mem);
+        // The ring says requests wait, but twice none could be taken: the
+        // queue refuses it (an available index more than the queue's size
+        // past the device or behind it, a ring at address 0 or past
+        // memory). Going round would be for ever: the worker waits for the
+        // guest's next kick instead.
+        fruitless = if more && pass.taken == 0 { fruitless + 1 } else { 0 };
+        if fruitless == 2 {
+            tracing::warn!("virtio-fs: the guest's available ring is unusable");
+            let _ = queue.enable_notification(&**mem);
+            return Left::Nothing;
+        }
+        if started.elapsed() >= PASS_BUDGET {
+            if more || queue.enable_notification(&**mem).unwrap_or(false) {
+                let _ = queue.disable_notification(&**mem);
+                return Left::Requests;
+            }
+            serving.linger.sleeps();
+            return Left::Nothing;
+        }
+        if more {
+            continue;
+        }
+        // A kick that brought nothing gets no watch: a guest kicking an
+        // empty ring must not make the worker spin.
+        if took > 0 {
+            let (caught, spun) = serving.linger.watch(|| waiting(queue, mem));
+            serving.tally.lingered(caught, spun);
+            if caught {
+                continue;
+            }
+        }
         if !queue.enable_notification(&**mem).unwrap_or(false) {
-            return;
+            if took > 0 {
+                serving.linger.sleeps();
+            }
+            return Left::Nothing;
         }
-        // The ring says requests wait, but one the queue refuses to pop
-        // from (an available index more than the queue's size past the
-        // device or behind it, a ring at address 0) would bring this loop
-        // round for ever: it waits for the guest's next kick instead.
-        if let Err(e) = queue.iter(&**mem).map(drop) {
-            tracing::warn!("virtio-fs: the guest's available ring is unusable: {e}");
-            return;
-        }
+        let _ = queue.disable_notification(&**mem);
     }
 }
 
-/// Answers every available request on `queue`, one after the other;
-/// returns whether the driver wants an interrupt for them.
+/// Whether the guest has moved the available ring's index past what the
+/// device took.
+fn waiting(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
+    queue.avail_idx(mem, Ordering::Acquire).is_ok_and(|idx| idx != Wrapping(queue.next_avail()))
+}
+
+/// What one pass over the available ring did.
+pub(super) struct Pass {
+    /// Requests taken off the ring.
+    pub taken: usize,
+    /// Whether the driver wants an interrupt for their replies.
+    pub notify: bool,
+}
+
+/// Answers the requests available on `queue`, one after the other: a
+/// ring's worth at most, and none more once `until` has passed (a guest
+/// adding requests as fast as they are taken would otherwise keep the pass
+/// going).
 pub(super) fn process_queue<F: FileSystem + Sync>(
     server: &Server<F>,
     mem: &GuestMemoryMmap,
     queue: &mut Queue,
     access: Access,
     tally: &mut Tally,
-) -> bool {
-    let mut used_any = false;
-    while let Some(chain) = queue.pop_descriptor_chain(mem) {
+    until: Option<Instant>,
+) -> Pass {
+    let mut taken = 0;
+    for _ in 0..queue.size() {
+        if taken > 0 && until.is_some_and(|until| Instant::now() >= until) {
+            break;
+        }
+        let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            break;
+        };
         let head = chain.head_index();
         let served = handle_chain(server, mem, chain, access);
         give_back(queue, mem, head, Some(served), tally);
-        used_any = true;
+        taken += 1;
     }
-    used_any && queue.needs_notification(mem).unwrap_or(true)
+    Pass { taken, notify: taken > 0 && queue.needs_notification(mem).unwrap_or(true) }
 }
 
 /// [`process_queue`] with `pool`'s helpers: every available request is
@@ -110,19 +201,21 @@ fn process_queue_pooled<F, M>(
     access: Access,
     pool: &Pool<Served>,
     tally: &mut Tally,
-) -> bool
+) -> Pass
 where
     F: FileSystem + Send + Sync + 'static,
     M: Deref<Target = GuestMemoryMmap> + Clone + Send + 'static,
 {
-    // A ring's worth at most: a guest adding requests as fast as they are
-    // taken would otherwise keep this pass collecting, its list growing.
-    let most = usize::from(queue.size());
+    // A bounded batch: a guest adding requests as fast as they are taken
+    // would otherwise keep this pass collecting, its list growing, and the
+    // pass's time, which the pool divides but does not bound, with it.
+    let most = usize::from(queue.size()).min(POOLED_PASS_MOST);
     let chains: Vec<DescriptorChain<M>> =
         std::iter::from_fn(|| queue.pop_descriptor_chain(mem.clone())).take(most).collect();
     if chains.is_empty() {
-        return false;
+        return Pass { taken: 0, notify: false };
     }
+    let taken = chains.len();
     let heads: Vec<u16> = chains.iter().map(DescriptorChain::head_index).collect();
     let served: Vec<Option<Served>> = if chains.len() == 1 {
         chains.into_iter().map(|chain| Some(handle_chain(server, mem, chain, access))).collect()
@@ -141,7 +234,7 @@ where
     for (head, served) in heads.into_iter().zip(served) {
         give_back(queue, mem, head, served, tally);
     }
-    queue.needs_notification(&**mem).unwrap_or(true)
+    Pass { taken, notify: queue.needs_notification(&**mem).unwrap_or(true) }
 }
 
 /// What serving one chain gave: the bytes of reply written, and the

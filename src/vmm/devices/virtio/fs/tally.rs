@@ -25,6 +25,13 @@ pub(super) struct Tally {
     requests: [u64; OPCODES],
     busy: Duration,
     cpu: Duration,
+    /// Requests the worker caught while it watched the ring (see
+    /// `Linger`): no kick brought them.
+    caught: u64,
+    /// The time spent watching, left out of `busy` and `cpu`; and how much
+    /// of it the notification being served has spent so far.
+    lingered: Duration,
+    lingering: Duration,
     unreported: bool,
 }
 
@@ -43,6 +50,9 @@ impl Default for Tally {
             requests: [0; OPCODES],
             busy: Duration::ZERO,
             cpu: Duration::ZERO,
+            caught: 0,
+            lingered: Duration::ZERO,
+            lingering: Duration::ZERO,
             unreported: false,
         }
     }
@@ -63,8 +73,19 @@ impl Tally {
     /// The device served what the notification that `started` brought.
     pub(super) fn done(&mut self, started: Option<Started>) {
         if let Some(started) = started {
-            self.busy += started.at.elapsed();
-            self.cpu += thread_cpu_time().saturating_sub(started.cpu);
+            let lingering = std::mem::take(&mut self.lingering);
+            self.busy += started.at.elapsed().saturating_sub(lingering);
+            self.cpu += thread_cpu_time().saturating_sub(started.cpu).saturating_sub(lingering);
+            self.lingered += lingering;
+        }
+    }
+
+    /// The worker watched the ring for `spun` after serving it, and
+    /// `caught` a request there or not.
+    pub(super) fn lingered(&mut self, caught: bool, spun: Duration) {
+        if self.enabled {
+            self.caught += u64::from(caught);
+            self.lingering += spun;
         }
     }
 
@@ -102,10 +123,12 @@ impl Tally {
             .map(|(op, n)| format!("{:?}={n}", Opcode::from(op)))
             .collect();
         tracing::info!(
-            "virtio-fs {tag:?} requests: total={total} notifications={} busy_us={} cpu_us={} {}",
+            "virtio-fs {tag:?} requests: total={total} notifications={} busy_us={} cpu_us={} caught={} lingered_us={} {}",
             self.notifications,
             self.busy.as_micros(),
             self.cpu.as_micros(),
+            self.caught,
+            self.lingered.as_micros(),
             by_opcode.join(" ")
         );
     }
@@ -116,6 +139,11 @@ impl Tally {
     /// A tally that counts whatever the log level.
     pub(super) fn counting() -> Tally {
         Tally { enabled: true, ..Tally::default() }
+    }
+
+    /// Requests caught while the worker watched the ring.
+    pub(super) fn caught(&self) -> u64 {
+        self.caught
     }
 
     /// How many requests were counted, and the CPU time.

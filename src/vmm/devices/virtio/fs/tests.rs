@@ -24,9 +24,10 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::tempdir::TempDir;
 
 use super::device::*;
+use super::linger::Linger;
 use super::pool::Pool;
 use super::readonly::{Verdict, gate, opens_for_writing};
-use super::request::{Access, Served, process_queue, serve_queue};
+use super::request::{Access, Served, Serving, process_queue, serve_queue};
 use super::secrets::Secrets;
 use super::tally::Tally;
 
@@ -261,7 +262,7 @@ impl<F: FileSystem + Sync> Client<F> {
     /// Offers a chain and lets the device process the queue.
     fn run(&mut self, descs: &[(u64, u32, bool)]) -> u32 {
         let head = self.driver.offer(descs);
-        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, self.access, &mut Tally::default());
+        process_queue(&self.server, self.driver.mem, &mut self.driver.queue, self.access, &mut Tally::default(), None);
         self.driver.take_used(head)
     }
 
@@ -2241,7 +2242,9 @@ fn requests_added_while_the_device_is_busy_are_answered_without_a_kick() {
     let used_flags =
         |mock: &MockSplitQueue<'static, GuestMemoryMmap>| -> u16 { mem.read_obj(mock.used_addr()).unwrap() };
     let mut seen = Vec::new();
-    serve_queue(server, &mem, queue, *access, &Pool::serial(), &mut Tally::default(), &mut || {
+    let (pool, tally, linger) = (&Pool::serial(), &mut Tally::default(), &mut Linger::never());
+    let serving = &mut Serving { access: *access, pool, tally, linger };
+    serve_queue(server, &mem, queue, serving, &mut || {
         let used_idx: u16 = mem.read_obj(mock.used_addr().unchecked_add(2)).unwrap();
         seen.push((used_flags(mock), used_idx));
         if seen.len() == 1 {
@@ -2329,7 +2332,8 @@ impl<F: FileSystem + Send + Sync + 'static> Client<F> {
         }
         let mut signals = 0;
         let start = std::time::Instant::now();
-        serve_queue(&self.server, &mem, &mut self.driver.queue, self.access, pool, tally, &mut || signals += 1);
+        let serving = &mut Serving { access: self.access, pool, tally, linger: &mut Linger::never() };
+        serve_queue(&self.server, &mem, &mut self.driver.queue, serving, &mut || signals += 1);
         let served_in = start.elapsed();
         assert_eq!(signals, 1, "one pass, one interrupt");
         let used = self.driver.take_all_used();
