@@ -154,7 +154,7 @@ mod tests {
         let start = Instant::now();
         let (caught, spun) = linger.watch(|| start.elapsed() >= Duration::from_millis(2));
         assert!(caught);
-        assert!(spun >= Duration::from_millis(2), "{spun:?}");
+        assert!(spun >= Duration::from_millis(1), "the watch waited for it: {spun:?}");
         assert_eq!(linger.window(), window, "a catch keeps the watch as it is");
     }
 

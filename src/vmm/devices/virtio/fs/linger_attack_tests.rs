@@ -9,49 +9,25 @@
 //! request once. A test headed "Found by attack" fails until fixed; the
 //! others guard attacks that held.
 
-use std::ffi::CStr;
-use std::io;
-use std::mem::size_of;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::{EntryOut, InHeader, InitIn, Opcode, OutHeader, ROOT_ID};
-use fuse_backend_rs::api::filesystem::{Context, Entry, FileSystem};
 use fuse_backend_rs::api::server::Server;
-use virtio_queue::desc::RawDescriptor;
-use virtio_queue::desc::split::Descriptor as SplitDescriptor;
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::event_handler::FsHandler;
 use super::linger::{LONGEST, Linger};
 use super::pool::Pool;
-use super::request::{Access, Left, PASS_BUDGET, Serving, serve_queue};
-use super::tally::{Tally, thread_cpu_time};
-use super::tests::a_file_entry;
+use super::queue_attack_tests::{
+    ENTRY_REPLY, NO_NOTIFY, Probe, REQ_LEN, REQS, Ring, handler, leaked_memory, lookup, started,
+};
+use super::request::PASS_BUDGET;
+use super::tally::thread_cpu_time;
 use crate::vmm::devices::virtio::worker::EventHandler;
-use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
-
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-const NO_NOTIFY: u16 = 1;
-
-const MEM_SIZE: usize = 0x100_0000;
-const DESC: u64 = 0x1_0000;
-const AVAIL: u64 = 0x2_0000;
-const USED: u64 = 0x3_0000;
-const REQS: u64 = 0x10_0000;
-const REQ_LEN: u64 = 0x100;
-const RESPS: u64 = 0x20_0000;
-const RESP_LEN: u32 = 0x1000;
-
-const HEADER: u32 = 16;
-const _: () = assert!(HEADER as usize == size_of::<OutHeader>());
-const ENTRY_REPLY: u32 = HEADER + 128;
-const _: () = assert!(ENTRY_REPLY as usize == size_of::<OutHeader>() + size_of::<EntryOut>());
 
 /// The request queue's event.
 const REQUESTS: u64 = 1;
@@ -62,150 +38,16 @@ fn bound() -> Duration {
     PASS_BUDGET * 10
 }
 
-fn leaked_memory() -> &'static GuestMemoryMmap {
-    Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()))
-}
-
-/// The guest's side of one split queue.
-struct Ring {
-    mem: &'static GuestMemoryMmap,
-    size: u16,
-    seen: u16,
-}
-
-impl Ring {
-    fn new(mem: &'static GuestMemoryMmap, size: u16) -> (Ring, Queue) {
-        let mut queue = Queue::new(size).unwrap();
-        queue.set_size(size);
-        queue.set_ready(true);
-        let low = |a: u64| Some(u32::try_from(a).unwrap());
-        queue.set_desc_table_address(low(DESC), Some(0));
-        queue.set_avail_ring_address(low(AVAIL), Some(0));
-        queue.set_used_ring_address(low(USED), Some(0));
-        assert!(queue.is_valid(mem));
-        (Ring { mem, size, seen: 0 }, queue)
-    }
-
-    /// Another view of the same ring, for a guest thread.
-    fn view(&self) -> Ring {
-        Ring { mem: self.mem, size: self.size, seen: self.seen }
-    }
-
-    fn desc(&self, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let desc = RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next));
-        self.mem.write_obj(desc, GuestAddress(DESC + 16 * u64::from(index))).unwrap();
-    }
-
-    /// A two-descriptor chain at `head`: request `i`, then reply buffer `i`.
-    fn pair(&self, head: u16, i: u64) {
-        self.desc(head, REQS + i * REQ_LEN, u32::try_from(REQ_LEN).unwrap(), F_NEXT, head + 1);
-        self.desc(head + 1, RESPS + i * u64::from(RESP_LEN), RESP_LEN, F_WRITE, 0);
-    }
-
-    fn avail_idx(&self) -> u16 {
-        self.mem.load(GuestAddress(AVAIL + 2), Ordering::SeqCst).unwrap()
-    }
-
-    fn set_avail_idx(&self, idx: u16) {
-        self.mem.store(idx, GuestAddress(AVAIL + 2), Ordering::SeqCst).unwrap();
-    }
-
-    fn publish(&self, heads: &[u16]) {
-        let idx = self.avail_idx();
-        for (i, &head) in (0u16..).zip(heads) {
-            let slot = u64::from(idx.wrapping_add(i) % self.size);
-            self.mem.write_obj(head, GuestAddress(AVAIL + 4 + 2 * slot)).unwrap();
-        }
-        self.set_avail_idx(idx.wrapping_add(u16::try_from(heads.len()).unwrap()));
-    }
-
-    fn used_idx(&self) -> u16 {
-        self.mem.load(GuestAddress(USED + 2), Ordering::SeqCst).unwrap()
-    }
-
-    fn used_flags(&self) -> u16 {
-        self.mem.load(GuestAddress(USED), Ordering::SeqCst).unwrap()
-    }
-
-    fn take_used(&mut self) -> Vec<(u32, u32)> {
-        let idx = self.used_idx();
-        let mut used = Vec::new();
-        while self.seen != idx {
-            let elem = USED + 4 + 8 * u64::from(self.seen % self.size);
-            used.push((
-                self.mem.read_obj(GuestAddress(elem)).unwrap(),
-                self.mem.read_obj(GuestAddress(elem + 4)).unwrap(),
-            ));
-            self.seen = self.seen.wrapping_add(1);
-        }
-        used
-    }
-}
-
-fn request(mem: &GuestMemoryMmap, at: u64, opcode: Opcode, unique: u64, nodeid: u64, body: &[u8]) {
-    let len = u32::try_from(size_of::<InHeader>() + body.len()).unwrap();
-    let header = InHeader { len, opcode: opcode as u32, unique, nodeid, uid: 0, gid: 0, pid: 1, padding: 0 };
-    mem.write_slice(header.as_slice(), GuestAddress(at)).unwrap();
-    mem.write_slice(body, GuestAddress(at + size_of::<InHeader>() as u64)).unwrap();
-}
-
-fn lookup(mem: &GuestMemoryMmap, at: u64, unique: u64) {
-    request(mem, at, Opcode::Lookup, unique, ROOT_ID, b"a\0");
-}
-
-/// A filesystem whose every lookup finds a file, counted.
-#[derive(Default)]
-struct Probe {
-    lookups: AtomicUsize,
-}
-
-impl FileSystem for Probe {
-    type Inode = u64;
-    type Handle = u64;
-
-    fn lookup(&self, _ctx: &Context, _parent: u64, _name: &CStr) -> io::Result<Entry> {
-        self.lookups.fetch_add(1, Ordering::SeqCst);
-        Ok(a_file_entry())
-    }
-}
-
-/// A server past FUSE_INIT through `queue` (descriptors 0 and 1).
-fn started(probe: &Arc<Probe>, ring: &mut Ring, queue: &mut Queue) -> Arc<Server<Arc<Probe>>> {
-    let server = Arc::new(Server::new(Arc::clone(probe)));
-    let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: 0 };
-    request(ring.mem, REQS, Opcode::Init, 1, 0, init.as_slice());
-    ring.pair(0, 0);
-    ring.publish(&[0]);
-    let (tally, linger) = (&mut Tally::default(), &mut Linger::never());
-    let serving = &mut Serving { access: Access::ReadOnly, pool: &Pool::serial(), tally, linger };
-    assert_eq!(serve_queue(&server, &ring.mem, queue, serving, &mut || {}), Left::Nothing);
-    assert_eq!(ring.take_used().len(), 1, "INIT answered");
-    server
-}
-
 /// The worker's handler of a serial device on `queue`, watching with
 /// `linger`.
-fn handler(
+fn watcher(
     mem: &'static GuestMemoryMmap,
     server: &Arc<Server<Arc<Probe>>>,
     queue: Queue,
     linger: Linger,
     irqfd: &EventFd,
 ) -> FsHandler<Arc<Probe>> {
-    FsHandler {
-        mem: Arc::new(mem.clone()),
-        queues: vec![
-            DeviceQueue { queue: Queue::new(16).unwrap(), kick: EventFd::new(EFD_NONBLOCK).unwrap() },
-            DeviceQueue { queue, kick: EventFd::new(EFD_NONBLOCK).unwrap() },
-        ],
-        interrupt: Interrupt::new(irqfd.try_clone().unwrap()),
-        server: Arc::clone(server),
-        access: Access::ReadOnly,
-        pool: Pool::serial(),
-        tag: "linger-attack".into(),
-        tally: Tally::default(),
-        linger,
-    }
+    FsHandler { linger, ..handler(mem, server, queue, Pool::serial(), irqfd) }
 }
 
 /// A kick on the request queue, as the worker's epoll hands it over.
@@ -249,11 +91,11 @@ fn a_guest_sending_each_request_while_the_worker_watches_lets_it_back_to_its_eve
     let mem = leaked_memory();
     let (mut ring, mut queue) = Ring::new(mem, 256);
     let probe = Arc::new(Probe::default());
-    let server = started(&probe, &mut ring, &mut queue);
-    lookup(mem, REQS + REQ_LEN, 7);
+    let server = started(Arc::clone(&probe), &mut ring, &mut queue);
+    lookup(mem, REQS + REQ_LEN, 7, "a");
     ring.pair(2, 1);
     let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
-    let mut handler = handler(mem, &server, queue, Linger::watching(Duration::from_millis(100)), &irqfd);
+    let mut handler = watcher(mem, &server, queue, Linger::watching(Duration::from_millis(100)), &irqfd);
     let stop = AtomicBool::new(false);
     let (took, sent) = std::thread::scope(|s| {
         let guest = ring.view();
@@ -311,9 +153,9 @@ fn kicks_with_nothing_on_the_ring_cost_the_worker_little_cpu() {
     let mem = leaked_memory();
     let (mut ring, mut queue) = Ring::new(mem, 64);
     let probe = Arc::new(Probe::default());
-    let server = started(&probe, &mut ring, &mut queue);
+    let server = started(Arc::clone(&probe), &mut ring, &mut queue);
     let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
-    let mut handler = handler(mem, &server, queue, Linger::new(LONGEST), &irqfd);
+    let mut handler = watcher(mem, &server, queue, Linger::new(LONGEST), &irqfd);
     const KICKS: u32 = 2000;
     let mut cpu = Duration::ZERO;
     for _ in 0..KICKS {
@@ -351,11 +193,11 @@ fn an_index_turned_unusable_while_the_worker_watches_lets_it_return() {
         let mem = leaked_memory();
         let (mut ring, mut queue) = Ring::new(mem, 16);
         let probe = Arc::new(Probe::default());
-        let server = started(&probe, &mut ring, &mut queue);
+        let server = started(Arc::clone(&probe), &mut ring, &mut queue);
         let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
         let window = Duration::from_millis(200);
-        let mut handler = handler(mem, &server, queue, Linger::watching(window), &irqfd);
-        lookup(mem, REQS + REQ_LEN, 7);
+        let mut handler = watcher(mem, &server, queue, Linger::watching(window), &irqfd);
+        lookup(mem, REQS + REQ_LEN, 7, "a");
         ring.pair(2, 1);
         ring.publish(&[2]);
         let at = ring.avail_idx();
@@ -389,7 +231,7 @@ fn an_index_turned_unusable_while_the_worker_watches_lets_it_return() {
         assert!(took < 100 * window, "{attack:?}: 100 kicks took {took:?}");
         // The guest mends its ring.
         ring.set_avail_idx(at);
-        lookup(mem, REQS + 2 * REQ_LEN, 8);
+        lookup(mem, REQS + 2 * REQ_LEN, 8, "a");
         ring.pair(4, 2);
         ring.publish(&[4]);
         drain(&mut handler, &ring);
@@ -409,10 +251,10 @@ fn an_index_flipping_back_and_forth_lets_the_worker_return_and_answers_once() {
         let mem = leaked_memory();
         let (mut ring, mut queue) = Ring::new(mem, 16);
         let probe = Arc::new(Probe::default());
-        let server = started(&probe, &mut ring, &mut queue);
+        let server = started(Arc::clone(&probe), &mut ring, &mut queue);
         let irqfd = EventFd::new(EFD_NONBLOCK).unwrap();
-        let mut handler = handler(mem, &server, queue, Linger::watching(window), &irqfd);
-        lookup(mem, REQS + REQ_LEN, 7);
+        let mut handler = watcher(mem, &server, queue, Linger::watching(window), &irqfd);
+        lookup(mem, REQS + REQ_LEN, 7, "a");
         ring.pair(2, 1);
         ring.publish(&[2]);
         let at = ring.avail_idx().wrapping_sub(1);

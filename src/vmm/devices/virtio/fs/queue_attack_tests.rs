@@ -37,42 +37,42 @@ use super::tests::{a_file_entry, helped_pool};
 use crate::vmm::devices::virtio::worker::EventHandler;
 use crate::vmm::devices::virtio::{DeviceQueue, Interrupt};
 
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
+pub(super) const F_NEXT: u16 = 1;
+pub(super) const F_WRITE: u16 = 2;
 const F_INDIRECT: u16 = 4;
-const NO_NOTIFY: u16 = 1;
+pub(super) const NO_NOTIFY: u16 = 1;
 
 const MEM_SIZE: usize = 0x200_0000;
 /// Where the rings are: each fits a 1024-entry queue.
 const DESC: u64 = 0x1_0000;
 const AVAIL: u64 = 0x2_0000;
-const USED: u64 = 0x3_0000;
+pub(super) const USED: u64 = 0x3_0000;
 /// Requests (256 bytes each) and replies (4 KiB each).
-const REQS: u64 = 0x10_0000;
-const REQ_LEN: u64 = 0x100;
-const RESPS: u64 = 0x20_0000;
-const RESP_LEN: u32 = 0x1000;
+pub(super) const REQS: u64 = 0x10_0000;
+pub(super) const REQ_LEN: u64 = 0x100;
+pub(super) const RESPS: u64 = 0x20_0000;
+pub(super) const RESP_LEN: u32 = 0x1000;
 /// Indirect descriptor tables.
 const TABLES: u64 = 0x100_0000;
 
 const HEADER: u32 = 16;
 const _: () = assert!(HEADER as usize == size_of::<OutHeader>());
 /// The length of an answered lookup.
-const ENTRY_REPLY: u32 = HEADER + 128;
+pub(super) const ENTRY_REPLY: u32 = HEADER + 128;
 const _: () = assert!(ENTRY_REPLY as usize == size_of::<OutHeader>() + size_of::<EntryOut>());
 
 /// How long a pass over the ring may take before the test calls the worker
 /// stuck.
 const STUCK: Duration = Duration::from_secs(2);
 
-fn leaked_memory() -> &'static GuestMemoryMmap {
+pub(super) fn leaked_memory() -> &'static GuestMemoryMmap {
     Box::leak(Box::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()))
 }
 
 /// The guest's side of one split queue.
-struct Ring {
+pub(super) struct Ring {
     mem: &'static GuestMemoryMmap,
-    size: u16,
+    pub(super) size: u16,
     avail: u64,
     /// Used entries read so far.
     seen: u16,
@@ -93,7 +93,7 @@ impl Ring {
         (Ring { mem, size, avail, seen: 0 }, queue)
     }
 
-    fn new(mem: &'static GuestMemoryMmap, size: u16) -> (Ring, Queue) {
+    pub(super) fn new(mem: &'static GuestMemoryMmap, size: u16) -> (Ring, Queue) {
         Ring::at(mem, size, AVAIL)
     }
 
@@ -103,21 +103,21 @@ impl Ring {
     }
 
     /// A two-descriptor chain at `head`: request `i`, then reply buffer `i`.
-    fn pair(&self, head: u16, i: u64) {
+    pub(super) fn pair(&self, head: u16, i: u64) {
         self.desc(DESC, head, REQS + i * REQ_LEN, u32::try_from(REQ_LEN).unwrap(), F_NEXT, head + 1);
         self.desc(DESC, head + 1, RESPS + i * u64::from(RESP_LEN), RESP_LEN, F_WRITE, 0);
     }
 
-    fn avail_idx(&self) -> u16 {
+    pub(super) fn avail_idx(&self) -> u16 {
         self.mem.load(GuestAddress(self.avail + 2), Ordering::SeqCst).unwrap()
     }
 
-    fn set_avail_idx(&self, idx: u16) {
+    pub(super) fn set_avail_idx(&self, idx: u16) {
         self.mem.store(idx, GuestAddress(self.avail + 2), Ordering::SeqCst).unwrap();
     }
 
     /// Offers `heads`, in order.
-    fn publish(&self, heads: &[u16]) {
+    pub(super) fn publish(&self, heads: &[u16]) {
         let idx = self.avail_idx();
         for (i, &head) in (0u16..).zip(heads) {
             let slot = u64::from(idx.wrapping_add(i) % self.size);
@@ -126,13 +126,22 @@ impl Ring {
         self.set_avail_idx(idx.wrapping_add(u16::try_from(heads.len()).unwrap()));
     }
 
-    fn used_flags(&self) -> u16 {
+    pub(super) fn used_idx(&self) -> u16 {
+        self.mem.load(GuestAddress(USED + 2), Ordering::SeqCst).unwrap()
+    }
+
+    /// Another view of the same ring, for a guest thread.
+    pub(super) fn view(&self) -> Ring {
+        Ring { mem: self.mem, size: self.size, avail: self.avail, seen: self.seen }
+    }
+
+    pub(super) fn used_flags(&self) -> u16 {
         self.mem.load(GuestAddress(USED), Ordering::SeqCst).unwrap()
     }
 
     /// Every (head, length) the device put on the used ring since the last
     /// look.
-    fn take_used(&mut self) -> Vec<(u32, u32)> {
+    pub(super) fn take_used(&mut self) -> Vec<(u32, u32)> {
         let idx: u16 = self.mem.load(GuestAddress(USED + 2), Ordering::SeqCst).unwrap();
         let mut used = Vec::new();
         while self.seen != idx {
@@ -156,7 +165,7 @@ fn request(mem: &GuestMemoryMmap, at: u64, opcode: Opcode, unique: u64, nodeid: 
     len
 }
 
-fn lookup(mem: &GuestMemoryMmap, at: u64, unique: u64, name: &str) {
+pub(super) fn lookup(mem: &GuestMemoryMmap, at: u64, unique: u64, name: &str) {
     let mut body = name.as_bytes().to_vec();
     body.push(0);
     request(mem, at, Opcode::Lookup, unique, ROOT_ID, &body);
@@ -169,10 +178,10 @@ fn reply_header(mem: &GuestMemoryMmap, at: u64) -> OutHeader {
 /// A filesystem whose lookups say how many run at once: `boom` panics,
 /// `slow` takes a while, any other name is found.
 #[derive(Default)]
-struct Probe {
+pub(super) struct Probe {
     running: AtomicUsize,
     most: AtomicUsize,
-    lookups: AtomicUsize,
+    pub(super) lookups: AtomicUsize,
 }
 
 /// Counts a lookup out when it ends, panicking or not.
@@ -226,7 +235,7 @@ fn serve<F: FileSystem + Send + Sync + 'static>(
 
 /// The worker's handler of a device serving `server` on `queue` (its
 /// request queue) with `pool`; `irqfd` hears its interrupts.
-fn handler<F: FileSystem + Send + Sync + 'static>(
+pub(super) fn handler<F: FileSystem + Send + Sync + 'static>(
     mem: &'static GuestMemoryMmap,
     server: &Arc<Server<F>>,
     queue: Queue,
@@ -250,7 +259,11 @@ fn handler<F: FileSystem + Send + Sync + 'static>(
 }
 
 /// A server of `fs` past FUSE_INIT through `queue` (descriptors 0 and 1).
-fn started<F: FileSystem + Send + Sync + 'static>(fs: F, ring: &mut Ring, queue: &mut Queue) -> Arc<Server<F>> {
+pub(super) fn started<F: FileSystem + Send + Sync + 'static>(
+    fs: F,
+    ring: &mut Ring,
+    queue: &mut Queue,
+) -> Arc<Server<F>> {
     let server = Arc::new(Server::new(fs));
     let init = InitIn { major: 7, minor: 31, max_readahead: 0x2_0000, flags: 0 };
     request(ring.mem, REQS, Opcode::Init, 1, 0, init.as_slice());
