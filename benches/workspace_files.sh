@@ -42,6 +42,9 @@ while [[ "${1:-}" == --* ]]; do
     shift
 done
 runs=${1:-3}
+# Seconds a row waits after the guest drops its caches (see `t` below): in
+# the rig a FORGET costs the file server about half a millisecond.
+export BENCH_SETTLE=${BENCH_SETTLE:-$((1 + dirs / 20))}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # L1's root is an overlay; the workspaces get a tmpfs of their own, as a
@@ -95,10 +98,17 @@ rows=$(
     cat <<'ROWS'
 set -u
 shm=/dev/shm/stockade-bench; mkdir -p "$shm"
-drop() { [ -z "${BENCH_DROP:-}" ] || { sync; echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || true; }
+# A row run with DROP=1 starts with the guest's caches dropped. The guest
+# forgets every file it dropped, one FORGET request each, sent after the
+# drop returns: the row waits until the file server has heard them all, or
+# they would be served during the row.
 t() {
     local name=$1; shift
     [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
+    if [ -n "${BENCH_DROP:-}" ] && [ -n "${DROP:-}" ]; then
+        { sync; echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || true
+        sleep "${BENCH_SETTLE:-3}"
+    fi
     local start end
     start=$(date +%s.%N)
     "$@" >/dev/null 2>&1 || true
@@ -110,15 +120,15 @@ t "sha256 of 64 MiB in tmpfs (control)" sha256sum "$shm/control"
 rm -f "$shm/control"
 t "git status, first in the run" git status --porcelain
 t "git status, second in the run" git status --porcelain
-drop; t "find of every file" find . -type f
-drop; t "stat of every file (os.walk + stat)" /usr/bin/python3 -c '
+DROP=1 t "find of every file" find . -type f
+DROP=1 t "stat of every file (os.walk + stat)" /usr/bin/python3 -c '
 import os
 for d, _, fs in os.walk("."):
     for f in fs: os.lstat(os.path.join(d, f))'
-drop; t "cat of every small file" sh -c 'cat d*/*'
-drop; t "grep -r of the small files" grep -r needle-not-there d*
-if [ -f big.bin ]; then drop; t "read the big file" cat big.bin; fi
-drop; t "write 5,000 small files" bash -c 'mkdir w; for i in $(seq 5000); do echo "$i" >w/f$i; done'
+DROP=1 t "cat of every small file" sh -c 'cat d*/*'
+DROP=1 t "grep -r of the small files" grep -r needle-not-there d*
+if [ -f big.bin ]; then DROP=1 t "read the big file" cat big.bin; fi
+DROP=1 t "write 5,000 small files" bash -c 'mkdir w; for i in $(seq 5000); do echo "$i" >w/f$i; done'
 rm -rf w
 t "write one 128 MiB file" sh -c 'head -c 128M /dev/zero >out.bin'
 rm -f out.bin
@@ -165,7 +175,7 @@ make_repo "$ws" "$dirs" "$big_mib"
 for i in $(seq "$runs"); do
     echo "round $i of $runs" >&2
     record host < <(cd "$ws" && bash -c "$rows")
-    record guest < <(cd "$ws" && "${run[@]}" -- env BENCH_DROP=1 ROWS="$rows" bash -c "$rows; $in_copy")
+    record guest < <(cd "$ws" && "${run[@]}" -- env BENCH_DROP=1 BENCH_SETTLE="$BENCH_SETTLE" ROWS="$rows" bash -c "$rows; $in_copy")
 done
 
 # ratio: guest ÷ host; /control: that ÷ the control's; tmpfs: the row on
@@ -189,8 +199,8 @@ done
 # guest notifications (each a round trip, at least one VM exit), counted by
 # the VMM, one fresh run per row less a run that runs no row. The second git
 # status is left out: alone in a run it would be the first. Forget and
-# BatchForget come from the guest's cache drop before the row, and nothing
-# waits for their answer. Beside them, the row's time in that run and the
+# BatchForget come from the guest's cache drop before the row (the row
+# waits for them to be served; nothing waits for their answer). Beside them, the row's time in that run and the
 # seconds the server spent serving it (busy): the host's own filesystem
 # work, at host speed. What is left of the row's time over its tmpfs time
 # and busy is the trips themselves, shown per notification (trip ms): the
@@ -204,7 +214,7 @@ count_run() {
     # The file server writes its totals once the guest has been quiet for
     # a moment: the run waits for that before it ends.
     local secs
-    secs=$(cd "$ws" && RUST_LOG=stockade::vmm::devices::virtio::fs=info "${run[@]}" -- env BENCH_DROP=1 ONLY="$1" \
+    secs=$(cd "$ws" && RUST_LOG=stockade::vmm::devices::virtio::fs=info "${run[@]}" -- env BENCH_DROP=1 BENCH_SETTLE="$BENCH_SETTLE" ONLY="$1" \
         bash -c "$rows; sleep 1" 2>/dev/null | awk -F'\t' '$1 == "T" { print $3 }') || true
     sleep 1
     echo "secs=${secs:-0} $(fs_counts)"
